@@ -1,0 +1,1 @@
+"""Client side of the actor API: mesh handles, endpoints, futures, clusters."""

@@ -1,0 +1,108 @@
+"""``ActorMesh``: a handle on actors spawned over a proc mesh (or a slice of one).
+
+A handle is plain data (cluster id, hub address, actor addresses, shape), so it can
+be passed to other actors, which then call it from their own endpoints.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import TYPE_CHECKING
+
+from ..mesh import Extent, Shape
+from .endpoint import Endpoint
+from .hub_client import HubClient
+
+if TYPE_CHECKING:
+    from .future import Future
+
+
+class ActorMesh:
+    """Actors of one class over ``extent``; ``mesh.ENDPOINT.call(...)`` reaches them.
+
+    ``len(mesh)`` is the number of actors; ``mesh.slice(gpus=slice(0, 4))`` a sub-mesh.
+    """
+
+    def __init__(self, cluster_id: str, hub_address: str, name: str, class_name: str,
+                 endpoints: dict[str, bool], methods: list[str], shape: Shape, addresses: list[str]):
+        self._cluster_id = cluster_id
+        self._hub_address = hub_address
+        self._name = name
+        self._class_name = class_name
+        self._endpoints = endpoints
+        self._methods = methods
+        self._shape = shape
+        self._addresses = addresses
+        self._init_local()
+
+    def _init_local(self) -> None:
+        self._outstanding = [0] * len(self._shape)
+        self._rr = itertools.count()
+        self._load_lock = threading.Lock()
+
+    def __reduce__(self):
+        return (ActorMesh, (self._cluster_id, self._hub_address, self._name, self._class_name,
+                            self._endpoints, self._methods, self._shape, self._addresses))
+
+    # geometry ------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def extent(self) -> Extent:
+        return self._shape.extent
+
+    def __len__(self) -> int:
+        return len(self._shape)
+
+    def slice(self, **dims) -> "ActorMesh":
+        """The sub-mesh selected by ``dims``: an int picks one index and drops the
+        dimension, a ``slice`` keeps it. Raises ``ValueError`` for an unknown dimension,
+        ``IndexError`` for an out-of-range index."""
+        return ActorMesh(self._cluster_id, self._hub_address, self._name, self._class_name,
+                         self._endpoints, self._methods, self._shape.slice(**dims), self._addresses)
+
+    # endpoints -----------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Endpoint:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._endpoints:
+            return Endpoint(self, name)
+        known = ", ".join(sorted(self._endpoints)) or "none"
+        if name in self._methods:
+            raise AttributeError(
+                f"{self._class_name}.{name} is not an endpoint; decorate it with @endpoint to call "
+                f"it remotely (endpoints: {known})")
+        raise AttributeError(f"{self._class_name} has no endpoint {name!r} (endpoints: {known})")
+
+    def __dir__(self):
+        return sorted(set(super().__dir__()) | set(self._endpoints))
+
+    def _track(self, view_ranks: list[int], future: "Future") -> None:
+        with self._load_lock:
+            for r in view_ranks:
+                self._outstanding[r] += 1
+
+        def done(_):
+            with self._load_lock:
+                for r in view_ranks:
+                    self._outstanding[r] -= 1
+
+        future.add_done_callback(done)
+
+    def _least_loaded(self) -> int:
+        with self._load_lock:
+            low = min(self._outstanding)
+            candidates = [r for r, n in enumerate(self._outstanding) if n == low]
+            return candidates[next(self._rr) % len(candidates)]
+
+    # lifecycle -----------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop every actor of this mesh (the whole mesh, also when called on a slice);
+        each finishes the message it is handling first. Blocks until done."""
+        HubClient(self._cluster_id, self._hub_address).request("stop_actors", name=self._name)
+
+    def __repr__(self) -> str:
+        return f"<ActorMesh {self._name!r} {self._class_name} {dict(self.extent)}>"

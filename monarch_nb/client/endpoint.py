@@ -1,0 +1,156 @@
+"""Endpoint adverbs: ``call``, ``call_one``, ``choose``, ``stream``, ``broadcast``.
+
+Each sends one signed message per target actor, straight to the actor's socket,
+with this process's mailbox as reply-to. The arguments are pickled and signed once
+for all targets.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING, Any, Iterator
+
+from ..errors import ActorError, RemoteFailure
+from ..wire import frames as wire_frames
+from ..wire.mailbox import local_mailbox
+from ..wire.remote_error import unpack_exception
+from .future import Future
+from .value_mesh import ValueMesh
+
+if TYPE_CHECKING:
+    from .actor_mesh import ActorMesh
+
+
+class Endpoint:
+    """``mesh.NAME``: an endpoint of every actor of a mesh (or slice)."""
+
+    def __init__(self, mesh: "ActorMesh", name: str):
+        self._mesh = mesh
+        self._name = name
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self._mesh._name}.{self._name} over {dict(self._mesh.extent)}>"
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(
+            f"endpoint {self._name!r} is not called directly; use .call(...) for every actor, "
+            f".call_one(...) for a single actor, .choose(...), .stream(...) or .broadcast(...)")
+
+    # sending ---------------------------------------------------------------------------
+    def _send(self, view_ranks: list[int], args: tuple, kwargs: dict, on_reply=None) -> None:
+        mesh = self._mesh
+        header: dict = {"k": "call", "ep": self._name}
+        mailbox = local_mailbox()
+        port = None
+        if on_reply is not None:
+            port = mailbox.open_port(on_reply)
+            header.update(port=port, reply=mailbox.address)
+        try:
+            frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
+                                              what=f"an argument of {mesh._name}.{self._name}")
+            for r in view_ranks:
+                mailbox.send(mesh._addresses[mesh._shape.base_rank(r)], frames)
+        except BaseException:
+            if port is not None:
+                mailbox.close_port(port)
+            raise
+        return port
+
+    def _gather(self, view_ranks: list[int], args, kwargs, finish) -> Future:
+        """Send to ``view_ranks``; once all replied, ``finish(results, failures)`` gives the
+        future's ``(value, error)``."""
+        mesh = self._mesh
+        mailbox = local_mailbox()
+        future: Future = Future(mailbox, f"{mesh._name}.{self._name}")
+        by_base = {mesh._shape.base_rank(r): i for i, r in enumerate(view_ranks)}
+        results: list[Any] = [None] * len(view_ranks)
+        failures: dict[int, RemoteFailure] = {}
+        remaining = [len(view_ranks)]
+        port_box: list[int] = []
+
+        def on_reply(message: wire_frames.Message) -> None:
+            i = by_base.get(message.header["rank"])
+            if i is None:
+                return
+            point = mesh.extent.point(view_ranks[i])
+            try:
+                value = message.value()
+                if message.header["ok"]:
+                    results[i] = value
+                else:
+                    exc, tb = unpack_exception(value)
+                    failures[i] = RemoteFailure(point, exc, tb)
+            except Exception as e:  # a value we can't unpickle here
+                failures[i] = RemoteFailure(point, e, f"could not unpickle the reply: {e!r}\n")
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                local_mailbox().close_port(port_box[0])
+                value, error = finish(results, [failures[k] for k in sorted(failures)])
+                future._resolve(value, error)
+
+        port_box.append(self._send(view_ranks, args, kwargs, on_reply))
+        mesh._track(view_ranks, future)
+        return future
+
+    def _error(self, failures: list[RemoteFailure], total: int) -> ActorError:
+        return ActorError(self._mesh._name, self._name, failures, total)
+
+    # adverbs ---------------------------------------------------------------------------
+    def call(self, *args, **kwargs) -> Future[ValueMesh]:
+        """Call every actor of the mesh; the future's value is a :class:`ValueMesh` over
+        the mesh's extent. If any rank raised, ``get()`` raises one
+        :class:`ActorError` listing every failed rank. Non-blocking."""
+        mesh = self._mesh
+        ranks = list(range(len(mesh)))
+
+        def finish(results, failures):
+            if failures:
+                return None, self._error(failures, len(ranks))
+            return ValueMesh(mesh.extent, results), None
+
+        return self._gather(ranks, args, kwargs, finish)
+
+    def call_one(self, *args, **kwargs) -> Future:
+        """Call the single actor of a one-actor mesh (e.g. ``mesh.slice(gpus=0)``); the
+        future's value is its return value. Raises ``ValueError`` at once when the mesh
+        holds more than one actor."""
+        size = len(self._mesh)
+        if size != 1:
+            raise ValueError(
+                f"call_one needs a mesh of exactly 1 actor, but {self._mesh._name} has {size} "
+                f"(extent {dict(self._mesh.extent)}); slice it first, e.g. "
+                f"mesh.slice({self._mesh.extent.labels[-1]}=0), or use .call() or .choose()")
+        return self._one(0, args, kwargs)
+
+    def choose(self, *args, **kwargs) -> Future:
+        """Call one actor of the mesh, the one with the fewest calls outstanding from this
+        client (round-robin among equals); the future's value is its return value."""
+        return self._one(self._mesh._least_loaded(), args, kwargs)
+
+    def _one(self, view_rank: int, args, kwargs) -> Future:
+        def finish(results, failures):
+            if failures:
+                return None, self._error(failures, 1)
+            return results[0], None
+
+        return self._gather([view_rank], args, kwargs, finish)
+
+    def stream(self, *args, **kwargs) -> Iterator[Future]:
+        """Call every actor; yield one done future per actor, in the order replies
+        arrive. A failed rank's future raises :class:`ActorError` from ``get()``."""
+        mesh = self._mesh
+        mailbox = local_mailbox()
+        ranks = list(range(len(mesh)))
+        arrived: collections.deque = collections.deque()
+        futures = []
+        for r in ranks:
+            futures.append(self._one(r, args, kwargs))
+            futures[-1].add_done_callback(arrived.append)
+        for _ in ranks:
+            mailbox.wait(lambda: bool(arrived))
+            yield arrived.popleft()
+
+    def broadcast(self, *args, **kwargs) -> None:
+        """Send to every actor without waiting for or returning results (fire and
+        forget). An exception in the endpoint is printed to that proc's stderr."""
+        self._send(list(range(len(self._mesh))), args, kwargs)

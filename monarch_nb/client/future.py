@@ -1,0 +1,105 @@
+"""``Future``: the result of an endpoint call, to ``get()`` or ``await``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Callable, Generic, TypeVar
+
+from ..wire.mailbox import Mailbox
+
+R = TypeVar("R")
+
+
+class Future(Generic[R]):
+    """A value that arrives later from one or more actors.
+
+    ``get()`` blocks the calling thread and drives the process's I/O itself, so it
+    works in scripts, in threads and inside a notebook cell (whose asyncio loop it
+    does not need). ``await future`` works on any running asyncio loop: a notebook's
+    top level, an ``async def`` endpoint.
+    """
+
+    def __init__(self, mailbox: Mailbox, description: str = "call"):
+        self._mailbox = mailbox
+        self._description = description
+        self._lock = threading.Lock()
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[["Future"], None]] = []
+
+    # completion (called from the thread dispatching replies) ---------------------------
+    def _resolve(self, value: Any = None, error: BaseException | None = None) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._value, self._error, self._done = value, error, True
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self)
+
+    # public ----------------------------------------------------------------------------
+    def done(self) -> bool:
+        """True once the value (or the error) has arrived; never blocks."""
+        return self._done
+
+    def get(self, timeout: float | None = None) -> R:
+        """The value, waiting up to ``timeout`` seconds (``None``: no limit).
+
+        Raises the call's error (e.g. :class:`~monarch_nb.errors.ActorError`), or
+        ``TimeoutError`` when nothing arrived in time (the call keeps running and a
+        later ``get()`` may still succeed).
+        """
+        if not self._done and not self._mailbox.wait(lambda: self._done, timeout):
+            raise TimeoutError(f"{self._description} did not finish within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    result = get
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The call's error, or None if it succeeded; waits like :meth:`get`."""
+        try:
+            self.get(timeout)
+        except TimeoutError:
+            if not self._done:
+                raise
+        except BaseException:  # noqa: BLE001 - reported, not raised
+            pass
+        return self._error
+
+    def add_done_callback(self, fn: Callable[["Future"], None]) -> None:
+        """Call ``fn(self)`` once done (at once if already done), on the thread that
+        dispatches the reply; keep it short."""
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def __await__(self):
+        if not self._done:
+            loop = asyncio.get_running_loop()
+            arrived = loop.create_future()
+
+            def wake(_: "Future") -> None:
+                loop.call_soon_threadsafe(lambda: arrived.done() or arrived.set_result(None))
+
+            with self._mailbox.async_waiter():
+                self.add_done_callback(wake)
+                yield from arrived.__await__()
+        return self.get(0)
+
+    def __repr__(self) -> str:
+        state = "done" if self._done else "pending"
+        return f"<Future {self._description} {state}>"
+
+
+def resolved(mailbox: Mailbox, value: Any = None, error: BaseException | None = None,
+             description: str = "call") -> Future:
+    """A future that is already done."""
+    future: Future = Future(mailbox, description)
+    future._resolve(value, error)
+    return future

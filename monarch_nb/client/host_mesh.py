@@ -1,0 +1,65 @@
+"""``HostMesh``: the hosts of a cluster; spawns proc meshes on them."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..mesh import Extent, Shape
+from .hub_client import HubClient
+from .proc_mesh import ProcMesh
+
+SPAWN_TIMEOUT_S = 120.0
+
+
+def _proc_env() -> dict[str, str]:
+    """Let procs import what this client imports (its ``sys.path``)."""
+    paths = [os.getcwd() if p == "" else p for p in sys.path]
+    return {"PYTHONPATH": os.pathsep.join(p for p in paths if os.path.isdir(p))}
+
+
+class HostMesh:
+    """Hosts of a cluster over extent ``{"hosts": N}``."""
+
+    def __init__(self, cluster_id: str, hub_address: str, hosts: list[str]):
+        self._cluster_id = cluster_id
+        self._hub_address = hub_address
+        self._hosts = hosts
+        self._shape = Shape(Extent({"hosts": len(hosts)}))
+
+    def __reduce__(self):
+        return (HostMesh, (self._cluster_id, self._hub_address, self._hosts))
+
+    @property
+    def extent(self) -> Extent:
+        return self._shape.extent
+
+    def __len__(self) -> int:
+        return len(self._shape)
+
+    def slice(self, **dims) -> "HostMesh":
+        """Sub-mesh of hosts, e.g. ``slice(hosts=0)``."""
+        shape = self._shape.slice(**dims)
+        return HostMesh(self._cluster_id, self._hub_address, [self._hosts[r] for r in shape.base_ranks()])
+
+    def spawn_procs(self, per_host: dict[str, int] | None = None, name: str | None = None,
+                    replace: bool = False) -> ProcMesh:
+        """Start ``per_host`` procs on every host, all in parallel; returns a
+        :class:`ProcMesh` with extent ``{"hosts": N, **per_host}``. Blocks until every
+        proc is up (at most ``SPAWN_TIMEOUT_S`` seconds).
+
+        ``name`` names the mesh (default: generated); an existing name returns that live
+        mesh when its extent matches, else raises ``ValueError`` unless ``replace=True``.
+        Raises ``ValueError`` for bad ``per_host`` (labels must be identifiers, sizes
+        ints >= 1) and :class:`ClusterError` when procs could not start.
+        """
+        per_host = dict(per_host or {"gpus": 1})
+        Extent(per_host)  # validate here, with the user's frame on the stack
+        reply = HubClient(self._cluster_id, self._hub_address).request(
+            "spawn_procs", timeout=SPAWN_TIMEOUT_S, per_host=per_host, name=name, replace=replace,
+            hosts=self._hosts, env=_proc_env(), cwd=os.getcwd(), python=sys.executable)
+        return ProcMesh(self._cluster_id, self._hub_address, reply["name"],
+                        Shape(Extent(reply["extent"])), reply["procs"])
+
+    def __repr__(self) -> str:
+        return f"<HostMesh {dict(self.extent)}>"

@@ -1,0 +1,65 @@
+"""``this_proc()``: the current process as a one-proc mesh, for local actors.
+
+Actors spawned on it run in threads of this process, with the same message loop
+and wire protocol as in a proc (signed with a key private to this process).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+
+from ..mesh import Extent, Shape
+from ..proc.server import ProcServer
+from ..wire import frames as wire_frames
+from ..wire.mailbox import local_mailbox
+from .proc_mesh import ProcMesh
+
+_local: "LocalProcMesh | None" = None
+_lock = threading.Lock()
+
+
+class LocalProcMesh(ProcMesh):
+    """This process as a proc mesh of extent ``{}`` (one proc)."""
+
+    def __init__(self):
+        cluster_id = f"local-{os.getpid()}-{secrets.token_hex(4)}"
+        wire_frames.register_key(cluster_id, secrets.token_bytes(32))
+        self._server = ProcServer(cluster_id, "local")
+        threading.Thread(target=self._server.serve, name="monarch-nb-local-proc", daemon=True).start()
+        super().__init__(cluster_id, self._server.address, "local", Shape(Extent({})),
+                         [{"proc_id": "local", "address": self._server.address, "pid": os.getpid(),
+                           "host_id": "local"}])
+
+    def __reduce__(self):
+        raise TypeError("this_proc() of a client can't be sent to other processes")
+
+    def _spawn_request(self, name, class_name, endpoints, body, buffers, replace) -> dict:
+        mailbox = local_mailbox()
+        replies: list = []
+        port = mailbox.open_port(replies.append)
+        try:
+            header = {"op": "spawn_actor", "mesh": name, "rank": 0, "extent": {}, "port": port,
+                      "reply": mailbox.address}
+            mailbox.send(self._server.address, wire_frames.encode(self._cluster_id, header, body, buffers))
+            mailbox.wait(lambda: bool(replies))
+        finally:
+            mailbox.close_port(port)
+        reply = replies[0]
+        if not reply.header["ok"]:
+            return {"failures": {0: bytes(reply.body)}}
+        return {"extent": {}, "addresses": [reply.header["address"]]}
+
+    def stop(self) -> None:
+        raise TypeError("this_proc() is the client process itself; stop its actor meshes instead")
+
+
+def this_proc() -> ProcMesh:
+    """The current process as a proc mesh (extent ``{}``); ``this_proc().spawn(...)``
+    creates actors that run in threads of this process."""
+    global _local
+    with _lock:
+        if _local is None or _local._procs[0]["pid"] != os.getpid():
+            _local = LocalProcMesh()
+        return _local

@@ -1,0 +1,102 @@
+"""``ProcMesh``: a handle on worker processes; spawns actor meshes on them."""
+
+from __future__ import annotations
+
+import inspect
+
+from ..errors import ActorError, RemoteFailure
+from ..mesh import Extent, Shape
+from ..proc.actor import Actor, endpoint_names
+from ..wire import serialize
+from ..wire.remote_error import unpack_exception
+from .actor_mesh import ActorMesh
+from .hub_client import HubClient
+
+
+def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
+    if not (isinstance(cls, type) and issubclass(cls, Actor)):
+        what = cls.__name__ if isinstance(cls, type) else repr(cls)
+        raise TypeError(f"{what} is not an Actor subclass; declare it as "
+                        f"`class {getattr(cls, '__name__', 'MyActor')}(Actor):` "
+                        "with `from monarch_nb.actor import Actor`")
+    endpoints = endpoint_names(cls)
+    methods = [n for n, v in inspect.getmembers(cls, callable) if not n.startswith("_") and n not in endpoints]
+    return f"{cls.__module__}.{cls.__qualname__}", endpoints, methods
+
+
+class ProcMesh:
+    """Worker processes laid out over ``extent``, e.g. ``{"hosts": 1, "gpus": 8}``."""
+
+    def __init__(self, cluster_id: str, hub_address: str, name: str, shape: Shape, procs: list[dict]):
+        self._cluster_id = cluster_id
+        self._hub_address = hub_address
+        self._name = name
+        self._shape = shape
+        self._procs = procs  # base rank order: proc_id, address, pid, host_id
+
+    def __reduce__(self):
+        return (ProcMesh, (self._cluster_id, self._hub_address, self._name, self._shape, self._procs))
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def extent(self) -> Extent:
+        return self._shape.extent
+
+    def __len__(self) -> int:
+        return len(self._shape)
+
+    def slice(self, **dims) -> "ProcMesh":
+        """Sub-mesh selected by ``dims`` (see ``ActorMesh.slice``)."""
+        return ProcMesh(self._cluster_id, self._hub_address, self._name, self._shape.slice(**dims), self._procs)
+
+    @property
+    def pids(self) -> list[int]:
+        """OS process ids of this mesh's procs, in rank order."""
+        return [self._procs[r]["pid"] for r in self._shape.base_ranks()]
+
+    def _hub(self) -> HubClient:
+        return HubClient(self._cluster_id, self._hub_address)
+
+    def spawn(self, name: str, actor_class: type, *args, replace: bool = False, **kwargs) -> ActorMesh:
+        """Create one ``actor_class(*args, **kwargs)`` in every proc of this mesh; returns
+        an :class:`ActorMesh` over the same extent. Blocks until every actor's
+        ``__init__`` has returned.
+
+        Spawning a ``name`` that exists returns the live mesh when class and procs match
+        (re-running a cell works); otherwise it raises ``ValueError``, unless
+        ``replace=True`` stops the old mesh first. Raises ``TypeError`` when
+        ``actor_class`` is not an ``Actor`` subclass, ``SerializationError`` when the
+        class or arguments can't be pickled, and :class:`ActorError` (with every failed
+        rank) when ``__init__`` raised; the mesh is then not created.
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"spawn(name, actor_class, ...) needs a mesh name string first, got {name!r}")
+        class_name, endpoints, methods = _actor_class_info(actor_class)
+        body, buffers = serialize.dumps((actor_class, args, kwargs),
+                                        f"{actor_class.__name__} or its constructor arguments")
+        reply = self._spawn_request(name, class_name, endpoints, body, [b.raw() for b in buffers], replace)
+        if "failures" in reply:
+            failures = []
+            for rank, packed in sorted(reply["failures"].items()):
+                exc, tb = unpack_exception(serialize.loads(packed))
+                failures.append(RemoteFailure(self.extent.point(rank), exc, tb))
+            raise ActorError(name, f"{actor_class.__name__}.__init__", failures, len(self))
+        return ActorMesh(self._cluster_id, self._hub_address, name, class_name, endpoints, methods,
+                         Shape(Extent(reply["extent"])), reply["addresses"])
+
+    def _spawn_request(self, name, class_name, endpoints, body, buffers, replace) -> dict:
+        return self._hub().request(
+            "spawn_actors", body, buffers, timeout=None, name=name, proc_mesh=self._name,
+            proc_ranks=self._shape.base_ranks(), extent=dict(self.extent), class_name=class_name,
+            endpoints=endpoints, replace=replace)
+
+    def stop(self) -> None:
+        """Stop every proc of this mesh (the whole mesh, also when called on a slice) and
+        the actors on them. Blocks until the processes have exited."""
+        self._hub().request("stop_procs", name=self._name)
+
+    def __repr__(self) -> str:
+        return f"<ProcMesh {self._name!r} {dict(self.extent)}>"

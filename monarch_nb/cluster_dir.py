@@ -1,0 +1,62 @@
+"""Where a cluster's files live and how they are written.
+
+Each cluster has a directory ``$MONARCH_NB_HOME/clusters/NAME/`` (default home
+``~/.local/share/monarch_nb``), mode 0700, holding ``cluster.json`` (addresses and
+the signing key, mode 0600). Files are written atomically (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+
+def home() -> Path:
+    """``MONARCH_NB_HOME`` or ``~/.local/share/monarch_nb``."""
+    env = os.environ.get("MONARCH_NB_HOME")
+    return Path(env) if env else Path.home() / ".local" / "share" / "monarch_nb"
+
+
+def clusters_root() -> Path:
+    return home() / "clusters"
+
+
+def cluster_path(name: str) -> Path:
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"cluster name {name!r} must be a non-empty name without '/'")
+    return clusters_root() / name
+
+
+def create(name: str) -> tuple[Path, dict]:
+    """Make the directory of a new cluster and its ``cluster.json`` with a fresh key.
+
+    Returns ``(directory, info)``; raises ``FileExistsError`` if it exists."""
+    path = cluster_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.mkdir(mode=0o700)
+    os.chmod(path, 0o700)
+    info = {"name": name, "cluster_id": secrets.token_hex(8), "key": secrets.token_hex(32)}
+    write_json(path / "cluster.json", info)
+    return path, info
+
+
+def read_info(path: Path) -> dict:
+    with open(path / "cluster.json") as f:
+        return json.load(f)
+
+
+def key_of(info: dict) -> bytes:
+    return bytes.fromhex(info["key"])
+
+
+def write_json(target: Path, data: dict) -> None:
+    """Atomically replace ``target`` with ``data`` as JSON, mode 0600."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, target)

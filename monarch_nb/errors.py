@@ -1,0 +1,102 @@
+"""The one exception hierarchy of monarch_nb.
+
+Every error a user can see derives from :class:`MonarchNbError`. Where an error is
+also a classic Python error (a bad value, a bad type) it derives from that too, so
+``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class MonarchNbError(Exception):
+    """Base class of every monarch_nb error."""
+
+
+class ActorError(MonarchNbError):
+    """An endpoint raised in one or more actors.
+
+    Attributes:
+        failures: list of :class:`RemoteFailure`, one per failed rank, in rank order.
+        exception: the original exception of the first failed rank (its type is kept
+            when it could be pickled; otherwise a :class:`RemoteException` stand-in).
+        traceback: the remote traceback text of the first failed rank.
+    """
+
+    def __init__(self, mesh: str, endpoint: str, failures: list["RemoteFailure"], total: int):
+        self.mesh = mesh
+        self.endpoint = endpoint
+        self.failures = failures
+        self.total = total
+        first = failures[0]
+        self.exception = first.exception
+        self.traceback = first.traceback
+        self.points = [f.point for f in failures]
+        super().__init__(self._message())
+        self.__cause__ = first.exception
+
+    def _message(self) -> str:
+        first = self.failures[0]
+        ranks = ", ".join(str(f.point) for f in self.failures[:8])
+        if len(self.failures) > 8:
+            ranks += f", ... ({len(self.failures) - 8} more)"
+        head = (
+            f"{self.endpoint} raised in {len(self.failures)} of {self.total} actor(s) of "
+            f"mesh {self.mesh!r}: {ranks}"
+        )
+        return f"{head}\nfirst failure at {first.point}:\n{first.traceback.rstrip()}"
+
+    def __reduce__(self):
+        return (ActorError, (self.mesh, self.endpoint, self.failures, self.total))
+
+
+class RemoteFailure:
+    """One failed rank of an endpoint call: where (``point``), what (``exception``)
+    and the remote traceback text (``traceback``)."""
+
+    __slots__ = ("point", "exception", "traceback")
+
+    def __init__(self, point, exception: BaseException, traceback: str):
+        self.point = point
+        self.exception = exception
+        self.traceback = traceback
+
+    def __reduce__(self):
+        return (RemoteFailure, (self.point, self.exception, self.traceback))
+
+    def __repr__(self) -> str:
+        return f"RemoteFailure({self.point}, {self.exception!r})"
+
+
+class RemoteException(Exception):
+    """Stand-in for a remote exception whose type could not be pickled back.
+
+    ``type_name`` is the qualified name of the original type; ``str()`` is its message.
+    """
+
+    def __init__(self, type_name: str, message: str):
+        self.type_name = type_name
+        self.message = message
+        super().__init__(f"{type_name}: {message}")
+
+    def __reduce__(self):
+        return (RemoteException, (self.type_name, self.message))
+
+
+class SupervisionError(MonarchNbError):
+    """A proc or actor that a call involves has failed (exited, killed, lost)."""
+
+
+class ClusterNotFound(MonarchNbError, LookupError):
+    """No running cluster has the requested name."""
+
+
+class ClusterError(MonarchNbError, RuntimeError):
+    """The cluster (hub, host agents) could not do what was asked."""
+
+
+class MessageTooLarge(MonarchNbError, ValueError):
+    """A message is over the size limit (see ``monarch_nb.wire.frames.max_message_bytes``)."""
+
+
+class SerializationError(MonarchNbError, TypeError):
+    """An argument or return value could not be pickled."""

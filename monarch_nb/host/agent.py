@@ -1,0 +1,139 @@
+"""The host agent: starts procs in parallel, watches them exit, stops them, and stops
+everything when the hub is gone for longer than the grace period.
+
+Procs are this process's children and die with it (``PR_SET_PDEATHSIG``), so a host
+agent that exits takes its procs along.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+
+from ..wire.aio import AioEndpoint
+
+HEARTBEAT_S = 0.5
+PROC_READY_TIMEOUT_S = 60.0
+STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this many seconds
+
+
+class HostAgent:
+    def __init__(self, cluster_id: str, cluster_dir: str, hub: str, host_id: str, grace_s: float):
+        self.net = AioEndpoint(cluster_id)
+        self.cluster_dir = cluster_dir
+        self.hub = hub
+        self.host_id = host_id
+        self.grace_s = grace_s
+        self.hub_seen = time.monotonic()
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.ready: dict[str, asyncio.Future] = {}
+        self.stopping: set[str] = set()
+        self.done = asyncio.Event()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.done.set)
+        await self.net.send(self.hub, {"op": "agent_ready", "host_id": self.host_id,
+                                       "address": self.net.address, "pid": os.getpid(),
+                                       "hostname": socket.gethostname()})
+        tasks = [asyncio.ensure_future(self._serve()), asyncio.ensure_future(self._heartbeat())]
+        await self.done.wait()
+        for t in tasks:
+            t.cancel()
+        await self._stop_procs(list(self.procs))
+        self.net.close()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            if time.monotonic() - self.hub_seen > self.grace_s:
+                print(f"monarch_nb host agent {self.host_id}: hub silent for {self.grace_s} s; "
+                      "stopping every proc", file=sys.stderr)
+                self.done.set()
+                return
+            await self.net.send(self.hub, {"op": "agent_alive", "host_id": self.host_id})
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def _serve(self) -> None:
+        while True:
+            message = await self.net.recv()
+            header = message.header
+            op = header.get("op")
+            if op in ("hub_alive", "spawn_procs", "stop_procs", "shutdown"):
+                self.hub_seen = time.monotonic()
+            if op == "proc_ready":
+                future = self.ready.get(header["proc_id"])
+                if future is not None and not future.done():
+                    future.set_result(header)
+            elif op == "spawn_procs":
+                asyncio.ensure_future(self._spawn(header))
+            elif op == "stop_procs":
+                asyncio.ensure_future(self._stop_and_reply(header))
+            elif op == "shutdown":
+                await self.net.reply(header, ok=True)
+                self.done.set()
+
+    async def _spawn(self, request: dict) -> None:
+        """Start every requested proc at once, then wait for each to report its address."""
+        proc_ids = request["proc_ids"]
+        loop = asyncio.get_running_loop()
+        env = {**os.environ, **request.get("env", {})}
+        for pid_ in proc_ids:
+            self.ready[pid_] = loop.create_future()
+        try:
+            for proc_id in proc_ids:
+                proc = await asyncio.create_subprocess_exec(
+                    request.get("python") or sys.executable, "-m", "monarch_nb.proc",
+                    "--cluster-dir", self.cluster_dir, "--agent", self.net.address,
+                    "--proc-id", proc_id, "--ppid", str(os.getpid()),
+                    env=env, cwd=request.get("cwd") or None, stdin=asyncio.subprocess.DEVNULL)
+                self.procs[proc_id] = proc
+                asyncio.ensure_future(self._watch(proc_id, proc))
+            reports = await asyncio.wait_for(
+                asyncio.gather(*(self.ready[p] for p in proc_ids)), PROC_READY_TIMEOUT_S)
+        except Exception as e:
+            await self._stop_procs(proc_ids)
+            await self.net.reply(request, ok=False, error=f"could not start procs on {self.host_id}: {e}")
+            return
+        finally:
+            for p in proc_ids:
+                self.ready.pop(p, None)
+        await self.net.reply(request, ok=True, procs=[
+            {"proc_id": r["proc_id"], "address": r["address"], "pid": r["pid"], "host_id": self.host_id}
+            for r in reports])
+
+    async def _watch(self, proc_id: str, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        self.procs.pop(proc_id, None)
+        future = self.ready.get(proc_id)
+        if future is not None and not future.done():
+            future.set_exception(RuntimeError(f"proc {proc_id} exited with code {code} before it was ready"))
+        expected = proc_id in self.stopping
+        self.stopping.discard(proc_id)
+        await self.net.send(self.hub, {"op": "proc_exited", "proc_id": proc_id, "pid": proc.pid,
+                                       "returncode": code, "expected": expected})
+
+    async def _stop_procs(self, proc_ids: list[str]) -> None:
+        """SIGTERM, then SIGKILL those still alive after ``STOP_GRACE_S``; waits for all."""
+        procs = [(p, self.procs[p]) for p in proc_ids if p in self.procs]
+        for proc_id, proc in procs:
+            self.stopping.add(proc_id)
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        waits = [asyncio.ensure_future(proc.wait()) for _, proc in procs]
+        if not waits:
+            return
+        _, pending = await asyncio.wait(waits, timeout=STOP_GRACE_S)
+        for _, proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+        if pending:
+            await asyncio.wait(pending)
+
+    async def _stop_and_reply(self, request: dict) -> None:
+        await self._stop_procs(request["proc_ids"])
+        await self.net.reply(request, ok=True)

@@ -1,0 +1,264 @@
+"""The hub daemon: control plane of one cluster.
+
+It starts host agents through an allocator, keeps the registry of proc and actor
+meshes, and carries out control requests (spawn, stop, shutdown) from clients. It
+never sees endpoint calls: those go straight from client to actor.
+
+Requests and replies are signed messages (see ``wire.frames``); a request header
+has ``op``, ``port`` and ``reply``; the reply has ``ok`` and either the result
+fields or ``error`` (message) and ``error_type`` (``ValueError``, ``ClusterError``).
+User payloads (actor classes and arguments) pass through as opaque bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+from .. import cluster_dir
+from ..allocators.local import LocalAllocator
+from ..mesh import Extent
+from ..wire.aio import AioEndpoint
+from .registry import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
+
+HEARTBEAT_S = 0.5
+AGENT_START_TIMEOUT_S = 60.0
+
+
+class HubError(Exception):
+    def __init__(self, message: str, error_type: str = "ClusterError"):
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class Hub:
+    def __init__(self, path: Path, info: dict, hosts: int, ephemeral: bool, grace_s: float):
+        self.path = path
+        self.info = info
+        self.n_hosts = hosts
+        self.ephemeral = ephemeral
+        self.net = AioEndpoint(info["cluster_id"])
+        self.allocator = LocalAllocator(str(path), grace_s)
+        self.hosts: dict[str, HostRecord] = {}
+        self.host_order: list[str] = []
+        self.proc_meshes: dict[str, ProcMeshRecord] = {}
+        self.actor_meshes: dict[str, ActorMeshRecord] = {}
+        self.started = time.time()
+        self.stop_requested = asyncio.Event()
+        self._all_hosts_ready = asyncio.Event()
+        self._mesh_counter = 0
+
+    # lifecycle ---------------------------------------------------------------------
+    async def run(self, ready_fd: int | None) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_requested.set)
+        serve = asyncio.ensure_future(self._serve())
+        self.host_order = self.allocator.start(self.net.address, self.n_hosts)
+        try:
+            await asyncio.wait_for(self._all_hosts_ready.wait(), AGENT_START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            print(f"monarch_nb hub: host agents did not report within {AGENT_START_TIMEOUT_S} s",
+                  file=sys.stderr)
+            self.stop_requested.set()
+        else:
+            cluster_dir.write_json(self.path / "cluster.json", {
+                **self.info, "hub": self.net.address, "hub_pid": os.getpid(),
+                "ephemeral": self.ephemeral, "started": self.started})
+            if ready_fd is not None:
+                os.write(ready_fd, b"ready\n")
+                os.close(ready_fd)
+        heartbeat = asyncio.ensure_future(self._heartbeat())
+        await self.stop_requested.wait()
+        heartbeat.cancel()
+        await self._shutdown_hosts()
+        serve.cancel()
+        if self.ephemeral:
+            shutil.rmtree(self.path, ignore_errors=True)
+        if self._shutdown_request is not None:
+            await self.net.reply(self._shutdown_request, ok=True)
+            await asyncio.sleep(0)
+        self.net.close()
+
+    _shutdown_request: dict | None = None
+
+    async def _shutdown_hosts(self) -> None:
+        await asyncio.gather(*(self.net.send(h.address, {"op": "shutdown"}) for h in self.hosts.values()),
+                             return_exceptions=True)
+        await asyncio.get_running_loop().run_in_executor(None, self.allocator.stop, 5.0)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            for host in list(self.hosts.values()):
+                await self.net.send(host.address, {"op": "hub_alive"})
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def _serve(self) -> None:
+        while True:
+            message = await self.net.recv()
+            if self.net.deliver_reply(message):
+                continue
+            asyncio.ensure_future(self._handle(message))
+
+    async def _handle(self, message) -> None:
+        header = message.header
+        op = header.get("op")
+        handler = getattr(self, f"op_{op}", None)
+        if handler is None:
+            await self.net.reply(header, ok=False, error=f"unknown hub operation {op!r}",
+                                 error_type="ClusterError")
+            return
+        try:
+            result = await handler(header, message)
+        except HubError as e:
+            await self.net.reply(header, ok=False, error=str(e), error_type=e.error_type)
+        except Exception as e:  # a bug in the hub: report it rather than hang the client
+            await self.net.reply(header, ok=False, error=f"hub failed on {op}: {type(e).__name__}: {e}",
+                                 error_type="ClusterError")
+        else:
+            if result is not None:
+                await self.net.reply(header, ok=True, **result)
+
+    # host agents ---------------------------------------------------------------------
+    async def op_agent_ready(self, header, message):
+        self.hosts[header["host_id"]] = HostRecord(header["host_id"], header["address"], header["pid"],
+                                                   header["hostname"])
+        if all(h in self.hosts for h in self.host_order):
+            self._all_hosts_ready.set()
+
+    async def op_agent_alive(self, header, message):
+        host = self.hosts.get(header["host_id"])
+        if host is not None:
+            host.last_seen = time.monotonic()
+
+    async def op_proc_exited(self, header, message):
+        for mesh in self.proc_meshes.values():
+            for proc in mesh.procs:
+                if proc.proc_id == header["proc_id"]:
+                    proc.exit_code = header["returncode"]
+
+    # client requests -------------------------------------------------------------------
+    async def op_info(self, header, message):
+        return {"name": self.info["name"], "started": self.started, "ephemeral": self.ephemeral,
+                "hosts": [vars(self.hosts[h]) for h in self.host_order],
+                "proc_meshes": {n: m.public() for n, m in self.proc_meshes.items()},
+                "actor_meshes": {n: m.public() for n, m in self.actor_meshes.items()}}
+
+    async def op_shutdown(self, header, message):
+        self._shutdown_request = header
+        self.stop_requested.set()
+
+    async def op_spawn_procs(self, header, message):
+        try:
+            per_host = Extent(header["per_host"])
+        except ValueError as e:
+            raise HubError(f"bad per_host: {e}", "ValueError") from None
+        if "hosts" in per_host:
+            raise HubError("per_host must not name the 'hosts' dimension; the host mesh provides it",
+                           "ValueError")
+        hosts = header.get("hosts") or self.host_order
+        extent = {"hosts": len(hosts), **per_host}
+        name = header.get("name")
+        if name is None:
+            self._mesh_counter += 1
+            name = f"procs{self._mesh_counter}"
+        existing = self.proc_meshes.get(name)
+        if existing is not None:
+            if header.get("replace"):
+                await self._stop_proc_mesh(existing)
+            elif existing.extent == extent:
+                return existing.public()
+            else:
+                raise HubError(f"a proc mesh named {name!r} exists with extent {existing.extent}, not "
+                               f"{extent}; choose another name, or pass replace=True to stop it first",
+                               "ValueError")
+        per = per_host.nelements
+        requests = []
+        for h, host_id in enumerate(hosts):
+            ids = [f"{name}/{h * per + i}" for i in range(per)]
+            requests.append(self.net.request(self.hosts[host_id].address, {
+                "op": "spawn_procs", "proc_ids": ids, "env": header.get("env", {}),
+                "cwd": header.get("cwd"), "python": header.get("python")}))
+        replies = await asyncio.gather(*requests)
+        errors = [r.header["error"] for r in replies if not r.header["ok"]]
+        procs = [ProcRecord(**p) for r in replies if r.header["ok"] for p in r.header["procs"]]
+        if errors:
+            await self._stop_procs(procs)
+            raise HubError("; ".join(errors))
+        record = self.proc_meshes[name] = ProcMeshRecord(name, extent, procs)
+        return record.public()
+
+    async def op_spawn_actors(self, header, message):
+        name = header["name"]
+        mesh = self.proc_meshes.get(header["proc_mesh"])
+        if mesh is None:
+            raise HubError(f"no proc mesh named {header['proc_mesh']!r}; it was stopped", "ValueError")
+        existing = self.actor_meshes.get(name)
+        if existing is not None:
+            same = (existing.proc_mesh == mesh.name and existing.proc_ranks == header["proc_ranks"]
+                    and existing.class_name == header["class_name"])
+            if header.get("replace"):
+                await self._stop_actor_mesh(existing)
+            elif same:
+                return existing.public()
+            else:
+                raise HubError(f"an actor mesh named {name!r} exists ({existing.class_name} on "
+                               f"{existing.proc_mesh} {existing.extent}); choose another name, or pass "
+                               "replace=True to stop it first", "ValueError")
+        body = bytes(message.body)
+        buffers = [bytes(b) for b in message.buffers]
+        replies = await asyncio.gather(*(
+            self.net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
+                                                       "extent": header["extent"]}, body, buffers)
+            for i, r in enumerate(header["proc_ranks"])))
+        addresses = [r.header["address"] for r in replies]
+        failures = {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}
+        record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"],
+                                 header["class_name"], header["endpoints"], addresses, body)
+        if failures:
+            await self._stop_actor_mesh(record)
+            return {"failures": failures}
+        self.actor_meshes[name] = record
+        return record.public()
+
+    async def op_stop_actors(self, header, message):
+        record = self.actor_meshes.get(header["name"])
+        if record is not None:
+            await self._stop_actor_mesh(record)
+        return {}
+
+    async def op_stop_procs(self, header, message):
+        record = self.proc_meshes.get(header["name"])
+        if record is not None:
+            await self._stop_proc_mesh(record)
+        return {}
+
+    # helpers ---------------------------------------------------------------------------
+    async def _stop_actor_mesh(self, record: ActorMeshRecord) -> None:
+        self.actor_meshes.pop(record.name, None)
+        mesh = self.proc_meshes.get(record.proc_mesh)
+        if mesh is None:
+            return
+        live = [mesh.procs[r] for r in record.proc_ranks if mesh.procs[r].exit_code is None]
+        await asyncio.gather(*(
+            self.net.request(p.address, {"op": "stop_actor", "mesh": record.name}, timeout=5.0)
+            for p in live), return_exceptions=True)
+
+    async def _stop_proc_mesh(self, record: ProcMeshRecord) -> None:
+        for actor_mesh in [a for a in self.actor_meshes.values() if a.proc_mesh == record.name]:
+            self.actor_meshes.pop(actor_mesh.name, None)
+        self.proc_meshes.pop(record.name, None)
+        await self._stop_procs(record.procs)
+
+    async def _stop_procs(self, procs: list[ProcRecord]) -> None:
+        by_host: dict[str, list[str]] = {}
+        for p in procs:
+            by_host.setdefault(p.host_id, []).append(p.proc_id)
+        await asyncio.gather(*(
+            self.net.request(self.hosts[h].address, {"op": "stop_procs", "proc_ids": ids}, timeout=10.0)
+            for h, ids in by_host.items() if h in self.hosts), return_exceptions=True)

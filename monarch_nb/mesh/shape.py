@@ -1,0 +1,260 @@
+"""Extents, points and shapes of meshes.
+
+A mesh is a row-major array of things (hosts, procs, actors) with named dimensions.
+``Extent`` names the dimensions and their sizes; ``Point`` is one position in it;
+``Shape`` is a strided view of a base mesh, which is what slicing produces: the view
+maps each of its points to a rank of the base mesh (the same layout numpy uses for
+basic slicing: an offset plus one stride per dimension).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Union
+
+
+class Extent(Mapping):
+    """Ordered mapping of dimension label to size, e.g. ``{"hosts": 2, "gpus": 8}``.
+
+    Raises ``ValueError`` for a non-string label or a size below 1.
+    """
+
+    __slots__ = ("_labels", "_sizes")
+
+    def __init__(self, sizes: Union[Mapping[str, int], "Extent"] = ()):
+        labels, values = [], []
+        for label, size in dict(sizes).items():
+            if not isinstance(label, str) or not label.isidentifier():
+                raise ValueError(f"mesh dimension label {label!r} must be an identifier string")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise ValueError(f"mesh dimension {label!r} has size {size!r}; sizes must be ints >= 1")
+            labels.append(label)
+            values.append(size)
+        self._labels = tuple(labels)
+        self._sizes = tuple(values)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self._labels
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return self._sizes
+
+    @property
+    def nelements(self) -> int:
+        n = 1
+        for s in self._sizes:
+            n *= s
+        return n
+
+    def __getitem__(self, label: str) -> int:
+        try:
+            return self._sizes[self._labels.index(label)]
+        except ValueError:
+            raise KeyError(label) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._labels)
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Extent):
+            return self._labels == other._labels and self._sizes == other._sizes
+        if isinstance(other, Mapping):
+            return list(self.items()) == list(other.items())
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self._labels, self._sizes))
+
+    def __repr__(self) -> str:
+        return "Extent({" + ", ".join(f"{l!r}: {s}" for l, s in zip(self._labels, self._sizes)) + "})"
+
+    def point(self, rank: int) -> "Point":
+        """The point at row-major ``rank``; ``IndexError`` when out of range."""
+        if not 0 <= rank < self.nelements:
+            raise IndexError(f"rank {rank} is out of range for {self!r} ({self.nelements} elements)")
+        coords = []
+        for size in reversed(self._sizes):
+            coords.append(rank % size)
+            rank //= size
+        return Point(tuple(reversed(coords)), self)
+
+    def points(self) -> Iterator["Point"]:
+        """Every point, in rank order."""
+        for rank in range(self.nelements):
+            yield self.point(rank)
+
+    def rank_of(self, coords: Mapping[str, int]) -> int:
+        """Row-major rank of ``coords``, which must name every dimension exactly once."""
+        if set(coords) != set(self._labels):
+            raise KeyError(
+                f"coordinates {dict(coords)} must name exactly the dimensions {list(self._labels)}"
+            )
+        rank = 0
+        for label, size in zip(self._labels, self._sizes):
+            i = coords[label]
+            if not 0 <= i < size:
+                raise IndexError(f"index {i} is out of range for dimension {label!r} of size {size}")
+            rank = rank * size + i
+        return rank
+
+    def __reduce__(self):
+        return (Extent, (dict(zip(self._labels, self._sizes)),))
+
+
+class Point(Mapping):
+    """One position in an :class:`Extent`: maps each label to an index.
+
+    ``point.rank`` is the row-major index; ``point.extent`` the extent it lives in.
+    """
+
+    __slots__ = ("_coords", "_extent")
+
+    def __init__(self, coords: tuple[int, ...], extent: Extent):
+        self._coords = tuple(coords)
+        self._extent = extent
+
+    @property
+    def extent(self) -> Extent:
+        return self._extent
+
+    @property
+    def rank(self) -> int:
+        rank = 0
+        for i, size in zip(self._coords, self._extent.sizes):
+            rank = rank * size + i
+        return rank
+
+    def __getitem__(self, label: str) -> int:
+        try:
+            return self._coords[self._extent.labels.index(label)]
+        except ValueError:
+            raise KeyError(label) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._extent.labels)
+
+    def __len__(self) -> int:
+        return len(self._coords)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Point):
+            return self._coords == other._coords and self._extent == other._extent
+        if isinstance(other, Mapping):
+            return dict(self.items()) == dict(other.items())
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self._coords, self._extent))
+
+    def __str__(self) -> str:
+        return "{" + ", ".join(f"{l}={i}" for l, i in zip(self._extent.labels, self._coords)) + "}"
+
+    def __repr__(self) -> str:
+        return f"Point({self})"
+
+    def __reduce__(self):
+        return (Point, (self._coords, self._extent))
+
+
+Index = Union[int, slice]
+
+
+class Shape:
+    """A strided view of a base mesh: ``extent`` plus the base rank of each point.
+
+    ``offset`` and ``strides`` follow numpy's basic slicing: the point with
+    coordinates ``c`` maps to base rank ``offset + sum(c[i] * strides[i])``.
+    """
+
+    __slots__ = ("extent", "offset", "strides")
+
+    def __init__(self, extent: Extent, offset: int = 0, strides: tuple[int, ...] | None = None):
+        self.extent = extent
+        self.offset = offset
+        if strides is None:
+            strides, acc = [], 1
+            for size in reversed(extent.sizes):
+                strides.append(acc)
+                acc *= size
+            strides = tuple(reversed(strides))
+        self.strides = tuple(strides)
+
+    @classmethod
+    def of(cls, sizes: Mapping[str, int]) -> "Shape":
+        """A dense row-major shape over ``sizes``."""
+        return cls(Extent(sizes))
+
+    def __len__(self) -> int:
+        return self.extent.nelements
+
+    def base_rank(self, rank: int) -> int:
+        """Base-mesh rank of this view's ``rank``."""
+        point = self.extent.point(rank)
+        return self.offset + sum(i * s for i, s in zip(point._coords, self.strides))
+
+    def base_ranks(self) -> list[int]:
+        """Base-mesh rank of every point of the view, in the view's rank order."""
+        return [self.base_rank(r) for r in range(len(self))]
+
+    def slice(self, **dims: Index) -> "Shape":
+        """A sub-view. An int selects one index and drops that dimension; a slice
+        (step >= 1) keeps it. Raises ``ValueError`` for an unknown dimension and
+        ``IndexError`` for an out-of-range or empty selection."""
+        unknown = [d for d in dims if d not in self.extent]
+        if unknown:
+            raise ValueError(
+                f"mesh has no dimension {', '.join(map(repr, unknown))}; its dimensions are "
+                f"{list(self.extent.labels)} (extent {dict(self.extent)})"
+            )
+        offset = self.offset
+        sizes: dict[str, int] = {}
+        strides: list[int] = []
+        for label, size, stride in zip(self.extent.labels, self.extent.sizes, self.strides):
+            if label not in dims:
+                sizes[label] = size
+                strides.append(stride)
+                continue
+            sel = dims[label]
+            if isinstance(sel, bool) or not isinstance(sel, (int, slice)):
+                raise TypeError(
+                    f"slice({label}=...) takes an int or a slice, not {type(sel).__name__}"
+                )
+            if isinstance(sel, int):
+                index = sel + size if sel < 0 else sel
+                if not 0 <= index < size:
+                    raise IndexError(
+                        f"index {sel} is out of range for dimension {label!r} of size {size}"
+                    )
+                offset += index * stride
+                continue
+            start, stop, step = sel.indices(size)
+            if step < 1:
+                raise IndexError(f"slice({label}=...) needs a positive step, got {step}")
+            n = len(range(start, stop, step))
+            if n == 0:
+                raise IndexError(
+                    f"slice {sel.start}:{sel.stop}:{sel.step} selects nothing from dimension "
+                    f"{label!r} of size {size}"
+                )
+            offset += start * stride
+            sizes[label] = n
+            strides.append(stride * step)
+        return Shape(Extent(sizes), offset, tuple(strides))
+
+    def __eq__(self, other) -> bool:
+        return (
+            isinstance(other, Shape)
+            and self.extent == other.extent
+            and self.base_ranks() == other.base_ranks()
+        )
+
+    def __repr__(self) -> str:
+        return f"Shape({dict(self.extent)}, ranks={self.base_ranks()})"
+
+    def __reduce__(self):
+        return (Shape, (self.extent, self.offset, self.strides))

@@ -1,0 +1,1 @@
+"""Worker process runtime: actors, their message loops, and the proc's control loop."""

@@ -1,0 +1,101 @@
+"""``Actor``, ``@endpoint`` and the per-message context an endpoint runs in."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..mesh import Extent, Point
+
+_ENDPOINT_MARK = "__monarch_nb_endpoint__"
+
+
+class Actor:
+    """Base class of user actors.
+
+    An actor lives in one proc and handles one message at a time, in arrival order.
+    Mark the methods clients may call with :func:`endpoint`; both ``def`` and
+    ``async def`` endpoints are supported. ``__init__`` runs in the actor's own
+    thread in the proc, with :func:`current_rank` already set.
+    """
+
+
+def endpoint(fn: Callable | None = None, *, propagate: Any = None) -> Callable:
+    """Mark an ``Actor`` method as callable from clients (``mesh.method.call(...)``).
+
+    Usable bare (``@endpoint``) or with keyword options (``@endpoint()``);
+    ``propagate`` is accepted for Monarch compatibility and ignored.
+    """
+
+    def mark(f: Callable) -> Callable:
+        if not callable(f):
+            raise TypeError(f"@endpoint decorates methods, not {type(f).__name__}")
+        setattr(f, _ENDPOINT_MARK, True)
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+def is_endpoint(obj: Any) -> bool:
+    return callable(obj) and getattr(obj, _ENDPOINT_MARK, False) is True
+
+
+def endpoint_names(cls: type) -> dict[str, bool]:
+    """Endpoints of ``cls`` mapped to whether each is ``async``."""
+    found = {}
+    for name in dir(cls):
+        attr = inspect.getattr_static(cls, name, None)
+        fn = attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr
+        if is_endpoint(fn):
+            found[name] = inspect.iscoroutinefunction(fn)
+    return found
+
+
+@dataclass(frozen=True)
+class ActorInstance:
+    """Who is running: the actor mesh name, this actor's point in it, and its proc."""
+
+    mesh_name: str
+    rank: Point
+    proc_id: str
+    pid: int
+
+
+@dataclass(frozen=True)
+class Context:
+    """What :func:`context` returns while an endpoint runs."""
+
+    actor_instance: ActorInstance
+    message_rank: Point
+
+
+_CLIENT_POINT = Point((), Extent({}))
+_current = threading.local()
+
+
+def _set_current(ctx: Context | None) -> None:
+    _current.ctx = ctx
+
+
+def context() -> Context:
+    """The context of the actor handling the current message on this thread. Outside
+    an actor (in the client) the actor instance is the client, at rank ``{}``."""
+    ctx = getattr(_current, "ctx", None)
+    if ctx is None:
+        import os
+
+        return Context(ActorInstance("client", _CLIENT_POINT, "client", os.getpid()), _CLIENT_POINT)
+    return ctx
+
+
+def current_rank() -> Point:
+    """This actor's point in its mesh (``.rank`` is the int rank); ``{}`` in the client."""
+    return context().actor_instance.rank
+
+
+def current_size() -> dict[str, int]:
+    """This actor's mesh extent as a dict, e.g. ``{"hosts": 1, "gpus": 8}``; ``{}`` in the client."""
+    return dict(context().actor_instance.rank.extent)

@@ -1,0 +1,127 @@
+"""One actor's message loop: its own thread, its own inbox socket.
+
+Messages to an actor go straight to its socket (no hand-off through the proc), and
+are handled one at a time in arrival order. ``async def`` endpoints run to
+completion on the actor's own event loop before the next message is taken.
+Replies go straight to the caller's mailbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import sys
+import threading
+
+import zmq
+
+from ..mesh import Point
+from ..wire import frames as wire_frames
+from ..wire import sockets
+from ..wire.remote_error import pack_exception
+from .actor import Actor, ActorInstance, Context, _set_current, is_endpoint
+
+
+def send_reply(outbox: sockets.Outbox, cluster_id: str, reply_to: tuple[str, int] | None,
+               rank: int, value=None, error: BaseException | None = None, what: str = "return value",
+               extra: dict | None = None) -> None:
+    """Send ``value`` (or ``error``) to ``reply_to = (address, port)``; no-op without one.
+
+    A value that can't be pickled is turned into an error reply naming it."""
+    if reply_to is None:
+        return
+    address, port = reply_to
+    header = {"port": port, "rank": rank, **(extra or {})}
+    if error is None:
+        try:
+            frames = wire_frames.encode_value(cluster_id, {**header, "ok": True}, value, what)
+        except Exception as e:  # SerializationError, MessageTooLarge
+            error = e
+    if error is not None:
+        frames = wire_frames.encode_value(cluster_id, {**header, "ok": False}, pack_exception(error, 1))
+    outbox.send(address, frames)
+
+
+class ActorThread:
+    """Runs one actor: constructs it, then serves its inbox until stopped."""
+
+    def __init__(self, cluster_id: str, mesh_name: str, point: Point, proc_id: str,
+                 spawn: wire_frames.Message, reply_to: tuple[str, int], outbox: sockets.Outbox):
+        self.cluster_id = cluster_id
+        self.mesh_name = mesh_name
+        self.point = point
+        self.outbox = outbox
+        self._spawn = spawn
+        self._reply_to = reply_to
+        self._instance_info = ActorInstance(mesh_name, point, proc_id, os.getpid())
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.address: str | None = None
+        self.thread = threading.Thread(target=self._run, name=f"actor-{mesh_name}-{point.rank}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _context(self) -> Context:
+        return Context(self._instance_info, self.point)
+
+    def _construct(self):
+        cls, args, kwargs = self._spawn.value()
+        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+            raise TypeError(f"{cls!r} is not an Actor subclass")
+        return cls(*args, **kwargs)
+
+    def _run(self) -> None:
+        inbox, self.address = sockets.bind_inbox()
+        _set_current(self._context())
+        try:
+            instance = self._construct()
+        except BaseException as e:
+            send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank, error=e,
+                       extra={"address": self.address})
+            inbox.close(0)
+            return
+        finally:
+            self._spawn = None  # drop the class/argument buffers
+        send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank,
+                   value=None, extra={"address": self.address})
+        try:
+            self._serve(inbox, instance)
+        finally:
+            inbox.close(0)
+            if self._loop is not None:
+                self._loop.close()
+
+    def _serve(self, inbox: zmq.Socket, instance) -> None:
+        while True:
+            try:
+                message = wire_frames.decode(sockets.recv_frames(inbox))
+            except wire_frames.BadMessage:
+                continue
+            header = message.header
+            reply_to = (header["reply"], header["port"]) if "port" in header else None
+            if header["k"] == "stop":
+                send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank)
+                return
+            self._handle(instance, header["ep"], message, reply_to)
+
+    def _handle(self, instance, name: str, message: wire_frames.Message, reply_to) -> None:
+        try:
+            method = getattr(instance, name, None)
+            if not is_endpoint(method):
+                raise AttributeError(f"{type(instance).__name__}.{name} is not an endpoint")
+            args, kwargs = message.value()
+            result = method(*args, **kwargs)
+            if inspect.isawaitable(result):
+                if self._loop is None:
+                    self._loop = asyncio.new_event_loop()
+                result = self._loop.run_until_complete(result)
+        except BaseException as e:  # noqa: BLE001 - every failure goes to the caller
+            if reply_to is None:
+                print(f"[{self.mesh_name} {self.point}] broadcast {name} raised:", file=sys.stderr)
+                sys.excepthook(type(e), e, e.__traceback__)
+                return
+            send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, error=e)
+            return
+        send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, value=result,
+                   what=f"return value of {self.mesh_name}.{name}")

@@ -1,0 +1,6 @@
+"""The only code that touches raw frames, keys and pickling.
+
+``serialize`` turns objects into a pickle stream plus out-of-band buffers;
+``frames`` signs and verifies frame sets; ``sockets`` makes loopback zmq sockets;
+``mailbox`` is a process's inbox for replies, with futures' waiting built on it.
+"""

@@ -1,0 +1,157 @@
+"""A process's mailbox: one inbox for replies, routed to ports.
+
+A caller opens a *port* (a callback), sends requests naming ``(address, port)`` as
+the reply-to, and waits. Waiting drives the I/O itself: the first waiting thread
+takes the inbox and dispatches every arriving message to its port while the others
+sleep on a condition, so a blocking ``get()`` costs no thread hand-off. A pump thread
+takes over only while something waits asynchronously (``await`` on an asyncio loop,
+done-callbacks). Both run the same dispatch code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from typing import Callable
+
+import zmq
+
+from . import frames as wire_frames
+from . import sockets
+
+_CHUNK_S = 0.05  # how long one holder of the inbox polls before re-checking
+
+
+class Mailbox:
+    """Inbox plus outbox of one process. Use :func:`local_mailbox`."""
+
+    def __init__(self):
+        self.outbox = sockets.Outbox()
+        self._inbox, self.address = sockets.bind_inbox()
+        self._ports: dict[int, Callable[[wire_frames.Message], None]] = {}
+        self._next_port = itertools.count(1)
+        self._io_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._async_waiters = 0
+        self._pump_wanted = threading.Event()
+        self._pump: threading.Thread | None = None
+
+    # ports -----------------------------------------------------------------------
+    def open_port(self, callback: Callable[[wire_frames.Message], None]) -> int:
+        """Register ``callback`` for replies; it runs on the dispatching thread and
+        must be quick. Returns the port number to put in requests."""
+        port = next(self._next_port)
+        self._ports[port] = callback
+        return port
+
+    def close_port(self, port: int) -> None:
+        self._ports.pop(port, None)
+
+    def send(self, address: str, frames: list) -> None:
+        self.outbox.send(address, frames)
+
+    # waiting ---------------------------------------------------------------------
+    def wait(self, done: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Block until ``done()`` is true or ``timeout`` seconds pass; returns ``done()``.
+
+        Interruptible by KeyboardInterrupt (the port stays open, so a late reply is
+        still routed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done():
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            if self._io_lock.acquire(blocking=False):
+                try:
+                    self._drive(done, deadline)
+                finally:
+                    self._io_lock.release()
+                    with self._cond:
+                        self._cond.notify_all()
+            else:
+                with self._cond:
+                    if not done():
+                        self._cond.wait(_CHUNK_S if remaining is None else min(remaining, _CHUNK_S))
+        return True
+
+    def _drive(self, done: Callable[[], bool], deadline: float | None) -> None:
+        inbox = self._inbox
+        while not done():
+            if deadline is None:
+                poll_ms = int(_CHUNK_S * 1000)
+            else:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                poll_ms = max(1, min(int(remaining * 1000), int(_CHUNK_S * 1000)))
+            if not inbox.poll(poll_ms):
+                continue
+            while True:
+                try:
+                    frames = sockets.recv_frames(inbox, zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._dispatch(frames)
+
+    def _dispatch(self, frames: list) -> None:
+        try:
+            message = wire_frames.decode(frames)
+        except wire_frames.BadMessage:
+            return
+        callback = self._ports.get(message.header.get("port"))
+        if callback is not None:
+            callback(message)
+        with self._cond:
+            self._cond.notify_all()
+
+    # asynchronous waiting ---------------------------------------------------------
+    def async_waiter(self) -> "_AsyncWaiter":
+        """Context manager marking an asynchronous waiter; keeps the pump running."""
+        return _AsyncWaiter(self)
+
+    def _pump_loop(self) -> None:
+        while True:
+            self._pump_wanted.wait()
+            self.wait(lambda: self._async_waiters == 0, timeout=_CHUNK_S)
+            if self._async_waiters == 0:
+                self._pump_wanted.clear()
+                if self._async_waiters:  # raced with a new waiter
+                    self._pump_wanted.set()
+
+
+class _AsyncWaiter:
+    def __init__(self, mailbox: Mailbox):
+        self._mailbox = mailbox
+
+    def __enter__(self):
+        mb = self._mailbox
+        with mb._cond:
+            mb._async_waiters += 1
+            if mb._pump is None:
+                mb._pump = threading.Thread(target=mb._pump_loop, name="monarch-nb-pump", daemon=True)
+                mb._pump.start()
+        mb._pump_wanted.set()
+        return self
+
+    def __exit__(self, *exc):
+        mb = self._mailbox
+        with mb._cond:
+            mb._async_waiters -= 1
+
+
+_local: Mailbox | None = None
+_local_pid: int | None = None
+_local_lock = threading.Lock()
+
+
+def local_mailbox() -> Mailbox:
+    """This process's mailbox, created on first use (and anew after a fork)."""
+    global _local, _local_pid
+    if _local is None or _local_pid != os.getpid():
+        with _local_lock:
+            if _local is None or _local_pid != os.getpid():
+                _local = Mailbox()
+                _local_pid = os.getpid()
+    return _local

@@ -1,0 +1,98 @@
+"""zmq sockets the way monarch_nb uses them.
+
+Every participant (client, proc actor, hub, host agent) receives on PULL sockets it
+binds on loopback (or the interface an allocator names) and sends through PUSH
+sockets connected to the peer's address, cached per thread (zmq sockets must not be
+shared between threads). The reply address travels in each message's header.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import zmq
+
+from ..errors import ClusterError
+from . import frames as wire_frames
+
+# How long a sender waits for a message that holds large buffers to leave the
+# process before the buffers may be reused (seconds).
+SEND_DRAIN_TIMEOUT_S = 60.0
+
+
+def bind_host() -> str:
+    """Interface to bind on: ``MONARCH_NB_BIND`` or loopback."""
+    return os.environ.get("MONARCH_NB_BIND", "127.0.0.1")
+
+
+def context() -> zmq.Context:
+    """This process's zmq context (re-created after fork)."""
+    return zmq.Context.instance()
+
+
+def bind_inbox(ctx: zmq.Context | None = None) -> tuple[zmq.Socket, str]:
+    """A PULL socket bound on a free port of :func:`bind_host`; returns ``(socket, address)``."""
+    ctx = ctx or context()
+    sock = ctx.socket(zmq.PULL)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    # Oversized frames close the connection in libzmq instead of being buffered.
+    sock.setsockopt(zmq.MAXMSGSIZE, wire_frames.max_message_bytes())
+    host = bind_host()
+    port = sock.bind_to_random_port(f"tcp://{host}")
+    return sock, f"tcp://{host}:{port}"
+
+
+def recv_frames(sock: zmq.Socket, flags: int = 0) -> list:
+    """Receive one frame set; large frames stay zero-copy ``zmq.Frame`` objects."""
+    return sock.recv_multipart(flags, copy=False)
+
+
+class Outbox:
+    """Per-thread PUSH sockets, one per destination address."""
+
+    def __init__(self, ctx: zmq.Context | None = None):
+        self._ctx = ctx
+        self._local = threading.local()
+
+    def _socket(self, address: str) -> zmq.Socket:
+        cache = getattr(self._local, "sockets", None)
+        if cache is None or getattr(self._local, "pid", None) != os.getpid():
+            cache = self._local.sockets = {}
+            self._local.pid = os.getpid()
+        sock = cache.get(address)
+        if sock is None:
+            sock = (self._ctx or context()).socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.connect(address)
+            cache[address] = sock
+        return sock
+
+    def send(self, address: str, frames: list) -> None:
+        """Send ``frames`` to ``address``. When the message carries large buffers, wait
+        until they have left this process so the caller may reuse them.
+
+        Raises :class:`ClusterError` when they can't leave within
+        ``SEND_DRAIN_TIMEOUT_S`` (the peer is gone or not reading)."""
+        sock = self._socket(address)
+        if len(frames) <= 5 or sum(memoryview(f).nbytes for f in frames[5:]) < zmq.COPY_THRESHOLD:
+            sock.send_multipart(frames)
+            return
+        tracker = sock.send_multipart(frames, copy=False, track=True)
+        try:
+            tracker.wait(SEND_DRAIN_TIMEOUT_S)
+        except zmq.NotDone:
+            self.forget(address)
+            raise ClusterError(
+                f"could not deliver a message to {address} within {SEND_DRAIN_TIMEOUT_S} s; "
+                "the receiving process is gone or not reading"
+            ) from None
+
+    def forget(self, address: str) -> None:
+        """Close this thread's socket to ``address`` (dropping anything queued)."""
+        cache = getattr(self._local, "sockets", {})
+        sock = cache.pop(address, None)
+        if sock is not None:
+            sock.close(0)
