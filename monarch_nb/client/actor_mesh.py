@@ -18,6 +18,18 @@ if TYPE_CHECKING:
     from .future import Future
 
 
+# Outstanding calls per (cluster, mesh) and base rank, shared by every handle and slice
+# of a mesh in this process, so that choose() balances across them.
+_loads: dict[tuple[str, str], dict[int, int]] = {}
+_load_lock = threading.Lock()
+_round_robin = itertools.count()
+
+
+def _load_of(cluster_id: str, name: str) -> dict[int, int]:
+    with _load_lock:
+        return _loads.setdefault((cluster_id, name), {})
+
+
 class ActorMesh:
     """Actors of one class over ``extent``; ``mesh.ENDPOINT.call(...)`` reaches them.
 
@@ -34,12 +46,7 @@ class ActorMesh:
         self._methods = methods
         self._shape = shape
         self._addresses = addresses
-        self._init_local()
 
-    def _init_local(self) -> None:
-        self._outstanding = [0] * len(self._shape)
-        self._rr = itertools.count()
-        self._load_lock = threading.Lock()
 
     def __reduce__(self):
         return (ActorMesh, (self._cluster_id, self._hub_address, self._name, self._class_name,
@@ -81,22 +88,29 @@ class ActorMesh:
         return sorted(set(super().__dir__()) | set(self._endpoints))
 
     def _track(self, view_ranks: list[int], future: "Future") -> None:
-        with self._load_lock:
-            for r in view_ranks:
-                self._outstanding[r] += 1
+        """Count ``future`` as outstanding on those actors until it is done (for choose)."""
+        load = _load_of(self._cluster_id, self._name)
+        base = [self._shape.base_rank(r) for r in view_ranks]
+        with _load_lock:
+            for b in base:
+                load[b] = load.get(b, 0) + 1
 
         def done(_):
-            with self._load_lock:
-                for r in view_ranks:
-                    self._outstanding[r] -= 1
+            with _load_lock:
+                for b in base:
+                    load[b] -= 1
 
         future.add_done_callback(done)
 
     def _least_loaded(self) -> int:
-        with self._load_lock:
-            low = min(self._outstanding)
-            candidates = [r for r, n in enumerate(self._outstanding) if n == low]
-            return candidates[next(self._rr) % len(candidates)]
+        """View rank of an actor with the fewest outstanding calls from this process,
+        round-robin among equals."""
+        load = _load_of(self._cluster_id, self._name)
+        with _load_lock:
+            counts = [load.get(b, 0) for b in self._shape.base_ranks()]
+        low = min(counts)
+        candidates = [r for r, n in enumerate(counts) if n == low]
+        return candidates[next(_round_robin) % len(candidates)]
 
     # lifecycle -----------------------------------------------------------------------
     def stop(self) -> None:

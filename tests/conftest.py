@@ -1,0 +1,72 @@
+"""Shared fixtures: an isolated MONARCH_NB_HOME, one ephemeral cluster per test module,
+and a check that every process a test started is gone afterwards."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import psutil
+import pytest
+
+# Before anything starts a cluster: never touch the user's real cluster directory.
+os.environ["MONARCH_NB_HOME"] = tempfile.mkdtemp(prefix="monarch-nb-test-")
+
+
+def cluster_processes(path) -> list[psutil.Process]:
+    """Live processes (hub, host agents, procs) started for the cluster at ``path``."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and str(path) in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def wait_until(condition, timeout: float, interval: float = 0.02):
+    """Poll ``condition`` until it returns a truthy value or ``timeout`` seconds pass;
+    returns its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+def pids_alive(pids) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from monarch_nb.client.cluster import Cluster
+
+    c = Cluster.start_ephemeral()
+    yield c
+    c.stop()
+    leftovers = wait_until(lambda: not cluster_processes(c.path), 10) or cluster_processes(c.path)
+    assert leftovers is True or not leftovers, f"processes left behind: {leftovers}"
+    assert not c.path.exists(), "ephemeral cluster directory left behind"
+
+
+@pytest.fixture(scope="module")
+def host(cluster):
+    return cluster.host_mesh()
+
+
+@pytest.fixture(scope="module")
+def procs4(host):
+    procs = host.spawn_procs(per_host={"gpus": 4}, name="procs4")
+    yield procs
+    procs.stop()

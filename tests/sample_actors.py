@@ -1,0 +1,167 @@
+"""Actor classes used by the tests (importable by procs through sys.path)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+from monarch_nb.actor import Actor, current_rank, current_size, context, endpoint
+
+
+class Counter(Actor):
+    def __init__(self, start: int = 0):
+        self.value = start
+        self.log: list = []
+
+    @endpoint
+    def incr(self, by: int = 1) -> int:
+        self.value += by
+        return self.value
+
+    @endpoint
+    def get(self) -> int:
+        return self.value
+
+    @endpoint
+    def record(self, item) -> None:
+        self.log.append(item)
+
+    @endpoint
+    def history(self) -> list:
+        return self.log
+
+    @endpoint
+    def whoami(self) -> dict:
+        ctx = context()
+        return {"rank": current_rank().rank, "point": dict(current_rank()), "size": current_size(),
+                "mesh": ctx.actor_instance.mesh_name, "pid": os.getpid()}
+
+    @endpoint
+    def slow_echo(self, x, seconds: float):
+        time.sleep(seconds)
+        return x
+
+    @endpoint
+    def echo_after(self, delays: dict) -> int:
+        """Return this rank after sleeping ``delays[rank]`` seconds (default 0)."""
+        rank = current_rank().rank
+        time.sleep(delays.get(rank, 0.0))
+        return rank
+
+    def helper(self) -> str:  # deliberately not an endpoint
+        return "local"
+
+
+class CustomError(Exception):
+    pass
+
+
+class UnpicklableError(Exception):
+    def __init__(self, msg):
+        super().__init__(msg)
+        self.lock = threading.Lock()
+
+
+class Failing(Actor):
+    @endpoint
+    def fail_on(self, ranks: list, exc_kind: str = "value"):
+        if current_rank().rank in ranks:
+            if exc_kind == "custom":
+                raise CustomError(f"custom failure on {current_rank().rank}")
+            if exc_kind == "unpicklable":
+                raise UnpicklableError("cannot travel")
+            raise ValueError(f"bad value on rank {current_rank().rank}")
+        return current_rank().rank
+
+    @endpoint
+    def return_unpicklable(self):
+        return threading.Lock()
+
+    @endpoint
+    def ok(self) -> str:
+        return "ok"
+
+
+class BadInit(Actor):
+    def __init__(self, fail_rank: int):
+        if current_rank().rank == fail_rank:
+            raise RuntimeError(f"init failed on {fail_rank}")
+
+
+class Rendezvous(Actor):
+    """Each rank waits until every rank has arrived: only works if actors run concurrently."""
+
+    @endpoint
+    def meet(self, directory: str, n: int, timeout: float = 20.0) -> bool:
+        Path(directory, str(current_rank().rank)).touch()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(os.listdir(directory)) >= n:
+                return True
+            time.sleep(0.01)
+        return False
+
+
+class Arrays(Actor):
+    @endpoint
+    def checksum(self, data) -> tuple:
+        import numpy as np
+
+        arr = data.numpy() if hasattr(data, "numpy") and not isinstance(data, np.ndarray) else data
+        return (type(data).__name__, str(data.dtype), tuple(data.shape), int(np.asarray(arr).view(np.uint8).sum()))
+
+    @endpoint
+    def echo(self, data):
+        return data
+
+    @endpoint
+    def scaled(self, data, factor):
+        return data * factor
+
+    @endpoint
+    def wire_stats(self) -> int:
+        from monarch_nb.wire import frames
+
+        return frames.dropped()
+
+
+class Caller(Actor):
+    """Holds another mesh's handle and calls it from its own endpoints."""
+
+    def __init__(self, other):
+        self.other = other
+
+    @endpoint
+    def sum_of_other(self) -> int:
+        return sum(self.other.get.call().get().values())
+
+    @endpoint
+    async def async_sum_of_other(self) -> int:
+        values = await self.other.get.call()
+        await asyncio.sleep(0)
+        return sum(values.values())
+
+
+class AsyncActor(Actor):
+    def __init__(self):
+        self.events: list = []
+
+    @endpoint
+    async def step(self, i: int, delay: float) -> int:
+        self.events.append(("start", i))
+        await asyncio.sleep(delay)
+        self.events.append(("end", i))
+        return i
+
+    @endpoint
+    def events_seen(self) -> list:
+        return self.events
+
+
+class NotAnActor:
+    @endpoint
+    def hi(self):
+        return "hi"

@@ -1,0 +1,265 @@
+"""The actor API against a real local cluster: procs, adverbs, slicing, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+
+from monarch_nb.actor import (Actor, ActorError, Extent, MessageTooLarge, RemoteException, SerializationError,
+                              ValueMesh, current_rank, this_proc)
+from sample_actors import (Arrays, AsyncActor, BadInit, Caller, Counter, CustomError, Failing, NotAnActor,
+                           Rendezvous)
+
+
+@pytest.fixture(scope="module")
+def counters(procs4):
+    return procs4.spawn("counters", Counter, 10)
+
+
+def test_spawn_procs_has_host_and_per_host_dimensions(procs4):
+    assert dict(procs4.extent) == {"hosts": 1, "gpus": 4}
+    assert len(procs4) == 4 and len(set(procs4.pids)) == 4 and os.getpid() not in procs4.pids
+
+
+def test_call_returns_value_mesh_over_extent(counters):
+    vm = counters.whoami.call().get()
+    assert isinstance(vm, ValueMesh) and vm.extent == Extent({"hosts": 1, "gpus": 4}) and len(vm) == 4
+    assert [v["rank"] for v in vm.values()] == [0, 1, 2, 3]
+    assert [dict(p) for p, _ in vm.items()] == [v["point"] for v in vm.values()]
+    assert vm.item(hosts=0, gpus=2)["point"] == {"hosts": 0, "gpus": 2}
+    assert all(v["size"] == {"hosts": 1, "gpus": 4} and v["mesh"] == "counters" for v in vm.values())
+    with pytest.raises(KeyError, match="exactly the dimensions"):
+        vm.item(gpus=2)
+
+
+def test_state_persists_per_actor_across_calls(procs4):
+    c = procs4.spawn("state", Counter, 0)
+    c.incr.call(5).get()
+    assert c.get.call().get().values() == [5, 5, 5, 5]
+    assert c.slice(gpus=1).incr.call_one(2).get() == 7
+    assert c.get.call().get().values() == [5, 7, 5, 5]
+
+
+def test_call_one_on_single_actor_slice(counters):
+    assert counters.slice(gpus=3).whoami.call_one().get()["rank"] == 3
+
+
+def test_call_one_on_many_actors_raises_value_error_naming_size(counters):
+    with pytest.raises(ValueError, match="exactly 1 actor, but counters has 4"):
+        counters.whoami.call_one()
+
+
+def test_slice_of_slice_reaches_the_right_actors(counters):
+    sub = counters.slice(gpus=slice(1, 4)).slice(gpus=slice(1, 3))
+    assert dict(sub.extent) == {"hosts": 1, "gpus": 2}
+    assert [v["rank"] for v in sub.whoami.call().get().values()] == [2, 3]
+    assert [v["rank"] for v in counters.slice(gpus=slice(0, 4, 2)).whoami.call().get().values()] == [0, 2]
+
+
+def test_slice_with_bad_dimension_raises_and_mesh_stays_usable(counters):
+    with pytest.raises(ValueError, match="no dimension 'gpu'"):
+        counters.slice(gpu=0)
+    with pytest.raises(IndexError, match="out of range for dimension 'gpus' of size 4"):
+        counters.slice(gpus=4)
+    assert len(counters.whoami.call().get()) == 4
+
+
+def test_choose_spreads_calls_over_actors(counters):
+    ranks = {counters.whoami.choose().get()["rank"] for _ in range(8)}
+    assert ranks == {0, 1, 2, 3}
+
+
+def test_choose_prefers_idle_actors(counters):
+    busy = counters.slice(gpus=0).slow_echo.call_one("x", 1.0)
+    picks = [counters.whoami.choose() for _ in range(3)]
+    assert 0 not in {f.get(timeout=30)["rank"] for f in picks}
+    busy.get(timeout=30)
+
+
+def test_stream_yields_one_future_per_actor_in_arrival_order(counters):
+    futures = list(counters.echo_after.stream({0: 0.5}))
+    ranks = [f.get() for f in futures]
+    assert sorted(ranks) == [0, 1, 2, 3] and ranks[-1] == 0  # the slow rank comes last
+    assert all(f.done() for f in futures)
+
+
+def test_broadcast_is_fire_and_forget_but_delivered_in_order(procs4):
+    m = procs4.spawn("bcast", Counter)
+    for i in range(20):
+        assert m.record.broadcast(i) is None
+    assert all(h == list(range(20)) for h in m.history.call().get().values())
+
+
+def test_messages_from_one_client_are_handled_in_order(counters):
+    m = counters.slice(gpus=2)
+    futures = [m.record.call_one(i) for i in range(200)]
+    for f in futures:
+        f.get(timeout=30)
+    hist = m.history.call_one().get()
+    assert [x for x in hist if isinstance(x, int)][-200:] == list(range(200))
+
+
+def test_one_actor_handles_one_message_at_a_time(procs4):
+    m = procs4.spawn("serial", AsyncActor)
+    one = m.slice(gpus=0)
+    futures = [one.step.call_one(i, 0.05) for i in range(3)]
+    assert [f.get(timeout=30) for f in futures] == [0, 1, 2]
+    assert one.events_seen.call_one().get() == [("start", 0), ("end", 0), ("start", 1), ("end", 1),
+                                                 ("start", 2), ("end", 2)]
+
+
+def test_actors_in_different_procs_run_concurrently(procs4, tmp_path):
+    m = procs4.spawn("rendezvous", Rendezvous)
+    assert m.meet.call(str(tmp_path), 4).get(timeout=60).values() == [True] * 4
+
+
+def test_endpoint_exception_becomes_actor_error_with_original_type(procs4):
+    m = procs4.spawn("failing", Failing)
+    with pytest.raises(ActorError) as info:
+        m.slice(gpus=1).fail_on.call_one([1]).get()
+    err = info.value
+    assert isinstance(err.exception, ValueError) and "bad value on rank 1" in str(err.exception)
+    assert "fail_on" in err.traceback and "ValueError: bad value on rank 1" in err.traceback
+    assert [dict(p) for p in err.points] == [{"hosts": 0}]  # slice(gpus=1) dropped the gpus dimension
+    assert m.ok.call().get().values() == ["ok"] * 4  # the actor stays usable
+
+
+def test_call_over_many_ranks_lists_every_failed_rank(procs4):
+    m = procs4.spawn("failing", Failing)
+    with pytest.raises(ActorError) as info:
+        m.fail_on.call([1, 3]).get()
+    assert [p.rank for p in info.value.points] == [1, 3]
+    assert "2 of 4 actor(s)" in str(info.value)
+    assert all(isinstance(f.exception, ValueError) for f in info.value.failures)
+
+
+def test_custom_exception_type_is_preserved(procs4):
+    m = procs4.spawn("failing", Failing)
+    with pytest.raises(ActorError) as info:
+        m.slice(gpus=0).fail_on.call_one([0], "custom").get()
+    assert type(info.value.exception) is CustomError
+
+
+def test_unpicklable_exception_arrives_as_remote_exception(procs4):
+    m = procs4.spawn("failing", Failing)
+    with pytest.raises(ActorError) as info:
+        m.slice(gpus=0).fail_on.call_one([0], "unpicklable").get()
+    exc = info.value.exception
+    assert isinstance(exc, RemoteException) and exc.type_name.endswith("UnpicklableError")
+    assert "cannot travel" in str(exc)
+
+
+def test_unpicklable_return_value_is_reported_not_hung(procs4):
+    m = procs4.spawn("failing", Failing)
+    with pytest.raises(ActorError) as info:
+        m.slice(gpus=0).return_unpicklable.call_one().get(timeout=30)
+    assert isinstance(info.value.exception, SerializationError)
+    assert "return value of failing.return_unpicklable" in str(info.value.exception)
+
+
+def test_init_failure_raises_at_spawn_listing_ranks(procs4):
+    with pytest.raises(ActorError) as info:
+        procs4.spawn("badinit", BadInit, 2)
+    assert [p.rank for p in info.value.points] == [2] and isinstance(info.value.exception, RuntimeError)
+    ok = procs4.spawn("badinit", BadInit, 99)  # the name is free again
+    assert len(ok) == 4
+
+
+def test_unknown_endpoint_names_the_available_ones(counters):
+    with pytest.raises(AttributeError, match=r"Counter has no endpoint 'incrr' \(endpoints: .*incr"):
+        counters.incrr
+
+
+def test_non_endpoint_method_says_to_decorate_it(counters):
+    with pytest.raises(AttributeError, match=r"Counter.helper is not an endpoint; decorate it with @endpoint"):
+        counters.helper
+
+
+def test_calling_endpoint_directly_says_which_adverb_to_use(counters):
+    with pytest.raises(TypeError, match=r"use \.call\(\.\.\.\)"):
+        counters.incr(1)
+
+
+def test_spawning_a_non_actor_class_raises_type_error(procs4):
+    with pytest.raises(TypeError, match="NotAnActor is not an Actor subclass"):
+        procs4.spawn("nope", NotAnActor)
+
+
+def test_unpicklable_argument_raises_in_client_and_cluster_stays_healthy(counters):
+    with pytest.raises(SerializationError, match="an argument of counters.record could not be pickled"):
+        counters.record.call(threading.Lock())
+    assert len(counters.get.call().get()) == 4
+
+
+def test_message_over_size_limit_raises_in_client(counters, monkeypatch):
+    monkeypatch.setenv("MONARCH_NB_MAX_MESSAGE_BYTES", "4096")
+    with pytest.raises(MessageTooLarge, match="over the 4096-byte limit"):
+        counters.record.call(b"x" * 10_000)
+    monkeypatch.delenv("MONARCH_NB_MAX_MESSAGE_BYTES")
+    assert len(counters.get.call().get()) == 4
+
+
+def test_future_get_times_out_and_can_be_retried(counters):
+    fut = counters.slice(gpus=1).slow_echo.call_one("late", 0.5)
+    with pytest.raises(TimeoutError):
+        fut.get(timeout=0.05)
+    assert fut.get(timeout=30) == "late"
+
+
+def test_futures_are_awaitable(counters):
+    async def main():
+        vm = await counters.get.call()
+        one = await counters.slice(gpus=0).get.call_one()
+        both = await asyncio.gather(counters.slice(gpus=1).get.call_one(), counters.slice(gpus=2).get.call_one())
+        return vm, one, both
+
+    vm, one, both = asyncio.run(main())
+    assert len(vm) == 4 and one == vm.item(hosts=0, gpus=0) and both == [vm.values()[1], vm.values()[2]]
+
+
+def test_actor_holding_another_mesh_calls_it_sync_and_async(procs4, counters):
+    expected = sum(counters.get.call().get().values())
+    callers = procs4.slice(gpus=slice(0, 2)).spawn("callers", Caller, counters)
+    assert callers.sum_of_other.call().get().values() == [expected, expected]
+    assert callers.async_sum_of_other.call().get().values() == [expected, expected]
+
+
+def test_spawn_with_existing_name_returns_live_mesh_or_raises(procs4):
+    a = procs4.spawn("named", Counter, 0)
+    a.incr.call(3).get()
+    again = procs4.spawn("named", Counter, 0)
+    assert again.get.call().get().values() == [3] * 4  # same live actors
+    with pytest.raises(ValueError, match="actor mesh named 'named' exists"):
+        procs4.spawn("named", Failing)
+    fresh = procs4.spawn("named", Counter, 0, replace=True)
+    assert fresh.get.call().get().values() == [0] * 4
+
+
+def test_actor_mesh_stop_frees_the_name(procs4):
+    m = procs4.spawn("stoppable", Counter, 1)
+    m.stop()
+    assert procs4.spawn("stoppable", Failing).ok.call().get().values() == ["ok"] * 4
+
+
+def test_this_proc_runs_actors_in_the_client_process():
+    local = this_proc().spawn("local_counter", Counter, 1)
+    assert local.whoami.call_one().get()["pid"] == os.getpid()
+    assert local.incr.call_one(2).get() == 3
+    local.stop()
+
+
+def test_current_rank_in_client_is_empty():
+    assert current_rank().rank == 0 and dict(current_rank()) == {}
+
+
+def test_proc_mesh_stop_ends_its_processes(host):
+    from conftest import pids_alive, wait_until
+
+    procs = host.spawn_procs(per_host={"gpus": 2}, name="short_lived")
+    pids = procs.pids
+    assert len(pids_alive(pids)) == 2
+    procs.stop()
+    assert wait_until(lambda: not pids_alive(pids), 10)
