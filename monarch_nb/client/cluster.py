@@ -86,10 +86,12 @@ class Cluster:
         if self._stopped:
             return
         self._stopped = True
-        try:
-            self.hub.request("shutdown", timeout=STOP_TIMEOUT_S)
-        except Exception:
-            pass
+        hub_gone = self._hub_process is not None and self._hub_process.poll() is not None
+        if not hub_gone:
+            try:
+                self.hub.request("shutdown", timeout=STOP_TIMEOUT_S)
+            except Exception:  # the hub is gone or stuck: the wait/kill below handles it
+                pass
         if self._hub_process is not None:
             try:
                 self._hub_process.wait(STOP_TIMEOUT_S)

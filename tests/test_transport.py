@@ -1,0 +1,103 @@
+"""Wire transport: signatures, out-of-band buffers, large tensors and arrays."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from monarch_nb.wire import frames, serialize
+from conftest import wait_until
+from sample_actors import Arrays
+
+_MiB = 1 << 20
+
+
+def test_tampered_or_resplit_frames_are_rejected():
+    frames.register_key("t", b"k" * 32)
+    good = frames.encode("t", {"a": 1}, b"body", [b"buffer"])
+    assert frames.decode(good).header == {"a": 1}
+    before = frames.dropped()
+    tampered = list(good)
+    tampered[4] = b"bodY"
+    resplit = good[:4] + [b"bo", b"dybuffer"]
+    for bad in (tampered, resplit, good[:2] + [b"\0" * 32] + good[3:], [b"MNB1", b"t", *good[3:]]):
+        with pytest.raises(frames.BadMessage):
+            frames.decode(bad)
+    assert frames.dropped() == before + 4
+
+
+def test_numpy_and_torch_travel_out_of_band():
+    arr = np.arange(1 << 16, dtype=np.float32)
+    t = torch.arange(1 << 16, dtype=torch.float32)
+    stream, buffers = serialize.dumps((arr, t))
+    assert len(buffers) == 2 and len(stream) < 4096  # the data is not in the pickle stream
+    arr2, t2 = serialize.loads(stream, [b.raw() for b in buffers])
+    assert np.array_equal(arr, arr2) and torch.equal(t, t2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int64, torch.bool])
+def test_torch_dtypes_and_grad_flag_survive(dtype):
+    t = (torch.arange(100) % 3).to(dtype)
+    back = serialize.loads(*[(s, [b.raw() for b in bufs]) for s, bufs in [serialize.dumps(t)]][0])
+    assert back.dtype == dtype and torch.equal(back, t)
+    g = torch.ones(4, requires_grad=True)
+    back = serialize.loads(*[(s, [b.raw() for b in bufs]) for s, bufs in [serialize.dumps(g)]][0])
+    assert back.requires_grad and torch.equal(back.detach(), g.detach())
+
+
+@pytest.fixture(scope="module")
+def arrays(host):
+    procs = host.spawn_procs(per_host={"gpus": 2}, name="arrays")
+    yield procs.spawn("arrays", Arrays)
+    procs.stop()
+
+
+def test_64mib_tensor_and_array_round_trip_uncorrupted(arrays):
+    gen = torch.Generator().manual_seed(0)
+    t = torch.randint(0, 255, (64 * _MiB,), dtype=torch.uint8, generator=gen)
+    a = np.random.default_rng(0).integers(0, 2**31, size=16 * _MiB, dtype=np.int32)  # 64 MiB
+    one = arrays.slice(gpus=1)
+    expected_t = int(t.numpy().sum())
+    assert one.checksum.call_one(t).get(timeout=60) == ("Tensor", "torch.uint8", (64 * _MiB,), expected_t)
+    back = one.echo.call_one(t).get(timeout=60)
+    assert torch.equal(back, t)
+    back_a = one.echo.call_one(a).get(timeout=60)
+    assert back_a.dtype == a.dtype and np.array_equal(back_a, a)
+    back_a[0] = 7  # received arrays are ordinary writable arrays
+
+
+def test_noncontiguous_and_strided_tensors_round_trip(arrays):
+    t = torch.arange(64).reshape(8, 8).t()[::2]
+    assert torch.equal(arrays.slice(gpus=0).echo.call_one(t).get(), t)
+    assert torch.equal(arrays.slice(gpus=0).scaled.call_one(t, 2).get(), t * 2)
+
+
+def test_unsigned_and_badly_signed_messages_are_never_unpickled(arrays, tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    payload = pickle.dumps({"k": "call", "ep": "echo", "port": 1, "reply": "tcp://127.0.0.1:1"})
+    body = pickle.dumps(((Exploit(),), {}))
+    one = arrays.slice(gpus=0)
+    address = one._addresses[one._shape.base_rank(0)]
+    cid = one._cluster_id.encode()
+    before = one.wire_stats.call_one().get()
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(address)
+    sock.send_multipart([b"MNB1", cid, b"\0" * 32, payload, body])              # bad signature
+    sock.send_multipart([b"MNB1", cid, payload, body])                          # no signature
+    sock.send_multipart([payload, body])                                        # not our framing at all
+    sock.send_multipart([b"MNB1", b"other-cluster", b"\0" * 32, payload, body])  # unknown key
+    sock.close(linger=1000)
+    # Another connection has no ordering with ours: wait for the count to move.
+    assert wait_until(lambda: one.wire_stats.call_one().get() == before + 4, 10)
+    assert not marker.exists()
+    assert one.echo.call_one("still fine").get() == "still fine"
