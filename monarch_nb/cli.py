@@ -1,0 +1,90 @@
+"""The ``monarch-nb`` command.
+
+    monarch-nb run NOTEBOOK [-o OUT] [--timeout S]   execute a notebook headless
+    monarch-nb version
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+def _python3_kernelspec_dir() -> str:
+    """A Jupyter data dir whose ``python3`` kernel is this interpreter, so a notebook runs
+    with the packages of the environment ``monarch-nb`` is installed in."""
+    root = tempfile.mkdtemp(prefix="monarch-nb-kernels-")
+    spec = Path(root, "kernels", "python3")
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3", "language": "python"}))
+    return root
+
+
+def run_notebook(path: str | Path, output: str | Path | None = None, timeout: float = 600.0) -> Path:
+    """Execute the notebook at ``path`` in a fresh kernel, cell by cell, with the
+    notebook's directory as working directory; write the executed copy to ``output``
+    (default ``NAME.executed.ipynb`` beside it) and return its path.
+
+    Raises ``nbclient.exceptions.CellExecutionError`` when a cell fails (the executed
+    copy, with the error, is written first) and ``ImportError`` without the
+    ``notebook`` extra (``pip install 'monarch_nb[notebook]'``).
+    """
+    try:
+        import nbclient
+        import nbformat
+    except ImportError as e:
+        raise ImportError("running notebooks needs the notebook extra: pip install 'monarch_nb[notebook]'") from e
+    path = Path(path)
+    output = Path(output) if output else path.with_name(f"{path.stem}.executed.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    previous = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [_python3_kernelspec_dir(), previous]))
+    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                     resources={"metadata": {"path": str(path.parent.resolve())}})
+    try:
+        client.execute()
+    finally:
+        nbformat.write(nb, output)
+        if previous is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = previous
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="monarch-nb", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="execute a notebook headless and write the executed copy")
+    run.add_argument("notebook")
+    run.add_argument("-o", "--output", help="where to write the executed notebook "
+                                           "(default: NAME.executed.ipynb beside it)")
+    run.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per cell")
+    sub.add_parser("version", help="print the version")
+    args = parser.parse_args(argv)
+    if args.command == "version":
+        from importlib.metadata import version
+
+        print(version("monarch_nb"))
+        return 0
+    try:
+        out = run_notebook(args.notebook, args.output, args.timeout)
+    except ImportError as e:
+        print(f"monarch-nb: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # CellExecutionError carries the cell and the traceback
+        print(f"monarch-nb: {args.notebook} failed:\n{e}", file=sys.stderr)
+        return 1
+    print(f"executed {args.notebook} -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
