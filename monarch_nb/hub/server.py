@@ -108,6 +108,8 @@ class Hub:
     async def _handle(self, message) -> None:
         header = message.header
         op = header.get("op")
+        if op is None:
+            return  # a reply that came after its request gave up
         handler = getattr(self, f"op_{op}", None)
         if handler is None:
             await self.net.reply(header, ok=False, error=f"unknown hub operation {op!r}",
@@ -210,6 +212,9 @@ class Hub:
                 raise HubError(f"an actor mesh named {name!r} exists ({existing.class_name} on "
                                f"{existing.proc_mesh} {existing.extent}); choose another name, or pass "
                                "replace=True to stop it first", "ValueError")
+        dead = [mesh.procs[r].proc_id for r in header["proc_ranks"] if mesh.procs[r].exit_code is not None]
+        if dead:
+            raise HubError(f"procs {', '.join(dead)} of {mesh.name!r} have exited; spawn a new proc mesh")
         body = bytes(message.body)
         buffers = [bytes(b) for b in message.buffers]
         replies = await asyncio.gather(*(
