@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from monarch_nb.actor import (Actor, ActorError, Extent, MessageTooLarge, RemoteException, SerializationError,
+from monarch_nb.actor import (ActorError, Extent, MessageTooLarge, RemoteException, SerializationError,
                               ValueMesh, current_rank, this_proc)
-from sample_actors import (Arrays, AsyncActor, BadInit, Caller, Counter, CustomError, Failing, NotAnActor,
+from sample_actors import (AsyncActor, BadInit, Caller, Counter, CustomError, Failing, NotAnActor,
                            Rendezvous)
 
 

@@ -10,9 +10,9 @@ import itertools
 import threading
 from typing import TYPE_CHECKING
 
-from ..mesh import Extent, Shape
+from ..mesh import Shape
 from .endpoint import Endpoint
-from .hub_client import HubClient
+from .mesh_handle import MeshHandle
 
 if TYPE_CHECKING:
     from .future import Future
@@ -30,7 +30,7 @@ def _load_of(cluster_id: str, name: str) -> dict[int, int]:
         return _loads.setdefault((cluster_id, name), {})
 
 
-class ActorMesh:
+class ActorMesh(MeshHandle):
     """Actors of one class over ``extent``; ``mesh.ENDPOINT.call(...)`` reaches them.
 
     ``len(mesh)`` is the number of actors; ``mesh.slice(gpus=slice(0, 4))`` a sub-mesh.
@@ -47,23 +47,11 @@ class ActorMesh:
         self._shape = shape
         self._addresses = addresses
 
-
     def __reduce__(self):
         return (ActorMesh, (self._cluster_id, self._hub_address, self._name, self._class_name,
                             self._endpoints, self._methods, self._shape, self._addresses))
 
     # geometry ------------------------------------------------------------------------
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def extent(self) -> Extent:
-        return self._shape.extent
-
-    def __len__(self) -> int:
-        return len(self._shape)
-
     def slice(self, **dims) -> "ActorMesh":
         """The sub-mesh selected by ``dims``: an int picks one index and drops the
         dimension, a ``slice`` keeps it. Raises ``ValueError`` for an unknown dimension,
@@ -116,7 +104,7 @@ class ActorMesh:
     def stop(self) -> None:
         """Stop every actor of this mesh (the whole mesh, also when called on a slice);
         each finishes the message it is handling first. Blocks until done."""
-        HubClient(self._cluster_id, self._hub_address).request("stop_actors", name=self._name)
+        self._hub().request("stop_actors", name=self._name)
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._class_name} {dict(self.extent)}>"

@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from .. import cluster_dir

@@ -6,7 +6,7 @@ import os
 import sys
 
 from ..mesh import Extent, Shape
-from .hub_client import HubClient
+from .mesh_handle import MeshHandle
 from .proc_mesh import ProcMesh
 
 SPAWN_TIMEOUT_S = 120.0
@@ -18,24 +18,18 @@ def _proc_env() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(p for p in paths if os.path.isdir(p))}
 
 
-class HostMesh:
+class HostMesh(MeshHandle):
     """Hosts of a cluster over extent ``{"hosts": N}``."""
 
     def __init__(self, cluster_id: str, hub_address: str, hosts: list[str]):
         self._cluster_id = cluster_id
         self._hub_address = hub_address
         self._hosts = hosts
+        self._name = "hosts"
         self._shape = Shape(Extent({"hosts": len(hosts)}))
 
     def __reduce__(self):
         return (HostMesh, (self._cluster_id, self._hub_address, self._hosts))
-
-    @property
-    def extent(self) -> Extent:
-        return self._shape.extent
-
-    def __len__(self) -> int:
-        return len(self._shape)
 
     def slice(self, **dims) -> "HostMesh":
         """Sub-mesh of hosts, e.g. ``slice(hosts=0)``."""
@@ -55,7 +49,7 @@ class HostMesh:
         """
         per_host = dict(per_host or {"gpus": 1})
         Extent(per_host)  # validate here, with the user's frame on the stack
-        reply = HubClient(self._cluster_id, self._hub_address).request(
+        reply = self._hub().request(
             "spawn_procs", timeout=SPAWN_TIMEOUT_S, per_host=per_host, name=name, replace=replace,
             hosts=self._hosts, env=_proc_env(), cwd=os.getcwd(), python=sys.executable)
         return ProcMesh(self._cluster_id, self._hub_address, reply["name"],

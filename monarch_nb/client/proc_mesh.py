@@ -10,7 +10,7 @@ from ..proc.actor import Actor, endpoint_names
 from ..wire import serialize
 from ..wire.remote_error import unpack_exception
 from .actor_mesh import ActorMesh
-from .hub_client import HubClient
+from .mesh_handle import MeshHandle
 
 
 def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
@@ -24,7 +24,7 @@ def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
     return f"{cls.__module__}.{cls.__qualname__}", endpoints, methods
 
 
-class ProcMesh:
+class ProcMesh(MeshHandle):
     """Worker processes laid out over ``extent``, e.g. ``{"hosts": 1, "gpus": 8}``."""
 
     def __init__(self, cluster_id: str, hub_address: str, name: str, shape: Shape, procs: list[dict]):
@@ -37,17 +37,6 @@ class ProcMesh:
     def __reduce__(self):
         return (ProcMesh, (self._cluster_id, self._hub_address, self._name, self._shape, self._procs))
 
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def extent(self) -> Extent:
-        return self._shape.extent
-
-    def __len__(self) -> int:
-        return len(self._shape)
-
     def slice(self, **dims) -> "ProcMesh":
         """Sub-mesh selected by ``dims`` (see ``ActorMesh.slice``)."""
         return ProcMesh(self._cluster_id, self._hub_address, self._name, self._shape.slice(**dims), self._procs)
@@ -56,9 +45,6 @@ class ProcMesh:
     def pids(self) -> list[int]:
         """OS process ids of this mesh's procs, in rank order."""
         return [self._procs[r]["pid"] for r in self._shape.base_ranks()]
-
-    def _hub(self) -> HubClient:
-        return HubClient(self._cluster_id, self._hub_address)
 
     def spawn(self, name: str, actor_class: type, *args, replace: bool = False, **kwargs) -> ActorMesh:
         """Create one ``actor_class(*args, **kwargs)`` in every proc of this mesh; returns

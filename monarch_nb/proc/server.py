@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from ..mesh import Extent, Point
+from ..mesh import Extent
 from ..wire import frames as wire_frames
 from ..wire import sockets
 from .actor_loop import ActorThread, send_reply
