@@ -263,3 +263,28 @@ def test_proc_mesh_stop_ends_its_processes(host):
     assert len(pids_alive(pids)) == 2
     procs.stop()
     assert wait_until(lambda: not pids_alive(pids), 10)
+
+
+def test_reply_that_arrives_while_the_call_is_still_sending_is_not_lost(counters, monkeypatch):
+    import time
+
+    from conftest import wait_until
+    from monarch_nb.wire.mailbox import Mailbox, local_mailbox
+
+    async def wait_for(fut):
+        return await fut
+
+    # An await in another thread keeps the pump thread dispatching replies meanwhile.
+    background = threading.Thread(
+        target=lambda: asyncio.run(wait_for(counters.slice(gpus=0).slow_echo.call_one("x", 1.0))))
+    background.start()
+    assert wait_until(lambda: local_mailbox()._async_waiters > 0, 10)
+    original = Mailbox.send
+
+    def send_then_stall(self, address, frames):
+        original(self, address, frames)
+        time.sleep(0.2)  # fault injection: the reply lands before the call returns
+
+    monkeypatch.setattr(Mailbox, "send", send_then_stall)
+    assert counters.slice(gpus=1).whoami.call_one().get(timeout=10)["rank"] == 1
+    background.join(timeout=30)

@@ -37,24 +37,18 @@ class Endpoint:
             f".call_one(...) for a single actor, .choose(...), .stream(...) or .broadcast(...)")
 
     # sending ---------------------------------------------------------------------------
-    def _send(self, view_ranks: list[int], args: tuple, kwargs: dict, on_reply=None) -> None:
+    def _send(self, view_ranks: list[int], args: tuple, kwargs: dict, port: int | None = None) -> None:
+        """Pickle and sign the arguments once; send them to every actor in ``view_ranks``,
+        with replies to ``port`` of this process's mailbox (none for broadcast)."""
         mesh = self._mesh
-        header: dict = {"k": "call", "ep": self._name}
         mailbox = local_mailbox()
-        port = None
-        if on_reply is not None:
-            port = mailbox.open_port(on_reply)
+        header: dict = {"k": "call", "ep": self._name}
+        if port is not None:
             header.update(port=port, reply=mailbox.address)
-        try:
-            frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
-                                              what=f"an argument of {mesh._name}.{self._name}")
-            for r in view_ranks:
-                mailbox.send(mesh._addresses[mesh._shape.base_rank(r)], frames)
-        except BaseException:
-            if port is not None:
-                mailbox.close_port(port)
-            raise
-        return port
+        frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
+                                          what=f"an argument of {mesh._name}.{self._name}")
+        for r in view_ranks:
+            mailbox.send(mesh._addresses[mesh._shape.base_rank(r)], frames)
 
     def _gather(self, view_ranks: list[int], args, kwargs, finish) -> Future:
         """Send to ``view_ranks``; once all replied, ``finish(results, failures)`` gives the
@@ -66,29 +60,34 @@ class Endpoint:
         results: list[Any] = [None] * len(view_ranks)
         failures: dict[int, RemoteFailure] = {}
         remaining = [len(view_ranks)]
-        port_box: list[int] = []
 
         def on_reply(message: wire_frames.Message) -> None:
             i = by_base.get(message.header["rank"])
             if i is None:
                 return
-            point = mesh.extent.point(view_ranks[i])
             try:
                 value = message.value()
                 if message.header["ok"]:
                     results[i] = value
                 else:
                     exc, tb = unpack_exception(value)
-                    failures[i] = RemoteFailure(point, exc, tb)
+                    failures[i] = RemoteFailure(mesh.extent.point(view_ranks[i]), exc, tb)
             except Exception as e:  # a value we can't unpickle here
-                failures[i] = RemoteFailure(point, e, f"could not unpickle the reply: {e!r}\n")
+                failures[i] = RemoteFailure(mesh.extent.point(view_ranks[i]), e,
+                                            f"could not unpickle the reply: {e!r}\n")
             remaining[0] -= 1
             if remaining[0] == 0:
-                local_mailbox().close_port(port_box[0])
+                mailbox.close_port(port)
                 value, error = finish(results, [failures[k] for k in sorted(failures)])
                 future._resolve(value, error)
 
-        port_box.append(self._send(view_ranks, args, kwargs, on_reply))
+        # The port exists before anything is sent: a reply may arrive at once.
+        port = mailbox.open_port(on_reply)
+        try:
+            self._send(view_ranks, args, kwargs, port)
+        except BaseException:
+            mailbox.close_port(port)
+            raise
         mesh._track(view_ranks, future)
         return future
 

@@ -14,6 +14,7 @@ import itertools
 import os
 import threading
 import time
+import traceback
 from typing import Callable
 
 import zmq
@@ -88,12 +89,9 @@ class Mailbox:
                 poll_ms = max(1, min(int(remaining * 1000), int(_CHUNK_S * 1000)))
             if not inbox.poll(poll_ms):
                 continue
-            while True:
-                try:
-                    frames = sockets.recv_frames(inbox, zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self._dispatch(frames)
+            # Drain what is queued; checking EVENTS is cheaper than a failing recv.
+            while inbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._dispatch(sockets.recv_frames(inbox, zmq.NOBLOCK))
 
     def _dispatch(self, frames: list) -> None:
         try:
@@ -102,7 +100,10 @@ class Mailbox:
             return
         callback = self._ports.get(message.header.get("port"))
         if callback is not None:
-            callback(message)
+            try:
+                callback(message)
+            except Exception:  # a broken callback must not take the dispatching thread down
+                traceback.print_exc()
         with self._cond:
             self._cond.notify_all()
 
