@@ -94,6 +94,10 @@ class ClusterError(MonarchNbError, RuntimeError):
     """The cluster (hub, host agents) could not do what was asked."""
 
 
+class InvalidRequest(ClusterError, ValueError):
+    """The hub refused a control request as bad input (e.g. a name taken by another mesh)."""
+
+
 class MessageTooLarge(MonarchNbError, ValueError):
     """A message is over the size limit (see ``monarch_nb.wire.frames.max_message_bytes``)."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import ClusterError
+from ..errors import ClusterError, InvalidRequest
 from ..wire import frames as wire_frames
 from ..wire.mailbox import local_mailbox
 
@@ -38,10 +38,6 @@ class HubClient:
         if not reply.get("ok"):
             error_type = _ERROR_TYPES.get(reply.get("error_type"), ClusterError)
             if error_type is ValueError:
-                raise _BadRequest(reply["error"])
+                raise InvalidRequest(reply["error"])
             raise error_type(reply["error"])
         return reply
-
-
-class _BadRequest(ClusterError, ValueError):
-    """The hub refused a request as bad input."""
