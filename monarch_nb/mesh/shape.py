@@ -171,7 +171,7 @@ class Shape:
     coordinates ``c`` maps to base rank ``offset + sum(c[i] * strides[i])``.
     """
 
-    __slots__ = ("extent", "offset", "strides")
+    __slots__ = ("extent", "offset", "strides", "_ranks")
 
     def __init__(self, extent: Extent, offset: int = 0, strides: tuple[int, ...] | None = None):
         self.extent = extent
@@ -183,6 +183,7 @@ class Shape:
                 acc *= size
             strides = tuple(reversed(strides))
         self.strides = tuple(strides)
+        self._ranks: list[int] | None = None  # computed on first use; shapes are immutable
 
     @classmethod
     def of(cls, sizes: Mapping[str, int]) -> "Shape":
@@ -193,13 +194,20 @@ class Shape:
         return self.extent.nelements
 
     def base_rank(self, rank: int) -> int:
-        """Base-mesh rank of this view's ``rank``."""
-        point = self.extent.point(rank)
-        return self.offset + sum(i * s for i, s in zip(point._coords, self.strides))
+        """Base-mesh rank of this view's ``rank``; ``IndexError`` when out of range."""
+        if not 0 <= rank < len(self):
+            raise IndexError(f"rank {rank} is out of range for {self.extent!r} ({len(self)} elements)")
+        return self._base_list()[rank]
 
     def base_ranks(self) -> list[int]:
         """Base-mesh rank of every point of the view, in the view's rank order."""
-        return [self.base_rank(r) for r in range(len(self))]
+        return list(self._base_list())
+
+    def _base_list(self) -> list[int]:
+        if self._ranks is None:
+            self._ranks = [self.offset + sum(i * s for i, s in zip(p._coords, self.strides))
+                           for p in self.extent.points()]
+        return self._ranks
 
     def slice(self, **dims: Index) -> "Shape":
         """A sub-view. An int selects one index and drops that dimension; a slice

@@ -50,7 +50,7 @@ class AioEndpoint:
         sock = self._out.get(address)
         if sock is None:
             sock = self._out[address] = self.ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.LINGER, sockets.SEND_LINGER_MS)
             sock.connect(address)
         await sock.send_multipart(wire_frames.encode(self.cluster_id, header, body, buffers), copy=False)
 
@@ -72,6 +72,6 @@ class AioEndpoint:
 
     def close(self) -> None:
         for sock in self._out.values():
-            sock.close(0)
+            sock.close()  # lingers: the last replies (e.g. to "shutdown") still go out
         self.inbox.close(0)
         self.ctx.term()

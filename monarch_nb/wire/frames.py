@@ -29,7 +29,7 @@ from . import serialize
 MAGIC = b"MNB1"
 _LEN = struct.Struct("<Q")
 
-_keys: dict[bytes, bytes] = {}
+_keys: dict[bytes, "hmac.HMAC"] = {}  # cluster id -> keyed HMAC to copy() per message
 _dropped = 0
 _dropped_lock = threading.Lock()
 
@@ -42,7 +42,7 @@ def max_message_bytes() -> int:
 
 def register_key(cluster_id: str, key: bytes) -> None:
     """Trust ``key`` for messages of ``cluster_id`` (both signing and verifying)."""
-    _keys[cluster_id.encode()] = key
+    _keys[cluster_id.encode()] = hmac.new(key, digestmod=hashlib.sha256)
 
 
 def dropped() -> int:
@@ -65,8 +65,8 @@ class Message:
         return serialize.loads(self.body, self.buffers) if self.body is not None else None
 
 
-def _mac(key: bytes, parts) -> bytes:
-    mac = hmac.new(key, digestmod=hashlib.sha256)
+def _mac(keyed: "hmac.HMAC", parts) -> bytes:
+    mac = keyed.copy()
     for part in parts:
         view = memoryview(part)
         mac.update(_LEN.pack(view.nbytes))

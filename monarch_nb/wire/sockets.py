@@ -16,6 +16,11 @@ import zmq
 from ..errors import ClusterError
 from . import frames as wire_frames
 
+# How long a closed sending socket keeps trying to deliver what it has queued (ms).
+# Not 0: a thread that sends a reply and then exits (an actor whose __init__ failed,
+# a stopped actor) closes its socket at once, and the reply must still go out.
+SEND_LINGER_MS = 2000
+
 # How long a sender waits for a message that holds large buffers to leave the
 # process before the buffers may be reused (seconds).
 SEND_DRAIN_TIMEOUT_S = 60.0
@@ -64,7 +69,7 @@ class Outbox:
         sock = cache.get(address)
         if sock is None:
             sock = (self._ctx or context()).socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.LINGER, SEND_LINGER_MS)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.connect(address)
             cache[address] = sock
