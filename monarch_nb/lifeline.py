@@ -32,27 +32,10 @@ def die_with_parent(expected_ppid: int, sig: int = signal.SIGKILL,
             pass
     if os.getppid() != expected_ppid:  # parent died before prctl took effect
         os._exit(1)
-    watch_pid(expected_ppid, on_orphan or (lambda: os._exit(1)), poll_s, parent=True)
-
-
-def watch_pid(pid: int, on_gone: Callable[[], None], poll_s: float = 0.2, parent: bool = False) -> None:
-    """Call ``on_gone`` (once, on a daemon thread) when process ``pid`` no longer exists
-    (or, with ``parent=True``, is no longer this process's parent)."""
-
-    def alive() -> bool:
-        if parent:
-            return os.getppid() == pid
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
     def watch() -> None:
-        while alive():
+        while os.getppid() == expected_ppid:
             time.sleep(poll_s)
-        on_gone()
+        (on_orphan or (lambda: os._exit(1)))()
 
-    threading.Thread(target=watch, name=f"monarch-nb-watch-{pid}", daemon=True).start()
+    threading.Thread(target=watch, name="monarch-nb-lifeline", daemon=True).start()

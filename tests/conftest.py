@@ -55,8 +55,8 @@ def cluster():
     c = Cluster.start_ephemeral()
     yield c
     c.stop()
-    leftovers = wait_until(lambda: not cluster_processes(c.path), 10) or cluster_processes(c.path)
-    assert leftovers is True or not leftovers, f"processes left behind: {leftovers}"
+    assert wait_until(lambda: not cluster_processes(c.path), 10), (
+        f"processes left behind: {cluster_processes(c.path)}")
     assert not c.path.exists(), "ephemeral cluster directory left behind"
 
 

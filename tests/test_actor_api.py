@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 
 import pytest
 
 from monarch_nb.actor import (ActorError, Extent, MessageTooLarge, RemoteException, SerializationError,
                               ValueMesh, current_rank, this_proc)
+from conftest import pids_alive, wait_until
+from monarch_nb.wire.mailbox import Mailbox, local_mailbox
 from sample_actors import (AsyncActor, BadInit, Caller, Counter, CustomError, Failing, NotAnActor,
                            Rendezvous)
 
@@ -256,8 +259,6 @@ def test_current_rank_in_client_is_empty():
 
 
 def test_proc_mesh_stop_ends_its_processes(host):
-    from conftest import pids_alive, wait_until
-
     procs = host.spawn_procs(per_host={"gpus": 2}, name="short_lived")
     pids = procs.pids
     assert len(pids_alive(pids)) == 2
@@ -266,11 +267,6 @@ def test_proc_mesh_stop_ends_its_processes(host):
 
 
 def test_reply_that_arrives_while_the_call_is_still_sending_is_not_lost(counters, monkeypatch):
-    import time
-
-    from conftest import wait_until
-    from monarch_nb.wire.mailbox import Mailbox, local_mailbox
-
     async def wait_for(fut):
         return await fut
 

@@ -39,13 +39,18 @@ def test_numpy_and_torch_travel_out_of_band():
     assert np.array_equal(arr, arr2) and torch.equal(t, t2)
 
 
+def _round_trip(obj):
+    stream, buffers = serialize.dumps(obj)
+    return serialize.loads(stream, [b.raw() for b in buffers])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.int64, torch.bool])
 def test_torch_dtypes_and_grad_flag_survive(dtype):
     t = (torch.arange(100) % 3).to(dtype)
-    back = serialize.loads(*[(s, [b.raw() for b in bufs]) for s, bufs in [serialize.dumps(t)]][0])
+    back = _round_trip(t)
     assert back.dtype == dtype and torch.equal(back, t)
     g = torch.ones(4, requires_grad=True)
-    back = serialize.loads(*[(s, [b.raw() for b in bufs]) for s, bufs in [serialize.dumps(g)]][0])
+    back = _round_trip(g)
     assert back.requires_grad and torch.equal(back.detach(), g.detach())
 
 

@@ -141,10 +141,8 @@ class Endpoint:
         mailbox = local_mailbox()
         ranks = list(range(len(mesh)))
         arrived: collections.deque = collections.deque()
-        futures = []
         for r in ranks:
-            futures.append(self._one(r, args, kwargs))
-            futures[-1].add_done_callback(arrived.append)
+            self._one(r, args, kwargs).add_done_callback(arrived.append)
         for _ in ranks:
             mailbox.wait(lambda: bool(arrived))
             yield arrived.popleft()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ..errors import ClusterError, InvalidRequest
-from ..wire import frames as wire_frames
 from ..wire.mailbox import local_mailbox
 
-_ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "ClusterError": ClusterError}
+# The hub names the kind of error; the client raises the matching type.
+_ERROR_TYPES = {"ValueError": InvalidRequest, "ClusterError": ClusterError}
 
 
 class HubClient:
@@ -20,24 +20,15 @@ class HubClient:
                 **fields) -> dict:
         """Run ``op`` on the hub; returns the reply header.
 
-        Raises ``ValueError``/``TypeError`` for a request the hub refused as bad input,
-        :class:`ClusterError` when the hub failed or did not answer within ``timeout``
-        seconds."""
-        mailbox = local_mailbox()
-        replies: list[wire_frames.Message] = []
-        port = mailbox.open_port(replies.append)
-        try:
-            header = {"op": op, "port": port, "reply": mailbox.address, **fields}
-            mailbox.send(self.address, wire_frames.encode(self.cluster_id, header, body, buffers))
-            if not mailbox.wait(lambda: bool(replies), timeout):
-                raise ClusterError(f"the hub at {self.address} did not answer {op!r} within {timeout} s; "
-                                   "is the cluster still running?")
-        finally:
-            mailbox.close_port(port)
-        reply = replies[0].header
-        if not reply.get("ok"):
-            error_type = _ERROR_TYPES.get(reply.get("error_type"), ClusterError)
-            if error_type is ValueError:
-                raise InvalidRequest(reply["error"])
-            raise error_type(reply["error"])
-        return reply
+        Raises :class:`InvalidRequest` (a ``ValueError``) for a request the hub refused
+        as bad input, :class:`ClusterError` when the hub failed or did not answer within
+        ``timeout`` seconds (``None``: no limit)."""
+        reply = local_mailbox().request(self.address, self.cluster_id, {"op": op, **fields}, body,
+                                        buffers, timeout)
+        if reply is None:
+            raise ClusterError(f"the hub at {self.address} did not answer {op!r} within {timeout} s; "
+                               "is the cluster still running?")
+        header = reply.header
+        if not header.get("ok"):
+            raise _ERROR_TYPES.get(header.get("error_type"), ClusterError)(header["error"])
+        return header

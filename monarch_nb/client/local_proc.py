@@ -36,17 +36,8 @@ class LocalProcMesh(ProcMesh):
         raise TypeError("this_proc() of a client can't be sent to other processes")
 
     def _spawn_request(self, name, class_name, endpoints, body, buffers, replace) -> dict:
-        mailbox = local_mailbox()
-        replies: list = []
-        port = mailbox.open_port(replies.append)
-        try:
-            header = {"op": "spawn_actor", "mesh": name, "rank": 0, "extent": {}, "port": port,
-                      "reply": mailbox.address}
-            mailbox.send(self._server.address, wire_frames.encode(self._cluster_id, header, body, buffers))
-            mailbox.wait(lambda: bool(replies))
-        finally:
-            mailbox.close_port(port)
-        reply = replies[0]
+        header = {"op": "spawn_actor", "mesh": name, "rank": 0, "extent": {}}
+        reply = local_mailbox().request(self._server.address, self._cluster_id, header, body, buffers)
         if not reply.header["ok"]:
             return {"failures": {0: bytes(reply.body)}}
         return {"extent": {}, "addresses": [reply.header["address"]]}

@@ -82,8 +82,8 @@ class HostAgent:
         proc_ids = request["proc_ids"]
         loop = asyncio.get_running_loop()
         env = {**os.environ, **request.get("env", {})}
-        for pid_ in proc_ids:
-            self.ready[pid_] = loop.create_future()
+        for proc_id in proc_ids:
+            self.ready[proc_id] = loop.create_future()
         try:
             for proc_id in proc_ids:
                 proc = await asyncio.create_subprocess_exec(

@@ -52,6 +52,7 @@ class Hub:
         self.stop_requested = asyncio.Event()
         self._all_hosts_ready = asyncio.Event()
         self._mesh_counter = 0
+        self._shutdown_request: dict | None = None  # answered once everything has stopped
 
     # lifecycle ---------------------------------------------------------------------
     async def run(self, ready_fd: int | None) -> None:
@@ -84,8 +85,6 @@ class Hub:
             await self.net.reply(self._shutdown_request, ok=True)
             await asyncio.sleep(0)
         self.net.close()
-
-    _shutdown_request: dict | None = None
 
     async def _shutdown_hosts(self) -> None:
         await asyncio.gather(*(self.net.send(h.address, {"op": "shutdown"}) for h in self.hosts.values()),

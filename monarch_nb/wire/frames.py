@@ -27,6 +27,7 @@ from ..errors import MessageTooLarge
 from . import serialize
 
 MAGIC = b"MNB1"
+FIXED_FRAMES = 5  # magic, cluster id, signature, header, body; out-of-band buffers follow
 _LEN = struct.Struct("<Q")
 
 _keys: dict[bytes, "hmac.HMAC"] = {}  # cluster id -> keyed HMAC to copy() per message
@@ -103,7 +104,7 @@ def decode(frames: list) -> Message:
     missing or bad signature. Only the header is unpickled here."""
     global _dropped
     try:
-        if len(frames) < 5 or bytes(frames[0]) != MAGIC:
+        if len(frames) < FIXED_FRAMES or bytes(frames[0]) != MAGIC:
             raise BadMessage("not a monarch_nb frame set")
         key = _keys.get(bytes(frames[1]))
         if key is None:

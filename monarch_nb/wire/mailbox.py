@@ -53,6 +53,20 @@ class Mailbox:
     def send(self, address: str, frames: list) -> None:
         self.outbox.send(address, frames)
 
+    def request(self, address: str, cluster_id: str, header: dict, body: bytes | None = None,
+                buffers=(), timeout: float | None = None) -> wire_frames.Message | None:
+        """Send ``header`` (plus a pickled ``body``) with this mailbox as reply-to and wait
+        for the one reply; ``None`` when none came within ``timeout`` seconds."""
+        replies: list[wire_frames.Message] = []
+        port = self.open_port(replies.append)
+        try:
+            header = {**header, "port": port, "reply": self.address}
+            self.send(address, wire_frames.encode(cluster_id, header, body, buffers))
+            self.wait(lambda: bool(replies), timeout)
+        finally:
+            self.close_port(port)
+        return replies[0] if replies else None
+
     # waiting ---------------------------------------------------------------------
     def wait(self, done: Callable[[], bool], timeout: float | None = None) -> bool:
         """Block until ``done()`` is true or ``timeout`` seconds pass; returns ``done()``.

@@ -82,7 +82,8 @@ class Outbox:
         Raises :class:`ClusterError` when they can't leave within
         ``SEND_DRAIN_TIMEOUT_S`` (the peer is gone or not reading)."""
         sock = self._socket(address)
-        if len(frames) <= 5 or sum(memoryview(f).nbytes for f in frames[5:]) < zmq.COPY_THRESHOLD:
+        buffers = frames[wire_frames.FIXED_FRAMES:]
+        if sum(memoryview(f).nbytes for f in buffers) < zmq.COPY_THRESHOLD:
             sock.send_multipart(frames)
             return
         tracker = sock.send_multipart(frames, copy=False, track=True)
