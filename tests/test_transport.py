@@ -22,9 +22,10 @@ def test_tampered_or_resplit_frames_are_rejected():
     assert frames.decode(good).header == {"a": 1}
     before = frames.dropped()
     tampered = list(good)
-    tampered[4] = b"bodY"
-    resplit = good[:4] + [b"bo", b"dybuffer"]
-    for bad in (tampered, resplit, good[:2] + [b"\0" * 32] + good[3:], [b"MNB1", b"t", *good[3:]]):
+    tampered[2] = b"bodY"
+    resplit = good[:2] + [b"bo", b"dybuffer"]
+    forged = [b"MNB1" + b"\0" * 32 + b"t", *good[1:]]
+    for bad in (tampered, resplit, forged, [b"MNB1t", *good[1:]]):
         with pytest.raises(frames.BadMessage):
             frames.decode(bad)
     assert frames.dropped() == before + 4
@@ -97,10 +98,10 @@ def test_unsigned_and_badly_signed_messages_are_never_unpickled(arrays, tmp_path
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.PUSH)
     sock.connect(address)
-    sock.send_multipart([b"MNB1", cid, b"\0" * 32, payload, body])              # bad signature
-    sock.send_multipart([b"MNB1", cid, payload, body])                          # no signature
+    sock.send_multipart([b"MNB1" + b"\0" * 32 + cid, payload, body])             # bad signature
+    sock.send_multipart([b"MNB1" + cid, payload, body])                         # no signature
     sock.send_multipart([payload, body])                                        # not our framing at all
-    sock.send_multipart([b"MNB1", b"other-cluster", b"\0" * 32, payload, body])  # unknown key
+    sock.send_multipart([b"MNB1" + b"\0" * 32 + b"other-cluster", payload, body])  # unknown key
     sock.close(linger=1000)
     # Another connection has no ordering with ours: wait for the count to move.
     assert wait_until(lambda: one.wire_stats.call_one().get() == before + 4, 10)

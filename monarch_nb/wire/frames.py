@@ -2,11 +2,11 @@
 
 A message is a list of zmq frames::
 
-    [b"MNB1", cluster_id, signature, header, body, *buffers]
+    [b"MNB1" + signature + cluster_id, header, body, *buffers]
 
 ``header`` is a small dict pickled with the standard library (routing: kind, port,
 reply address); ``body`` is a cloudpickle stream whose out-of-band buffers follow as
-their own frames. ``signature`` is HMAC-SHA256 (RFC 2104) with the cluster's key
+their own frames. ``signature`` (32 bytes) is HMAC-SHA256 (RFC 2104) with the cluster's key
 over every frame after it, each prefixed by its 8-byte length so frames can't be
 re-split. A receiver verifies the signature before unpickling anything; frame sets
 that fail are dropped and counted (:func:`dropped`), never unpickled.
@@ -27,7 +27,8 @@ from ..errors import MessageTooLarge
 from . import serialize
 
 MAGIC = b"MNB1"
-FIXED_FRAMES = 5  # magic, cluster id, signature, header, body; out-of-band buffers follow
+FIXED_FRAMES = 3  # magic + signature + cluster id, header, body; out-of-band buffers follow
+_SIG = slice(len(MAGIC), len(MAGIC) + 32)
 _LEN = struct.Struct("<Q")
 
 _keys: dict[bytes, "hmac.HMAC"] = {}  # cluster id -> keyed HMAC to copy() per message
@@ -90,7 +91,7 @@ def encode(cluster_id: str, header: dict, body: bytes | None = None, buffers=())
             f"message of {size} bytes is over the {limit}-byte limit; send large data in "
             "smaller pieces, or raise MONARCH_NB_MAX_MESSAGE_BYTES in the client and every proc"
         )
-    return [MAGIC, cid, _mac(_keys[cid], parts), *parts]
+    return [MAGIC + _mac(_keys[cid], parts) + cid, *parts]
 
 
 def encode_value(cluster_id: str, header: dict, value: Any, what: str = "value") -> list:
@@ -104,13 +105,14 @@ def decode(frames: list) -> Message:
     missing or bad signature. Only the header is unpickled here."""
     global _dropped
     try:
-        if len(frames) < FIXED_FRAMES or bytes(frames[0]) != MAGIC:
+        prefix = bytes(frames[0])
+        if len(frames) < FIXED_FRAMES or not prefix.startswith(MAGIC):
             raise BadMessage("not a monarch_nb frame set")
-        key = _keys.get(bytes(frames[1]))
+        key = _keys.get(prefix[_SIG.stop:])
         if key is None:
             raise BadMessage("unknown cluster id")
-        parts = frames[3:]
-        if not hmac.compare_digest(_mac(key, parts), bytes(frames[2])):
+        parts = frames[1:]
+        if not hmac.compare_digest(_mac(key, parts), prefix[_SIG]):
             raise BadMessage("bad signature")
     except BadMessage:
         with _dropped_lock:
