@@ -1,6 +1,22 @@
 """monarch_nb: drive meshes of actors on a cluster from a Jupyter notebook.
 
-The actor API lives in :mod:`monarch_nb.actor`; see README.md.
+The actor API lives in :mod:`monarch_nb.actor`; clusters are started and found with
+``monarch_nb.Cluster.start(name)``, ``monarch_nb.connect(name)`` and
+``monarch_nb.list_clusters()``. See README.md.
 """
 
 __version__ = "0.1.0"
+
+_LAZY = {"Cluster", "connect", "list_clusters"}
+
+
+def __getattr__(name: str):
+    # Imported on first use, so `import monarch_nb` (the CLI, the kernel) stays cheap.
+    if name in _LAZY:
+        from .client import cluster
+
+        return getattr(cluster, name)
+    raise AttributeError(f"module 'monarch_nb' has no attribute {name!r}")
+
+
+__all__ = ["Cluster", "connect", "list_clusters", "__version__"]

@@ -1,6 +1,7 @@
 """The ``monarch-nb`` command.
 
     monarch-nb run NOTEBOOK [-o OUT] [--timeout S]   execute a notebook headless
+    monarch-nb cluster start|stop|list|status|recover [NAME]
     monarch-nb version
 """
 
@@ -12,6 +13,8 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+
+from . import cluster_cli
 
 
 def _python3_kernelspec_dir() -> str:
@@ -68,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
                                            "(default: NAME.executed.ipynb beside it)")
     run.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per cell")
     sub.add_parser("version", help="print the version")
+    cluster_cli.add_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "cluster":
+        return cluster_cli.run(args)
     if args.command == "version":
         from importlib.metadata import version
 

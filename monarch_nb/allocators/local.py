@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
-import time
+
+import psutil
 
 
 class LocalAllocator:
-    """Starts host agents as children of the hub.
+    """Starts host agents as children of the hub, or adopts those a previous hub of the
+    cluster started.
 
     ``grace_s`` is how long an agent keeps its procs after the hub falls silent.
     """
@@ -16,13 +19,14 @@ class LocalAllocator:
     def __init__(self, cluster_dir: str, grace_s: float):
         self.cluster_dir = cluster_dir
         self.grace_s = grace_s
-        self.agents: dict[str, subprocess.Popen] = {}
+        self.agents: dict[str, subprocess.Popen | psutil.Process] = {}
+        self._ids = itertools.count()
 
     def start(self, hub_address: str, hosts: int) -> list[str]:
         """Start ``hosts`` host agents; returns their host ids (they report in to the hub)."""
         ids = []
-        for i in range(len(self.agents), len(self.agents) + hosts):
-            host_id = f"host{i}"
+        for _ in range(hosts):
+            host_id = self._next_id()
             self.agents[host_id] = subprocess.Popen(
                 [sys.executable, "-m", "monarch_nb.host", "--cluster-dir", self.cluster_dir,
                  "--hub", hub_address, "--host-id", host_id, "--grace", str(self.grace_s)],
@@ -30,13 +34,33 @@ class LocalAllocator:
             ids.append(host_id)
         return ids
 
+    def adopt(self, pids: dict[str, int]) -> None:
+        """Take charge of running host agents (host id -> pid) started by an earlier hub."""
+        for host_id, pid in pids.items():
+            try:
+                self.agents[host_id] = psutil.Process(pid)
+            except psutil.NoSuchProcess:
+                pass
+
     def stop(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for agents told to shut down, then kill the rest."""
-        deadline = time.monotonic() + timeout
+        procs = []
         for agent in self.agents.values():
             try:
-                agent.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait()
+                procs.append(agent if isinstance(agent, psutil.Process) else psutil.Process(agent.pid))
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=timeout)
+        for p in alive:
+            p.kill()
+        psutil.wait_procs(alive, timeout=timeout)
+        for agent in self.agents.values():
+            if isinstance(agent, subprocess.Popen):
+                agent.wait()  # reap our own children
         self.agents.clear()
+
+    def _next_id(self) -> str:
+        while True:  # skipping ids of adopted agents
+            host_id = f"host{next(self._ids)}"
+            if host_id not in self.agents:
+                return host_id

@@ -1,9 +1,14 @@
-"""A cluster as seen from a client: starting its hub, its host mesh, stopping it.
+"""A cluster as seen from a client: starting or connecting to it, its meshes, stopping it.
 
-A script's first ``this_host()`` starts an *ephemeral* cluster: a hub (child of this
-process, which dies with it), one local host agent and no procs yet. It is stopped
-at interpreter exit, and if this process dies any other way the hub notices at once
-(``PR_SET_PDEATHSIG`` plus a parent watchdog) and stops every host agent and proc.
+Two kinds of cluster:
+
+- *ephemeral*: a script's first ``this_host()`` starts one. Its hub is a child of
+  this process and dies with it (``PR_SET_PDEATHSIG`` plus a parent watchdog), taking
+  every host agent and proc along; it is stopped at interpreter exit.
+- *retained*: ``Cluster.start(name)`` starts a detached hub that keeps its procs and
+  actors when every client is gone. Any later client (the same notebook after a kernel
+  restart, another notebook, a script) attaches with ``connect(name)`` and gets live
+  handles to the same actors, their state intact. ``stop()`` ends it.
 """
 
 from __future__ import annotations
@@ -11,67 +16,131 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
-import select
 import shutil
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
+import psutil
+
 from .. import cluster_dir
-from ..errors import ClusterError
+from ..errors import ClusterError, ClusterNotFound, InvalidRequest
+from ..mesh import Extent, Shape
 from ..wire import frames as wire_frames
+from . import discovery
+from .actor_mesh import ActorMesh
 from .host_mesh import HostMesh
 from .hub_client import HubClient
+from .launch import launch_hub
+from .presence import Presence
+from .proc_mesh import ProcMesh
 
-HUB_START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
+DEFAULT_NAME = "default"
+DEFAULT_GRACE_S = 10.0  # retained: how long procs outlive a dead hub, waiting for recovery
 
 
 class Cluster:
-    """A running cluster: ``host_mesh()``, ``info()``, ``stop()``."""
+    """A running cluster: its meshes (``proc_meshes``, ``actor_meshes``,
+    ``host_mesh()``), ``info()`` and ``stop()``.
+
+    Get one with :meth:`start`, :func:`connect` or (ephemeral) ``this_host()``."""
 
     def __init__(self, name: str, path: Path, info: dict, hub_process: subprocess.Popen | None = None):
         self.name = name
         self.path = path
         self._info = info
-        self._hub_process = hub_process
+        self._hub_process = hub_process  # set for an ephemeral cluster: the hub is our child
         wire_frames.register_key(info["cluster_id"], cluster_dir.key_of(info))
         self.hub = HubClient(info["cluster_id"], info["hub"])
+        self._presence: Presence | None = None
         self._stopped = False
+
+    # starting and connecting -------------------------------------------------------
+    @classmethod
+    def start(cls, name: str = DEFAULT_NAME, hosts: int | None = None, grace_s: float = DEFAULT_GRACE_S,
+              idle_timeout: float | None = None) -> "Cluster":
+        """Start the retained cluster ``name`` with ``hosts`` local host agents (default
+        1) and connect to it; returns once its hub and host agents are up (~0.3 s).
+
+        The hub runs detached: it keeps every proc and actor when this client exits,
+        until :meth:`stop`, or until no client has been connected for ``idle_timeout``
+        seconds (``None``: never). If the hub dies, host agents keep their procs for
+        ``grace_s`` seconds, waiting for :meth:`recover`.
+
+        Starting a name that is already running connects to it (so re-running the cell
+        works) unless a different ``hosts`` was asked for, which raises :class:`InvalidRequest`. A stale
+        directory of that name (hub dead) is recovered when its host agents are still
+        alive, else cleared first. Raises ``ValueError`` for a bad name and
+        :class:`ClusterError` when the hub does not come up."""
+        found = discovery.probe(name)
+        if found.state == "running":
+            running_hosts = len(found.hub_info["hosts"])
+            if hosts is not None and running_hosts != hosts:
+                raise InvalidRequest(
+                    f"cluster {name!r} is already running with {running_hosts} host(s), not {hosts}; use "
+                    f"monarch_nb.connect({name!r}), or stop it first (monarch_nb.connect({name!r}).stop())")
+            return connect(name)
+        if found.state == "stale":
+            if discovery.leftover_agents(found.path):
+                return cls.recover(name)
+            discovery.remove_stale(found.path)
+        path, info = cluster_dir.create(name)
+        try:
+            launch_hub(path, hosts=hosts or 1, grace_s=grace_s, idle_timeout=idle_timeout)
+        except ClusterError:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        return cls(name, path, cluster_dir.read_info(path))._attach()
+
+    @classmethod
+    def recover(cls, name: str = DEFAULT_NAME) -> "Cluster":
+        """Start a new hub for the retained cluster ``name`` whose hub died, re-adopting
+        its host agents, procs and meshes from the state file (actor state is intact:
+        the procs never stopped). Must happen within the cluster's grace period
+        (``grace_s`` of :meth:`start`) after the hub's death.
+
+        Raises :class:`ClusterNotFound` when there is nothing to recover, and
+        :class:`InvalidRequest` when the cluster is running."""
+        found = discovery.probe(name)
+        if found.state == "running":
+            raise InvalidRequest(f"cluster {name!r} is running; nothing to recover. "
+                                 f"Use monarch_nb.connect({name!r})")
+        if found.state == "missing" or not (found.path / "state.json").exists() or "hub" not in found.info:
+            raise ClusterNotFound(f"cluster {name!r} has no state to recover" + _running_hint())
+        old = found.info
+        launch_hub(found.path, hosts=old.get("hosts", 1), grace_s=old.get("grace_s", DEFAULT_GRACE_S),
+                   idle_timeout=old.get("idle_timeout"), recover=True)
+        return cls(name, found.path, cluster_dir.read_info(found.path))._attach()
 
     @classmethod
     def start_ephemeral(cls, hosts: int = 1, grace_s: float = 2.0) -> "Cluster":
         """Start a cluster that lives and dies with this process; returns once its hub and
-        ``hosts`` host agents are up. Raises :class:`ClusterError` if they don't come up
-        within ``HUB_START_TIMEOUT_S`` seconds."""
+        ``hosts`` host agents are up. Raises :class:`ClusterError` if they don't come up."""
         name = f"ephemeral-{os.getpid()}-{secrets.token_hex(3)}"
-        path, info = cluster_dir.create(name)
-        read_fd, write_fd = os.pipe()
+        path, _ = cluster_dir.create(name)
         try:
-            hub = subprocess.Popen(
-                [sys.executable, "-m", "monarch_nb.hub", "--cluster-dir", str(path), "--hosts", str(hosts),
-                 "--ephemeral-parent", str(os.getpid()), "--grace", str(grace_s), "--ready-fd", str(write_fd)],
-                pass_fds=(write_fd,), stdin=subprocess.DEVNULL)
-        finally:
-            os.close(write_fd)
-        try:
-            ready, _, _ = select.select([read_fd], [], [], HUB_START_TIMEOUT_S)
-            line = os.read(read_fd, 64) if ready else b""
-        finally:
-            os.close(read_fd)
-        if line.strip() != b"ready":
-            hub.kill()
-            hub.wait()
+            hub = launch_hub(path, hosts=hosts, grace_s=grace_s, ephemeral_parent=os.getpid())
+        except ClusterError:
             shutil.rmtree(path, ignore_errors=True)
-            raise ClusterError(f"the hub of cluster {name} did not start within {HUB_START_TIMEOUT_S} s "
-                               f"(exit code {hub.poll()}); see its stderr above")
+            raise
         cluster = cls(name, path, cluster_dir.read_info(path), hub)
         atexit.register(cluster.stop)
         return cluster
 
+    def _attach(self) -> "Cluster":
+        """Count this process as a client of the hub, and make ``this_host()`` mean this
+        cluster."""
+        global _default
+        self._presence = Presence(self._info["cluster_id"], self._info["hub"])
+        atexit.register(self.disconnect)
+        with _default_lock:
+            _default = self
+        return self
+
+    # what is in it -------------------------------------------------------------------
     def info(self) -> dict:
-        """Hosts, proc meshes and actor meshes as the hub knows them."""
+        """Hosts, clients, proc meshes and actor meshes as the hub knows them."""
         return self.hub.request("info", timeout=30.0)
 
     def host_mesh(self) -> HostMesh:
@@ -79,30 +148,118 @@ class Cluster:
         info = self.info()
         return HostMesh(self._info["cluster_id"], self._info["hub"], [h["host_id"] for h in info["hosts"]])
 
+    @property
+    def proc_meshes(self) -> dict[str, ProcMesh]:
+        """Live handles on every proc mesh of the cluster, by name (a fresh snapshot)."""
+        return {name: self._proc_mesh(record) for name, record in self.info()["proc_meshes"].items()}
+
+    @property
+    def actor_meshes(self) -> dict[str, ActorMesh]:
+        """Live handles on every actor mesh of the cluster, by name (a fresh snapshot);
+        calling them reaches the same actor objects as the client that spawned them."""
+        return {name: self._actor_mesh(record) for name, record in self.info()["actor_meshes"].items()}
+
+    def _proc_mesh(self, record: dict) -> ProcMesh:
+        return ProcMesh(self._info["cluster_id"], self._info["hub"], record["name"],
+                        Shape(Extent(record["extent"])), record["procs"])
+
+    def _actor_mesh(self, record: dict) -> ActorMesh:
+        return ActorMesh(self._info["cluster_id"], self._info["hub"], record["name"], record["class_name"],
+                         record["endpoints"], record["methods"], Shape(Extent(record["extent"])),
+                         record["addresses"])
+
+    # leaving -------------------------------------------------------------------------
+    def disconnect(self) -> None:
+        """Stop counting this process as a client (the cluster runs on). Idempotent."""
+        if self._presence is not None:
+            self._presence.close()
+
     def stop(self) -> None:
-        """Stop every proc, host agent and the hub; blocks until they have exited
-        (killing what is left after ``STOP_TIMEOUT_S`` seconds). Idempotent."""
+        """Stop every proc, host agent and the hub, and remove the cluster's runtime
+        files; blocks until they have exited (killing what is left after
+        ``STOP_TIMEOUT_S`` seconds). Idempotent."""
         if self._stopped:
             return
         self._stopped = True
-        hub_gone = self._hub_process is not None and self._hub_process.poll() is not None
-        if not hub_gone:
-            try:
-                self.hub.request("shutdown", timeout=STOP_TIMEOUT_S)
-            except Exception:  # the hub is gone or stuck: the wait/kill below handles it
-                pass
+        self.disconnect()
+        hub_pid = self._hub_process.pid if self._hub_process else self._info.get("hub_pid")
+        try:
+            self.hub.request("shutdown", timeout=STOP_TIMEOUT_S)
+        except ClusterError:  # the hub is gone or stuck: handled below
+            pass
         if self._hub_process is not None:
             try:
                 self._hub_process.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self._hub_process.kill()
                 self._hub_process.wait()
+        elif hub_pid and not discovery.hub_process_problem(self._info):
+            _wait_or_kill(hub_pid, STOP_TIMEOUT_S)
+        discovery.remove_stale(self.path)
         global _default
-        if _default is self:
-            _default = None
+        with _default_lock:
+            if _default is self:
+                _default = None
 
     def __repr__(self) -> str:
-        return f"<Cluster {self.name!r}>"
+        kind = "ephemeral" if self._hub_process is not None else "retained"
+        return f"<Cluster {self.name!r} ({kind}) hub={self._info['hub']}>"
+
+
+def _wait_or_kill(pid: int, timeout: float) -> None:
+    try:
+        proc = psutil.Process(pid)
+        proc.wait(timeout)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        proc.kill()
+
+
+def _running_hint() -> str:
+    running = discovery.running_names()
+    return f"; running: {', '.join(running)}" if running else "; no cluster is running"
+
+
+def connect(name: str | None = None) -> Cluster:
+    """Attach to the running retained cluster ``name`` and make ``this_host()`` refer
+    to it. ``None``: the only running cluster, else the one named ``default``.
+
+    Raises :class:`ClusterNotFound` (a ``LookupError``) naming the running clusters
+    when ``name`` is not running, and saying why when its ``cluster.json`` is stale
+    (hub dead or its pid reused)."""
+    if name is None:
+        running = discovery.running_names()
+        if len(running) == 1:
+            name = running[0]
+        elif DEFAULT_NAME in running or not running:
+            name = DEFAULT_NAME
+        else:
+            raise ClusterNotFound(f"several clusters are running ({', '.join(running)}); "
+                                  "pass the name: monarch_nb.connect(NAME)")
+    found = discovery.probe(name)
+    if found.state == "stale":
+        hint = (f"recover it with monarch_nb.Cluster.recover({name!r}) (its procs are still alive)"
+                if discovery.leftover_agents(found.path)
+                else f"clear it with `monarch-nb cluster stop {name}`")
+        raise ClusterNotFound(f"cluster {name!r} is not running: {found.reason}; {hint}")
+    if found.state == "missing":
+        raise ClusterNotFound(f"no cluster named {name!r}{_running_hint()}. "
+                              f"Start one with monarch_nb.Cluster.start({name!r})")
+    with _default_lock:
+        current = _default
+    if current is not None and current._info == found.info and not current._stopped:
+        return current  # already connected to this very hub
+    return Cluster(name, found.path, found.info)._attach()
+
+
+def list_clusters() -> list[dict]:
+    """Every cluster directory under ``MONARCH_NB_HOME``: ``name``, ``state``
+    (``running`` or ``stale``), ``reason`` (why stale) and, when running, ``info`` (the
+    hub's answer: hosts, clients, meshes, start time)."""
+    found = [discovery.probe(n) for n in discovery.names()]
+    return [{"name": p.name, "state": p.state, "reason": p.reason, "path": str(p.path), "info": p.hub_info}
+            for p in found if p.state != "missing"]
 
 
 _default: Cluster | None = None
@@ -110,7 +267,8 @@ _default_lock = threading.Lock()
 
 
 def default_cluster() -> Cluster:
-    """The cluster ``this_host()`` refers to, started (ephemeral) on first use."""
+    """The cluster ``this_host()`` refers to: the connected one, else an ephemeral one
+    started on first use."""
     global _default
     with _default_lock:
         if _default is None:
@@ -119,8 +277,9 @@ def default_cluster() -> Cluster:
 
 
 def this_host() -> HostMesh:
-    """The host mesh of the current cluster, extent ``{"hosts": 1}`` for a local one.
+    """The host mesh of the current cluster, extent ``{"hosts": N}``.
 
-    In a script (no cluster connected yet) this starts an ephemeral local cluster that
-    is torn down when the script exits. Blocks until the cluster is up (~0.2 s)."""
+    After ``connect()`` or ``Cluster.start()`` it is that cluster's. In a script with
+    no cluster connected this starts an ephemeral local cluster that is torn down when
+    the script exits. Blocks until the cluster is up (~0.2 s)."""
     return default_cluster().host_mesh()

@@ -20,6 +20,7 @@ class HubClient:
                 **fields) -> dict:
         """Run ``op`` on the hub; returns the reply header.
 
+        The reply header's routing fields (``port``, ``ok``) are removed.
         Raises :class:`InvalidRequest` (a ``ValueError``) for a request the hub refused
         as bad input, :class:`ClusterError` when the hub failed or did not answer within
         ``timeout`` seconds (``None``: no limit)."""
@@ -31,4 +32,4 @@ class HubClient:
         header = reply.header
         if not header.get("ok"):
             raise _ERROR_TYPES.get(header.get("error_type"), ClusterError)(header["error"])
-        return header
+        return {k: v for k, v in header.items() if k not in ("port", "ok")}

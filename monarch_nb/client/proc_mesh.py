@@ -63,7 +63,8 @@ class ProcMesh(MeshHandle):
         class_name, endpoints, methods = _actor_class_info(actor_class)
         body, buffers = serialize.dumps((actor_class, args, kwargs),
                                         f"{actor_class.__name__} or its constructor arguments")
-        reply = self._spawn_request(name, class_name, endpoints, body, [b.raw() for b in buffers], replace)
+        reply = self._spawn_request(name, class_name, endpoints, methods, body, [b.raw() for b in buffers],
+                                    replace)
         if "failures" in reply:
             failures = []
             for rank, packed in sorted(reply["failures"].items()):
@@ -73,11 +74,11 @@ class ProcMesh(MeshHandle):
         return ActorMesh(self._cluster_id, self._hub_address, name, class_name, endpoints, methods,
                          Shape(Extent(reply["extent"])), reply["addresses"])
 
-    def _spawn_request(self, name, class_name, endpoints, body, buffers, replace) -> dict:
+    def _spawn_request(self, name, class_name, endpoints, methods, body, buffers, replace) -> dict:
         return self._hub().request(
             "spawn_actors", body, buffers, timeout=None, name=name, proc_mesh=self._name,
             proc_ranks=self._shape.base_ranks(), extent=dict(self.extent), class_name=class_name,
-            endpoints=endpoints, replace=replace)
+            endpoints=endpoints, methods=methods, replace=replace)
 
     def stop(self) -> None:
         """Stop every proc of this mesh (the whole mesh, also when called on a slice) and

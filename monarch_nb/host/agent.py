@@ -32,6 +32,7 @@ class HostAgent:
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.ready: dict[str, asyncio.Future] = {}
         self.stopping: set[str] = set()
+        self.exited: dict[str, int] = {}  # exit codes, told to a hub that adopts this agent
         self.done = asyncio.Event()
 
     async def run(self) -> None:
@@ -63,9 +64,13 @@ class HostAgent:
             message = await self.net.recv()
             header = message.header
             op = header.get("op")
-            if op in ("hub_alive", "spawn_procs", "stop_procs", "shutdown"):
+            if op in ("hub_alive", "spawn_procs", "stop_procs", "shutdown", "adopt"):
                 self.hub_seen = time.monotonic()
-            if op == "proc_ready":
+            if op == "adopt":
+                # A restarted hub takes over (perhaps at a new address).
+                self.hub = header["hub"]
+                await self.net.reply(header, ok=True, procs=sorted(self.procs), exited=self.exited)
+            elif op == "proc_ready":
                 future = self.ready.get(header["proc_id"])
                 if future is not None and not future.done():
                     future.set_result(header)
@@ -114,6 +119,7 @@ class HostAgent:
             future.set_exception(RuntimeError(f"proc {proc_id} exited with code {code} before it was ready"))
         expected = proc_id in self.stopping
         self.stopping.discard(proc_id)
+        self.exited[proc_id] = code
         await self.net.send(self.hub, {"op": "proc_exited", "proc_id": proc_id, "pid": proc.pid,
                                        "returncode": code, "expected": expected})
 

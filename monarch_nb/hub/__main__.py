@@ -6,11 +6,12 @@ import argparse
 import asyncio
 import os
 import signal
+import sys
 from pathlib import Path
 
 from .. import cluster_dir, lifeline
 from ..wire import frames as wire_frames
-from .server import Hub
+from .server import Hub, HubError
 
 
 def main() -> None:
@@ -19,10 +20,20 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=1)
     parser.add_argument("--ephemeral-parent", type=int, default=None,
                         help="pid of the client this ephemeral cluster lives and dies with")
+    parser.add_argument("--detach", action="store_true",
+                        help="fork into the background (a retained cluster's hub is nobody's child)")
     parser.add_argument("--grace", type=float, default=10.0,
                         help="seconds host agents keep procs after the hub falls silent")
+    parser.add_argument("--idle-timeout", type=float, default=None,
+                        help="stop the cluster after this many seconds without a connected client")
+    parser.add_argument("--recover", action="store_true",
+                        help="re-adopt the host agents and meshes of the cluster's state file")
     parser.add_argument("--ready-fd", type=int, default=None)
     args = parser.parse_args()
+    if args.detach and os.fork() > 0:
+        # The starting client reaps this short-lived parent; the hub carries on
+        # re-parented, so it never becomes a zombie of a client that outlives it.
+        os._exit(0)
     path = Path(args.cluster_dir)
     info = cluster_dir.read_info(path)
     wire_frames.register_key(info["cluster_id"], cluster_dir.key_of(info))
@@ -32,10 +43,15 @@ def main() -> None:
                                  on_orphan=lambda: os.kill(os.getpid(), signal.SIGTERM))
 
     async def run() -> None:
-        hub = Hub(path, info, args.hosts, args.ephemeral_parent is not None, args.grace)
+        hub = Hub(path, info, args.hosts, args.ephemeral_parent is not None, args.grace,
+                  args.idle_timeout, args.recover)
         await hub.run(args.ready_fd)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except HubError as e:
+        print(f"monarch_nb hub: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

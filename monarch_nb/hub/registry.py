@@ -1,9 +1,12 @@
-"""What the hub knows: hosts, proc meshes and actor meshes (plain records)."""
+"""What the hub knows: hosts, proc meshes, actor meshes and clients (plain records).
+
+``public()`` is what clients are told; ``saved()`` what goes into the state file.
+"""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
@@ -12,7 +15,10 @@ class HostRecord:
     address: str
     pid: int
     hostname: str
-    last_seen: float = field(default_factory=time.monotonic)
+    last_seen: float = field(default_factory=time.monotonic)  # monotonic: not saved
+
+    def saved(self) -> dict:
+        return {"host_id": self.host_id, "address": self.address, "pid": self.pid, "hostname": self.hostname}
 
 
 @dataclass
@@ -35,6 +41,8 @@ class ProcMeshRecord:
         return {"name": self.name, "extent": self.extent, "created": self.created,
                 "procs": [vars(p) for p in self.procs]}
 
+    saved = public
+
 
 @dataclass
 class ActorMeshRecord:
@@ -44,11 +52,26 @@ class ActorMeshRecord:
     extent: dict[str, int]
     class_name: str
     endpoints: dict[str, bool]
+    methods: list[str]  # public non-endpoint methods, for the "not an endpoint" hint
     addresses: list[str]
-    spawn_body: bytes  # pickled (class, args, kwargs), kept opaque for respawns
+    payload_id: str  # the constructor payload is kept in the state dir under this id
     created: float = field(default_factory=time.time)
 
     def public(self) -> dict:
-        return {"name": self.name, "proc_mesh": self.proc_mesh, "proc_ranks": self.proc_ranks,
-                "extent": self.extent, "class_name": self.class_name, "endpoints": self.endpoints,
-                "addresses": self.addresses, "created": self.created}
+        return asdict(self)
+
+    saved = public
+
+
+@dataclass
+class ClientRecord:
+    client_id: str
+    pid: int
+    hostname: str
+    label: str  # e.g. the script or kernel it runs in
+    connected: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.monotonic)
+
+    def public(self) -> dict:
+        return {"client_id": self.client_id, "pid": self.pid, "hostname": self.hostname, "label": self.label,
+                "connected": self.connected}

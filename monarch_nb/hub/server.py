@@ -16,18 +16,25 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 from .. import cluster_dir
 from ..allocators.local import LocalAllocator
 from ..mesh import Extent
 from ..wire.aio import AioEndpoint
-from .registry import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
+from . import state
+from .registry import ActorMeshRecord, ClientRecord, HostRecord, ProcMeshRecord, ProcRecord
 
 HEARTBEAT_S = 0.5
 AGENT_START_TIMEOUT_S = 60.0
+ADOPT_TIMEOUT_S = 3.0  # how long a recovering hub waits for each host agent to answer
+CLIENT_TIMEOUT_S = 3.0  # a client silent this long is no longer counted as connected
+LOST_EXIT_CODE = -255  # exit code recorded for a proc that vanished while no hub watched
 
 
 class HubError(Exception):
@@ -37,21 +44,37 @@ class HubError(Exception):
 
 
 class Hub:
-    def __init__(self, path: Path, info: dict, hosts: int, ephemeral: bool, grace_s: float):
+    """One cluster's hub. ``ephemeral``: lives and dies with the client that started
+    it; otherwise retained (runs until stopped, or until no client has been connected
+    for ``idle_timeout`` seconds). ``recover``: re-adopt the host agents and meshes of
+    the state file instead of starting new host agents."""
+
+    def __init__(self, path: Path, info: dict, hosts: int, ephemeral: bool, grace_s: float,
+                 idle_timeout: float | None = None, recover: bool = False):
         self.path = path
         self.info = info
         self.n_hosts = hosts
         self.ephemeral = ephemeral
-        self.net = AioEndpoint(info["cluster_id"])
+        self.grace_s = grace_s
+        self.idle_timeout = idle_timeout
+        self.saved = state.load(path) if recover else None
+        if recover and self.saved is None:
+            raise HubError(f"nothing to recover: {path / state.STATE_FILE} does not exist")
+        # A recovered hub takes its predecessor's address when it can, so that handles
+        # held by clients keep working.
+        self.net = AioEndpoint(info["cluster_id"], prefer=info.get("hub") if recover else None)
         self.allocator = LocalAllocator(str(path), grace_s)
         self.hosts: dict[str, HostRecord] = {}
         self.host_order: list[str] = []
         self.proc_meshes: dict[str, ProcMeshRecord] = {}
         self.actor_meshes: dict[str, ActorMeshRecord] = {}
-        self.started = time.time()
+        self.clients: dict[str, ClientRecord] = {}
+        self.started = self.saved["started"] if self.saved else time.time()
+        self.hub_started = time.time()
+        self.idle_since = time.monotonic()
         self.stop_requested = asyncio.Event()
         self._all_hosts_ready = asyncio.Event()
-        self._mesh_counter = 0
+        self._mesh_counter = self.saved["mesh_counter"] if self.saved else 0
         self._shutdown_request: dict | None = None  # answered once everything has stopped
 
     # lifecycle ---------------------------------------------------------------------
@@ -60,31 +83,73 @@ class Hub:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         serve = asyncio.ensure_future(self._serve())
-        self.host_order = self.allocator.start(self.net.address, self.n_hosts)
+        if self.saved is not None:
+            await self._adopt(self.saved)
+        if not self.hosts:
+            self.host_order = self.allocator.start(self.net.address, self.n_hosts)
+        else:
+            self._all_hosts_ready.set()
         try:
             await asyncio.wait_for(self._all_hosts_ready.wait(), AGENT_START_TIMEOUT_S)
         except asyncio.TimeoutError:
             print(f"monarch_nb hub: host agents did not report within {AGENT_START_TIMEOUT_S} s",
                   file=sys.stderr)
-            self.stop_requested.set()
-        else:
-            cluster_dir.write_json(self.path / "cluster.json", {
-                **self.info, "hub": self.net.address, "hub_pid": os.getpid(),
-                "ephemeral": self.ephemeral, "started": self.started})
-            if ready_fd is not None:
-                os.write(ready_fd, b"ready\n")
-                os.close(ready_fd)
+            await self._shutdown_hosts()
+            self.net.close()
+            return  # the directory stays for the starting client to read hub.log
+        self._save()
+        cluster_dir.write_json(self.path / "cluster.json", {
+            **self.info, "hub": self.net.address, "hub_pid": os.getpid(),
+            "hub_create_time": psutil.Process().create_time(), "hostname": socket.gethostname(),
+            "ephemeral": self.ephemeral, "started": self.started, "hosts": self.n_hosts, "grace_s": self.grace_s,
+            "idle_timeout": self.idle_timeout})
+        if ready_fd is not None:
+            os.write(ready_fd, b"ready\n")
+            os.close(ready_fd)
         heartbeat = asyncio.ensure_future(self._heartbeat())
         await self.stop_requested.wait()
         heartbeat.cancel()
         await self._shutdown_hosts()
         serve.cancel()
-        if self.ephemeral:
-            shutil.rmtree(self.path, ignore_errors=True)
+        # Everything has stopped: nothing is left to recover, so no runtime file stays.
+        shutil.rmtree(self.path, ignore_errors=True)
         if self._shutdown_request is not None:
             await self.net.reply(self._shutdown_request, ok=True)
             await asyncio.sleep(0)
         self.net.close()
+
+    async def _adopt(self, saved: dict) -> None:
+        """Take over the host agents and meshes of a previous hub of this cluster.
+
+        Agents that answer are told this hub's address and report which procs are still
+        running; procs that exited meanwhile are marked so, and hosts that don't answer
+        within ``ADOPT_TIMEOUT_S`` are dropped with their procs."""
+        hosts: dict[str, HostRecord] = saved["hosts"]
+        self.proc_meshes, self.actor_meshes = saved["proc_meshes"], saved["actor_meshes"]
+        replies = await asyncio.gather(*(
+            self.net.request(h.address, {"op": "adopt", "hub": self.net.address}, timeout=ADOPT_TIMEOUT_S)
+            for h in hosts.values()), return_exceptions=True)
+        exited: dict[str, int] = {}
+        for host, reply in zip(hosts.values(), replies):
+            if isinstance(reply, BaseException):
+                print(f"monarch_nb hub: host agent {host.host_id} (pid {host.pid}) did not answer; "
+                      "dropping its procs", file=sys.stderr)
+                continue
+            self.hosts[host.host_id] = host
+            live = set(reply.header["procs"])
+            exited.update(reply.header["exited"])
+            for mesh in self.proc_meshes.values():
+                for proc in mesh.procs:
+                    if proc.host_id == host.host_id and proc.proc_id not in live:
+                        exited.setdefault(proc.proc_id, LOST_EXIT_CODE)
+        self.host_order = [h for h in saved["host_order"] if h in self.hosts]
+        self.allocator.adopt({h.host_id: h.pid for h in self.hosts.values()})
+        for mesh in self.proc_meshes.values():
+            for proc in mesh.procs:
+                if proc.host_id not in self.hosts:
+                    exited.setdefault(proc.proc_id, LOST_EXIT_CODE)
+                if proc.proc_id in exited and proc.exit_code is None:
+                    proc.exit_code = exited[proc.proc_id]
 
     async def _shutdown_hosts(self) -> None:
         await asyncio.gather(*(self.net.send(h.address, {"op": "shutdown"}) for h in self.hosts.values()),
@@ -95,7 +160,21 @@ class Hub:
         while True:
             for host in list(self.hosts.values()):
                 await self.net.send(host.address, {"op": "hub_alive"})
+            now = time.monotonic()
+            for client_id, client in list(self.clients.items()):
+                if now - client.last_seen > CLIENT_TIMEOUT_S:
+                    del self.clients[client_id]
+                    if not self.clients:
+                        self.idle_since = client.last_seen
+            if self.idle_timeout is not None and not self.clients and now - self.idle_since > self.idle_timeout:
+                print(f"monarch_nb hub: no client for {self.idle_timeout} s; stopping the cluster", file=sys.stderr)
+                self.stop_requested.set()
             await asyncio.sleep(HEARTBEAT_S)
+
+    def _save(self) -> None:
+        if not self.ephemeral:
+            state.save(self.path, self.started, self.hosts, self.host_order, self._mesh_counter,
+                       self.proc_meshes, self.actor_meshes)
 
     async def _serve(self) -> None:
         while True:
@@ -142,11 +221,27 @@ class Hub:
             for proc in mesh.procs:
                 if proc.proc_id == header["proc_id"]:
                     proc.exit_code = header["returncode"]
+                    self._save()
+
+    # clients ---------------------------------------------------------------------------
+    async def op_client_alive(self, header, message):
+        client = self.clients.get(header["client_id"])
+        if client is None:
+            client = self.clients[header["client_id"]] = ClientRecord(
+                header["client_id"], header["pid"], header["hostname"], header["label"])
+        client.last_seen = time.monotonic()
+
+    async def op_client_bye(self, header, message):
+        if self.clients.pop(header["client_id"], None) is not None and not self.clients:
+            self.idle_since = time.monotonic()
 
     # client requests -------------------------------------------------------------------
     async def op_info(self, header, message):
-        return {"name": self.info["name"], "started": self.started, "ephemeral": self.ephemeral,
+        return {"name": self.info["name"], "started": self.started, "hub_started": self.hub_started,
+                "hub_pid": os.getpid(), "ephemeral": self.ephemeral, "grace_s": self.grace_s,
+                "idle_timeout": self.idle_timeout,
                 "hosts": [vars(self.hosts[h]) for h in self.host_order],
+                "clients": [c.public() for c in self.clients.values()],
                 "proc_meshes": {n: m.public() for n, m in self.proc_meshes.items()},
                 "actor_meshes": {n: m.public() for n, m in self.actor_meshes.items()}}
 
@@ -192,6 +287,7 @@ class Hub:
             await self._stop_procs(procs)
             raise HubError("; ".join(errors))
         record = self.proc_meshes[name] = ProcMeshRecord(name, extent, procs)
+        self._save()
         return record.public()
 
     async def op_spawn_actors(self, header, message):
@@ -216,18 +312,23 @@ class Hub:
             raise HubError(f"procs {', '.join(dead)} of {mesh.name!r} have exited; spawn a new proc mesh")
         body = bytes(message.body)
         buffers = [bytes(b) for b in message.buffers]
+        self._mesh_counter += 1
+        payload_id = f"a{self._mesh_counter}"
         replies = await asyncio.gather(*(
             self.net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
                                                        "extent": header["extent"]}, body, buffers)
             for i, r in enumerate(header["proc_ranks"])))
         addresses = [r.header["address"] for r in replies]
         failures = {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}
-        record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"],
-                                 header["class_name"], header["endpoints"], addresses, body)
+        record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
+                                 header["endpoints"], header.get("methods", []), addresses, payload_id)
         if failures:
             await self._stop_actor_mesh(record)
             return {"failures": failures}
         self.actor_meshes[name] = record
+        if not self.ephemeral:
+            state.save_payload(self.path, payload_id, [body, *buffers])
+        self._save()
         return record.public()
 
     async def op_stop_actors(self, header, message):
@@ -244,7 +345,7 @@ class Hub:
 
     # helpers ---------------------------------------------------------------------------
     async def _stop_actor_mesh(self, record: ActorMeshRecord) -> None:
-        self.actor_meshes.pop(record.name, None)
+        self._forget_actor_mesh(record)
         mesh = self.proc_meshes.get(record.proc_mesh)
         if mesh is None:
             return
@@ -255,9 +356,16 @@ class Hub:
 
     async def _stop_proc_mesh(self, record: ProcMeshRecord) -> None:
         for actor_mesh in [a for a in self.actor_meshes.values() if a.proc_mesh == record.name]:
-            self.actor_meshes.pop(actor_mesh.name, None)
+            self._forget_actor_mesh(actor_mesh)
         self.proc_meshes.pop(record.name, None)
+        self._save()
         await self._stop_procs(record.procs)
+
+    def _forget_actor_mesh(self, record: ActorMeshRecord) -> None:
+        if self.actor_meshes.get(record.name) is record:
+            del self.actor_meshes[record.name]
+            state.drop_payload(self.path, record.payload_id)
+            self._save()
 
     async def _stop_procs(self, procs: list[ProcRecord]) -> None:
         by_host: dict[str, list[str]] = {}

@@ -20,10 +20,10 @@ from . import sockets
 class AioEndpoint:
     """Inbox, outbox and reply ports of an asyncio daemon."""
 
-    def __init__(self, cluster_id: str):
+    def __init__(self, cluster_id: str, prefer: str | None = None):
         self.cluster_id = cluster_id
         self.ctx = zmq.asyncio.Context()
-        self.inbox, self.address = sockets.bind_inbox(self.ctx)
+        self.inbox, self.address = sockets.bind_inbox(self.ctx, prefer)
         self._out: dict[str, zmq.asyncio.Socket] = {}
         self._pending: dict[int, asyncio.Future] = {}
         self._ports = itertools.count(1)

@@ -38,14 +38,23 @@ def context() -> zmq.Context:
     return zmq.Context.instance()
 
 
-def bind_inbox(ctx: zmq.Context | None = None) -> tuple[zmq.Socket, str]:
-    """A PULL socket bound on a free port of :func:`bind_host`; returns ``(socket, address)``."""
+def bind_inbox(ctx: zmq.Context | None = None, prefer: str | None = None) -> tuple[zmq.Socket, str]:
+    """A PULL socket bound on a free port of :func:`bind_host`; returns ``(socket, address)``.
+
+    ``prefer``: an address to take if it is free (a restarted hub takes its
+    predecessor's), else a random port is used."""
     ctx = ctx or context()
     sock = ctx.socket(zmq.PULL)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
     # Oversized frames close the connection in libzmq instead of being buffered.
     sock.setsockopt(zmq.MAXMSGSIZE, wire_frames.max_message_bytes())
+    if prefer is not None:
+        try:
+            sock.bind(prefer)
+            return sock, prefer
+        except zmq.ZMQError:
+            pass
     host = bind_host()
     port = sock.bind_to_random_port(f"tcp://{host}")
     return sock, f"tcp://{host}:{port}"

@@ -1,0 +1,126 @@
+"""Finding clusters on this machine and telling live ones from stale ones.
+
+A cluster is *running* when its ``cluster.json`` names a hub that is the same process
+that wrote it (pid and start time match, so a reused pid is caught) and that answers
+a signed request. Otherwise the file is *stale*: it is reported, never trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import shutil
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from .. import cluster_dir
+from ..errors import ClusterError
+from ..wire import frames as wire_frames
+from .hub_client import HubClient
+
+PROBE_TIMEOUT_S = 2.0  # how long a hub has to answer before it is called unresponsive
+
+
+@dataclass
+class Probe:
+    """What is known about the cluster directory ``path``.
+
+    ``state``: ``"running"`` (``hub_info`` holds the hub's answer), ``"stale"``
+    (``reason`` says why), or ``"missing"``."""
+
+    name: str
+    path: Path
+    state: str
+    info: dict = field(default_factory=dict)  # cluster.json
+    hub_info: dict = field(default_factory=dict)
+    reason: str = ""
+
+
+def probe(name: str) -> Probe:
+    path = cluster_dir.cluster_path(name)
+    try:
+        info = cluster_dir.read_info(path)
+    except FileNotFoundError:
+        if path.exists():
+            return Probe(name, path, "stale", reason="cluster.json is missing")
+        return Probe(name, path, "missing")
+    except (OSError, json.JSONDecodeError) as e:
+        return Probe(name, path, "stale", reason=f"cluster.json is unreadable ({e})")
+    if "hub" not in info:
+        return Probe(name, path, "stale", info, reason="its hub never became ready (see hub.log)")
+    problem = hub_process_problem(info)
+    if problem:
+        return Probe(name, path, "stale", info, reason=problem)
+    wire_frames.register_key(info["cluster_id"], cluster_dir.key_of(info))
+    try:
+        hub_info = HubClient(info["cluster_id"], info["hub"]).request("info", timeout=PROBE_TIMEOUT_S)
+    except ClusterError:
+        return Probe(name, path, "stale", info,
+                     reason=f"its hub (pid {info['hub_pid']}) does not answer at {info['hub']}")
+    return Probe(name, path, "running", info, hub_info)
+
+
+def hub_process_problem(info: dict) -> str:
+    """Why the hub named by ``info`` is not the live process that wrote it ("" if it is).
+    Only checkable for a hub on this machine."""
+    if info.get("hostname") != socket.gethostname():
+        return ""
+    pid = info["hub_pid"]
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return f"its hub (pid {pid}) is not running"
+        if abs(proc.create_time() - info["hub_create_time"]) > 0.01:
+            return f"its hub (pid {pid}) is gone; that pid now belongs to another process"
+    except psutil.NoSuchProcess:
+        return f"its hub (pid {pid}) is not running"
+    return ""
+
+
+def names() -> list[str]:
+    """Names of every cluster directory, sorted."""
+    root = cluster_dir.clusters_root()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def running_names() -> list[str]:
+    return [n for n in names() if probe(n).state == "running"]
+
+
+def leftover_agents(path: Path) -> list[psutil.Process]:
+    """Host agents of the cluster at ``path`` still running on this machine (the state
+    file names them; a pid counts only while its command line names ``path``)."""
+    try:
+        with open(path / "state.json") as f:
+            hosts = json.load(f).get("hosts", [])
+    except (OSError, json.JSONDecodeError):
+        return []
+    agents = []
+    for host in hosts:
+        try:
+            proc = psutil.Process(host["pid"])
+            if str(path) in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
+                agents.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return agents
+
+
+def remove_stale(path: Path, timeout: float = 5.0) -> None:
+    """Stop what is left of a cluster whose hub is gone (host agents take their procs
+    with them) and delete its directory."""
+    agents = leftover_agents(path)
+    for agent in agents:
+        agent.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(agents, timeout=timeout)
+    for agent in alive:
+        agent.kill()
+    psutil.wait_procs(alive, timeout=timeout)
+    if path.parent == cluster_dir.clusters_root() and os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)

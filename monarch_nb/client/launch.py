@@ -1,0 +1,73 @@
+"""Starting a cluster's hub process and waiting until it is ready."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+from ..errors import ClusterError
+
+HUB_START_TIMEOUT_S = 60.0
+HUB_LOG = "hub.log"  # a retained hub's stdout and stderr (its host agents' and procs' too)
+
+
+def launch_hub(path: Path, *, hosts: int, grace_s: float, ephemeral_parent: int | None = None,
+               idle_timeout: float | None = None, recover: bool = False) -> subprocess.Popen | None:
+    """Start the hub of the cluster at ``path`` and return once it and its host agents
+    are up (or re-adopted, with ``recover``).
+
+    With ``ephemeral_parent`` the hub is a child of this process and dies with it; the
+    ``Popen`` is returned. Otherwise it is detached (own session, re-parented, output to
+    ``hub.log`` in the cluster directory) and ``None`` is returned. Raises
+    :class:`ClusterError`, with the end of the hub's output, when the hub does not
+    report ready within ``HUB_START_TIMEOUT_S`` seconds."""
+    argv = [sys.executable, "-m", "monarch_nb.hub", "--cluster-dir", str(path), "--hosts", str(hosts),
+            "--grace", str(grace_s)]
+    if ephemeral_parent is not None:
+        argv += ["--ephemeral-parent", str(ephemeral_parent)]
+    else:
+        argv += ["--detach"]
+    if idle_timeout is not None:
+        argv += ["--idle-timeout", str(idle_timeout)]
+    if recover:
+        argv += ["--recover"]
+    read_fd, write_fd = os.pipe()
+    log = None
+    try:
+        if ephemeral_parent is None:
+            log = open(path / HUB_LOG, "ab")
+        argv += ["--ready-fd", str(write_fd)]
+        hub = subprocess.Popen(argv, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=log,
+                               stderr=subprocess.STDOUT if log else None,
+                               start_new_session=ephemeral_parent is None)
+    finally:
+        os.close(write_fd)
+        if log is not None:
+            log.close()
+    try:
+        ready, _, _ = select.select([read_fd], [], [], HUB_START_TIMEOUT_S)
+        line = os.read(read_fd, 64) if ready else b""
+    finally:
+        os.close(read_fd)
+    if line.strip() == b"ready":
+        if ephemeral_parent is not None:
+            return hub
+        hub.wait()  # the detaching parent; the hub itself runs on
+        return None
+    if hub.poll() is None:
+        hub.kill()
+    hub.wait()
+    raise ClusterError(f"the hub of cluster {path.name} did not become ready (it failed, or took over {HUB_START_TIMEOUT_S} s)"
+                       f"{_log_tail(path)}")
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = (path / HUB_LOG).read_text(errors="replace")
+    except OSError:
+        return "; see its stderr above"
+    tail = "\n".join(text.splitlines()[-lines:])
+    return f"; the end of {path / HUB_LOG}:\n{tail}" if tail else ""
