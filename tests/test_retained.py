@@ -1,0 +1,286 @@
+"""Retained clusters: meshes and actor state outlive the client (kernel restarts, new
+kernels, scripts, a killed hub); clusters are found by name and stale files are caught."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+import monarch_nb
+from monarch_nb import cluster_dir
+from monarch_nb.client import cluster as cluster_mod
+from monarch_nb.actor import this_host
+from monarch_nb.errors import ClusterNotFound, InvalidRequest
+
+from conftest import cluster_processes, pids_alive, wait_until
+from kernels import TESTS, Kernel
+from sample_actors import Counter
+
+COUNTER_CELL = textwrap.dedent("""
+    import monarch_nb
+    from monarch_nb.actor import Actor, endpoint, this_host, current_rank
+
+    class Tally(Actor):
+        def __init__(self, start):
+            self.value = start
+
+        @endpoint
+        def add(self, n):
+            self.value += n
+            return self.value
+
+        @endpoint
+        def get(self):
+            return (current_rank().rank, self.value)
+
+        @endpoint
+        def tagged(self, tag, i):
+            return (tag, i, current_rank().rank)
+""")
+
+
+@pytest.fixture
+def clusters():
+    """Names of clusters a test starts; each is stopped afterwards, and nothing of it
+    may be left running or on disk."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        path = cluster_dir.cluster_path(name)
+        subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", name], capture_output=True)
+        assert wait_until(lambda: not cluster_processes(path), 15), cluster_processes(path)
+        assert not path.exists(), f"{path} left behind"
+    if cluster_mod._default is not None:
+        cluster_mod._default.disconnect()
+        cluster_mod._default = None
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "monarch_nb.cli", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "200"})
+
+
+def _state(mesh) -> list:
+    return sorted(mesh.get.call().get().values())
+
+
+def test_actor_state_survives_kernel_restart_new_kernel_and_a_script(clusters):
+    clusters.append("nb")
+    kernel = Kernel()
+    try:
+        kernel.run(COUNTER_CELL + textwrap.dedent("""
+            cluster = monarch_nb.Cluster.start("nb")
+            procs = this_host().spawn_procs(per_host={"gpus": 4}, name="workers")
+            tallies = procs.spawn("tallies", Tally, 10)
+            tallies.add.call(5).get()
+            tallies.slice(gpus=2).add.call(100).get()
+            print(procs.pids)
+        """))
+        expected = "[(0, 15), (1, 15), (2, 115), (3, 15)]"
+        pids = json.loads(kernel.run("print(procs.pids)"))
+        old_kernel = kernel.pid
+
+        kernel.restart()
+        assert not pids_alive([old_kernel])
+        read_back = "import monarch_nb\nc = monarch_nb.connect()\nprint(sorted(c.actor_meshes['tallies'].get.call().get().values()))"
+        assert kernel.run(read_back).strip() == expected
+
+        # A brand-new kernel re-runs the notebook's cells: same procs, same actors, state kept.
+        kernel.shutdown()
+        kernel = Kernel()
+        out = kernel.run(COUNTER_CELL + textwrap.dedent("""
+            cluster = monarch_nb.connect("nb")
+            procs = this_host().spawn_procs(per_host={"gpus": 4}, name="workers")
+            tallies = procs.spawn("tallies", Tally, 10)
+            print(procs.pids)
+            print(sorted(tallies.get.call().get().values()))
+        """))
+        assert out.split("\n")[:2] == [str(pids), expected]
+    finally:
+        kernel.shutdown()
+
+    script = "import monarch_nb; c = monarch_nb.connect('nb'); print(sorted(c.actor_meshes['tallies'].get.call().get().values()))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=TESTS)
+    assert out.stdout.strip() == expected, out.stderr
+    assert pids_alive(pids) == pids
+
+
+def test_two_kernels_calling_one_mesh_at_once_each_get_only_their_replies(clusters):
+    clusters.append("shared")
+    cluster = monarch_nb.Cluster.start("shared")
+    cluster.host_mesh().spawn_procs(per_host={"gpus": 2}, name="p")
+    kernels = [Kernel(), Kernel()]
+    try:
+        for k in kernels:
+            k.run(COUNTER_CELL + "c = monarch_nb.connect('shared')\n"
+                  "m = c.proc_meshes['p'].spawn('tallies', Tally, 0)")
+        loop = textwrap.dedent("""
+            seen = []
+            for i in range(300):
+                seen += m.tagged.call({tag!r}, i).get().values()
+            assert seen == [({tag!r}, i, r) for i in range(300) for r in range(2)], seen[:4]
+            print("ok", len(seen))
+        """)
+        results = {}
+        threads = [threading.Thread(target=lambda k=k, t=t: results.__setitem__(t, k.run(loop.format(tag=t))))
+                   for k, t in zip(kernels, ("left", "right"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert results == {"left": "ok 600\n", "right": "ok 600\n"}
+        clients = {c["pid"] for c in cluster.info()["clients"]}
+        assert {k.pid for k in kernels} | {os.getpid()} <= clients
+    finally:
+        for k in kernels:
+            k.shutdown()
+
+
+def _spawn_counters(name: str, grace_s: float):
+    cluster = monarch_nb.Cluster.start(name, grace_s=grace_s)
+    procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 2}, name="p")
+    counters = procs.spawn("counters", Counter, 3)
+    counters.incr.call(4).get()
+    return cluster, procs, counters
+
+
+def test_hub_killed_and_recovered_keeps_every_mesh_and_actor_state(clusters):
+    clusters.append("phoenix")
+    cluster, procs, counters = _spawn_counters("phoenix", grace_s=30)
+    agents = [h["pid"] for h in cluster.info()["hosts"]]
+
+    os.kill(cluster._info["hub_pid"], signal.SIGKILL)
+    with pytest.raises(ClusterNotFound, match="not running.*recover"):
+        monarch_nb.connect("phoenix")
+    assert "stale" in _cli("cluster", "list").stdout
+    recovered = _cli("cluster", "recover", "phoenix")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+
+    again = monarch_nb.connect("phoenix")
+    assert again.proc_meshes["p"].pids == procs.pids
+    assert _state(again.actor_meshes["counters"]) == [7, 7]
+    assert _state(counters) == [7, 7]  # handles held from before the crash still work
+    assert [h["pid"] for h in again.info()["hosts"]] == agents
+
+    # Killed again: starting the name re-adopts automatically while its procs live.
+    os.kill(again._info["hub_pid"], signal.SIGKILL)
+    cluster_mod._default = None
+    third = monarch_nb.Cluster.start("phoenix")
+    assert _state(third.actor_meshes["counters"]) == [7, 7]
+    more = third.proc_meshes["p"].spawn("more", Counter, 1)  # the recovered hub spawns too
+    assert _state(more) == [1, 1]
+    status = _cli("cluster", "status", "phoenix").stdout
+    assert "counters" in status and "more" in status and "2/2 healthy" in status
+    third.stop()
+    assert not pids_alive(procs.pids + agents)
+    assert not third.path.exists()
+
+
+def test_hub_killed_and_not_recovered_leaves_no_process_after_grace(clusters):
+    clusters.append("orphan")
+    cluster, procs, _ = _spawn_counters("orphan", grace_s=1.0)
+    agents = [h["pid"] for h in cluster.info()["hosts"]]
+    os.kill(cluster._info["hub_pid"], signal.SIGKILL)
+    assert wait_until(lambda: not pids_alive(agents + procs.pids), 1.0 + 5)
+    with pytest.raises(ClusterNotFound, match="monarch-nb cluster stop orphan"):
+        monarch_nb.connect("orphan")
+    assert _cli("cluster", "stop", "orphan").returncode == 0
+    assert not cluster.path.exists()
+
+
+def test_stop_leaves_no_process_and_no_file(clusters):
+    clusters.append("tidy")
+    cluster, procs, _ = _spawn_counters("tidy", grace_s=10)
+    everything = [p.pid for p in cluster_processes(cluster.path)]
+    assert len(everything) == 4  # hub, host agent, two procs
+    cluster.stop()
+    assert not pids_alive(everything)
+    assert not cluster.path.exists()
+    assert "tidy" not in [c["name"] for c in monarch_nb.list_clusters()]
+
+
+@pytest.mark.parametrize("pid_kind", ["dead", "reused"])
+def test_stale_cluster_json_is_reported_not_trusted(clusters, pid_kind):
+    name = f"ghost-{pid_kind}"
+    clusters.append(name)
+    path, info = cluster_dir.create(name)
+    if pid_kind == "dead":
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        pid, created = gone.pid, 0.0
+    else:  # a live process that is not the hub that wrote the file
+        pid, created = os.getpid(), psutil.Process().create_time() - 100
+    cluster_dir.write_json(path / "cluster.json", {
+        **info, "hub": "tcp://127.0.0.1:9", "hub_pid": pid, "hub_create_time": created,
+        "hostname": socket.gethostname()})
+    reason = "is not running" if pid_kind == "dead" else "belongs to another process"
+    with pytest.raises(ClusterNotFound, match=reason):
+        monarch_nb.connect(name)
+    [listed] = [c for c in monarch_nb.list_clusters() if c["name"] == name]
+    assert listed["state"] == "stale" and reason in listed["reason"]
+    # Starting that name clears the stale directory and starts afresh.
+    fresh = monarch_nb.Cluster.start(name)
+    assert fresh._info["cluster_id"] != info["cluster_id"]
+    assert fresh.host_mesh().spawn_procs(per_host={"gpus": 1}).pids
+
+
+def test_connect_by_name_and_without_one(clusters):
+    with pytest.raises(ClusterNotFound, match="no cluster named 'nope'; no cluster is running"):
+        monarch_nb.connect("nope")
+    clusters += ["alpha", "beta"]
+    monarch_nb.Cluster.start("alpha").disconnect()
+    assert monarch_nb.connect().name == "alpha"  # the only one running
+    monarch_nb.Cluster.start("beta").disconnect()
+    with pytest.raises(ClusterNotFound, match="several clusters are running \\(alpha, beta\\)"):
+        monarch_nb.connect()
+    with pytest.raises(ClusterNotFound, match="running: alpha, beta"):
+        monarch_nb.connect("gamma")
+    with pytest.raises(InvalidRequest, match="already running with 1 host"):
+        monarch_nb.Cluster.start("alpha", hosts=2)
+    beta = monarch_nb.Cluster.start("beta")  # re-running the cell connects
+    assert this_host()._hub_address == beta._info["hub"]
+
+
+def test_idle_timeout_stops_a_cluster_once_no_client_is_left(clusters):
+    clusters.append("idle")
+    cluster = monarch_nb.Cluster.start("idle", idle_timeout=0.5)
+    procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 1})
+    hub = psutil.Process(cluster._info["hub_pid"])
+    # Connected for several idle periods: still running.
+    assert wait_until(lambda: cluster.info()["clients"] and _uptime(cluster) > 2.0, 10)
+    assert procs.spawn("c", Counter, 1).get.call_one().get() == 1
+    cluster.disconnect()
+    assert wait_until(lambda: not pids_alive([hub.pid] + procs.pids), 10)
+    assert wait_until(lambda: not cluster.path.exists(), 5)
+
+
+def _uptime(cluster) -> float:
+    return time.time() - cluster.info()["hub_started"]
+
+
+def test_client_that_dies_mid_call_does_not_disturb_the_actor_or_others(clusters):
+    clusters.append("survivor")
+    cluster, procs, counters = _spawn_counters("survivor", grace_s=10)
+    script = textwrap.dedent("""
+        import os, monarch_nb
+        c = monarch_nb.connect("survivor")
+        m = c.actor_meshes["counters"]
+        futures = [m.slow_echo.call(i, 0.2) for i in range(10)]
+        futures[0].get()
+        os._exit(0)  # vanish with nine calls outstanding
+    """)
+    subprocess.run([sys.executable, "-c", script], timeout=60, cwd=TESTS, check=True)
+    # The actors finish the dead client's work (replies go nowhere), then serve us.
+    assert counters.incr.call(1).get().values() == [8, 8]
+    assert counters.slow_echo.call("x", 0).get().values() == ["x", "x"]
+    assert wait_until(lambda: len(cluster.info()["clients"]) == 1, 10)
