@@ -284,3 +284,22 @@ def test_client_that_dies_mid_call_does_not_disturb_the_actor_or_others(clusters
     assert counters.incr.call(1).get().values() == [8, 8]
     assert counters.slow_echo.call("x", 0).get().values() == ["x", "x"]
     assert wait_until(lambda: len(cluster.info()["clients"]) == 1, 10)
+
+
+def test_cli_starts_lists_shows_and_stops_a_cluster(clusters):
+    clusters.append("cli")
+    started = _cli("cluster", "start", "cli", "--hosts", "2", "--grace", "5")
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert _cli("cluster", "start", "cli").returncode == 0  # already running: fine
+    clash = _cli("cluster", "start", "cli", "--hosts", "3")
+    assert clash.returncode == 1 and "already running with 2 host(s)" in clash.stdout
+    cluster = monarch_nb.connect("cli")
+    cluster.host_mesh().spawn_procs(per_host={"gpus": 3}, name="trio").spawn("count", Counter)
+    [row] = [line for line in _cli("cluster", "list").stdout.splitlines() if " cli " in line]
+    assert row.split("│")[2:7] == [" running ", " 2     ", " 6/6   ", " 1            ", " 1       "]
+    status = _cli("cluster", "status", "cli").stdout
+    assert "hosts=2 × gpus=3" in status and "6/6 healthy" in status and "sample_actors.Counter" in status
+    assert _cli("cluster", "stop", "cli").returncode == 0
+    assert not cluster.path.exists()
+    missing = _cli("cluster", "status", "cli")
+    assert missing.returncode == 1 and "not running" in missing.stdout

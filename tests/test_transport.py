@@ -107,3 +107,23 @@ def test_unsigned_and_badly_signed_messages_are_never_unpickled(arrays, tmp_path
     assert wait_until(lambda: one.wire_stats.call_one().get() == before + 4, 10)
     assert not marker.exists()
     assert one.echo.call_one("still fine").get() == "still fine"
+
+
+def test_sockets_to_vanished_peers_are_closed_once_idle(monkeypatch):
+    from monarch_nb.wire import sockets
+
+    monkeypatch.setattr(sockets, "IDLE_SOCKET_S", 0.05)
+    outbox = sockets.Outbox()
+    gone = "tcp://127.0.0.1:9"  # nothing listens: like a client whose kernel restarted
+    outbox.send(gone, [b"x", b"h", b"b"])
+    inbox, live = sockets.bind_inbox()
+    try:
+        def sweep():
+            outbox.send(live, [b"x", b"h", b"b"])
+            return gone not in outbox._local.sockets
+
+        assert wait_until(sweep, 5)
+        assert live in outbox._local.sockets
+    finally:
+        inbox.close(0)
+        outbox.forget(live)

@@ -51,6 +51,7 @@ class AioEndpoint:
         if sock is None:
             sock = self._out[address] = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, sockets.SEND_LINGER_MS)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, sockets.RECONNECT_IVL_MAX_MS)
             sock.connect(address)
         await sock.send_multipart(wire_frames.encode(self.cluster_id, header, body, buffers), copy=False)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import zmq
 
@@ -22,6 +23,12 @@ from . import frames as wire_frames
 SEND_LINGER_MS = 2000
 
 _SNDMORE = int(zmq.SNDMORE)
+
+# Sending sockets to peers that are gone (a client whose kernel restarted) must not
+# pile up: libzmq retries each every 100 ms by default. Back off to 1 s, and close a
+# thread's socket once it has gone unused this long (seconds).
+RECONNECT_IVL_MAX_MS = 1000
+IDLE_SOCKET_S = 60.0
 
 # How long a sender waits for a message that holds large buffers to leave the
 # process before the buffers may be reused (seconds).
@@ -66,24 +73,33 @@ def recv_frames(sock: zmq.Socket, flags: int = 0) -> list:
 
 
 class Outbox:
-    """Per-thread PUSH sockets, one per destination address."""
+    """Per-thread PUSH sockets, one per destination address; those unused for
+    ``IDLE_SOCKET_S`` seconds are closed (after delivering what they hold)."""
 
     def __init__(self, ctx: zmq.Context | None = None):
         self._ctx = ctx
         self._local = threading.local()
 
     def _socket(self, address: str) -> zmq.Socket:
-        cache = getattr(self._local, "sockets", None)
-        if cache is None or getattr(self._local, "pid", None) != os.getpid():
-            cache = self._local.sockets = {}
-            self._local.pid = os.getpid()
-        sock = cache.get(address)
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():
+            local.sockets, local.used, local.pid = {}, {}, os.getpid()
+            local.next_sweep = time.monotonic() + IDLE_SOCKET_S
+        now = time.monotonic()
+        local.used[address] = now
+        sock = local.sockets.get(address)
         if sock is None:
             sock = (self._ctx or context()).socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, SEND_LINGER_MS)
             sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
             sock.connect(address)
-            cache[address] = sock
+            local.sockets[address] = sock
+        if now > local.next_sweep:
+            local.next_sweep = now + IDLE_SOCKET_S
+            for idle in [a for a, t in local.used.items() if now - t > IDLE_SOCKET_S]:
+                local.used.pop(idle)
+                local.sockets.pop(idle).close()
         return sock
 
     def send(self, address: str, frames: list) -> None:
@@ -112,7 +128,7 @@ class Outbox:
 
     def forget(self, address: str) -> None:
         """Close this thread's socket to ``address`` (dropping anything queued)."""
-        cache = getattr(self._local, "sockets", {})
-        sock = cache.pop(address, None)
+        getattr(self._local, "used", {}).pop(address, None)
+        sock = getattr(self._local, "sockets", {}).pop(address, None)
         if sock is not None:
             sock.close(0)
