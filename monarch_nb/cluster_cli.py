@@ -90,7 +90,8 @@ def _list_table(clusters: list[dict]) -> Table:
             table.add_row(c["name"], f"[red]stale[/]: {c['reason']}", "", "", "", "", "")
             continue
         alive, total = _procs_alive(info)
-        table.add_row(c["name"], "[green]running[/]", str(len(info["hosts"])), f"{alive}/{total}",
+        state = "[green]running[/]" + (" (ephemeral)" if c["ephemeral"] else "")
+        table.add_row(c["name"], state, str(len(info["hosts"])), f"{alive}/{total}",
                       str(len(info["actor_meshes"])), str(len(info["clients"])), _uptime(info["started"]))
     if not clusters:
         table.caption = "no clusters; start one with `monarch-nb cluster start NAME`"

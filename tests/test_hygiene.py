@@ -13,6 +13,8 @@ import textwrap
 import psutil
 import pytest
 
+import monarch_nb
+
 from conftest import cluster_processes, pids_alive, wait_until
 
 SCRIPT = textwrap.dedent("""
@@ -79,3 +81,7 @@ def test_host_agent_and_procs_stop_after_grace_when_hub_is_killed():
     assert wait_until(lambda: not pids_alive(agents + info["procs"]), 10)
     proc.kill()
     proc.communicate(timeout=30)
+    # Its directory is left (the hub was killed); listing clusters tidies it away.
+    assert os.path.isdir(info["path"])
+    assert info["path"] not in [c["path"] for c in monarch_nb.list_clusters()]
+    assert not os.path.exists(info["path"])

@@ -73,6 +73,9 @@ class Cluster:
         directory of that name (hub dead) is recovered when its host agents are still
         alive, else cleared first. Raises ``ValueError`` for a bad name and
         :class:`ClusterError` when the hub does not come up."""
+        if name.startswith(discovery.EPHEMERAL_PREFIX):
+            raise ValueError(f"cluster names starting with {discovery.EPHEMERAL_PREFIX!r} are kept for "
+                             "scripts' ephemeral clusters; choose another name")
         found = discovery.probe(name)
         if found.state == "running":
             running_hosts = len(found.hub_info["hosts"])
@@ -117,7 +120,7 @@ class Cluster:
     def start_ephemeral(cls, hosts: int = 1, grace_s: float = 2.0) -> "Cluster":
         """Start a cluster that lives and dies with this process; returns once its hub and
         ``hosts`` host agents are up. Raises :class:`ClusterError` if they don't come up."""
-        name = f"ephemeral-{os.getpid()}-{secrets.token_hex(3)}"
+        name = f"{discovery.EPHEMERAL_PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
         path, _ = cluster_dir.create(name)
         try:
             hub = launch_hub(path, hosts=hosts, grace_s=grace_s, ephemeral_parent=os.getpid())
@@ -254,12 +257,21 @@ def connect(name: str | None = None) -> Cluster:
 
 
 def list_clusters() -> list[dict]:
-    """Every cluster directory under ``MONARCH_NB_HOME``: ``name``, ``state``
-    (``running`` or ``stale``), ``reason`` (why stale) and, when running, ``info`` (the
-    hub's answer: hosts, clients, meshes, start time)."""
-    found = [discovery.probe(n) for n in discovery.names()]
-    return [{"name": p.name, "state": p.state, "reason": p.reason, "path": str(p.path), "info": p.hub_info}
-            for p in found if p.state != "missing"]
+    """Every cluster under ``MONARCH_NB_HOME``: ``name``, ``state`` (``running`` or
+    ``stale``), ``reason`` (why stale), ``ephemeral`` (a script's own cluster) and,
+    when running, ``info`` (the hub's answer: hosts, clients, meshes, start time).
+
+    What is left of an ephemeral cluster whose script was killed (its directory) is
+    removed here once none of its processes runs."""
+    listed = []
+    for found in (discovery.probe(n) for n in discovery.names()):
+        ephemeral = discovery.is_ephemeral(found)
+        if found.state == "stale" and ephemeral and not discovery.leftover_agents(found.path):
+            discovery.remove_stale(found.path)
+        elif found.state != "missing":
+            listed.append({"name": found.name, "state": found.state, "reason": found.reason,
+                           "ephemeral": ephemeral, "path": str(found.path), "info": found.hub_info})
+    return listed
 
 
 _default: Cluster | None = None

@@ -22,6 +22,7 @@ from ..errors import ClusterError
 from ..wire import frames as wire_frames
 from .hub_client import HubClient
 
+EPHEMERAL_PREFIX = "ephemeral-"
 PROBE_TIMEOUT_S = 2.0  # how long a hub has to answer before it is called unresponsive
 
 
@@ -90,7 +91,13 @@ def names() -> list[str]:
 
 
 def running_names() -> list[str]:
-    return [n for n in names() if probe(n).state == "running"]
+    """Retained clusters that are running (a script's ephemeral cluster is its own)."""
+    found = [probe(n) for n in names()]
+    return [p.name for p in found if p.state == "running" and not p.info.get("ephemeral")]
+
+
+def is_ephemeral(found: Probe) -> bool:
+    return bool(found.info.get("ephemeral")) or found.name.startswith(EPHEMERAL_PREFIX)
 
 
 def leftover_agents(path: Path) -> list[psutil.Process]:
