@@ -303,3 +303,15 @@ def test_cli_starts_lists_shows_and_stops_a_cluster(clusters):
     assert not cluster.path.exists()
     missing = _cli("cluster", "status", "cli")
     assert missing.returncode == 1 and "not running" in missing.stdout
+
+
+def test_two_clients_starting_one_name_at_once_share_one_cluster(clusters):
+    clusters.append("race")
+    script = "import monarch_nb; c = monarch_nb.Cluster.start('race'); print(c._info['cluster_id'], c._info['hub_pid'])"
+    starters = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+                for _ in range(2)]
+    outputs = [p.communicate(timeout=120)[0].split() for p in starters]
+    assert all(p.returncode == 0 for p in starters)
+    assert outputs[0] == outputs[1]
+    hubs = [p for p in cluster_processes(cluster_dir.cluster_path("race")) if "monarch_nb.hub" in p.cmdline()]
+    assert [h.pid for h in hubs] == [int(outputs[0][1])]

@@ -76,7 +76,7 @@ class Cluster:
         if name.startswith(discovery.EPHEMERAL_PREFIX):
             raise ValueError(f"cluster names starting with {discovery.EPHEMERAL_PREFIX!r} are kept for "
                              "scripts' ephemeral clusters; choose another name")
-        found = discovery.probe(name)
+        found = discovery.wait_until_started(name)
         if found.state == "running":
             running_hosts = len(found.hub_info["hosts"])
             if hosts is not None and running_hosts != hosts:
@@ -88,7 +88,10 @@ class Cluster:
             if discovery.leftover_agents(found.path):
                 return cls.recover(name)
             discovery.remove_stale(found.path)
-        path, info = cluster_dir.create(name)
+        try:
+            path, info = cluster_dir.create(name)
+        except FileExistsError:  # another client is starting it this very moment
+            return cls.start(name, hosts, grace_s, idle_timeout)
         try:
             launch_hub(path, hosts=hosts or 1, grace_s=grace_s, idle_timeout=idle_timeout)
         except ClusterError:
@@ -112,6 +115,7 @@ class Cluster:
         if found.state == "missing" or not (found.path / "state.json").exists() or "hub" not in found.info:
             raise ClusterNotFound(f"cluster {name!r} has no state to recover" + _running_hint())
         old = found.info
+        discovery.kill_unresponsive_hub(old)
         launch_hub(found.path, hosts=old.get("hosts", 1), grace_s=old.get("grace_s", DEFAULT_GRACE_S),
                    idle_timeout=old.get("idle_timeout"), recover=True)
         return cls(name, found.path, cluster_dir.read_info(found.path))._attach()
@@ -240,7 +244,7 @@ def connect(name: str | None = None) -> Cluster:
         else:
             raise ClusterNotFound(f"several clusters are running ({', '.join(running)}); "
                                   "pass the name: monarch_nb.connect(NAME)")
-    found = discovery.probe(name)
+    found = discovery.wait_until_started(name)
     if found.state == "stale":
         hint = (f"recover it with monarch_nb.Cluster.recover({name!r}) (its procs are still alive)"
                 if discovery.leftover_agents(found.path)
@@ -249,6 +253,8 @@ def connect(name: str | None = None) -> Cluster:
     if found.state == "missing":
         raise ClusterNotFound(f"no cluster named {name!r}{_running_hint()}. "
                               f"Start one with monarch_nb.Cluster.start({name!r})")
+    if found.state != "running":
+        raise ClusterNotFound(f"cluster {name!r} is not running: {found.reason}")
     with _default_lock:
         current = _default
     if current is not None and current._info == found.info and not current._stopped:

@@ -12,6 +12,7 @@ import os
 import signal
 import shutil
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from .. import cluster_dir
 from ..errors import ClusterError
 from ..wire import frames as wire_frames
 from .hub_client import HubClient
+from .launch import HUB_START_TIMEOUT_S
 
 EPHEMERAL_PREFIX = "ephemeral-"
 PROBE_TIMEOUT_S = 2.0  # how long a hub has to answer before it is called unresponsive
@@ -30,8 +32,8 @@ PROBE_TIMEOUT_S = 2.0  # how long a hub has to answer before it is called unresp
 class Probe:
     """What is known about the cluster directory ``path``.
 
-    ``state``: ``"running"`` (``hub_info`` holds the hub's answer), ``"stale"``
-    (``reason`` says why), or ``"missing"``."""
+    ``state``: ``"running"`` (``hub_info`` holds the hub's answer), ``"starting"``
+    (a client is starting its hub), ``"stale"`` (``reason`` says why), or ``"missing"``."""
 
     name: str
     path: Path
@@ -46,12 +48,16 @@ def probe(name: str) -> Probe:
     try:
         info = cluster_dir.read_info(path)
     except FileNotFoundError:
-        if path.exists():
-            return Probe(name, path, "stale", reason="cluster.json is missing")
-        return Probe(name, path, "missing")
+        if not path.exists():
+            return Probe(name, path, "missing")
+        if _young(path):
+            return Probe(name, path, "starting", reason="its hub is starting")
+        return Probe(name, path, "stale", reason="cluster.json is missing")
     except (OSError, json.JSONDecodeError) as e:
         return Probe(name, path, "stale", reason=f"cluster.json is unreadable ({e})")
     if "hub" not in info:
+        if _young(path):
+            return Probe(name, path, "starting", info, reason="its hub is starting")
         return Probe(name, path, "stale", info, reason="its hub never became ready (see hub.log)")
     problem = hub_process_problem(info)
     if problem:
@@ -63,6 +69,14 @@ def probe(name: str) -> Probe:
         return Probe(name, path, "stale", info,
                      reason=f"its hub (pid {info['hub_pid']}) does not answer at {info['hub']}")
     return Probe(name, path, "running", info, hub_info)
+
+
+def _young(path: Path) -> bool:
+    """Created recently enough that a hub may still be starting there."""
+    try:
+        return time.time() - path.stat().st_ctime < HUB_START_TIMEOUT_S
+    except FileNotFoundError:
+        return False
 
 
 def hub_process_problem(info: dict) -> str:
@@ -80,6 +94,28 @@ def hub_process_problem(info: dict) -> str:
     except psutil.NoSuchProcess:
         return f"its hub (pid {pid}) is not running"
     return ""
+
+
+def kill_unresponsive_hub(info: dict) -> None:
+    """SIGKILL the hub named by ``info`` if it is still that live process (one that no
+    longer answers), so that a new hub never runs beside it."""
+    if "hub_pid" in info and info.get("hostname") == socket.gethostname() and not hub_process_problem(info):
+        try:
+            proc = psutil.Process(info["hub_pid"])
+            proc.kill()
+            proc.wait(5)
+        except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+            pass
+
+
+def wait_until_started(name: str) -> Probe:
+    """Wait while another client starts the hub of ``name``; returns the final probe."""
+    deadline = time.monotonic() + HUB_START_TIMEOUT_S
+    found = probe(name)
+    while found.state == "starting" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        found = probe(name)
+    return found
 
 
 def names() -> list[str]:
@@ -122,6 +158,10 @@ def leftover_agents(path: Path) -> list[psutil.Process]:
 def remove_stale(path: Path, timeout: float = 5.0) -> None:
     """Stop what is left of a cluster whose hub is gone (host agents take their procs
     with them) and delete its directory."""
+    try:
+        kill_unresponsive_hub(cluster_dir.read_info(path))
+    except (OSError, ValueError):
+        pass
     agents = leftover_agents(path)
     for agent in agents:
         agent.send_signal(signal.SIGTERM)

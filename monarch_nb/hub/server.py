@@ -150,6 +150,13 @@ class Hub:
                     exited.setdefault(proc.proc_id, LOST_EXIT_CODE)
                 if proc.proc_id in exited and proc.exit_code is None:
                     proc.exit_code = exited[proc.proc_id]
+        for mesh in list(self.proc_meshes.values()):
+            if all(p.exit_code is not None for p in mesh.procs):
+                print(f"monarch_nb hub: every proc of {mesh.name!r} is gone; forgetting it and its actors",
+                      file=sys.stderr)
+                for actors in [a for a in self.actor_meshes.values() if a.proc_mesh == mesh.name]:
+                    self._forget_actor_mesh(actors)
+                del self.proc_meshes[mesh.name]
 
     async def _shutdown_hosts(self) -> None:
         await asyncio.gather(*(self.net.send(h.address, {"op": "shutdown"}) for h in self.hosts.values()),
