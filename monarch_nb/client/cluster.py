@@ -19,6 +19,7 @@ import secrets
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -27,7 +28,8 @@ from .. import cluster_dir
 from ..errors import ClusterError, ClusterNotFound, InvalidRequest
 from ..mesh import Extent, Shape
 from ..wire import frames as wire_frames
-from . import discovery
+from ..hub.logstore import FIELDS as LOG_FIELDS
+from . import discovery, logs
 from .actor_mesh import ActorMesh
 from .host_mesh import HostMesh
 from .hub_client import HubClient
@@ -132,12 +134,13 @@ class Cluster:
             shutil.rmtree(path, ignore_errors=True)
             raise
         cluster = cls(name, path, cluster_dir.read_info(path), hub)
+        cluster._presence = Presence(cluster._info["cluster_id"], cluster._info["hub"])
         atexit.register(cluster.stop)
         return cluster
 
     def _attach(self) -> "Cluster":
-        """Count this process as a client of the hub, and make ``this_host()`` mean this
-        cluster."""
+        """Count this process as a client of the hub (which sends it the output of its
+        calls), and make ``this_host()`` mean this cluster."""
         global _default
         self._presence = Presence(self._info["cluster_id"], self._info["hub"])
         atexit.register(self.disconnect)
@@ -175,6 +178,34 @@ class Cluster:
                          record["endpoints"], record["methods"], Shape(Extent(record["extent"])),
                          record["addresses"])
 
+    # logs ----------------------------------------------------------------------------
+    def flush_logs(self, timeout: float = 5.0) -> bool:
+        """Show every line that calls of this client caused and that procs wrote before
+        now (the hub drains every host agent's pipes first). Returns False if not all
+        arrived within ``timeout`` seconds."""
+        try:
+            reply = self.hub.request("logs_flush", timeout=timeout, client_id=logs.CLIENT_ID)
+        except ClusterError:
+            return False
+        return logs.receiver().wait_for(self._info["cluster_id"], reply["seq"], timeout)
+
+    def logs(self, mesh: str | None = None, ranks=None, stream: str | None = None, since: float | None = None,
+             grep: str | None = None, tail: int | None = None) -> list[dict]:
+        """Lines from the hub's store, oldest first, each a dict with ``seq``, ``time``
+        (seconds since the epoch), ``host``, ``proc``, ``stream``, ``mesh``, ``rank``,
+        ``origin`` and ``text``. Filters: ``mesh`` (actor or proc mesh name), ``ranks``
+        (an int or a list), ``stream`` (``"stdout"``/``"stderr"``), ``since`` (epoch
+        seconds, or a negative number: that many seconds ago), ``grep`` (a regular
+        expression), ``tail`` (the last N). Raises :class:`InvalidRequest` for a bad
+        pattern. Works for lines printed before this client connected."""
+        if isinstance(ranks, int):
+            ranks = [ranks]
+        if since is not None and since < 0:
+            since = time.time() + since
+        reply = self.hub.request("logs_query", timeout=60.0, mesh=mesh, ranks=ranks, stream=stream, since=since,
+                                 grep=grep, tail=tail)
+        return [dict(zip(LOG_FIELDS, r)) for r in reply["records"]]
+
     # leaving -------------------------------------------------------------------------
     def disconnect(self) -> None:
         """Stop counting this process as a client (the cluster runs on). Idempotent."""
@@ -188,6 +219,8 @@ class Cluster:
         if self._stopped:
             return
         self._stopped = True
+        if self._presence is not None and not self._presence.closed:
+            self.flush_logs(timeout=2.0)
         self.disconnect()
         hub_pid = self._hub_process.pid if self._hub_process else self._info.get("hub_pid")
         try:

@@ -14,6 +14,7 @@ from ..errors import ActorError, RemoteFailure
 from ..wire import frames as wire_frames
 from ..wire.mailbox import local_mailbox
 from ..wire.remote_error import unpack_exception
+from . import logs
 from .future import Future
 from .value_mesh import ValueMesh
 
@@ -42,7 +43,7 @@ class Endpoint:
         with replies to ``port`` of this process's mailbox (none for broadcast)."""
         mesh = self._mesh
         mailbox = local_mailbox()
-        header: dict = {"k": "call", "ep": self._name}
+        header: dict = {"k": "call", "ep": self._name, "o": logs.origin()}
         if port is not None:
             header.update(port=port, reply=mailbox.address)
         frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),

@@ -1,16 +1,16 @@
-"""A connected client tells its hub it is there, so the hub can count clients and
-stop a retained cluster after an idle timeout."""
+"""A connected client tells its hub it is there (and where to send the lines its calls
+cause), so the hub can count clients and stop a retained cluster after an idle timeout."""
 
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import sys
 import threading
 
 from ..wire import frames as wire_frames
 from ..wire.mailbox import local_mailbox
+from . import logs
 
 HEARTBEAT_S = 1.0  # the hub forgets a client silent for 3 s (hub.server.CLIENT_TIMEOUT_S)
 
@@ -29,10 +29,9 @@ class Presence:
     def __init__(self, cluster_id: str, hub_address: str):
         self.cluster_id = cluster_id
         self.hub_address = hub_address
-        self.client_id = secrets.token_hex(8)
         self._closed = threading.Event()
-        self._hello = {"op": "client_alive", "client_id": self.client_id, "pid": os.getpid(),
-                       "hostname": socket.gethostname(), "label": _label()}
+        self._hello = {"op": "client_alive", "client_id": logs.CLIENT_ID, "pid": os.getpid(),
+                       "hostname": socket.gethostname(), "label": _label(), "logs": logs.receiver().address}
         self._send(self._hello)
         threading.Thread(target=self._run, name="monarch-nb-presence", daemon=True).start()
 
@@ -43,7 +42,11 @@ class Presence:
         while not self._closed.wait(HEARTBEAT_S):
             self._send(self._hello)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
     def close(self) -> None:
         if not self._closed.is_set():
             self._closed.set()
-            self._send({"op": "client_bye", "client_id": self.client_id})
+            self._send({"op": "client_bye", "client_id": logs.CLIENT_ID})

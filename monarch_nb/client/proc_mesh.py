@@ -9,6 +9,7 @@ from ..mesh import Extent, Shape
 from ..proc.actor import Actor, endpoint_names
 from ..wire import serialize
 from ..wire.remote_error import unpack_exception
+from . import logs
 from .actor_mesh import ActorMesh
 from .mesh_handle import MeshHandle
 
@@ -78,7 +79,7 @@ class ProcMesh(MeshHandle):
         return self._hub().request(
             "spawn_actors", body, buffers, timeout=None, name=name, proc_mesh=self._name,
             proc_ranks=self._shape.base_ranks(), extent=dict(self.extent), class_name=class_name,
-            endpoints=endpoints, methods=methods, replace=replace)
+            endpoints=endpoints, methods=methods, replace=replace, o=logs.origin())
 
     def stop(self) -> None:
         """Stop every proc of this mesh (the whole mesh, also when called on a slice) and

@@ -15,6 +15,7 @@ import sys
 import time
 
 from ..wire.aio import AioEndpoint
+from .capture import Capture
 
 HEARTBEAT_S = 0.5
 PROC_READY_TIMEOUT_S = 60.0
@@ -33,6 +34,7 @@ class HostAgent:
         self.ready: dict[str, asyncio.Future] = {}
         self.stopping: set[str] = set()
         self.exited: dict[str, int] = {}  # exit codes, told to a hub that adopts this agent
+        self.capture = Capture(self._send_lines)
         self.done = asyncio.Event()
 
     async def run(self) -> None:
@@ -47,6 +49,9 @@ class HostAgent:
         for t in tasks:
             t.cancel()
         await self._stop_procs(list(self.procs))
+        self.capture.drain()
+        await self._send_lines_now()
+        self.capture.close_all()
         self.net.close()
 
     async def _heartbeat(self) -> None:
@@ -64,7 +69,7 @@ class HostAgent:
             message = await self.net.recv()
             header = message.header
             op = header.get("op")
-            if op in ("hub_alive", "spawn_procs", "stop_procs", "shutdown", "adopt"):
+            if op in ("hub_alive", "spawn_procs", "stop_procs", "shutdown", "adopt", "drain_logs"):
                 self.hub_seen = time.monotonic()
             if op == "adopt":
                 # A restarted hub takes over (perhaps at a new address).
@@ -81,6 +86,11 @@ class HostAgent:
             elif op == "shutdown":
                 await self.net.reply(header, ok=True)
                 self.done.set()
+            elif op == "drain_logs":
+                # Every line written before this request goes to the hub before the reply.
+                self.capture.drain()
+                await self._send_lines_now()
+                await self.net.reply(header, ok=True)
 
     async def _spawn(self, request: dict) -> None:
         """Start every requested proc at once, then wait for each to report its address."""
@@ -91,11 +101,17 @@ class HostAgent:
             self.ready[proc_id] = loop.create_future()
         try:
             for proc_id in proc_ids:
-                proc = await asyncio.create_subprocess_exec(
-                    request.get("python") or sys.executable, "-m", "monarch_nb.proc",
-                    "--cluster-dir", self.cluster_dir, "--agent", self.net.address,
-                    "--proc-id", proc_id, "--ppid", str(os.getpid()),
-                    env=env, cwd=request.get("cwd") or None, stdin=asyncio.subprocess.DEVNULL)
+                out, err = self.capture.pipes_for(proc_id)
+                try:
+                    proc = await asyncio.create_subprocess_exec(
+                        request.get("python") or sys.executable, "-m", "monarch_nb.proc",
+                        "--cluster-dir", self.cluster_dir, "--agent", self.net.address,
+                        "--proc-id", proc_id, "--ppid", str(os.getpid()),
+                        env=env, cwd=request.get("cwd") or None, stdin=asyncio.subprocess.DEVNULL,
+                        stdout=out, stderr=err)
+                finally:
+                    os.close(out)
+                    os.close(err)
                 self.procs[proc_id] = proc
                 asyncio.ensure_future(self._watch(proc_id, proc))
             reports = await asyncio.wait_for(
@@ -114,6 +130,8 @@ class HostAgent:
     async def _watch(self, proc_id: str, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
         self.procs.pop(proc_id, None)
+        self.capture.close(proc_id)  # its last words go out before the news of its exit
+        await self._send_lines_now()
         future = self.ready.get(proc_id)
         if future is not None and not future.done():
             future.set_exception(RuntimeError(f"proc {proc_id} exited with code {code} before it was ready"))
@@ -122,6 +140,14 @@ class HostAgent:
         self.exited[proc_id] = code
         await self.net.send(self.hub, {"op": "proc_exited", "proc_id": proc_id, "pid": proc.pid,
                                        "returncode": code, "expected": expected})
+
+    def _send_lines(self) -> None:
+        asyncio.ensure_future(self._send_lines_now())
+
+    async def _send_lines_now(self) -> None:
+        lines = self.capture.take()
+        if lines:
+            await self.net.send(self.hub, {"op": "log_lines", "host_id": self.host_id, "lines": lines})
 
     async def _stop_procs(self, proc_ids: list[str]) -> None:
         """SIGTERM, then SIGKILL those still alive after ``STOP_GRACE_S``; waits for all."""

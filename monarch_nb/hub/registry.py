@@ -69,6 +69,8 @@ class ClientRecord:
     pid: int
     hostname: str
     label: str  # e.g. the script or kernel it runs in
+    log_address: str | None = None  # where this client wants the lines its calls caused
+    log_seq: int = 0  # batches of lines forwarded to it so far
     connected: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
 

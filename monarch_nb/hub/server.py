@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
 import socket
@@ -28,12 +29,14 @@ from ..allocators.local import LocalAllocator
 from ..mesh import Extent
 from ..wire.aio import AioEndpoint
 from . import state
+from .logstore import LogStore
 from .registry import ActorMeshRecord, ClientRecord, HostRecord, ProcMeshRecord, ProcRecord
 
 HEARTBEAT_S = 0.5
 AGENT_START_TIMEOUT_S = 60.0
 ADOPT_TIMEOUT_S = 3.0  # how long a recovering hub waits for each host agent to answer
-CLIENT_TIMEOUT_S = 3.0  # a client silent this long is no longer counted as connected
+CLIENT_TIMEOUT_S = 3.0
+FLUSH_TIMEOUT_S = 2.0  # how long a log flush waits for each host agent  # a client silent this long is no longer counted as connected
 LOST_EXIT_CODE = -255  # exit code recorded for a proc that vanished while no hub watched
 
 
@@ -69,6 +72,7 @@ class Hub:
         self.proc_meshes: dict[str, ProcMeshRecord] = {}
         self.actor_meshes: dict[str, ActorMeshRecord] = {}
         self.clients: dict[str, ClientRecord] = {}
+        self.logs = LogStore(path)
         self.started = self.saved["started"] if self.saved else time.time()
         self.hub_started = time.time()
         self.idle_since = time.monotonic()
@@ -112,6 +116,7 @@ class Hub:
         await self._shutdown_hosts()
         serve.cancel()
         # Everything has stopped: nothing is left to recover, so no runtime file stays.
+        self.logs.close()
         shutil.rmtree(self.path, ignore_errors=True)
         if self._shutdown_request is not None:
             await self.net.reply(self._shutdown_request, ok=True)
@@ -188,6 +193,9 @@ class Hub:
             message = await self.net.recv()
             if self.net.deliver_reply(message):
                 continue
+            if message.header.get("op") == "log_lines":
+                await self._log_lines(message.header)  # in arrival order, before later replies
+                continue
             asyncio.ensure_future(self._handle(message))
 
     async def _handle(self, message) -> None:
@@ -230,12 +238,48 @@ class Hub:
                     proc.exit_code = header["returncode"]
                     self._save()
 
+    # logs ------------------------------------------------------------------------------
+    async def _log_lines(self, header) -> None:
+        """Store a batch from a host agent and pass each line on to the client whose call
+        caused it (origin ``CLIENT_ID:...``); lines nobody's call caused go to every client."""
+        records = self.logs.add(header["host_id"], header["lines"])
+        by_client: dict[str, list] = {}
+        for record in records:
+            origin = record[7]
+            owner = origin.partition(":")[0] if origin else None
+            targets = [owner] if owner in self.clients else list(self.clients)
+            for client_id in targets:
+                by_client.setdefault(client_id, []).append(record)
+        for client_id, batch in by_client.items():
+            client = self.clients[client_id]
+            if client.log_address:
+                client.log_seq += 1
+                await self.net.send(client.log_address, {"op": "log_lines", "cluster": self.info["cluster_id"],
+                                                         "seq": client.log_seq, "records": batch})
+
+    async def op_logs_flush(self, header, message):
+        """Every line written by any proc before this request has been forwarded when the
+        reply comes; it says how many batches this client has been sent."""
+        await asyncio.gather(*(self.net.request(h.address, {"op": "drain_logs"}, timeout=FLUSH_TIMEOUT_S)
+                               for h in self.hosts.values()), return_exceptions=True)
+        client = self.clients.get(header.get("client_id"))
+        return {"seq": client.log_seq if client else 0}
+
+    async def op_logs_query(self, header, message):
+        try:
+            records = self.logs.query(header.get("mesh"), header.get("ranks"), header.get("stream"),
+                                      header.get("since"), header.get("grep"), header.get("tail"),
+                                      header.get("after_seq", 0))
+        except re.error as e:
+            raise HubError(f"bad grep pattern {header.get('grep')!r}: {e}", "ValueError") from None
+        return {"records": records, "last_seq": self.logs.seq}
+
     # clients ---------------------------------------------------------------------------
     async def op_client_alive(self, header, message):
         client = self.clients.get(header["client_id"])
         if client is None:
             client = self.clients[header["client_id"]] = ClientRecord(
-                header["client_id"], header["pid"], header["hostname"], header["label"])
+                header["client_id"], header["pid"], header["hostname"], header["label"], header.get("logs"))
         client.last_seen = time.monotonic()
 
     async def op_client_bye(self, header, message):
@@ -323,7 +367,8 @@ class Hub:
         payload_id = f"a{self._mesh_counter}"
         replies = await asyncio.gather(*(
             self.net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
-                                                       "extent": header["extent"]}, body, buffers)
+                                                       "extent": header["extent"], "o": header.get("o")},
+                             body, buffers)
             for i, r in enumerate(header["proc_ranks"])))
         addresses = [r.header["address"] for r in replies]
         failures = {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .. import cluster_dir, lifeline
 from ..wire import frames as wire_frames
+from . import stdio
 from .server import ProcServer
 
 
@@ -26,11 +27,13 @@ def main() -> None:
     cluster_id = info["cluster_id"]
     wire_frames.register_key(cluster_id, cluster_dir.key_of(info))
 
+    stdio.install()
     server = ProcServer(cluster_id, args.proc_id)
     server.outbox.send(args.agent, wire_frames.encode(
         cluster_id, {"op": "proc_ready", "proc_id": args.proc_id, "address": server.address, "pid": os.getpid()}))
     server.serve()
     # Actor threads may be busy in user code; exit without waiting for them.
+    stdio.flush_all()
     os._exit(0)
 
 

@@ -79,6 +79,11 @@ def _set_current(ctx: Context | None) -> None:
     _current.ctx = ctx
 
 
+def current_context() -> Context | None:
+    """The context of the actor handling a message on this thread, or ``None``."""
+    return getattr(_current, "ctx", None)
+
+
 def context() -> Context:
     """The context of the actor handling the current message on this thread. Outside
     an actor (in the client) the actor instance is the client, at rank ``{}``."""

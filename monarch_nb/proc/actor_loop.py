@@ -21,6 +21,7 @@ from ..wire import frames as wire_frames
 from ..wire import sockets
 from ..wire.remote_error import pack_exception
 from .actor import Actor, ActorInstance, Context, _set_current, is_endpoint
+from .stdio import set_call_origin
 
 
 def send_reply(outbox: sockets.Outbox, cluster_id: str, reply_to: tuple[str, int] | None,
@@ -74,6 +75,7 @@ class ActorThread:
     def _run(self) -> None:
         inbox, self.address = sockets.bind_inbox()
         _set_current(self._context())
+        set_call_origin(self._spawn.header.get("o"))  # what __init__ prints goes to the spawner
         try:
             instance = self._construct()
         except BaseException as e:
@@ -83,6 +85,7 @@ class ActorThread:
             return
         finally:
             self._spawn = None  # drop the class/argument buffers
+        set_call_origin(None)
         send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank,
                    value=None, extra={"address": self.address})
         try:
@@ -103,7 +106,9 @@ class ActorThread:
             if header["k"] == "stop":
                 send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank)
                 return
+            set_call_origin(header.get("o"))
             self._handle(instance, header["ep"], message, reply_to)
+            set_call_origin(None)
 
     def _handle(self, instance, name: str, message: wire_frames.Message, reply_to) -> None:
         try:

@@ -1,0 +1,204 @@
+"""Lines printed by actors, delivered to the client whose call caused them.
+
+Every call this client sends carries an *origin* (``CLIENT_ID:CELL``); actors tag what
+they print while handling it, and the hub forwards those lines here, to a
+:class:`LogReceiver` (its own socket and thread, so log traffic never delays a reply).
+The receiver *folds* them: the same text from several ranks of a mesh within
+``FOLD_WINDOW_S`` becomes one line naming the ranks (``[trainers 0-7] epoch 1 done``).
+Lines that differ are never merged and nothing is dropped. Folded lines go to a *sink*:
+by default this process's stdout/stderr; the notebook extension routes them to the
+cell that made the call.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import threading
+import time
+from typing import Callable
+
+import zmq
+
+from ..proc import stdio
+from ..wire import frames as wire_frames
+from ..wire import sockets
+
+FOLD_WINDOW_S = 0.1
+
+# records as the hub sends them: [seq, time, host, proc, stream, mesh, rank, origin, text]
+SEQ, TIME, HOST, PROC, STREAM, MESH, RANK, ORIGIN, TEXT = range(9)
+
+CLIENT_ID = secrets.token_hex(8)  # this process as a client, in every cluster it joins
+_cell = ""  # the notebook cell running now (set by the notebook extension)
+
+
+def set_cell(tag: str) -> None:
+    """Name the cell whose calls follow, so their output can be shown under it."""
+    global _cell
+    _cell = tag
+
+
+def origin() -> str:
+    """The origin to put on a call: the call being handled when this runs inside an
+    actor (output of nested calls goes to the cell that started it all), else this
+    client and the current cell."""
+    return stdio.call_origin() or f"{CLIENT_ID}:{_cell}"
+
+
+def format_ranks(ranks: list[int]) -> str:
+    """``[0, 1, 2, 3, 5, 7, 8]`` -> ``"0-3,5,7-8"``."""
+    parts = []
+    ranks = sorted(set(ranks))
+    start = prev = None
+    for r in ranks + [None]:
+        if start is not None and (r is None or r != prev + 1):
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if r is not None and start is None:
+            start = r
+        prev = r
+    return ",".join(parts)
+
+
+class Folded:
+    """One line to show: ``text`` from ``ranks`` of ``mesh`` on ``stream``."""
+
+    __slots__ = ("mesh", "stream", "origin", "text", "ranks", "first")
+
+    def __init__(self, mesh, stream, origin, text, rank, first):
+        self.mesh, self.stream, self.origin, self.text = mesh, stream, origin, text
+        self.ranks = [] if rank is None else [rank]
+        self.first = first
+
+    def prefix(self) -> str:
+        ranks = format_ranks(self.ranks)
+        return f"[{self.mesh} {ranks}]" if ranks else f"[{self.mesh}]"
+
+    def __str__(self) -> str:
+        return f"{self.prefix()} {self.text}"
+
+
+class Folder:
+    """Groups identical lines from different ranks that arrive within ``window``
+    seconds, keeping every rank's own lines in order."""
+
+    def __init__(self, window: float = FOLD_WINDOW_S):
+        self.window = window
+        self.enabled = True
+        self._pending: list[Folded] = []
+        self._open: dict[tuple, int] = {}  # (mesh, stream, origin, text) -> index in _pending
+        self._last: dict[tuple, int] = {}  # (mesh, stream, origin, rank) -> index of its latest line
+
+    def add(self, record: list, now: float) -> None:
+        mesh, rank, stream, origin, text = record[MESH], record[RANK], record[STREAM], record[ORIGIN], record[TEXT]
+        key = (mesh, stream, origin, text)
+        who = (mesh, stream, origin, rank)  # stdout and stderr are separate pipes: no order between
+        at = self._open.get(key) if self.enabled and rank is not None else None
+        # Joining an earlier group must not move this line before the rank's previous one.
+        if at is not None and rank not in self._pending[at].ranks and self._last.get(who, -1) < at:
+            self._pending[at].ranks.append(rank)
+        else:
+            at = len(self._pending)
+            self._pending.append(Folded(mesh, stream, origin, text, rank, now))
+            self._open[key] = at
+        self._last[who] = at
+
+    def take(self, now: float | None = None) -> list[Folded]:
+        """Groups whose window has passed (all of them with ``now=None``), in order."""
+        if now is None:
+            n = len(self._pending)
+        else:
+            n = 0
+            while n < len(self._pending) and now - self._pending[n].first >= self.window:
+                n += 1
+        if n == 0:
+            return []
+        done, self._pending = self._pending[:n], self._pending[n:]
+        self._open = {k: i - n for k, i in self._open.items() if i >= n}
+        self._last = {k: i - n for k, i in self._last.items() if i >= n}
+        return done
+
+    def next_due(self) -> float | None:
+        return self._pending[0].first + self.window if self._pending else None
+
+
+def print_sink(lines: list[Folded]) -> None:
+    """The default sink: this process's stdout/stderr, one prefixed line each."""
+    for line in lines:
+        print(line, file=sys.stderr if line.stream == "stderr" else sys.stdout, flush=True)
+
+
+class LogReceiver:
+    """This process's inbox for forwarded lines, served by a daemon thread."""
+
+    def __init__(self):
+        self._sock, self.address = sockets.bind_inbox()
+        self.folder = Folder()
+        self.sink: Callable[[list[Folded]], None] = print_sink
+        self._seq: dict[str, int] = {}  # cluster id -> last batch number received
+        self._cond = threading.Condition()
+        self._emit_lock = threading.Lock()
+        threading.Thread(target=self._run, name="monarch-nb-logs", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            due = self.folder.next_due()
+            timeout = 100 if due is None else max(0, int((due - time.time()) * 1000) + 1)
+            if self._sock.poll(timeout):
+                while self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    self._receive(sockets.recv_frames(self._sock, zmq.NOBLOCK))
+            with self._cond:
+                lines = self.folder.take(time.time())
+            self._emit(lines)
+
+    def _receive(self, frames) -> None:
+        try:
+            message = wire_frames.decode(frames)
+        except wire_frames.BadMessage:
+            return
+        header = message.header
+        now = time.time()
+        with self._cond:
+            for record in header["records"]:
+                self.folder.add(record, now)
+            self._seq[header["cluster"]] = header["seq"]
+            self._cond.notify_all()
+
+    def _emit(self, lines: list[Folded]) -> None:
+        if lines:
+            with self._emit_lock:
+                try:
+                    self.sink(lines)
+                except Exception:  # a broken sink must not stop the thread
+                    import traceback
+
+                    traceback.print_exc()
+
+    def wait_for(self, cluster_id: str, seq: int, timeout: float) -> bool:
+        """Wait until batch ``seq`` of ``cluster_id`` has arrived, then show everything
+        pending (folded as far as it got). Returns False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._seq.get(cluster_id, 0) < seq:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            arrived = self._seq.get(cluster_id, 0) >= seq
+            lines = self.folder.take()
+        self._emit(lines)
+        return arrived
+
+
+_receiver: LogReceiver | None = None
+_receiver_lock = threading.Lock()
+
+
+def receiver() -> LogReceiver:
+    """This process's log receiver, started on first use."""
+    global _receiver
+    with _receiver_lock:
+        if _receiver is None:
+            _receiver = LogReceiver()
+        return _receiver

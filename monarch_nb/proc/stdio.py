@@ -1,0 +1,144 @@
+"""A proc's stdout and stderr: lines written by an actor carry who wrote them.
+
+The host agent reads both file descriptors of every proc (so output from C
+extensions, ``faulthandler`` and a dying proc reaches it too). Python-level writes
+from an actor's thread are cut into lines here and each line is prefixed with a tag
+naming the actor mesh, the rank and the *origin* of the call being handled (which
+client, which notebook cell), so the agent can attribute it and the hub can route it
+to the cell that caused it. Other output arrives untagged and is attributed to the
+proc.
+
+Tagged line: ``MARK mesh \\x01 rank \\x01 origin \\x02 text \\n``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import threading
+
+from .actor import current_context
+
+MARK = b"\x00mnb\x01"
+_SPLIT_TAG = b"\x02"
+_SPLIT_FIELD = b"\x01"
+MAX_PARTIAL = 1 << 16  # a line longer than this (bytes) is written in pieces
+
+_calls = threading.local()  # the origin of the call an actor thread is handling
+_write_lock = threading.Lock()
+
+
+def set_call_origin(origin: str | None) -> None:
+    """Called by the actor loop around each message: output goes to ``origin``."""
+    _calls.origin = origin
+
+
+def call_origin() -> str | None:
+    """The origin of the call this thread is handling (``None`` outside calls)."""
+    return getattr(_calls, "origin", None)
+
+
+def _actor_tag() -> bytes | None:
+    ctx = current_context()
+    if ctx is None:
+        return None
+    actor = ctx.actor_instance
+    return f"{actor.mesh_name}\x01{actor.rank.rank}\x01{call_origin() or ''}".encode()
+
+
+class TaggedStream(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` of a proc: line-buffered per thread, tagged lines
+    from actor threads, written straight to the file descriptor."""
+
+    def __init__(self, fd: int, name: str):
+        self._fd = fd
+        self._name = name
+        self._partial: dict[int, str] = {}  # thread id -> text not yet ended by a newline
+
+    @property
+    def encoding(self) -> str:
+        return "utf-8"
+
+    @property
+    def name(self) -> str:
+        return f"<{self._name}>"
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        me = threading.get_ident()
+        buffered = self._partial.pop(me, "") + text
+        head, newline, tail = buffered.rpartition("\n")
+        if newline:
+            self._emit(head + "\n")
+        if len(tail) > MAX_PARTIAL:
+            self._emit(tail + "\n")
+        elif tail:
+            self._partial[me] = tail
+        return len(text)
+
+    def flush(self) -> None:
+        """Lines are written as soon as they end; a partial line waits for its newline
+        (so progress bars redrawn with ``\\r`` don't become a line per redraw)."""
+
+    def flush_all(self) -> None:
+        """Write every thread's partial line (at exit)."""
+        for ident in list(self._partial):
+            self._emit(self._partial.pop(ident) + "\n")
+
+    def _emit(self, text: str) -> None:
+        data = text.encode("utf-8", "backslashreplace")
+        tag = _actor_tag()
+        if tag is not None:
+            prefix = MARK + tag + _SPLIT_TAG
+            data = b"".join(prefix + line + b"\n" for line in data.split(b"\n")[:-1])
+        view = memoryview(data)
+        with _write_lock:  # whole lines from concurrent threads never interleave
+            while view:
+                try:
+                    written = os.write(self._fd, view)
+                except InterruptedError:
+                    continue
+                except OSError:
+                    return  # the agent is gone; nothing to write to
+                view = view[written:]
+
+
+def parse(line: bytes) -> tuple[str | None, int | None, str | None, bytes]:
+    """Split a line read from a proc: ``(mesh, rank, origin, text)``; the first three
+    are ``None`` for an untagged line."""
+    if not line.startswith(MARK):
+        return None, None, None, line
+    tag, _, text = line[len(MARK):].partition(_SPLIT_TAG)
+    fields = tag.split(_SPLIT_FIELD)
+    if len(fields) != 3:
+        return None, None, None, line
+    mesh, rank, origin = fields
+    try:
+        return mesh.decode(errors="replace"), int(rank), origin.decode(errors="replace") or None, text
+    except ValueError:
+        return None, None, None, line
+
+
+def install() -> None:
+    """Replace ``sys.stdout`` and ``sys.stderr`` of this proc with tagged streams."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.stdout = TaggedStream(1, "stdout")
+    sys.stderr = TaggedStream(2, "stderr")
+
+
+def flush_all() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, TaggedStream):
+            stream.flush_all()
