@@ -19,4 +19,17 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'monarch_nb' has no attribute {name!r}")
 
 
+def load_ipython_extension(shell) -> None:
+    """``%load_ext monarch_nb``: the ``%monarch`` magics and actor output in cells."""
+    from .notebook import load_ipython_extension as load
+
+    load(shell)
+
+
+def unload_ipython_extension(shell) -> None:
+    from .notebook import unload_ipython_extension as unload
+
+    unload(shell)
+
+
 __all__ = ["Cluster", "connect", "list_clusters", "__version__"]

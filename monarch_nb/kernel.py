@@ -1,17 +1,50 @@
-"""The ``monarch`` Jupyter kernel: an IPython kernel for monarch_nb notebooks.
+"""The ``monarch`` Jupyter kernel: the IPython kernel with monarch_nb built in.
 
-For now it is the stock IPython kernel under its own name; the ``%monarch`` magics
-and reconnecting to a retained cluster at start arrive with the notebook layer.
+At start it loads the ``monarch_nb`` extension (``%monarch`` magics, actor output
+under cells) and connects to the retained cluster named by ``MONARCH_NB_CLUSTER``
+(default ``default``) when that cluster is running; the first cell's output says so.
+Shutting the kernel down or restarting it never stops the cluster.
 """
 
 from __future__ import annotations
 
+import os
+
 from ipykernel.ipkernel import IPythonKernel
+
+CLUSTER_ENV = "MONARCH_NB_CLUSTER"
 
 
 class MonarchKernel(IPythonKernel):
     implementation = "monarch_nb"
     banner = "Monarch (Python 3) - drive meshes of actors from this kernel"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.shell.extension_manager.load_extension("monarch_nb")
+        self._greeting = self._connect()
+        if self._greeting:
+            self.shell.events.register("pre_run_cell", self._greet)
+
+    @staticmethod
+    def _connect() -> str:
+        from .client import cluster as cluster_mod
+        from .client import discovery
+
+        name = os.environ.get(CLUSTER_ENV, cluster_mod.DEFAULT_NAME)
+        try:
+            if discovery.probe(name).state != "running":
+                return ""
+            cluster = cluster_mod.connect(name)
+            info = cluster.info()
+        except Exception as e:  # never keep the kernel from starting
+            return f"monarch: could not connect to cluster {name!r}: {e}"
+        return (f"monarch: connected to cluster {name!r} ({len(info['hosts'])} host(s), "
+                f"actor meshes: {', '.join(info['actor_meshes']) or 'none'})")
+
+    def _greet(self, info=None) -> None:
+        print(self._greeting)
+        self.shell.events.unregister("pre_run_cell", self._greet)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Callable
 
 import zmq
 
+from ..mesh.ranks import format_ranks
 from ..proc import stdio
 from ..wire import frames as wire_frames
 from ..wire import sockets
@@ -31,6 +32,7 @@ SEQ, TIME, HOST, PROC, STREAM, MESH, RANK, ORIGIN, TEXT = range(9)
 
 CLIENT_ID = secrets.token_hex(8)  # this process as a client, in every cluster it joins
 _cell = ""  # the notebook cell running now (set by the notebook extension)
+touched = False  # a call was sent since the notebook last reset this (then it flushes logs)
 
 
 def set_cell(tag: str) -> None:
@@ -43,22 +45,9 @@ def origin() -> str:
     """The origin to put on a call: the call being handled when this runs inside an
     actor (output of nested calls goes to the cell that started it all), else this
     client and the current cell."""
+    global touched
+    touched = True
     return stdio.call_origin() or f"{CLIENT_ID}:{_cell}"
-
-
-def format_ranks(ranks: list[int]) -> str:
-    """``[0, 1, 2, 3, 5, 7, 8]`` -> ``"0-3,5,7-8"``."""
-    parts = []
-    ranks = sorted(set(ranks))
-    start = prev = None
-    for r in ranks + [None]:
-        if start is not None and (r is None or r != prev + 1):
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-            start = None
-        if r is not None and start is None:
-            start = r
-        prev = r
-    return ",".join(parts)
 
 
 class Folded:

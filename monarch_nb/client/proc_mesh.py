@@ -8,6 +8,7 @@ from ..errors import ActorError, RemoteFailure
 from ..mesh import Extent, Shape
 from ..proc.actor import Actor, endpoint_names
 from ..wire import serialize
+from ..wire.mailbox import local_mailbox
 from ..wire.remote_error import unpack_exception
 from . import logs
 from .actor_mesh import ActorMesh
@@ -80,6 +81,14 @@ class ProcMesh(MeshHandle):
             "spawn_actors", body, buffers, timeout=None, name=name, proc_mesh=self._name,
             proc_ranks=self._shape.base_ranks(), extent=dict(self.extent), class_name=class_name,
             endpoints=endpoints, methods=methods, replace=replace, o=logs.origin())
+
+    def interrupt(self, timeout: float = 5.0) -> None:
+        """Raise ``KeyboardInterrupt`` in every endpoint running in this mesh's procs (or
+        this slice's): the calls fail with an :class:`ActorError` wrapping it, and the
+        actors and procs carry on."""
+        mailbox = local_mailbox()
+        for rank in self._shape.base_ranks():
+            mailbox.request(self._procs[rank]["address"], self._cluster_id, {"op": "interrupt"}, timeout=timeout)
 
     def stop(self) -> None:
         """Stop every proc of this mesh (the whole mesh, also when called on a slice) and

@@ -29,6 +29,9 @@ def main() -> None:
 
     stdio.install()
     server = ProcServer(cluster_id, args.proc_id)
+    # SIGINT (`%monarch interrupt`, Ctrl-C in the notebook) interrupts the endpoints
+    # running in actor threads; the proc itself carries on.
+    signal.signal(signal.SIGINT, lambda *_: server.interrupt())
     server.outbox.send(args.agent, wire_frames.encode(
         cluster_id, {"op": "proc_ready", "proc_id": args.proc_id, "address": server.address, "pid": os.getpid()}))
     server.serve()

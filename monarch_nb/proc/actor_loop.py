@@ -9,6 +9,7 @@ Replies go straight to the caller's mailbox.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import inspect
 import os
 import sys
@@ -58,10 +59,20 @@ class ActorThread:
         self._instance_info = ActorInstance(mesh_name, point, proc_id, os.getpid())
         self._loop: asyncio.AbstractEventLoop | None = None
         self.address: str | None = None
+        self.busy = False  # handling a message (an interrupt is delivered only then)
         self.thread = threading.Thread(target=self._run, name=f"actor-{mesh_name}-{point.rank}", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
+
+    def interrupt(self) -> bool:
+        """Raise ``KeyboardInterrupt`` in the endpoint this actor is running, if any (it
+        lands at the next Python bytecode; a blocking C call finishes first)."""
+        if not self.busy or self.thread.ident is None:
+            return False
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident),
+                                                   ctypes.py_object(KeyboardInterrupt))
+        return True
 
     def _context(self) -> Context:
         return Context(self._instance_info, self.point)
@@ -107,8 +118,12 @@ class ActorThread:
                 send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank)
                 return
             set_call_origin(header.get("o"))
-            self._handle(instance, header["ep"], message, reply_to)
-            set_call_origin(None)
+            self.busy = True
+            try:
+                self._handle(instance, header["ep"], message, reply_to)
+            finally:
+                self.busy = False
+                set_call_origin(None)
 
     def _handle(self, instance, name: str, message: wire_frames.Message, reply_to) -> None:
         try:

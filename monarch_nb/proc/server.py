@@ -24,6 +24,10 @@ class ProcServer:
         self.inbox, self.address = sockets.bind_inbox()
         self.actors: dict[str, ActorThread] = {}
 
+    def interrupt(self) -> list[str]:
+        """KeyboardInterrupt into every actor busy with a message; returns their meshes."""
+        return [name for name, actor in list(self.actors.items()) if actor.interrupt()]
+
     def serve(self) -> None:
         while True:
             try:
@@ -52,6 +56,9 @@ class ProcServer:
             if actor is not None and actor.address is not None and actor.thread.is_alive():
                 # Queued behind whatever the actor is doing: it stops after that.
                 self.outbox.send(actor.address, wire_frames.encode(self.cluster_id, {"k": "stop"}))
+            self._reply(header)
+        elif op == "interrupt":
+            self.interrupt()
             self._reply(header)
         elif op == "ping":
             self._reply(header, {"pid": os.getpid(), "actors": sorted(self.actors)})

@@ -1,0 +1,32 @@
+"""The IPython extension: ``%load_ext monarch_nb`` (the ``monarch`` kernel loads it).
+
+It adds the ``%monarch`` magics and shows actor output under the cell that caused it.
+"""
+
+from __future__ import annotations
+
+from .cells import CellLogs
+from .magics import ExecFailed, MonarchMagics
+
+_installed: dict[int, CellLogs] = {}
+
+
+def _show_exec_failure(shell, etype, value, tb, tb_offset=None):
+    # The per-rank tracebacks are already shown; the local one would only add noise.
+    print(f"{etype.__name__}: {value}")
+    return None
+
+
+def load_ipython_extension(shell) -> None:
+    if id(shell) in _installed:
+        return
+    shell.register_magics(MonarchMagics)
+    shell.set_custom_exc((ExecFailed,), _show_exec_failure)
+    cells = _installed[id(shell)] = CellLogs(shell)
+    cells.register()
+
+
+def unload_ipython_extension(shell) -> None:
+    cells = _installed.pop(id(shell), None)
+    if cells is not None:
+        cells.unregister()

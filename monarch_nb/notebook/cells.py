@@ -1,0 +1,97 @@
+"""Actor output under the notebook cell that caused it.
+
+Before each cell runs, the cell is named (its execute request's ``msg_id``) so that
+calls it makes carry it as their origin. Lines that come back are written to the
+kernel's stdout/stderr with *that cell's* parent header (``OutStream.set_thread_parent``),
+so the frontend shows them under it, streamed as they arrive, even after the cell
+has finished. After a cell that made calls, every line they caused is fetched before
+the cell completes (``Cluster.flush_logs``). At most ``MAX_LINES_PER_CELL`` lines are
+shown per cell; the rest stay in the hub's store and the cell says how to see them.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import sys
+
+from ..client import cluster as cluster_mod
+from ..client import logs
+
+MAX_LINES_PER_CELL = 1000
+_REMEMBERED_CELLS = 256
+
+
+class CellLogs:
+    """Routes folded actor lines to cells; install with :meth:`register`."""
+
+    def __init__(self, shell):
+        self.shell = shell
+        self.parents: collections.OrderedDict[str, dict | None] = collections.OrderedDict()
+        self.shown: collections.Counter = collections.Counter()
+        self.hidden: dict[str, collections.Counter] = {}
+        self.current: str | None = None
+        self._anonymous = itertools.count(1)
+
+    def register(self) -> None:
+        self.shell.events.register("pre_run_cell", self.pre_run_cell)
+        self.shell.events.register("post_run_cell", self.post_run_cell)
+        logs.receiver().sink = self.sink
+
+    def unregister(self) -> None:
+        self.shell.events.unregister("pre_run_cell", self.pre_run_cell)
+        self.shell.events.unregister("post_run_cell", self.post_run_cell)
+        logs.receiver().sink = logs.print_sink
+        logs.set_cell("")
+
+    def pre_run_cell(self, info=None) -> None:
+        kernel = getattr(self.shell, "kernel", None)
+        parent = kernel.get_parent("shell") if kernel is not None else None
+        tag = parent["header"]["msg_id"] if parent else f"cell{next(self._anonymous)}"
+        self.parents[tag] = parent
+        while len(self.parents) > _REMEMBERED_CELLS:
+            old, _ = self.parents.popitem(last=False)
+            self.shown.pop(old, None)
+            self.hidden.pop(old, None)
+        self.current = tag
+        logs.set_cell(tag)
+        logs.touched = False
+
+    def post_run_cell(self, result=None) -> None:
+        """Show every line the cell's calls caused before the cell completes."""
+        cluster = cluster_mod._default
+        if logs.touched and cluster is not None and not cluster._stopped:
+            cluster.flush_logs(timeout=5.0)
+        hidden = self.hidden.pop(self.current, None)
+        if hidden:
+            meshes = " ".join(sorted(hidden))
+            print(f"[monarch] {sum(hidden.values())} more lines from {meshes} are not shown here (over "
+                  f"{MAX_LINES_PER_CELL} per cell); see them with %monarch logs {sorted(hidden)[0]} --tail 200",
+                  file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+
+    def sink(self, lines: list[logs.Folded]) -> None:
+        """Called on the log receiver's thread with lines in arrival order."""
+        for line in lines:
+            tag = line.origin.partition(":")[2] if line.origin else ""
+            if tag not in self.parents:
+                tag = self.current  # from no cell of ours: the cell running now
+            if self.shown[tag] >= MAX_LINES_PER_CELL:
+                self.hidden.setdefault(tag, collections.Counter())[line.mesh] += 1
+                continue
+            self.shown[tag] += 1
+            self._write(line, self.parents.get(tag))
+
+    @staticmethod
+    def _write(line: logs.Folded, parent: dict | None) -> None:
+        stream = sys.stderr if line.stream == "stderr" else sys.stdout
+        set_parent = getattr(stream, "set_thread_parent", None)
+        if parent is None or set_parent is None:  # not an ipykernel stream (terminal IPython)
+            stream.write(f"{line}\n")
+            return
+        token = set_parent(parent)
+        try:
+            stream.write(f"{line}\n")
+        finally:
+            stream.reset_thread_parent(token)

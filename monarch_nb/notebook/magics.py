@@ -1,0 +1,345 @@
+"""``%monarch SUBCOMMAND`` and ``%%monarch exec MESH``: common cluster work in one line.
+
+Mistakes (unknown mesh, bad rank spec, not connected) raise IPython's ``UsageError``:
+one line with a hint, no traceback.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic_arguments import MagicArgumentParser
+from rich.console import Console
+
+from .. import render
+from ..client import cluster as cluster_mod
+from ..client import logs
+from ..client.actor_mesh import ActorMesh
+from ..client.proc_mesh import ProcMesh
+from ..client.value_mesh import ValueMesh
+from ..errors import ActorError, MonarchNbError, RemoteFailure
+from ..hub.logstore import FIELDS as LOG_FIELDS
+from ..mesh import Extent
+from ..mesh.ranks import format_ranks, parse_ranks
+from ..proc.exec_actor import Exec
+
+
+class ExecFailed(MonarchNbError):
+    """``%%monarch exec`` raised on some ranks (their tracebacks are shown above)."""
+
+
+def _parser() -> MagicArgumentParser:
+    parser = MagicArgumentParser(prog="%monarch", add_help=False,
+                                 description="Drive a monarch_nb cluster from the notebook.")
+    verbs = parser.add_subparsers(dest="verb", metavar="SUBCOMMAND")
+    start = verbs.add_parser("start", help="start (or reconnect to) a retained cluster")
+    start.add_argument("name", nargs="?", default=cluster_mod.DEFAULT_NAME)
+    start.add_argument("--hosts", type=int, default=None)
+    start.add_argument("--idle-timeout", type=float, default=None)
+    verbs.add_parser("connect", help="connect to a running cluster").add_argument("name", nargs="?")
+    verbs.add_parser("list", help="list clusters")
+    verbs.add_parser("stop", help="stop a cluster (default: the connected one)").add_argument("name", nargs="?")
+    procs = verbs.add_parser("procs", help="spawn a proc mesh and bind it to VAR")
+    procs.add_argument("var")
+    procs.add_argument("--per-host", default="gpus=1", help="e.g. gpus=8 or gpus=4,cpus=2")
+    procs.add_argument("--name", default=None, help="mesh name (default: VAR)")
+    spawn = verbs.add_parser("spawn", help="spawn an actor mesh and bind it to VAR")
+    spawn.add_argument("var")
+    spawn.add_argument("cls", metavar="CLASS")
+    spawn.add_argument("--procs", default=None, help="proc mesh variable (default: the last %%monarch procs)")
+    spawn.add_argument("--name", default=None, help="mesh name (default: VAR)")
+    spawn.epilog = "constructor arguments follow --, as Python expressions: -- 0.1 lr=0.5"
+    verbs.add_parser("status", help="hosts, meshes and clients of the connected cluster")
+    log = verbs.add_parser("logs", help="lines from the cluster's log store")
+    log.add_argument("mesh", nargs="?")
+    log.add_argument("--ranks", default=None)
+    log.add_argument("--tail", type=int, default=50)
+    log.add_argument("--since", type=float, default=None, help="seconds ago")
+    log.add_argument("--grep", default=None)
+    log.add_argument("--stream", choices=("stdout", "stderr"), default=None)
+    log.add_argument("--follow", action="store_true", help="keep showing new lines until interrupted")
+    log.add_argument("--fold", choices=("on", "off"), default=None, help="fold identical lines across ranks")
+    verbs.add_parser("interrupt", help="KeyboardInterrupt into the endpoints running on a mesh").add_argument("mesh")
+    verbs.add_parser("help", help="this help")
+    execute = verbs.add_parser("exec", help="(cell magic) run the cell in every proc of MESH")
+    execute.add_argument("mesh")
+    execute.add_argument("--ranks", default=None)
+    execute.add_argument("--block", dest="block", action="store_true", default=True)
+    execute.add_argument("--no-block", dest="block", action="store_false")
+    return parser
+
+
+PARSER = _parser()
+FOLLOW_POLL_S = 0.5
+
+
+@magics_class
+class MonarchMagics(Magics):
+    """The ``%monarch`` line magic and ``%%monarch exec`` cell magic."""
+
+    def __init__(self, shell):
+        super().__init__(shell)
+        self.last_procs: str | None = None  # the variable of the last `%monarch procs`
+
+    @line_cell_magic
+    def monarch(self, line: str, cell: str | None = None):
+        """%monarch start|connect|list|stop|procs|spawn|status|logs|interrupt|help ...
+        %%monarch exec MESH [--ranks SPEC] [--no-block]"""
+        # What follows " -- " is Python (spawn's constructor arguments): keep its quotes.
+        line, dashes, rest = f" {line} ".partition(" -- ")
+        try:
+            argv = shlex.split(line)
+            extra = shlex.split(rest, posix=False) if dashes else []
+        except ValueError as e:
+            raise UsageError(f"%monarch: {e}") from None
+        args = PARSER.parse_args(argv or ["help"])
+        args.args = extra
+        if (cell is None) == (args.verb == "exec"):
+            raise UsageError("exec is a cell magic: put `%%monarch exec MESH` on the cell's first line"
+                             if cell is None else f"%%monarch takes only `exec`, not {args.verb!r}")
+        try:
+            return getattr(self, f"_{args.verb}")(args, cell)
+        except MonarchNbError as e:
+            if isinstance(e, (ActorError, ExecFailed)):
+                raise
+            raise UsageError(f"%monarch {args.verb}: {e}") from None
+        except ValueError as e:
+            raise UsageError(f"%monarch {args.verb}: {e}") from None
+
+    # helpers -----------------------------------------------------------------------
+    def _cluster(self) -> cluster_mod.Cluster:
+        cluster = cluster_mod._default
+        if cluster is None or cluster._stopped:
+            raise UsageError("not connected to a cluster: run %monarch start [NAME] or %monarch connect [NAME]")
+        return cluster
+
+    def _lookup(self, name: str):
+        """A variable of the notebook, else a mesh of that name in the cluster."""
+        ns = self.shell.user_ns
+        if name in ns and isinstance(ns[name], (ProcMesh, ActorMesh)):
+            return ns[name]
+        cluster = self._cluster()
+        info = cluster.info()
+        if name in info["proc_meshes"]:
+            return cluster._proc_mesh(info["proc_meshes"][name])
+        if name in info["actor_meshes"]:
+            return cluster._actor_mesh(info["actor_meshes"][name])
+        known = sorted(info["proc_meshes"]) + sorted(info["actor_meshes"])
+        raise UsageError(f"no mesh {name!r}: not a mesh variable nor a mesh of the cluster "
+                         f"(meshes: {', '.join(known) or 'none'})")
+
+    def _procs_of(self, name: str) -> ProcMesh:
+        """The proc mesh behind ``name`` (a proc mesh, or the procs of an actor mesh)."""
+        mesh = self._lookup(name)
+        if isinstance(mesh, ProcMesh):
+            return mesh
+        cluster = self._cluster()
+        info = cluster.info()
+        record = info["actor_meshes"][mesh.name]
+        return cluster._proc_mesh(info["proc_meshes"][record["proc_mesh"]])
+
+    @staticmethod
+    def _print(*renderables) -> None:
+        console = Console()
+        for r in renderables:
+            console.print(r)
+
+    # subcommands ---------------------------------------------------------------------
+    def _help(self, args, cell=None) -> None:
+        print(PARSER.format_help())
+        for name, sub in PARSER._subparsers._group_actions[0].choices.items():
+            print(sub.format_usage().replace("usage: %monarch", "%monarch", 1).rstrip())
+
+    def _start(self, args, cell=None) -> None:
+        t0 = time.monotonic()
+        cluster = cluster_mod.Cluster.start(args.name, hosts=args.hosts, idle_timeout=args.idle_timeout)
+        info = cluster.info()
+        print(f"monarch: cluster {args.name!r} is up ({len(info['hosts'])} host(s), "
+              f"{len(info['actor_meshes'])} actor mesh(es); {time.monotonic() - t0:.2f} s)")
+
+    def _connect(self, args, cell=None) -> None:
+        cluster = cluster_mod.connect(args.name)
+        info = cluster.info()
+        print(f"monarch: connected to cluster {cluster.name!r} ({len(info['hosts'])} host(s), "
+              f"proc meshes: {', '.join(info['proc_meshes']) or 'none'}, "
+              f"actor meshes: {', '.join(info['actor_meshes']) or 'none'})")
+
+    def _list(self, args, cell=None) -> None:
+        self._print(render.clusters_table(cluster_mod.list_clusters()))
+
+    def _stop(self, args, cell=None) -> None:
+        cluster = cluster_mod.connect(args.name) if args.name else self._cluster()
+        cluster.stop()
+        print(f"monarch: cluster {cluster.name!r} stopped")
+
+    def _status(self, args, cell=None) -> None:
+        self._print(*render.status(self._cluster().info()))
+
+    def _procs(self, args, cell=None) -> None:
+        per_host = {}
+        for part in args.per_host.split(","):
+            label, eq, size = part.partition("=")
+            if not eq or not size.strip().isdigit():
+                raise UsageError(f"--per-host {args.per_host!r}: write LABEL=SIZE[,LABEL=SIZE], e.g. gpus=8")
+            per_host[label.strip()] = int(size)
+        Extent(per_host)
+        host = self._cluster().host_mesh()
+        procs = host.spawn_procs(per_host=per_host, name=args.name or args.var)
+        self.shell.user_ns[args.var] = procs
+        self.last_procs = args.var
+        print(f"monarch: {args.var} = {procs!r}")
+
+    def _spawn(self, args, cell=None) -> None:
+        ns = self.shell.user_ns
+        try:
+            cls = eval(args.cls, ns)
+        except Exception as e:
+            raise UsageError(f"%monarch spawn: class {args.cls!r} is not defined here ({e})") from None
+        procs_var = args.procs or self.last_procs
+        if procs_var is None:
+            raise UsageError("%monarch spawn: which procs? pass --procs VAR, or make some with %monarch procs VAR")
+        procs = ns.get(procs_var)
+        if not isinstance(procs, ProcMesh):
+            raise UsageError(f"%monarch spawn: {procs_var!r} is not a ProcMesh variable")
+        positional, keywords = [], {}
+        for item in args.args:
+            key, eq, value = item.partition("=")
+            try:
+                if eq and key.isidentifier():
+                    keywords[key] = eval(value, ns)
+                else:
+                    positional.append(eval(item, ns))
+            except Exception as e:
+                raise UsageError(f"%monarch spawn: can't evaluate argument {item!r}: {e}") from None
+        mesh = procs.spawn(args.name or args.var, cls, *positional, **keywords)
+        ns[args.var] = mesh
+        print(f"monarch: {args.var} = {mesh!r}")
+
+    def _logs(self, args, cell=None) -> None:
+        cluster = self._cluster()
+        if args.fold is not None:
+            logs.receiver().folder.enabled = args.fold == "on"
+            print(f"monarch: folding {'on' if args.fold == 'on' else 'off'}")
+            if args.mesh is None and not args.follow:
+                return
+        mesh_name = None
+        if args.mesh is not None:
+            mesh = self.shell.user_ns.get(args.mesh)
+            mesh_name = mesh.name if isinstance(mesh, (ProcMesh, ActorMesh)) else args.mesh
+        ranks = parse_ranks(args.ranks) if args.ranks else None
+        since = -args.since if args.since is not None else None
+        found = cluster.logs(mesh=mesh_name, ranks=ranks, stream=args.stream, since=since, grep=args.grep,
+                             tail=args.tail)
+        self._show_records([[r[f] for f in LOG_FIELDS] for r in found])
+        if not found and not args.follow:
+            print(f"monarch: no lines{' for ' + mesh_name if mesh_name else ''} in the store")
+        last = found[-1]["seq"] if found else 0
+        while args.follow:
+            try:
+                time.sleep(FOLLOW_POLL_S)  # polling the store; Ctrl-C (kernel interrupt) ends it
+                reply = cluster.hub.request("logs_query", timeout=30.0, mesh=mesh_name, ranks=ranks,
+                                            stream=args.stream, grep=args.grep, after_seq=last)
+            except KeyboardInterrupt:
+                return
+            if reply["records"]:
+                last = reply["records"][-1][logs.SEQ]
+                self._show_records(reply["records"])
+
+    @staticmethod
+    def _show_records(records: list[list]) -> None:
+        """Print store records oldest first, identical lines of several ranks folded."""
+        folder = logs.Folder(window=float("inf"))
+        folder.enabled = logs.receiver().folder.enabled
+        for record in records:
+            record = list(record)
+            record[logs.ORIGIN] = None  # fold across cells too
+            folder.add(record, 0.0)
+        for line in folder.take():
+            print(line, file=sys.stderr if line.stream == "stderr" else sys.stdout)
+
+    def _interrupt(self, args, cell=None) -> None:
+        procs = self._procs_of(args.mesh)
+        procs.interrupt()
+        print(f"monarch: interrupted the endpoints running on {procs.name} ({len(procs)} procs)")
+
+    def _exec(self, args, cell: str):
+        procs = self._procs_of(args.mesh)
+        ranks = parse_ranks(args.ranks, len(procs)) if args.ranks else list(range(len(procs)))
+        runner = procs.spawn(f"{procs.name}.exec", Exec)
+        name = f"<%%monarch exec {procs.name}>"
+        if ranks == list(range(len(procs))):
+            future = runner.run.call(cell, name)
+            extent = procs.extent
+        else:
+            futures = [runner.slice(**dict(procs.extent.point(r))).run.call_one(cell, name) for r in ranks]
+            future = _Gathered(procs.name, futures)
+            extent = Extent({"ranks": len(ranks)})
+        if not args.block:
+            self.shell.user_ns["_"] = future
+            return None
+        try:
+            values = future.get()
+        except ActorError as e:
+            self._cluster().flush_logs()
+            self._show_failures(runner.name, ranks, e)
+            raise ExecFailed(f"exec failed on rank(s) {format_ranks(_failed_ranks(ranks, e))} of "
+                             f"{procs.name}; tracebacks above") from None
+        except KeyboardInterrupt:
+            procs.interrupt()
+            print(f"monarch: interrupted exec on {procs.name}", file=sys.stderr)
+            raise
+        result = values if isinstance(values, ValueMesh) else ValueMesh(extent, values)
+        self._cluster().flush_logs()  # what the cell printed comes before its values
+        self._show_values(runner.name, ranks, list(result.values()))
+        self.shell.user_ns["_"] = result
+        return None
+
+    @staticmethod
+    def _show_values(mesh: str, ranks: list[int], values: list) -> None:
+        if all(v is None for v in values):
+            return
+        groups: dict[str, list[int]] = {}
+        for rank, value in zip(ranks, values):
+            if value is not None:
+                groups.setdefault(repr(value), []).append(rank)
+        for text, group in groups.items():
+            print(f"[{mesh} {format_ranks(group)}] {text}")
+
+    @staticmethod
+    def _show_failures(mesh: str, ranks: list[int], error: ActorError) -> None:
+        groups: dict[str, list[int]] = {}
+        for failure, rank in zip(error.failures, _failed_ranks(ranks, error)):
+            groups.setdefault(failure.traceback or repr(failure.exception), []).append(rank)
+        for text, group in groups.items():
+            print(f"[{mesh} {format_ranks(group)}] {text.rstrip()}", file=sys.stderr)
+
+
+def _failed_ranks(ranks: list[int], error: ActorError) -> list[int]:
+    """The proc ranks of an exec's failures (their points index the ranks it ran on)."""
+    return [ranks[f.point.rank] for f in error.failures]
+
+
+class _Gathered:
+    """Futures of single ranks seen as one: ``get()`` returns their values in order and
+    raises one :class:`ActorError` with every failed rank."""
+
+    def __init__(self, mesh: str, futures):
+        self.mesh = mesh
+        self.futures = futures
+
+    def get(self, timeout: float | None = None) -> list:
+        extent = Extent({"ranks": len(self.futures)})
+        values, failures = [], []
+        for i, future in enumerate(self.futures):
+            try:
+                values.append(future.get(timeout))
+            except ActorError as e:
+                values.append(None)
+                failures += [RemoteFailure(extent.point(i), f.exception, f.traceback) for f in e.failures]
+        if failures:
+            raise ActorError(self.mesh, "exec", failures, len(self.futures))
+        return values
