@@ -2,6 +2,8 @@
 
     monarch-nb run NOTEBOOK [-o OUT] [--timeout S]   execute a notebook headless
     monarch-nb cluster start|stop|list|status|recover [NAME]
+    monarch-nb logs [NAME] [MESH] [--ranks R] [--tail N] [--grep RE] [-f]
+    monarch-nb kernel install [--user | --sys-prefix | --prefix P]
     monarch-nb version
 """
 
@@ -17,16 +19,44 @@ from pathlib import Path
 from . import cluster_cli
 
 
+KERNELSPEC = Path(__file__).resolve().parent / "kernelspec" / "kernel.json"  # the `monarch` kernel
+
+
+def _kernelspec(kernel_dir: Path, name: str) -> None:
+    """Write the kernelspec ``name`` (``monarch`` or ``python3``) for this interpreter."""
+    if name == "monarch":
+        spec = json.loads(KERNELSPEC.read_text())
+    else:
+        spec = {"argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3", "language": "python"}
+    spec["argv"][0] = sys.executable
+    kernel_dir.mkdir(parents=True, exist_ok=True)
+    (kernel_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
+
+
 def _python3_kernelspec_dir() -> str:
-    """A Jupyter data dir whose ``python3`` kernel is this interpreter, so a notebook runs
-    with the packages of the environment ``monarch-nb`` is installed in."""
+    """A Jupyter data dir whose ``python3`` and ``monarch`` kernels are this
+    interpreter, so a notebook runs with the packages of the environment ``monarch-nb``
+    is installed in."""
     root = tempfile.mkdtemp(prefix="monarch-nb-kernels-")
-    spec = Path(root, "kernels", "python3")
-    spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3", "language": "python"}))
+    for name in ("python3", "monarch"):
+        _kernelspec(Path(root, "kernels", name), name)
     return root
+
+
+def install_kernel(user: bool = False, sys_prefix: bool = False, prefix: str | None = None) -> str:
+    """Install the ``monarch`` kernelspec (for this interpreter) with jupyter_client;
+    returns where. Default: into this environment when it is a virtualenv, else for the
+    user."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    if not (user or sys_prefix or prefix):
+        sys_prefix = sys.prefix != sys.base_prefix
+        user = not sys_prefix
+    with tempfile.TemporaryDirectory() as tmp:
+        _kernelspec(Path(tmp, "monarch"), "monarch")
+        return KernelSpecManager().install_kernel_spec(str(Path(tmp, "monarch")), "monarch", user=user,
+                                                       prefix=sys.prefix if sys_prefix else prefix)
 
 
 def run_notebook(path: str | Path, output: str | Path | None = None, timeout: float = 600.0) -> Path:
@@ -48,7 +78,8 @@ def run_notebook(path: str | Path, output: str | Path | None = None, timeout: fl
     nb = nbformat.read(path, as_version=4)
     previous = os.environ.get("JUPYTER_PATH")
     os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [_python3_kernelspec_dir(), previous]))
-    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+    kernel = nb.metadata.get("kernelspec", {}).get("name", "python3")
+    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name=kernel if kernel == "monarch" else "python3",
                                      resources={"metadata": {"path": str(path.parent.resolve())}})
     try:
         client.execute()
@@ -72,9 +103,22 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per cell")
     sub.add_parser("version", help="print the version")
     cluster_cli.add_parser(sub)
+    cluster_cli.add_logs_parser(sub)
+    kernel = sub.add_parser("kernel", help="install the monarch Jupyter kernel")
+    kernel_verbs = kernel.add_subparsers(dest="verb", required=True)
+    install = kernel_verbs.add_parser("install", help="install the kernelspec 'monarch' for this Python")
+    where = install.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="for the current user (~/.local/share/jupyter)")
+    where.add_argument("--sys-prefix", action="store_true", help="into this environment (the default in a venv)")
+    where.add_argument("--prefix", help="under this prefix (PREFIX/share/jupyter/kernels)")
     args = parser.parse_args(argv)
     if args.command == "cluster":
         return cluster_cli.run(args)
+    if args.command == "logs":
+        return cluster_cli.run_logs(args)
+    if args.command == "kernel":
+        print(f"installed kernelspec 'monarch' in {install_kernel(args.user, args.sys_prefix, args.prefix)}")
+        return 0
     if args.command == "version":
         from importlib.metadata import version
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from rich.console import Console
 
 from . import render
+
+FOLLOW_POLL_S = 0.5
 
 
 def add_parser(sub) -> None:
@@ -25,6 +28,50 @@ def add_parser(sub) -> None:
                        ("recover", "start a new hub that re-adopts a cluster whose hub died")):
         verbs.add_parser(verb, help=text).add_argument("name", nargs="?", default="default")
     verbs.add_parser("list", help="list clusters with hosts, procs, meshes, uptime and clients")
+
+
+def add_logs_parser(sub) -> None:
+    logs = sub.add_parser("logs", help="show lines from a cluster's log store")
+    logs.add_argument("name", nargs="?", default="default", help="cluster name")
+    logs.add_argument("mesh", nargs="?", help="an actor or proc mesh")
+    logs.add_argument("--ranks", default=None, help="e.g. 0-3,5")
+    logs.add_argument("--tail", type=int, default=100)
+    logs.add_argument("--grep", default=None, help="a regular expression")
+    logs.add_argument("--stream", choices=("stdout", "stderr"), default=None)
+    logs.add_argument("--no-fold", action="store_true", help="one line per rank, never folded")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines (Ctrl-C stops)")
+
+
+def run_logs(args: argparse.Namespace) -> int:
+    """``monarch-nb logs NAME [MESH]``: print (and follow) stored lines."""
+    from .client import discovery
+    from .client import logs
+    from .client.hub_client import HubClient
+    from .errors import MonarchNbError
+    from .mesh.ranks import parse_ranks
+
+    found = discovery.probe(args.name)
+    if found.state != "running":
+        print(f"monarch-nb logs: cluster {args.name!r} is not running: {found.reason or 'it does not exist'}",
+              file=sys.stderr)
+        return 1
+    hub = HubClient(found.info["cluster_id"], found.info["hub"])
+    try:
+        query = {"mesh": args.mesh, "ranks": parse_ranks(args.ranks) if args.ranks else None,
+                 "stream": args.stream, "grep": args.grep}
+        records = hub.request("logs_query", timeout=60.0, tail=args.tail, **query)["records"]
+        while True:
+            logs.print_sink(logs.fold_records(records, not args.no_fold))
+            if not args.follow:
+                return 0
+            last = records[-1][logs.SEQ] if records else 0
+            time.sleep(FOLLOW_POLL_S)  # polling the store until Ctrl-C
+            records = hub.request("logs_query", timeout=60.0, after_seq=last, **query)["records"]
+    except KeyboardInterrupt:
+        return 0
+    except (MonarchNbError, ValueError) as e:
+        print(f"monarch-nb logs: {e}", file=sys.stderr)
+        return 1
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
+import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -165,3 +168,33 @@ class NotAnActor:
     @endpoint
     def hi(self):
         return "hi"
+
+
+class Printer(Actor):
+    """Prints in the ways real code does: print, stderr, C-level writes, floods."""
+
+    @endpoint
+    def say(self, lines: list, stream: str = "stdout") -> int:
+        out = sys.stderr if stream == "stderr" else sys.stdout
+        for line in lines:
+            print(line, file=out)
+        return current_rank().rank
+
+    @endpoint
+    def numbered(self, n: int) -> int:
+        rank = current_rank().rank
+        for i in range(n):
+            print(f"r{rank} line {i}")
+        return n
+
+    @endpoint
+    def from_c(self, text: str) -> None:
+        libc = ctypes.CDLL(None)
+        libc.printf(b"%s\n", text.encode())
+        libc.fflush(None)
+
+    @endpoint
+    def print_then_die(self, n: int) -> None:
+        for i in range(n):
+            print(f"last words {i}")
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -112,6 +112,18 @@ class Folder:
         return self._pending[0].first + self.window if self._pending else None
 
 
+def fold_records(records: list[list], enabled: bool = True) -> list[Folded]:
+    """Store records (oldest first) as lines to show, identical text from several ranks
+    of a mesh folded into one wherever that keeps each rank's lines in order."""
+    folder = Folder(window=float("inf"))
+    folder.enabled = enabled
+    for record in records:
+        record = list(record)
+        record[ORIGIN] = None  # fold across cells and clients too
+        folder.add(record, 0.0)
+    return folder.take()
+
+
 def print_sink(lines: list[Folded]) -> None:
     """The default sink: this process's stdout/stderr, one prefixed line each."""
     for line in lines:

@@ -251,15 +251,7 @@ class MonarchMagics(Magics):
 
     @staticmethod
     def _show_records(records: list[list]) -> None:
-        """Print store records oldest first, identical lines of several ranks folded."""
-        folder = logs.Folder(window=float("inf"))
-        folder.enabled = logs.receiver().folder.enabled
-        for record in records:
-            record = list(record)
-            record[logs.ORIGIN] = None  # fold across cells too
-            folder.add(record, 0.0)
-        for line in folder.take():
-            print(line, file=sys.stderr if line.stream == "stderr" else sys.stdout)
+        logs.print_sink(logs.fold_records(records, logs.receiver().folder.enabled))
 
     def _interrupt(self, args, cell=None) -> None:
         procs = self._procs_of(args.mesh)

@@ -1,0 +1,140 @@
+"""Logs: every line of every proc reaches the hub's store (also C-level output and a
+dying proc's last words), attributed to mesh and rank; lines caused by a call come
+back to the caller, identical lines of several ranks folded, nothing dropped."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from monarch_nb.client import logs
+from monarch_nb.errors import InvalidRequest
+from monarch_nb.mesh.ranks import parse_ranks
+
+from conftest import wait_until
+from kernels import TESTS
+from sample_actors import Printer
+
+
+class Collected:
+    """A sink that keeps what the log receiver shows."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, lines):
+        with self.lock:
+            self.lines += [f"{line.stream}: {line}" for line in lines]
+
+
+@pytest.fixture
+def shown():
+    receiver = logs.receiver()
+    collected = Collected()
+    receiver.sink = collected
+    yield collected
+    receiver.sink = logs.print_sink
+
+
+@pytest.fixture(scope="module")
+def printers(procs4):
+    return procs4.spawn("printers", Printer)
+
+
+def test_lines_of_a_call_come_back_to_the_caller_folded_by_rank(cluster, printers, shown):
+    assert printers.say.call(["epoch 1 done", "42", "7"]).get().values() == [0, 1, 2, 3]
+    printers.slice(gpus=2).say.call_one(["only rank two"]).get()
+    printers.say.call(["uh oh"], stream="stderr").get()
+    assert cluster.flush_logs()
+    assert shown.lines[:3] == ["stdout: [printers 0-3] epoch 1 done", "stdout: [printers 0-3] 42",
+                               "stdout: [printers 0-3] 7"]
+    assert shown.lines[3:] == ["stdout: [printers 2] only rank two", "stderr: [printers 0-3] uh oh"]
+
+
+def test_lines_that_differ_are_never_merged_and_number_only_lines_are_kept(cluster, printers, shown):
+    for rank in range(4):
+        printers.slice(gpus=rank).say.call_one([str(rank), "same"]).get()
+    assert cluster.flush_logs()
+    numbers = [line for line in shown.lines if "same" not in line]
+    assert sorted(numbers) == [f"stdout: [printers {r}] {r}" for r in range(4)]
+    # Each rank printed its number first: "same" folds only as far as order allows.
+    same_ranks = [line.split("]")[0].split()[-1] for line in shown.lines if "same" in line]
+    assert sorted(r for part in same_ranks for r in parse_ranks(part)) == [0, 1, 2, 3]
+
+
+def test_folding_off_shows_one_line_per_rank(cluster, printers, shown):
+    logs.receiver().folder.enabled = False
+    try:
+        printers.say.call(["unfolded"]).get()
+        assert cluster.flush_logs()
+    finally:
+        logs.receiver().folder.enabled = True
+    assert sorted(shown.lines) == [f"stdout: [printers {r}] unfolded" for r in range(4)]
+
+
+def test_c_level_output_is_captured_and_attributed_to_the_proc(cluster, printers, procs4):
+    printers.slice(gpus=1).from_c.call_one("written by printf").get()
+    assert cluster.flush_logs()
+    [record] = cluster.logs(grep="written by printf")
+    assert (record["mesh"], record["rank"], record["stream"]) == (procs4.name, 1, "stdout")
+
+
+def test_eight_ranks_by_ten_thousand_lines_are_stored_complete_and_in_order(cluster, host, shown):
+    procs = host.spawn_procs(per_host={"gpus": 8}, name="flood")
+    try:
+        flood = procs.spawn("flooders", Printer)
+        assert flood.numbered.call(10_000).get().values() == [10_000] * 8
+        assert cluster.flush_logs(timeout=30)
+        records = cluster.logs(mesh="flooders")
+        assert len(records) == 80_000
+        for rank in range(8):
+            texts = [r["text"] for r in records if r["rank"] == rank]
+            assert texts == [f"r{rank} line {i}" for i in range(10_000)]
+        assert len(shown.lines) == 80_000  # every line came back to this client too
+    finally:
+        procs.stop()
+
+
+def test_a_proc_killed_mid_print_keeps_its_last_lines(cluster, host):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="doomed")
+    try:
+        procs.spawn("doomed", Printer).print_then_die.broadcast(500)
+        assert wait_until(lambda: len(cluster.logs(mesh="doomed", grep="last words")) == 500, 20)
+        assert cluster.logs(mesh="doomed", tail=1)[0]["text"] == "last words 499"
+    finally:
+        procs.stop()
+
+
+def test_queries_filter_by_mesh_rank_stream_pattern_and_tail(cluster, printers):
+    printers.say.call(["query me out"]).get()
+    printers.say.call(["query me err"], stream="stderr").get()
+    assert cluster.flush_logs()
+    assert sorted(r["rank"] for r in cluster.logs(mesh="printers", grep="^query me", ranks=[1, 3])) == [1, 1, 3, 3]
+    assert {r["text"] for r in cluster.logs(grep="query me", stream="stderr")} == {"query me err"}
+    assert len(cluster.logs(grep="query me", tail=3)) == 3
+    assert cluster.logs(grep="query me", since=-3600)
+    with pytest.raises(InvalidRequest, match="bad grep pattern"):
+        cluster.logs(grep="(")
+
+
+def test_lines_are_queryable_by_a_client_that_connects_later(cluster, printers):
+    printers.say.call(["for the next client"]).get()
+    assert cluster.flush_logs()
+    script = ("import monarch_nb.client.cluster as c, json, sys\n"
+              f"cl = c.Cluster({cluster.name!r}, c.Path({str(cluster.path)!r}), c.cluster_dir.read_info(c.Path({str(cluster.path)!r})))\n"
+              "print(json.dumps(sorted(r['rank'] for r in cl.logs(grep='for the next client'))))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=TESTS)
+    assert out.stdout.strip() == "[0, 1, 2, 3]", out.stderr
+
+
+def test_folder_keeps_each_ranks_order():
+    folder = logs.Folder(window=10)
+    for rank, text in [(1, "A"), (0, "B"), (0, "A"), (1, "B")]:
+        folder.add([0, 0, "h", "p/0", "stdout", "m", rank, None, text], 0.0)
+    shown = [str(line) for line in folder.take()]
+    # rank 0 printed B before A, so its A can't join rank 1's earlier A group.
+    assert shown == ["[m 1] A", "[m 0-1] B", "[m 0] A"]
