@@ -35,7 +35,7 @@ class LocalProcMesh(ProcMesh):
     def __reduce__(self):
         raise TypeError("this_proc() of a client can't be sent to other processes")
 
-    def _spawn_request(self, name, class_name, endpoints, methods, body, buffers, replace) -> dict:
+    def _spawn_request(self, name, class_name, endpoints, methods, body, buffers, replace, main_thread) -> dict:
         header = {"op": "spawn_actor", "mesh": name, "rank": 0, "extent": {}}
         reply = local_mailbox().request(self._server.address, self._cluster_id, header, body, buffers)
         if not reply.header["ok"]:

@@ -66,7 +66,7 @@ class ProcMesh(MeshHandle):
         body, buffers = serialize.dumps((actor_class, args, kwargs),
                                         f"{actor_class.__name__} or its constructor arguments")
         reply = self._spawn_request(name, class_name, endpoints, methods, body, [b.raw() for b in buffers],
-                                    replace)
+                                    replace, main_thread=getattr(actor_class, "_monarch_main_thread", False))
         if "failures" in reply:
             failures = []
             for rank, packed in sorted(reply["failures"].items()):
@@ -76,11 +76,11 @@ class ProcMesh(MeshHandle):
         return ActorMesh(self._cluster_id, self._hub_address, name, class_name, endpoints, methods,
                          Shape(Extent(reply["extent"])), reply["addresses"])
 
-    def _spawn_request(self, name, class_name, endpoints, methods, body, buffers, replace) -> dict:
+    def _spawn_request(self, name, class_name, endpoints, methods, body, buffers, replace, main_thread) -> dict:
         return self._hub().request(
             "spawn_actors", body, buffers, timeout=None, name=name, proc_mesh=self._name,
             proc_ranks=self._shape.base_ranks(), extent=dict(self.extent), class_name=class_name,
-            endpoints=endpoints, methods=methods, replace=replace, o=logs.origin())
+            endpoints=endpoints, methods=methods, replace=replace, o=logs.origin(), main_thread=main_thread)
 
     def interrupt(self, timeout: float = 5.0) -> None:
         """Raise ``KeyboardInterrupt`` in every endpoint running in this mesh's procs (or

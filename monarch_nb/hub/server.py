@@ -367,7 +367,8 @@ class Hub:
         payload_id = f"a{self._mesh_counter}"
         replies = await asyncio.gather(*(
             self.net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
-                                                       "extent": header["extent"], "o": header.get("o")},
+                                                       "extent": header["extent"], "o": header.get("o"),
+                                                       "main_thread": header.get("main_thread", False)},
                              body, buffers)
             for i, r in enumerate(header["proc_ranks"])))
         addresses = [r.header["address"] for r in replies]

@@ -37,12 +37,33 @@ class CellLogs:
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
         self.shell.events.register("post_run_cell", self.post_run_cell)
         logs.receiver().sink = self.sink
+        # The cell's result (Out[n]) is published while the cell runs, before
+        # post_run_cell: fetch the lines first so they show above it, in order.
+        hook = self.shell.displayhook
+        base = type(hook)
+        flush = self.flush
+
+        def call(self, result=None):
+            if result is not None:
+                flush()
+            return base.__call__(self, result)
+
+        hook.__class__ = type(f"Flushing{base.__name__}", (base,), {"__call__": call, "_monarch_base": base})
 
     def unregister(self) -> None:
         self.shell.events.unregister("pre_run_cell", self.pre_run_cell)
         self.shell.events.unregister("post_run_cell", self.post_run_cell)
+        hook = self.shell.displayhook
+        hook.__class__ = getattr(hook, "_monarch_base", type(hook))
         logs.receiver().sink = logs.print_sink
         logs.set_cell("")
+
+    def flush(self) -> None:
+        """Show every line the calls made so far in this cell caused."""
+        cluster = cluster_mod._default
+        if logs.touched and cluster is not None and not cluster._stopped:
+            logs.touched = False
+            cluster.flush_logs(timeout=5.0)
 
     def pre_run_cell(self, info=None) -> None:
         kernel = getattr(self.shell, "kernel", None)
@@ -59,9 +80,7 @@ class CellLogs:
 
     def post_run_cell(self, result=None) -> None:
         """Show every line the cell's calls caused before the cell completes."""
-        cluster = cluster_mod._default
-        if logs.touched and cluster is not None and not cluster._stopped:
-            cluster.flush_logs(timeout=5.0)
+        self.flush()
         hidden = self.hidden.pop(self.current, None)
         if hidden:
             meshes = " ".join(sorted(hidden))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import signal
+import threading
 from pathlib import Path
 
 from .. import cluster_dir, lifeline
@@ -28,13 +30,29 @@ def main() -> None:
     wire_frames.register_key(cluster_id, cluster_dir.key_of(info))
 
     stdio.install()
-    server = ProcServer(cluster_id, args.proc_id)
-    # SIGINT (`%monarch interrupt`, Ctrl-C in the notebook) interrupts the endpoints
-    # running in actor threads; the proc itself carries on.
+    # The control loop runs on a thread; the main thread runs what must run there (the
+    # `%%monarch exec` actor, so that SIGINT can interrupt even its blocking calls).
+    main_work: queue.Queue = queue.Queue()
+    server = ProcServer(cluster_id, args.proc_id, main_work)
     signal.signal(signal.SIGINT, lambda *_: server.interrupt())
     server.outbox.send(args.agent, wire_frames.encode(
         cluster_id, {"op": "proc_ready", "proc_id": args.proc_id, "address": server.address, "pid": os.getpid()}))
-    server.serve()
+
+    def control() -> None:
+        try:
+            server.serve()
+        finally:
+            main_work.put(None)
+
+    threading.Thread(target=control, name="monarch-nb-control", daemon=True).start()
+    while True:
+        try:
+            job = main_work.get()
+            if job is None:
+                break
+            job()
+        except KeyboardInterrupt:
+            continue  # an interrupt that came between two messages
     # Actor threads may be busy in user code; exit without waiting for them.
     stdio.flush_all()
     os._exit(0)

@@ -49,7 +49,8 @@ class ActorThread:
     """Runs one actor: constructs it, then serves its inbox until stopped."""
 
     def __init__(self, cluster_id: str, mesh_name: str, point: Point, proc_id: str,
-                 spawn: wire_frames.Message, reply_to: tuple[str, int], outbox: sockets.Outbox):
+                 spawn: wire_frames.Message, reply_to: tuple[str, int], outbox: sockets.Outbox,
+                 main_thread: bool = False):
         self.cluster_id = cluster_id
         self.mesh_name = mesh_name
         self.point = point
@@ -60,15 +61,27 @@ class ActorThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.address: str | None = None
         self.busy = False  # handling a message (an interrupt is delivered only then)
-        self.thread = threading.Thread(target=self._run, name=f"actor-{mesh_name}-{point.rank}", daemon=True)
+        # An actor on the proc's main thread (``%%monarch exec``) can be interrupted even
+        # in a blocking call such as time.sleep: SIGINT interrupts the main thread only.
+        self.thread = (threading.main_thread() if main_thread else
+                       threading.Thread(target=self._run, name=f"actor-{mesh_name}-{point.rank}", daemon=True))
+
+    @property
+    def on_main_thread(self) -> bool:
+        return self.thread is threading.main_thread()
 
     def start(self) -> None:
-        self.thread.start()
+        """Run the actor on its own thread (one on the main thread is run by the proc)."""
+        if not self.on_main_thread:
+            self.thread.start()
 
-    def interrupt(self) -> bool:
-        """Raise ``KeyboardInterrupt`` in the endpoint this actor is running, if any (it
-        lands at the next Python bytecode; a blocking C call finishes first)."""
-        if not self.busy or self.thread.ident is None:
+    def run(self) -> None:
+        self._run()
+
+    def interrupt_thread(self) -> bool:
+        """Raise ``KeyboardInterrupt`` in the endpoint this thread actor is running, if
+        any. It lands at the next Python bytecode: a blocking C call finishes first."""
+        if not self.busy or self.on_main_thread or self.thread.ident is None:
             return False
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident),
                                                    ctypes.py_object(KeyboardInterrupt))
@@ -118,12 +131,8 @@ class ActorThread:
                 send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank)
                 return
             set_call_origin(header.get("o"))
-            self.busy = True
-            try:
-                self._handle(instance, header["ep"], message, reply_to)
-            finally:
-                self.busy = False
-                set_call_origin(None)
+            self._handle(instance, header["ep"], message, reply_to)
+            set_call_origin(None)
 
     def _handle(self, instance, name: str, message: wire_frames.Message, reply_to) -> None:
         try:
@@ -131,11 +140,15 @@ class ActorThread:
             if not is_endpoint(method):
                 raise AttributeError(f"{type(instance).__name__}.{name} is not an endpoint")
             args, kwargs = message.value()
-            result = method(*args, **kwargs)
-            if inspect.isawaitable(result):
-                if self._loop is None:
-                    self._loop = asyncio.new_event_loop()
-                result = self._loop.run_until_complete(result)
+            self.busy = True  # interrupts land only while user code runs
+            try:
+                result = method(*args, **kwargs)
+                if inspect.isawaitable(result):
+                    if self._loop is None:
+                        self._loop = asyncio.new_event_loop()
+                    result = self._loop.run_until_complete(result)
+            finally:
+                self.busy = False
         except BaseException as e:  # noqa: BLE001 - every failure goes to the caller
             if reply_to is None:
                 print(f"[{self.mesh_name} {self.point}] broadcast {name} raised:", file=sys.stderr)

@@ -12,7 +12,11 @@ _namespace: dict = {"__name__": "__monarch_exec__"}
 
 class Exec(Actor):
     """``run(code)`` executes ``code`` like a notebook cell: statements run in order and
-    the value of a final expression is returned (``None`` when there is none)."""
+    the value of a final expression is returned (``None`` when there is none). It runs
+    on the proc's main thread, so an interrupt stops even a blocking call like
+    ``time.sleep``."""
+
+    _monarch_main_thread = True
 
     @endpoint
     def run(self, code: str, cell_name: str = "<monarch exec>"):

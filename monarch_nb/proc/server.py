@@ -7,6 +7,8 @@ pass through here: each actor has its own socket (see ``actor_loop``).
 from __future__ import annotations
 
 import os
+import queue
+import signal
 
 from ..mesh import Extent
 from ..wire import frames as wire_frames
@@ -17,16 +19,25 @@ from .actor_loop import ActorThread, send_reply
 class ProcServer:
     """Serves one proc's control inbox until told to exit."""
 
-    def __init__(self, cluster_id: str, proc_id: str):
+    def __init__(self, cluster_id: str, proc_id: str, main_work: queue.Queue | None = None):
         self.cluster_id = cluster_id
         self.proc_id = proc_id
+        self.main_work = main_work  # where actors that run on the main thread go (None: nowhere)
         self.outbox = sockets.Outbox()
         self.inbox, self.address = sockets.bind_inbox()
         self.actors: dict[str, ActorThread] = {}
 
-    def interrupt(self) -> list[str]:
-        """KeyboardInterrupt into every actor busy with a message; returns their meshes."""
-        return [name for name, actor in list(self.actors.items()) if actor.interrupt()]
+    def interrupt(self) -> None:
+        """SIGINT handler (main thread): KeyboardInterrupt into every actor busy with a
+        message, the one running on this main thread last (by raising it here)."""
+        on_main = None
+        for actor in list(self.actors.values()):
+            if actor.on_main_thread:
+                on_main = actor
+            else:
+                actor.interrupt_thread()
+        if on_main is not None and on_main.busy:
+            raise KeyboardInterrupt
 
     def serve(self) -> None:
         while True:
@@ -47,10 +58,14 @@ class ProcServer:
         if op == "spawn_actor":
             extent = Extent(header["extent"])
             point = extent.point(header["rank"])
+            main = bool(header.get("main_thread")) and self.main_work is not None and not any(
+                a.on_main_thread for a in self.actors.values())
             actor = ActorThread(self.cluster_id, header["mesh"], point, self.proc_id, message,
-                                (header["reply"], header["port"]), self.outbox)
+                                (header["reply"], header["port"]), self.outbox, main_thread=main)
             self.actors[header["mesh"]] = actor
-            actor.start()  # the actor thread replies once constructed
+            if main:
+                self.main_work.put(actor.run)
+            actor.start()  # the actor replies once constructed
         elif op in ("stop_actor", "stop_actors"):  # stop_actors: this_proc() acting as its own hub
             actor = self.actors.pop(header.get("mesh") or header.get("name"), None)
             if actor is not None and actor.address is not None and actor.thread.is_alive():
@@ -58,7 +73,7 @@ class ProcServer:
                 self.outbox.send(actor.address, wire_frames.encode(self.cluster_id, {"k": "stop"}))
             self._reply(header)
         elif op == "interrupt":
-            self.interrupt()
+            os.kill(os.getpid(), signal.SIGINT)  # handled on the main thread: see interrupt()
             self._reply(header)
         elif op == "ping":
             self._reply(header, {"pid": os.getpid(), "actors": sorted(self.actors)})

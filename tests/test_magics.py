@@ -1,0 +1,187 @@
+"""The monarch kernel and %monarch magics, in real kernels: output under the right
+cell, %%monarch exec, usage errors, interrupts, logs after a restart."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from monarch_nb import cluster_dir
+
+from conftest import cluster_processes, wait_until
+from kernels import CellError, Kernel
+
+TALKER = textwrap.dedent("""
+    import time
+    from monarch_nb.actor import Actor, endpoint, current_rank
+
+    class Talker(Actor):
+        @endpoint
+        def talk(self, n):
+            for i in range(n):
+                print(f"step {i}")
+            print("rank", current_rank().rank)
+            return current_rank().rank
+
+        @endpoint
+        def slow(self, seconds):
+            print("first")
+            time.sleep(seconds)
+            print("second")
+
+        @endpoint
+        def later(self, seconds):
+            time.sleep(seconds)
+            print("printed later")
+
+        @endpoint
+        def spin(self, seconds):  # like a training loop: Python code between short waits
+            end = time.time() + seconds
+            while time.time() < end:
+                time.sleep(0.01)
+
+        @endpoint
+        def flood(self, n):
+            for i in range(n):
+                print(f"flood {i}")
+""")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "monarch_nb.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """A monarch kernel started while the retained cluster `default` runs."""
+    assert _cli("cluster", "start", "default").returncode == 0
+    k = Kernel("monarch")
+    yield k
+    k.shutdown()
+    _cli("cluster", "stop", "default")
+    path = cluster_dir.cluster_path("default")
+    assert wait_until(lambda: not cluster_processes(path), 15)
+    assert not path.exists()
+
+
+@pytest.fixture(scope="module")
+def talkers(kernel):
+    first = kernel.run("1 + 1")
+    assert "monarch: connected to cluster 'default'" in first
+    out = kernel.run("%monarch procs workers --per-host gpus=4\n" + TALKER + "%monarch spawn talkers Talker")
+    assert "talkers = <ActorMesh 'talkers'" in out
+    return "talkers"
+
+
+def test_call_output_is_shown_under_the_calling_cell_prefixed_and_folded(kernel, talkers):
+    out = kernel.run("talkers.talk.call(2).get()")
+    lines = out.splitlines()
+    assert lines[:2] == ["[talkers 0-3] step 0", "[talkers 0-3] step 1"]
+    assert sorted(lines[2:6]) == [f"[talkers {r}] rank {r}" for r in range(4)]
+    assert "ValueMesh" in out  # then the cell's result
+
+
+def test_output_streams_while_the_cell_is_still_running(kernel, talkers):
+    msg_id = kernel.execute("talkers.slow.call(3).get()")
+    assert kernel.wait_for(lambda: "[talkers 0-3] first" in kernel.text(msg_id), 20)
+    assert "second" not in kernel.text(msg_id)  # the cell is still waiting on the call
+    assert kernel.finish(msg_id)["status"] == "ok"
+    assert "[talkers 0-3] second" in kernel.text(msg_id)
+
+
+def test_output_of_a_finished_cell_lands_under_that_cell(kernel, talkers):
+    early = kernel.execute("talkers.later.broadcast(1.0)")
+    assert kernel.finish(early)["status"] == "ok"
+    busy = kernel.execute("import time\ntime.sleep(3)")
+    assert kernel.wait_for(lambda: "[talkers 0-3] printed later" in kernel.text(early), 20)
+    kernel.finish(busy)
+    assert "printed later" not in kernel.text(busy)
+
+
+def test_a_flood_is_capped_in_the_cell_and_kept_in_the_store(kernel, talkers):
+    msg_id = kernel.execute("talkers.slice(gpus=0).flood.call_one(3000).get()")
+    assert kernel.finish(msg_id)["status"] == "ok"
+    shown = [line for line in kernel.text(msg_id).splitlines() if "flood" in line]
+    assert shown == [f"[talkers 0] flood {i}" for i in range(1000)]
+    assert "2000 more lines from talkers are not shown here" in kernel.text(msg_id, "stderr")
+    stored = kernel.run("import monarch_nb\nprint(len(monarch_nb.connect().logs(mesh='talkers', grep='^flood ')))")
+    assert stored.strip() == "3000"
+
+
+def test_exec_runs_the_cell_in_every_proc_with_a_persistent_namespace(kernel, talkers):
+    out = kernel.run("%%monarch exec workers\nimport os\nvalue = 6 * 7\nprint('hello', value)\nvalue")
+    assert out.splitlines() == ["[workers.exec 0-3] hello 42", "[workers.exec 0-3] 42"]
+    assert kernel.run("print(type(_).__name__, list(_.values()))").strip() == "ValueMesh [42, 42, 42, 42]"
+    out = kernel.run("%%monarch exec workers --ranks 1,3\nvalue + int(os.environ.get('X', 1))")
+    assert out.splitlines() == ["[workers.exec 1,3] 43"]
+    out = kernel.run("%%monarch exec talkers\nos.getpid()")  # an actor mesh: the procs under it
+    assert len(out.splitlines()) == 4
+
+
+def test_exec_failure_shows_each_ranks_traceback_and_fails_the_cell(kernel, talkers):
+    msg_id = kernel.execute("%%monarch exec workers\nfrom monarch_nb.actor import current_rank\n"
+                            "if current_rank().rank % 2:\n    raise ValueError('odd rank')\n'fine'")
+    reply = kernel.finish(msg_id)
+    assert reply["status"] == "error" and reply["ename"] == "ExecFailed"
+    assert "exec failed on rank(s) 1,3 of workers" in reply["evalue"]
+    err = kernel.text(msg_id, "stderr")
+    assert err.startswith("[workers.exec 1,3] Traceback") and "ValueError: odd rank" in err
+    assert kernel.run("%%monarch exec workers\nvalue").splitlines() == ["[workers.exec 0-3] 42"]
+
+
+def test_kernel_interrupt_during_exec_interrupts_the_ranks_and_returns_the_prompt(kernel, talkers):
+    msg_id = kernel.execute("%%monarch exec workers\nimport time\nprint('sleeping')\ntime.sleep(60)")
+    assert kernel.wait_for(lambda: "sleeping" in kernel.text(msg_id), 20)
+    kernel.km.interrupt_kernel()
+    reply = kernel.finish(msg_id, timeout=20)
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+    # The ranks were interrupted too: they answer at once.
+    assert kernel.run("%%monarch exec workers\n'awake'", timeout=20).splitlines() == ["[workers.exec 0-3] 'awake'"]
+
+
+def test_interrupt_magic_stops_a_running_endpoint(kernel, talkers):
+    kernel.run("fut = talkers.spin.call(60)")
+    kernel.run("%monarch interrupt talkers")
+    out = kernel.run("try:\n    fut.get(timeout=20)\nexcept Exception as e:\n"
+                     "    print(type(e).__name__, type(e.exception).__name__, len(e.failures))")
+    assert out.strip().endswith("ActorError KeyboardInterrupt 4")
+
+
+@pytest.mark.parametrize("line, message", [
+    ("%monarch logs nosuch --ranks 0-", "bad rank spec '0-'"),
+    ("%monarch interrupt nosuch", "no mesh 'nosuch'"),
+    ("%monarch spawn x NoSuchClass --procs workers", "class 'NoSuchClass' is not defined"),
+    ("%monarch procs p --per-host gpus", "write LABEL=SIZE"),
+    ("%monarch frobnicate", "invalid choice: 'frobnicate'"),
+    ("%monarch exec workers", "exec is a cell magic"),
+])
+def test_mistakes_raise_a_one_line_usage_error(kernel, talkers, line, message):
+    with pytest.raises(CellError) as info:
+        kernel.run(line)
+    assert info.value.ename == "UsageError" and message in info.value.evalue
+    assert "\n" not in info.value.evalue
+
+
+def test_not_connected_is_a_usage_error_in_a_stock_kernel():
+    plain = Kernel("python3", env={"MONARCH_NB_CLUSTER": "none"})
+    try:
+        with pytest.raises(CellError) as info:
+            plain.run("%load_ext monarch_nb\n%monarch status")
+        assert info.value.ename == "UsageError" and "not connected to a cluster" in info.value.evalue
+    finally:
+        plain.shutdown()
+
+
+def test_logs_from_before_a_kernel_restart_are_queryable_after_it(kernel, talkers):
+    kernel.run("talkers.talk.call(1).get()")
+    kernel.restart()
+    out = kernel.run("%monarch logs talkers --grep '^rank' --tail 4")
+    assert "monarch: connected to cluster 'default'" in out  # reconnected at start
+    assert sorted(line for line in out.splitlines() if line.startswith("[")) == [
+        f"[talkers {r}] rank {r}" for r in range(4)]
+    out = kernel.run("import monarch_nb\nmonarch_nb.connect().actor_meshes['talkers'].talk.call(0).get()")
+    assert "ValueMesh" in out
