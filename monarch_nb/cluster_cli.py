@@ -8,7 +8,7 @@ import time
 
 from rich.console import Console
 
-from . import render
+from . import cluster_dir, render
 
 FOLLOW_POLL_S = 0.5
 
@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
             if found.state == "running":
                 cluster_mod.Cluster(args.name, found.path, found.info).stop()
             else:
-                discovery.remove_stale(found.path)
+                with cluster_dir.locked(args.name):
+                    discovery.remove_stale(found.path)
             console.print(f"cluster [bold]{args.name}[/] stopped")
         elif args.verb == "status":
             found = discovery.probe(args.name)
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                 return 1
             for part in render.status(found.hub_info):
                 console.print(part)
-    except MonarchNbError as e:
+    except (MonarchNbError, ValueError, TypeError) as e:
         console.print(f"[red]monarch-nb cluster {args.verb}: {e}[/]")
         return 1
     return 0

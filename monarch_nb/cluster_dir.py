@@ -7,8 +7,11 @@ the signing key, mode 0600). Files are written atomically (temp file + rename).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -23,10 +26,34 @@ def clusters_root() -> Path:
     return home() / "clusters"
 
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
 def cluster_path(name: str) -> Path:
-    if not name or "/" in name or name.startswith("."):
-        raise ValueError(f"cluster name {name!r} must be a non-empty name without '/'")
+    """The directory of cluster ``name``. Raises ``ValueError`` for a name that is not
+    1-64 letters, digits, ``_``, ``.`` or ``-`` starting with a letter or digit."""
+    if not isinstance(name, str):
+        raise TypeError(f"a cluster name is a string, not {type(name).__name__}")
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"bad cluster name {name!r}: use 1-64 letters, digits, '_', '.' or '-', "
+                         "starting with a letter or digit (e.g. 'default', 'exp-1')")
     return clusters_root() / name
+
+
+@contextlib.contextmanager
+def locked(name: str):
+    """Hold the lock of cluster ``name`` (a file beside its directory, so that removing
+    the directory keeps it): starting, recovering and clearing a cluster take it, so
+    two clients doing so at once never make two hubs or delete a starting cluster."""
+    root = clusters_root()
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cluster_path(name)  # validate
+    fd = os.open(root / f".{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def create(name: str) -> tuple[Path, dict]:

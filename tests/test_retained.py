@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +19,7 @@ import psutil
 import pytest
 
 import monarch_nb
+import monarch_nb.actor
 from monarch_nb import cluster_dir
 from monarch_nb.client import cluster as cluster_mod
 from monarch_nb.actor import this_host
@@ -305,13 +308,61 @@ def test_cli_starts_lists_shows_and_stops_a_cluster(clusters):
     assert missing.returncode == 1 and "not running" in missing.stdout
 
 
-def test_two_clients_starting_one_name_at_once_share_one_cluster(clusters):
+def test_clients_starting_one_name_at_once_share_one_cluster(clusters):
     clusters.append("race")
     script = "import monarch_nb; c = monarch_nb.Cluster.start('race'); print(c._info['cluster_id'], c._info['hub_pid'])"
-    starters = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-                for _ in range(2)]
-    outputs = [p.communicate(timeout=120)[0].split() for p in starters]
-    assert all(p.returncode == 0 for p in starters)
-    assert outputs[0] == outputs[1]
+    starters = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True) for _ in range(4)]
+    outputs = [p.communicate(timeout=120) for p in starters]
+    assert [p.returncode for p in starters] == [0] * 4, [err for _, err in outputs]
+    assert len({out for out, _ in outputs}) == 1
     hubs = [p for p in cluster_processes(cluster_dir.cluster_path("race")) if "monarch_nb.hub" in p.cmdline()]
-    assert [h.pid for h in hubs] == [int(outputs[0][1])]
+    assert [h.pid for h in hubs] == [int(outputs[0][0].split()[1])]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"name": ""}, "bad cluster name ''"),
+    ({"name": "a/b"}, "bad cluster name 'a/b'"),
+    ({"name": ".hidden"}, "starting with a letter or digit"),
+    ({"name": "x" * 65}, "1-64 letters"),
+    ({"name": "ephemeral-x"}, "kept for scripts' ephemeral clusters"),
+    ({"name": "ok", "hosts": 0}, "at least 1 host"),
+    ({"name": "ok", "idle_timeout": -1}, "idle_timeout=-1"),
+    ({"name": "ok", "grace_s": 0}, "grace_s=0"),
+])
+def test_bad_start_arguments_are_refused_before_anything_starts(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        monarch_nb.Cluster.start(**kwargs)
+    assert not [c for c in monarch_nb.list_clusters() if c["name"] == kwargs["name"]]
+    assert not cluster_dir.clusters_root().joinpath("ok").exists()
+
+
+def test_cli_reports_a_bad_name_in_one_line():
+    out = _cli("cluster", "stop", "a/b")
+    assert out.returncode == 1 and "bad cluster name 'a/b'" in out.stdout and "Traceback" not in out.stderr
+
+
+def test_requests_to_a_dead_hub_fail_within_seconds_not_at_timeout(clusters):
+    clusters.append("fastfail")
+    cluster = monarch_nb.Cluster.start("fastfail", grace_s=30)
+    procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}, name="p")
+    os.kill(cluster._info["hub_pid"], signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(monarch_nb.actor.ClusterError, match="hub of cluster 'fastfail' is gone.*recover"):
+        procs.spawn("c", Counter)
+    assert time.monotonic() - started < 10  # the request's own timeout is unlimited
+    recovered = monarch_nb.Cluster.recover("fastfail")
+    assert _state(procs.spawn("c", Counter, 5)) == [5]  # the same handle works again
+    recovered.stop()
+
+
+def test_hub_repairs_a_damaged_cluster_json_and_stops_when_its_directory_goes(clusters):
+    clusters.append("selfheal")
+    cluster = monarch_nb.Cluster.start("selfheal")
+    good = (cluster.path / "cluster.json").read_text()
+    (cluster.path / "cluster.json").write_text("{not json")
+    assert wait_until(lambda: (cluster.path / "cluster.json").read_text() == good, 10)
+    assert monarch_nb.connect("selfheal").info()["name"] == "selfheal"
+    everything = [p.pid for p in cluster_processes(cluster.path)]
+    shutil.rmtree(cluster.path)
+    assert wait_until(lambda: not pids_alive(everything), 15)

@@ -32,7 +32,7 @@ from ..hub.logstore import FIELDS as LOG_FIELDS
 from . import discovery, logs
 from .actor_mesh import ActorMesh
 from .host_mesh import HostMesh
-from .hub_client import HubClient
+from .hub_client import HubClient, watch_hub
 from .launch import launch_hub
 from .presence import Presence
 from .proc_mesh import ProcMesh
@@ -55,8 +55,25 @@ class Cluster:
         self._hub_process = hub_process  # set for an ephemeral cluster: the hub is our child
         wire_frames.register_key(info["cluster_id"], cluster_dir.key_of(info))
         self.hub = HubClient(info["cluster_id"], info["hub"])
+        watch_hub(info["hub"], self._check_hub)
         self._presence: Presence | None = None
         self._stopped = False
+
+    def _check_hub(self) -> None:
+        """Raise :class:`ClusterError` when this cluster's hub is known dead (checked on
+        this machine), so that requests to it fail in about a second, not at timeout."""
+        problem = discovery.hub_process_problem(self._info)
+        if not problem:
+            return
+        try:  # recovered meanwhile, at the same address?
+            current = cluster_dir.read_info(self.path)
+            if current.get("hub") == self._info["hub"] and not discovery.hub_process_problem(current):
+                self._info = current
+                return
+        except (OSError, ValueError):
+            pass
+        raise ClusterError(f"the hub of cluster {self.name!r} is gone: {problem}; recover it with "
+                           f"monarch_nb.Cluster.recover({self.name!r}) or `monarch-nb cluster recover {self.name}`")
 
     # starting and connecting -------------------------------------------------------
     @classmethod
@@ -71,56 +88,63 @@ class Cluster:
         ``grace_s`` seconds, waiting for :meth:`recover`.
 
         Starting a name that is already running connects to it (so re-running the cell
-        works) unless a different ``hosts`` was asked for, which raises :class:`InvalidRequest`. A stale
-        directory of that name (hub dead) is recovered when its host agents are still
-        alive, else cleared first. Raises ``ValueError`` for a bad name and
-        :class:`ClusterError` when the hub does not come up."""
-        if name.startswith(discovery.EPHEMERAL_PREFIX):
-            raise ValueError(f"cluster names starting with {discovery.EPHEMERAL_PREFIX!r} are kept for "
-                             "scripts' ephemeral clusters; choose another name")
-        found = discovery.wait_until_started(name)
-        if found.state == "running":
-            running_hosts = len(found.hub_info["hosts"])
-            if hosts is not None and running_hosts != hosts:
-                raise InvalidRequest(
-                    f"cluster {name!r} is already running with {running_hosts} host(s), not {hosts}; use "
-                    f"monarch_nb.connect({name!r}), or stop it first (monarch_nb.connect({name!r}).stop())")
-            return connect(name)
-        if found.state == "stale":
-            if discovery.leftover_agents(found.path):
-                return cls.recover(name)
-            discovery.remove_stale(found.path)
-        try:
+        works) unless a different ``hosts`` was asked for, which raises
+        :class:`InvalidRequest`; several clients starting one name at once share one
+        cluster. A stale directory of that name (hub dead) is recovered when its host
+        agents are still alive, else cleared first. Raises ``ValueError`` for a bad
+        name or argument and :class:`ClusterError` when the hub does not come up."""
+        _check_start_args(name, hosts, grace_s, idle_timeout)
+        with cluster_dir.locked(name):
+            found = discovery.probe(name)
+            if found.state == "running":
+                running_hosts = len(found.hub_info["hosts"])
+                if hosts is not None and running_hosts != hosts:
+                    raise InvalidRequest(
+                        f"cluster {name!r} is already running with {running_hosts} host(s), not {hosts}; use "
+                        f"monarch_nb.connect({name!r}), or stop it first (monarch_nb.connect({name!r}).stop())")
+                return cls(name, found.path, found.info)._attach()
+            if found.state in ("stale", "starting"):
+                if found.info.get("hub_pid") and not discovery.hub_process_problem(found.info):
+                    raise ClusterError(
+                        f"cluster {name!r}: its hub (pid {found.info['hub_pid']}) is running but does not "
+                        f"answer; try again, or end it with `monarch-nb cluster stop {name}`")
+                if discovery.leftover_agents(found.path) and (found.path / "state.json").exists():
+                    return cls._recover(found)
+                discovery.remove_stale(found.path)
             path, info = cluster_dir.create(name)
-        except FileExistsError:  # another client is starting it this very moment
-            return cls.start(name, hosts, grace_s, idle_timeout)
-        try:
-            launch_hub(path, hosts=hosts or 1, grace_s=grace_s, idle_timeout=idle_timeout)
-        except ClusterError:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
-        return cls(name, path, cluster_dir.read_info(path))._attach()
+            try:
+                launch_hub(path, hosts=hosts or 1, grace_s=grace_s, idle_timeout=idle_timeout)
+            except BaseException:  # also KeyboardInterrupt: the hub stops when the pipe breaks
+                shutil.rmtree(path, ignore_errors=True)
+                raise
+            return cls(name, path, cluster_dir.read_info(path))._attach()
 
     @classmethod
     def recover(cls, name: str = DEFAULT_NAME) -> "Cluster":
         """Start a new hub for the retained cluster ``name`` whose hub died, re-adopting
         its host agents, procs and meshes from the state file (actor state is intact:
         the procs never stopped). Must happen within the cluster's grace period
-        (``grace_s`` of :meth:`start`) after the hub's death.
+        (``grace_s`` of :meth:`start`) after the hub's death. A hub that still runs but
+        does not answer is killed first.
 
         Raises :class:`ClusterNotFound` when there is nothing to recover, and
         :class:`InvalidRequest` when the cluster is running."""
-        found = discovery.probe(name)
-        if found.state == "running":
-            raise InvalidRequest(f"cluster {name!r} is running; nothing to recover. "
-                                 f"Use monarch_nb.connect({name!r})")
-        if found.state == "missing" or not (found.path / "state.json").exists() or "hub" not in found.info:
-            raise ClusterNotFound(f"cluster {name!r} has no state to recover" + _running_hint())
+        with cluster_dir.locked(name):
+            found = discovery.probe(name)
+            if found.state == "running":
+                raise InvalidRequest(f"cluster {name!r} is running; nothing to recover. "
+                                     f"Use monarch_nb.connect({name!r})")
+            if found.state == "missing" or not (found.path / "state.json").exists() or "hub" not in found.info:
+                raise ClusterNotFound(f"cluster {name!r} has no state to recover" + _running_hint())
+            discovery.kill_unresponsive_hub(found.info)
+            return cls._recover(found)
+
+    @classmethod
+    def _recover(cls, found: discovery.Probe) -> "Cluster":
         old = found.info
-        discovery.kill_unresponsive_hub(old)
         launch_hub(found.path, hosts=old.get("hosts", 1), grace_s=old.get("grace_s", DEFAULT_GRACE_S),
                    idle_timeout=old.get("idle_timeout"), recover=True)
-        return cls(name, found.path, cluster_dir.read_info(found.path))._attach()
+        return cls(found.name, found.path, cluster_dir.read_info(found.path))._attach()
 
     @classmethod
     def start_ephemeral(cls, hosts: int = 1, grace_s: float = 2.0) -> "Cluster":
@@ -246,6 +270,19 @@ class Cluster:
         return f"<Cluster {self.name!r} ({kind}) hub={self._info['hub']}>"
 
 
+def _check_start_args(name, hosts, grace_s, idle_timeout) -> None:
+    cluster_dir.cluster_path(name)  # TypeError/ValueError for a bad name
+    if name.startswith(discovery.EPHEMERAL_PREFIX):
+        raise ValueError(f"cluster names starting with {discovery.EPHEMERAL_PREFIX!r} are kept for "
+                         "scripts' ephemeral clusters; choose another name")
+    if hosts is not None and (not isinstance(hosts, int) or hosts < 1):
+        raise ValueError(f"hosts={hosts!r}: a cluster needs at least 1 host")
+    if not grace_s > 0:
+        raise ValueError(f"grace_s={grace_s!r}: give a number of seconds > 0")
+    if idle_timeout is not None and not idle_timeout > 0:
+        raise ValueError(f"idle_timeout={idle_timeout!r}: give a number of seconds > 0, or None for never")
+
+
 def _wait_or_kill(pid: int, timeout: float) -> None:
     try:
         proc = psutil.Process(pid)
@@ -280,12 +317,13 @@ def connect(name: str | None = None) -> Cluster:
     found = discovery.wait_until_started(name)
     if found.state == "stale":
         hint = (f"recover it with monarch_nb.Cluster.recover({name!r}) (its procs are still alive)"
-                if discovery.leftover_agents(found.path)
+                if discovery.leftover_agents(found.path) and (found.path / "state.json").exists()
                 else f"clear it with `monarch-nb cluster stop {name}`")
         raise ClusterNotFound(f"cluster {name!r} is not running: {found.reason}; {hint}")
     if found.state == "missing":
-        raise ClusterNotFound(f"no cluster named {name!r}{_running_hint()}. "
-                              f"Start one with monarch_nb.Cluster.start({name!r})")
+        start = ("" if name.startswith(discovery.EPHEMERAL_PREFIX)
+                 else f". Start one with monarch_nb.Cluster.start({name!r})")
+        raise ClusterNotFound(f"no cluster named {name!r}{_running_hint()}{start}")
     if found.state != "running":
         raise ClusterNotFound(f"cluster {name!r} is not running: {found.reason}")
     with _default_lock:

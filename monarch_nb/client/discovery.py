@@ -137,18 +137,21 @@ def is_ephemeral(found: Probe) -> bool:
 
 
 def leftover_agents(path: Path) -> list[psutil.Process]:
-    """Host agents of the cluster at ``path`` still running on this machine (the state
-    file names them; a pid counts only while its command line names ``path``)."""
+    """Host agents of the cluster at ``path`` still running on this machine: those the
+    state file names and any other ``monarch_nb.host`` process whose command line names
+    ``path`` (so a damaged state file hides none)."""
+    pids = set()
     try:
         with open(path / "state.json") as f:
-            hosts = json.load(f).get("hosts", [])
-    except (OSError, json.JSONDecodeError):
-        return []
+            pids = {h["pid"] for h in json.load(f).get("hosts", [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
     agents = []
-    for host in hosts:
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
-            proc = psutil.Process(host["pid"])
-            if str(path) in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            named = proc.info["pid"] in pids or "monarch_nb.host" in cmdline
+            if named and str(path) in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE:
                 agents.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass

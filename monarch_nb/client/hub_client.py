@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ..errors import ClusterError, InvalidRequest
 from ..wire.mailbox import local_mailbox
 
 # The hub names the kind of error; the client raises the matching type.
 _ERROR_TYPES = {"ValueError": InvalidRequest, "ClusterError": ClusterError}
+
+# hub address -> a function that raises ClusterError once that hub is known dead
+_liveness: dict[str, Callable[[], None]] = {}
+
+
+def watch_hub(address: str, check: Callable[[], None]) -> None:
+    """Make requests to the hub at ``address`` give up early when ``check`` raises."""
+    _liveness[address] = check
 
 
 class HubClient:
@@ -22,10 +32,11 @@ class HubClient:
 
         The reply header's routing fields (``port``, ``ok``) are removed.
         Raises :class:`InvalidRequest` (a ``ValueError``) for a request the hub refused
-        as bad input, :class:`ClusterError` when the hub failed or did not answer within
-        ``timeout`` seconds (``None``: no limit)."""
+        as bad input, :class:`ClusterError` when the hub failed, died (known within
+        about a second for a hub on this machine) or did not answer within ``timeout``
+        seconds (``None``: no limit)."""
         reply = local_mailbox().request(self.address, self.cluster_id, {"op": op, **fields}, body,
-                                        buffers, timeout)
+                                        buffers, timeout, check=_liveness.get(self.address))
         if reply is None:
             raise ClusterError(f"the hub at {self.address} did not answer {op!r} within {timeout} s; "
                                "is the cluster still running?")

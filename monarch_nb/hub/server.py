@@ -40,6 +40,17 @@ FLUSH_TIMEOUT_S = 2.0  # how long a log flush waits for each host agent  # a cli
 LOST_EXIT_CODE = -255  # exit code recorded for a proc that vanished while no hub watched
 
 
+def _client_alive(client: ClientRecord) -> bool:
+    """False once a client on this machine has exited (a kernel restart): it is then
+    forgotten at once instead of after ``CLIENT_TIMEOUT_S``."""
+    if client.hostname != socket.gethostname():
+        return True
+    try:
+        return psutil.Process(client.pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 class HubError(Exception):
     def __init__(self, message: str, error_type: str = "ClusterError"):
         super().__init__(message)
@@ -102,13 +113,19 @@ class Hub:
             self.net.close()
             return  # the directory stays for the starting client to read hub.log
         self._save()
-        cluster_dir.write_json(self.path / "cluster.json", {
+        self.public_info = {
             **self.info, "hub": self.net.address, "hub_pid": os.getpid(),
             "hub_create_time": psutil.Process().create_time(), "hostname": socket.gethostname(),
             "ephemeral": self.ephemeral, "started": self.started, "hosts": self.n_hosts, "grace_s": self.grace_s,
-            "idle_timeout": self.idle_timeout})
+            "idle_timeout": self.idle_timeout}
+        cluster_dir.write_json(self.path / "cluster.json", self.public_info)
         if ready_fd is not None:
-            os.write(ready_fd, b"ready\n")
+            try:
+                os.write(ready_fd, b"ready\n")
+            except BrokenPipeError:  # the starting client is gone (Ctrl-C): don't linger
+                print("monarch_nb hub: the client that started this cluster went away; stopping",
+                      file=sys.stderr)
+                self.stop_requested.set()
             os.close(ready_fd)
         heartbeat = asyncio.ensure_future(self._heartbeat())
         await self.stop_requested.wait()
@@ -174,14 +191,31 @@ class Hub:
                 await self.net.send(host.address, {"op": "hub_alive"})
             now = time.monotonic()
             for client_id, client in list(self.clients.items()):
-                if now - client.last_seen > CLIENT_TIMEOUT_S:
+                if now - client.last_seen > CLIENT_TIMEOUT_S or not _client_alive(client):
                     del self.clients[client_id]
                     if not self.clients:
                         self.idle_since = client.last_seen
             if self.idle_timeout is not None and not self.clients and now - self.idle_since > self.idle_timeout:
                 print(f"monarch_nb hub: no client for {self.idle_timeout} s; stopping the cluster", file=sys.stderr)
                 self.stop_requested.set()
+            self._check_cluster_file()
             await asyncio.sleep(HEARTBEAT_S)
+
+    def _check_cluster_file(self) -> None:
+        """Clients find this hub through cluster.json: rewrite it if it was damaged, and
+        stop if the cluster's directory was removed (nobody could find this hub again)."""
+        target = self.path / "cluster.json"
+        if not self.path.is_dir():
+            print(f"monarch_nb hub: {self.path} was removed; stopping the cluster", file=sys.stderr)
+            self.stop_requested.set()
+            return
+        try:
+            if cluster_dir.read_info(self.path) == self.public_info:
+                return
+        except (OSError, ValueError):
+            pass
+        print(f"monarch_nb hub: {target} was changed or damaged; writing it again", file=sys.stderr)
+        cluster_dir.write_json(target, self.public_info)
 
     def _save(self) -> None:
         if not self.ephemeral:

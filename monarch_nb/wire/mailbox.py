@@ -25,6 +25,7 @@ from . import sockets
 # Plain ints: pyzmq's enum arithmetic is a measurable part of a round trip.
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 _CHUNK_S = 0.05  # how long one holder of the inbox polls before re-checking
+CHECK_S = 0.5  # how often a request's ``check`` runs while it waits
 
 
 class Mailbox:
@@ -56,15 +57,24 @@ class Mailbox:
         self.outbox.send(address, frames)
 
     def request(self, address: str, cluster_id: str, header: dict, body: bytes | None = None,
-                buffers=(), timeout: float | None = None) -> wire_frames.Message | None:
+                buffers=(), timeout: float | None = None,
+                check: Callable[[], None] | None = None) -> wire_frames.Message | None:
         """Send ``header`` (plus a pickled ``body``) with this mailbox as reply-to and wait
-        for the one reply; ``None`` when none came within ``timeout`` seconds."""
+        for the one reply; ``None`` when none came within ``timeout`` seconds.
+        ``check`` runs every ``CHECK_S`` seconds while waiting and may raise to give up
+        (e.g. when the peer is known dead)."""
         replies: list[wire_frames.Message] = []
         port = self.open_port(replies.append)
         try:
             header = {**header, "port": port, "reply": self.address}
             self.send(address, wire_frames.encode(cluster_id, header, body, buffers))
-            self.wait(lambda: bool(replies), timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                step = left if check is None else (CHECK_S if left is None else min(left, CHECK_S))
+                if self.wait(lambda: bool(replies), step) or (left is not None and left <= step):
+                    break
+                check()
         finally:
             self.close_port(port)
         return replies[0] if replies else None
