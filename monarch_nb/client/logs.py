@@ -27,8 +27,8 @@ from ..wire import sockets
 
 FOLD_WINDOW_S = 0.1
 
-# records as the hub sends them: [seq, time, host, proc, stream, mesh, rank, origin, text]
-SEQ, TIME, HOST, PROC, STREAM, MESH, RANK, ORIGIN, TEXT = range(9)
+# records as the hub sends them (see hub.logstore)
+SEQ, TIME, HOST, PROC, STREAM, MESH, RANK, ORIGIN, TEXT, SIZE = range(10)
 
 CLIENT_ID = secrets.token_hex(8)  # this process as a client, in every cluster it joins
 _cell = ""  # the notebook cell running now (set by the notebook extension)
@@ -53,12 +53,16 @@ def origin() -> str:
 class Folded:
     """One line to show: ``text`` from ``ranks`` of ``mesh`` on ``stream``."""
 
-    __slots__ = ("mesh", "stream", "origin", "text", "ranks", "first")
+    __slots__ = ("mesh", "stream", "origin", "text", "ranks", "first", "size")
 
-    def __init__(self, mesh, stream, origin, text, rank, first):
+    def __init__(self, mesh, stream, origin, text, rank, first, size=None):
         self.mesh, self.stream, self.origin, self.text = mesh, stream, origin, text
         self.ranks = [] if rank is None else [rank]
         self.first = first
+        self.size = size  # actors in the mesh: once that many ranks joined, nothing more can
+
+    def complete(self) -> bool:
+        return self.size is not None and len(self.ranks) >= self.size
 
     def prefix(self) -> str:
         ranks = format_ranks(self.ranks)
@@ -70,7 +74,8 @@ class Folded:
 
 class Folder:
     """Groups identical lines from different ranks that arrive within ``window``
-    seconds, keeping every rank's own lines in order."""
+    seconds, keeping every rank's own lines in order. A group that every rank of its
+    mesh has joined is shown at once (a one-actor mesh's lines never wait)."""
 
     def __init__(self, window: float = FOLD_WINDOW_S):
         self.window = window
@@ -89,17 +94,19 @@ class Folder:
             self._pending[at].ranks.append(rank)
         else:
             at = len(self._pending)
-            self._pending.append(Folded(mesh, stream, origin, text, rank, now))
+            size = record[SIZE] if len(record) > SIZE else None
+            self._pending.append(Folded(mesh, stream, origin, text, rank, now, size))
             self._open[key] = at
         self._last[who] = at
 
     def take(self, now: float | None = None) -> list[Folded]:
         """Groups whose window has passed (all of them with ``now=None``), in order."""
-        if now is None:
+        if now is None or not self.enabled:  # unfolded lines need not wait
             n = len(self._pending)
         else:
             n = 0
-            while n < len(self._pending) and now - self._pending[n].first >= self.window:
+            while n < len(self._pending) and (self._pending[n].complete()
+                                              or now - self._pending[n].first >= self.window):
                 n += 1
         if n == 0:
             return []
@@ -109,7 +116,9 @@ class Folder:
         return done
 
     def next_due(self) -> float | None:
-        return self._pending[0].first + self.window if self._pending else None
+        if not self._pending:
+            return None
+        return 0.0 if self._pending[0].complete() else self._pending[0].first + self.window
 
 
 def fold_records(records: list[list], enabled: bool = True) -> list[Folded]:

@@ -20,15 +20,15 @@ PIPE_BYTES = 1 << 20  # larger pipes: a proc printing in bursts blocks less ofte
 READ_BYTES = 1 << 16
 _F_SETPIPE_SZ = 1031  # Linux
 
-# (time, proc_id, stream, mesh, rank, origin, text)
-Line = tuple[float, str, str, "str | None", "int | None", "str | None", str]
+# (time, proc_id, stream, mesh, rank, origin, text, mesh size)
+Line = tuple[float, str, str, "str | None", "int | None", "str | None", str, "int | None"]
 
 
 class Capture:
     """Pipes of the procs of one host agent. ``on_lines`` is called (on the event loop)
     soon after lines arrive, with the batch taken by :meth:`take`."""
 
-    def __init__(self, on_lines: Callable[[], None], batch_delay_s: float = 0.01):
+    def __init__(self, on_lines: Callable[[], None], batch_delay_s: float = 0.002):
         self._on_lines = on_lines
         self._delay = batch_delay_s
         self._fds: dict[int, tuple[str, str]] = {}  # read fd -> (proc_id, stream)
@@ -49,7 +49,7 @@ class Capture:
                 pass  # over /proc/sys/fs/pipe-max-size: keep the default
             os.set_blocking(read_fd, False)
             self._fds[read_fd] = (proc_id, stream)
-            loop.add_reader(read_fd, self._read, read_fd)
+            loop.add_reader(read_fd, self._read, read_fd, 1)
             ends.append(write_fd)
         return ends[0], ends[1]
 
@@ -72,10 +72,13 @@ class Capture:
         for fd in list(self._fds):
             self._forget(fd)
 
-    def _read(self, fd: int) -> None:
+    def _read(self, fd: int, chunks_at_most: int = PIPE_BYTES // READ_BYTES + 1) -> None:
+        """Read what the pipe holds, at most one pipe's worth (everything written before
+        this call). When the event loop calls this, it reads one chunk, so that procs
+        printing flat out can't starve the agent's other work (heartbeats, requests)."""
         chunks = []
         eof = False
-        while True:
+        for _ in range(chunks_at_most):
             try:
                 chunk = os.read(fd, READ_BYTES)
             except BlockingIOError:
@@ -107,9 +110,9 @@ class Capture:
 
     def _add(self, fd: int, raw: bytes) -> None:
         proc_id, stream = self._fds[fd]
-        mesh, rank, origin, text = stdio.parse(raw)
+        mesh, rank, size, origin, text = stdio.parse(raw)
         self._batch.append((time.time(), proc_id, stream, mesh, rank, origin,
-                            text.rstrip(b"\r").decode("utf-8", "replace")))
+                            text.rstrip(b"\r").decode("utf-8", "replace"), size))
         if not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_later(self._delay, self._fire)

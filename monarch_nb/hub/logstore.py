@@ -3,9 +3,10 @@ append-only file of the cluster directory (``logs/lines.jsonl``, one JSON array 
 line), so nothing is lost when no client is connected and queries work after a
 kernel restart.
 
-A record is ``[seq, time, host, proc, stream, mesh, rank, origin, text]``: ``seq``
-counts from 1 in arrival order; ``mesh``/``rank`` name the actor that printed, or the
-proc mesh and proc rank for output not written by an actor.
+A record is ``(seq, time, host, proc, stream, mesh, rank, origin, text, size)``:
+``seq`` counts from 1 in arrival order; ``mesh``/``rank`` name the actor that printed
+(``size``: its mesh's number of actors), or the proc mesh and proc rank for output not
+written by an actor (``size`` then ``None``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import re
 from pathlib import Path
 
 RING_LINES = 200_000
-FIELDS = ("seq", "time", "host", "proc", "stream", "mesh", "rank", "origin", "text")
+FIELDS = ("seq", "time", "host", "proc", "stream", "mesh", "rank", "origin", "text", "size")
 
 
 class LogStore:
@@ -31,15 +32,17 @@ class LogStore:
             self.seq = _last_seq(self._path)
             self._file = open(self._path, "a", encoding="utf-8")
 
-    def add(self, host: str, lines: list) -> list[list]:
+    def add(self, host: str, lines: list) -> list[tuple]:
         """Store a batch from host agent ``host``; returns the records."""
         records = []
-        for when, proc, stream, mesh, rank, origin, text in lines:
+        for when, proc, stream, mesh, rank, origin, text, size in lines:
             if mesh is None:  # not written by an actor: the proc's mesh and rank
                 mesh, _, proc_rank = proc.rpartition("/")
                 rank = int(proc_rank) if proc_rank.isdigit() else None
             self.seq += 1
-            records.append([self.seq, when, host, proc, stream, mesh, rank, origin, text])
+            # Tuples of atoms, not lists: the garbage collector stops tracking them, so a
+            # ring of 200,000 records doesn't make every full collection take seconds.
+            records.append((self.seq, when, host, proc, stream, mesh, rank, origin, text, size))
         self.ring.extend(records)
         if self._file is not None:
             self._file.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
@@ -48,7 +51,7 @@ class LogStore:
 
     def query(self, mesh: str | None = None, ranks: list[int] | None = None, stream: str | None = None,
               since: float | None = None, grep: str | None = None, tail: int | None = None,
-              after_seq: int = 0) -> list[list]:
+              after_seq: int = 0) -> list[tuple]:
         """Records matching every given filter, oldest first: ``mesh`` (an actor mesh or
         a proc mesh), ``ranks``, ``stream`` (``stdout``/``stderr``), ``since`` (a time,
         seconds since the epoch), ``grep`` (a regular expression searched in the text),
@@ -70,10 +73,10 @@ class LogStore:
             found = [r for r in self._read_file() if keep(r)]  # what the ring let go of is on disk
         return found[-tail:] if tail else found
 
-    def _read_file(self) -> list[list]:
+    def _read_file(self) -> list[tuple]:
         self._file.flush()
         with open(self._path, encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+            return [tuple(json.loads(line)) for line in f if line.strip()]
 
     def close(self) -> None:
         if self._file is not None:

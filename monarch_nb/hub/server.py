@@ -229,6 +229,7 @@ class Hub:
                 continue
             if message.header.get("op") == "log_lines":
                 await self._log_lines(message.header)  # in arrival order, before later replies
+                await asyncio.sleep(0)  # a flood of lines must not starve the heartbeats
                 continue
             asyncio.ensure_future(self._handle(message))
 

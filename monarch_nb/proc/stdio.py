@@ -8,7 +8,8 @@ client, which notebook cell), so the agent can attribute it and the hub can rout
 to the cell that caused it. Other output arrives untagged and is attributed to the
 proc.
 
-Tagged line: ``MARK mesh \\x01 rank \\x01 origin \\x02 text \\n``.
+Tagged line: ``MARK mesh \\x01 rank \\x01 size \\x01 origin \\x02 text \\n`` (``size``: how
+many actors the mesh has, so a reader knows when every rank has printed a line).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def _actor_tag() -> bytes | None:
     if ctx is None:
         return None
     actor = ctx.actor_instance
-    return f"{actor.mesh_name}\x01{actor.rank.rank}\x01{call_origin() or ''}".encode()
+    size = len(actor.rank.extent) and actor.rank.extent.nelements
+    return f"{actor.mesh_name}\x01{actor.rank.rank}\x01{size}\x01{call_origin() or ''}".encode()
 
 
 class TaggedStream(io.TextIOBase):
@@ -114,20 +116,21 @@ class TaggedStream(io.TextIOBase):
                 view = view[written:]
 
 
-def parse(line: bytes) -> tuple[str | None, int | None, str | None, bytes]:
-    """Split a line read from a proc: ``(mesh, rank, origin, text)``; the first three
-    are ``None`` for an untagged line."""
+def parse(line: bytes) -> tuple[str | None, int | None, int | None, str | None, bytes]:
+    """Split a line read from a proc: ``(mesh, rank, size, origin, text)``; the first
+    four are ``None`` for an untagged line."""
+    untagged = (None, None, None, None, line)
     if not line.startswith(MARK):
-        return None, None, None, line
+        return untagged
     tag, _, text = line[len(MARK):].partition(_SPLIT_TAG)
     fields = tag.split(_SPLIT_FIELD)
-    if len(fields) != 3:
-        return None, None, None, line
-    mesh, rank, origin = fields
+    if len(fields) != 4:
+        return untagged
+    mesh, rank, size, origin = fields
     try:
-        return mesh.decode(errors="replace"), int(rank), origin.decode(errors="replace") or None, text
+        return mesh.decode(errors="replace"), int(rank), int(size), origin.decode(errors="replace") or None, text
     except ValueError:
-        return None, None, None, line
+        return untagged
 
 
 def install() -> None:
