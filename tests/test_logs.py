@@ -138,3 +138,10 @@ def test_folder_keeps_each_ranks_order():
     shown = [str(line) for line in folder.take()]
     # rank 0 printed B before A, so its A can't join rank 1's earlier A group.
     assert shown == ["[m 1] A", "[m 0-1] B", "[m 0] A"]
+
+
+def test_a_flood_of_100k_lines_loses_nothing_and_leaves_the_cluster_healthy(cluster, printers, shown):
+    assert printers.slice(gpus=3).numbered.call_one(100_000).get() == 100_000
+    assert cluster.flush_logs(timeout=60)
+    assert len(cluster.logs(mesh="printers", grep="^r3 line ")) == 100_000
+    assert printers.say.call(["still here"]).get().values() == [0, 1, 2, 3]
