@@ -284,3 +284,27 @@ def test_reply_that_arrives_while_the_call_is_still_sending_is_not_lost(counters
     monkeypatch.setattr(Mailbox, "send", send_then_stall)
     assert counters.slice(gpus=1).whoami.call_one().get(timeout=10)["rank"] == 1
     background.join(timeout=30)
+
+
+def test_a_long_wait_on_many_ranks_reports_progress(counters, monkeypatch):
+    from monarch_nb.client import progress
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, description, total):
+            seen.append(("open", description, total))
+
+        def update(self, done):
+            seen.append(("update", done))
+
+        def close(self):
+            seen.append(("close",))
+
+    monkeypatch.setattr(progress, "factory", Recorder)
+    assert counters.slow_echo.call("x", 1.3).get().values() == ["x"] * 4
+    assert seen[0] == ("open", "counters.slow_echo", 4)
+    assert seen[-2:] == [("update", 4), ("close",)]
+    seen.clear()
+    counters.slow_echo.call("y", 0).get()
+    assert seen == []  # done within the first second: no bar

@@ -185,3 +185,17 @@ def test_logs_from_before_a_kernel_restart_are_queryable_after_it(kernel, talker
         f"[talkers {r}] rank {r}" for r in range(4)]
     out = kernel.run("import monarch_nb\nmonarch_nb.connect().actor_meshes['talkers'].talk.call(0).get()")
     assert "ValueMesh" in out
+
+
+def test_a_call_that_takes_long_shows_a_progress_bar_counting_ranks(kernel, talkers):
+    msg_id = kernel.execute("talkers.slow.call(1.5).get()")
+    assert kernel.finish(msg_id)["status"] == "ok"
+    widget_states = [m["content"]["data"]["state"] for m in kernel.outputs[msg_id]
+                     if m["msg_type"] == "comm_open" and "state" in m["content"].get("data", {})]
+    updates = [m["content"]["data"]["state"] for m in kernel.outputs[msg_id] if m["msg_type"] == "comm_msg"]
+    labels = [s.get("value") for s in widget_states + updates if isinstance(s.get("value"), str)]
+    assert labels[0] == "talkers.slow: 0/4 ranks done"
+    assert labels[-1].startswith("talkers.slow: 4/4 ranks done in ")
+    quick = kernel.execute("talkers.talk.call(0).get()")  # answers within the second: no bar
+    kernel.finish(quick)
+    assert not [m for m in kernel.outputs[quick] if m["msg_type"] == "comm_open"]

@@ -90,6 +90,8 @@ class Endpoint:
             mailbox.close_port(port)
             raise
         mesh._track(view_ranks, future)
+        future._ranks = len(view_ranks)
+        future._answered = lambda: len(view_ranks) - remaining[0]
         return future
 
     def _error(self, failures: list[RemoteFailure], total: int) -> ActorError:

@@ -7,6 +7,7 @@ import threading
 from typing import Any, Callable, Generic, TypeVar
 
 from ..wire.mailbox import Mailbox
+from . import progress
 
 R = TypeVar("R")
 
@@ -28,6 +29,8 @@ class Future(Generic[R]):
         self._value: Any = None
         self._error: BaseException | None = None
         self._callbacks: list[Callable[["Future"], None]] = []
+        self._ranks = 1  # how many ranks answer this call, and how many have (for progress)
+        self._answered: Callable[[], int] = lambda: int(self._done)
 
     # completion (called from the thread dispatching replies) ---------------------------
     def _resolve(self, value: Any = None, error: BaseException | None = None) -> None:
@@ -51,7 +54,8 @@ class Future(Generic[R]):
         ``TimeoutError`` when nothing arrived in time (the call keeps running and a
         later ``get()`` may still succeed).
         """
-        if not self._done and not self._mailbox.wait(lambda: self._done, timeout):
+        if not self._done and not progress.wait(self._mailbox, lambda: self._done, timeout, self._description,
+                                                self._ranks, self._answered):
             raise TimeoutError(f"{self._description} did not finish within {timeout} s")
         if self._error is not None:
             raise self._error

@@ -1,10 +1,12 @@
 """The IPython extension: ``%load_ext monarch_nb`` (the ``monarch`` kernel loads it).
 
-It adds the ``%monarch`` magics and shows actor output under the cell that caused it.
+It adds the ``%monarch`` magics, shows actor output under the cell that caused it and
+a progress bar (ipywidgets) while a call over many ranks takes more than a second.
 """
 
 from __future__ import annotations
 
+from . import progress
 from .cells import CellLogs
 from .magics import ExecFailed, MonarchMagics
 
@@ -24,9 +26,12 @@ def load_ipython_extension(shell) -> None:
     shell.set_custom_exc((ExecFailed,), _show_exec_failure)
     cells = _installed[id(shell)] = CellLogs(shell)
     cells.register()
+    if getattr(shell, "kernel", None) is not None:  # a notebook frontend: widgets can render
+        progress.install()
 
 
 def unload_ipython_extension(shell) -> None:
     cells = _installed.pop(id(shell), None)
     if cells is not None:
         cells.unregister()
+        progress.uninstall()

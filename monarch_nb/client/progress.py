@@ -1,0 +1,75 @@
+"""Progress for waits longer than about a second: how many ranks have answered.
+
+``Future.get()`` on a call over several ranks waits quietly for ``SHOW_AFTER_S``; if
+the call is still running then, a bar appears and counts the ranks done until the
+call completes. Where the bar goes is pluggable: a rich bar on an interactive
+terminal by default, an ipywidgets bar in a notebook (set by the notebook extension),
+nothing when output is not a terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, Protocol
+
+from ..wire.mailbox import Mailbox
+
+SHOW_AFTER_S = 1.0
+UPDATE_S = 0.1
+
+
+class Bar(Protocol):
+    def update(self, done: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _RichBar:
+    def __init__(self, description: str, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("ranks"), TimeElapsedColumn(), transient=True)
+        self._task = self._progress.add_task(description, total=total)
+        self._progress.start()
+
+    def update(self, done: int) -> None:
+        self._progress.update(self._task, completed=done)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+def _terminal_bar(description: str, total: int) -> Bar | None:
+    return _RichBar(description, total) if sys.stderr.isatty() else None
+
+
+factory: Callable[[str, int], Bar | None] = _terminal_bar
+
+
+def wait(mailbox: Mailbox, done: Callable[[], bool], timeout: float | None, description: str,
+         total: int, count: Callable[[], int]) -> bool:
+    """``mailbox.wait(done, timeout)``, showing a bar of ``count()``/``total`` ranks done
+    once the wait has lasted ``SHOW_AFTER_S``. Returns ``done()``."""
+    if total < 2:
+        return mailbox.wait(done, timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if mailbox.wait(done, SHOW_AFTER_S if timeout is None else min(timeout, SHOW_AFTER_S)):
+        return True
+    if deadline is not None and time.monotonic() >= deadline:
+        return False
+    bar = factory(description, total)
+    if bar is None:
+        return mailbox.wait(done, None if deadline is None else deadline - time.monotonic())
+    try:
+        while not done():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            mailbox.wait(done, UPDATE_S if left is None else min(left, UPDATE_S))
+            bar.update(count())
+    finally:
+        bar.update(count())
+        bar.close()
+    return done()

@@ -1,0 +1,43 @@
+"""Progress bars in the notebook: an ipywidgets bar under the cell that waits."""
+
+from __future__ import annotations
+
+import time
+
+from ..client import progress
+
+
+class WidgetBar:
+    """``[=====    ] trainers.train: 5/8 ranks done``, then the time it took."""
+
+    def __init__(self, description: str, total: int):
+        from IPython.display import display
+        from ipywidgets import HBox, IntProgress, Label
+
+        self._description, self._total, self._started = description, total, time.monotonic()
+        self._bar = IntProgress(value=0, min=0, max=total)
+        self._label = Label(f"{description}: 0/{total} ranks done")
+        display(HBox([self._bar, self._label]))
+
+    def update(self, done: int) -> None:
+        if done != self._bar.value:
+            self._bar.value = done
+            self._label.value = f"{self._description}: {done}/{self._total} ranks done"
+
+    def close(self) -> None:
+        finished = self._bar.value == self._total
+        self._bar.bar_style = "success" if finished else "warning"
+        self._label.value = (f"{self._description}: {self._bar.value}/{self._total} ranks done in "
+                             f"{time.monotonic() - self._started:.1f} s")
+
+
+def install() -> None:
+    try:
+        import ipywidgets  # noqa: F401 - the notebook extra; without it, no bar
+    except ImportError:
+        return
+    progress.factory = WidgetBar
+
+
+def uninstall() -> None:
+    progress.factory = progress._terminal_bar
