@@ -176,17 +176,6 @@ def test_not_connected_is_a_usage_error_in_a_stock_kernel():
         plain.shutdown()
 
 
-def test_logs_from_before_a_kernel_restart_are_queryable_after_it(kernel, talkers):
-    kernel.run("talkers.talk.call(1).get()")
-    kernel.restart()
-    out = kernel.run("%monarch logs talkers --grep '^rank' --tail 4")
-    assert "monarch: connected to cluster 'default'" in out  # reconnected at start
-    assert sorted(line for line in out.splitlines() if line.startswith("[")) == [
-        f"[talkers {r}] rank {r}" for r in range(4)]
-    out = kernel.run("import monarch_nb\nmonarch_nb.connect().actor_meshes['talkers'].talk.call(0).get()")
-    assert "ValueMesh" in out
-
-
 def test_a_call_that_takes_long_shows_a_progress_bar_counting_ranks(kernel, talkers):
     msg_id = kernel.execute("talkers.slow.call(1.5).get()")
     assert kernel.finish(msg_id)["status"] == "ok"
@@ -199,3 +188,15 @@ def test_a_call_that_takes_long_shows_a_progress_bar_counting_ranks(kernel, talk
     quick = kernel.execute("talkers.talk.call(0).get()")  # answers within the second: no bar
     kernel.finish(quick)
     assert not [m for m in kernel.outputs[quick] if m["msg_type"] == "comm_open"]
+
+
+# Last: it restarts the module's kernel.
+def test_logs_from_before_a_kernel_restart_are_queryable_after_it(kernel, talkers):
+    kernel.run("talkers.talk.call(1).get()")
+    kernel.restart()
+    out = kernel.run("%monarch logs talkers --grep '^rank' --tail 4")
+    assert "monarch: connected to cluster 'default'" in out  # reconnected at start
+    assert sorted(line for line in out.splitlines() if line.startswith("[")) == [
+        f"[talkers {r}] rank {r}" for r in range(4)]
+    out = kernel.run("import monarch_nb\nmonarch_nb.connect().actor_meshes['talkers'].talk.call(0).get()")
+    assert "ValueMesh" in out
