@@ -12,7 +12,7 @@ import pytest
 from monarch_nb import cluster_dir
 
 from conftest import cluster_processes, wait_until
-from kernels import CellError, Kernel
+from kernels import TESTS, CellError, Kernel
 
 TALKER = textwrap.dedent("""
     import time
@@ -42,6 +42,10 @@ TALKER = textwrap.dedent("""
             end = time.time() + seconds
             while time.time() < end:
                 time.sleep(0.01)
+
+        @endpoint
+        def say_followed(self):
+            print("followed")
 
         @endpoint
         def flood(self, n):
@@ -188,6 +192,19 @@ def test_a_call_that_takes_long_shows_a_progress_bar_counting_ranks(kernel, talk
     quick = kernel.execute("talkers.talk.call(0).get()")  # answers within the second: no bar
     kernel.finish(quick)
     assert not [m for m in kernel.outputs[quick] if m["msg_type"] == "comm_open"]
+
+
+def test_logs_follow_shows_new_lines_until_interrupted_and_the_cli_reads_the_store(kernel, talkers):
+    msg_id = kernel.execute("%monarch logs talkers --grep '^followed' --tail 5 --follow")
+    script = ("import monarch_nb\nm = monarch_nb.connect('default').actor_meshes['talkers']\n"
+              "m.slice(gpus=1).say_followed.call_one().get()")
+    # The kernel is busy following: another client makes the line.
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60, cwd=str(TESTS))
+    assert kernel.wait_for(lambda: "[talkers 1] followed" in kernel.text(msg_id), 20)
+    kernel.km.interrupt_kernel()
+    assert kernel.finish(msg_id, timeout=20)["status"] == "ok"  # Ctrl-C just ends the follow
+    out = _cli("logs", "default", "talkers", "--grep", "^followed", "--tail", "5")
+    assert out.returncode == 0 and out.stdout.strip() == "[talkers 1] followed"
 
 
 # Last: it restarts the module's kernel.
