@@ -21,24 +21,17 @@ process it started is left behind; exit status 1 if one is.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
+from tidy import isolated_home, stop_and_check
 
-if not os.environ.get("MONARCH_NB_HOME"):
-    _OWN_HOME = tempfile.mkdtemp(prefix="monarch_nb_bench_")
-    os.environ["MONARCH_NB_HOME"] = _OWN_HOME
-else:
-    _OWN_HOME = None
+_OWN_HOME = isolated_home()  # before monarch_nb is imported
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-
-import psutil  # noqa: E402
 
 from monarch_nb.actor import Actor, current_rank, endpoint, this_host  # noqa: E402
 from monarch_nb.client import cluster as cluster_mod  # noqa: E402
@@ -143,16 +136,8 @@ def main() -> int:
         logs.receiver().folder.enabled = True
     finally:
         logs.receiver().sink = logs.print_sink
-        path = cluster.path
-        cluster.stop()
-        left = [p.pid for p in psutil.process_iter(["cmdline"])
-                if str(path) in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE]
-        if _OWN_HOME:
-            shutil.rmtree(_OWN_HOME, ignore_errors=True)
-    if left:
-        print(f"processes left behind: {left}")
-        return 1
-    return 0
+        status = stop_and_check(cluster, _OWN_HOME)
+    return status
 
 
 if __name__ == "__main__":

@@ -22,17 +22,12 @@ any process of the clusters it started is left behind.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
+from tidy import isolated_home, stop_and_check
 
-if not os.environ.get("MONARCH_NB_HOME"):
-    _OWN_HOME = tempfile.mkdtemp(prefix="monarch_nb_bench_")
-    os.environ["MONARCH_NB_HOME"] = _OWN_HOME
-else:
-    _OWN_HOME = None
+_OWN_HOME = isolated_home()  # before monarch_nb is imported
 
 import argparse  # noqa: E402
+import os  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -40,7 +35,6 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import psutil  # noqa: E402
 
 import monarch_nb  # noqa: E402
 
@@ -132,7 +126,6 @@ def main() -> int:
     from bench_echo import Echo
 
     log(f"monarch_nb reconnect bench: {os.cpu_count()} CPUs, MONARCH_NB_HOME={os.environ['MONARCH_NB_HOME']}")
-    leftovers = []
     cluster = monarch_nb.Cluster.start("bench")
     try:
         procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 8}, name="p8")
@@ -175,16 +168,8 @@ def main() -> int:
                 f"{median_of(small_again, 'total') * 1e3:.1f} ms = "
                 f"{median_of(small_again, 'total') / ours:.2f}x figure 1")
     finally:
-        leftovers_path = cluster.path
-        cluster.stop()
-        leftovers = [p.pid for p in psutil.process_iter(["cmdline"])
-                     if str(leftovers_path) in " ".join(p.info["cmdline"] or []) and p.status() != "zombie"]
-        if _OWN_HOME:
-            shutil.rmtree(_OWN_HOME, ignore_errors=True)
-    if leftovers:
-        log(f"processes left behind: {leftovers}")
-        return 1
-    return 0
+        status = stop_and_check(cluster, _OWN_HOME)
+    return status
 
 
 if __name__ == "__main__":
