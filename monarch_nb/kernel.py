@@ -40,6 +40,7 @@ class MonarchKernel(IPythonKernel):
         except Exception as e:  # never keep the kernel from starting
             return f"monarch: could not connect to cluster {name!r}: {e}"
         return (f"monarch: connected to cluster {name!r} ({len(info['hosts'])} host(s), "
+                f"proc meshes: {', '.join(info['proc_meshes']) or 'none'}, "
                 f"actor meshes: {', '.join(info['actor_meshes']) or 'none'})")
 
     def _greet(self, info=None) -> None:

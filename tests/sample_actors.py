@@ -194,6 +194,16 @@ class Printer(Actor):
         libc.fflush(None)
 
     @endpoint
+    def partial(self, text: str) -> None:
+        print(f"50%\r{text}", end="", flush=True)  # no newline: ends with the call
+
+    @endpoint
+    def in_thread(self, text: str) -> None:
+        worker = threading.Thread(target=print, args=(text,))
+        worker.start()
+        worker.join()
+
+    @endpoint
     def print_then_die(self, n: int) -> None:
         for i in range(n):
             print(f"last words {i}")

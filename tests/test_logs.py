@@ -145,3 +145,10 @@ def test_a_flood_of_100k_lines_loses_nothing_and_leaves_the_cluster_healthy(clus
     assert cluster.flush_logs(timeout=60)
     assert len(cluster.logs(mesh="printers", grep="^r3 line ")) == 100_000
     assert printers.say.call(["still here"]).get().values() == [0, 1, 2, 3]
+
+
+def test_a_line_without_newline_and_a_threads_lines_belong_to_the_call(cluster, printers, shown):
+    printers.slice(gpus=2).partial.call_one("done, no newline").get()
+    printers.slice(gpus=1).in_thread.call_one("from a thread of the actor").get()
+    assert cluster.flush_logs()
+    assert shown.lines == ["stdout: [printers 2] done, no newline", "stdout: [printers 1] from a thread of the actor"]

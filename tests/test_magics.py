@@ -207,6 +207,23 @@ def test_logs_follow_shows_new_lines_until_interrupted_and_the_cli_reads_the_sto
     assert out.returncode == 0 and out.stdout.strip() == "[talkers 1] followed"
 
 
+def test_spawn_arguments_are_python_call_arguments(kernel, talkers):
+    kernel.run("from sample_actors import Counter")
+    out = kernel.run("%monarch spawn c Counter --procs workers -- start=len('a b, c')\nprint(c.get.call().get().values())")
+    assert out.splitlines()[-1] == "[6, 6, 6, 6]"
+    with pytest.raises(CellError) as info:
+        kernel.run("%monarch spawn c2 Counter --procs workers -- start=1, start=2")
+    assert info.value.ename == "UsageError" and "'start' is given twice" in info.value.evalue
+
+
+def test_exec_tracebacks_show_the_cells_frames_only(kernel, talkers):
+    msg_id = kernel.execute("%%monarch exec workers\nx = 1\n1 / 0")
+    kernel.finish(msg_id)
+    assert kernel.text(msg_id, "stderr").splitlines()[:3] == [
+        "[workers.exec 0-3] Traceback (most recent call last):",
+        '  File "<%%monarch exec workers>", line 2, in <module>', "ZeroDivisionError: division by zero"]
+
+
 # Last: it restarts the module's kernel.
 def test_logs_from_before_a_kernel_restart_are_queryable_after_it(kernel, talkers):
     kernel.run("talkers.talk.call(1).get()")

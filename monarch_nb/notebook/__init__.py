@@ -6,6 +6,8 @@ a progress bar (ipywidgets) while a call over many ranks takes more than a secon
 
 from __future__ import annotations
 
+import sys
+
 from . import progress
 from .cells import CellLogs
 from .magics import ExecFailed, MonarchMagics
@@ -14,8 +16,8 @@ _installed: dict[int, CellLogs] = {}
 
 
 def _show_exec_failure(shell, etype, value, tb, tb_offset=None):
-    # The per-rank tracebacks are already shown; the local one would only add noise.
-    print(f"{etype.__name__}: {value}")
+    # The per-rank tracebacks are already shown (stderr); the local one would be noise.
+    print(f"{etype.__name__}: {value}", file=sys.stderr, flush=True)
     return None
 
 

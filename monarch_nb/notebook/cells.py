@@ -97,7 +97,7 @@ class CellLogs:
             if tag not in self.parents:
                 tag = self.current  # from no cell of ours: the cell running now
             if self.shown[tag] >= MAX_LINES_PER_CELL:
-                self.hidden.setdefault(tag, collections.Counter())[line.mesh] += 1
+                self.hidden.setdefault(tag, collections.Counter())[line.mesh] += len(line.ranks) or 1
                 continue
             self.shown[tag] += 1
             self._write(line, self.parents.get(tag))

@@ -6,6 +6,7 @@ one line with a hint, no traceback.
 
 from __future__ import annotations
 
+import ast
 import shlex
 import sys
 import time
@@ -52,7 +53,8 @@ def _parser() -> MagicArgumentParser:
     spawn.add_argument("cls", metavar="CLASS")
     spawn.add_argument("--procs", default=None, help="proc mesh variable (default: the last %%monarch procs)")
     spawn.add_argument("--name", default=None, help="mesh name (default: VAR)")
-    spawn.epilog = "constructor arguments follow --, as Python expressions: -- 0.1 lr=0.5"
+    spawn.epilog = "constructor arguments follow --, as in a Python call: -- 0.1, name='a b', lr=0.5"
+    spawn.usage = "%monarch spawn VAR CLASS [--procs PROCS] [--name NAME] [-- ARGS]"
     verbs.add_parser("status", help="hosts, meshes and clients of the connected cluster")
     log = verbs.add_parser("logs", help="lines from the cluster's log store")
     log.add_argument("mesh", nargs="?")
@@ -89,15 +91,14 @@ class MonarchMagics(Magics):
     def monarch(self, line: str, cell: str | None = None):
         """%monarch start|connect|list|stop|procs|spawn|status|logs|interrupt|help ...
         %%monarch exec MESH [--ranks SPEC] [--no-block]"""
-        # What follows " -- " is Python (spawn's constructor arguments): keep its quotes.
-        line, dashes, rest = f" {line} ".partition(" -- ")
+        # What follows " -- " is Python call arguments (spawn's constructor arguments).
+        line, _, rest = f" {line} ".partition(" -- ")
         try:
             argv = shlex.split(line)
-            extra = shlex.split(rest, posix=False) if dashes else []
         except ValueError as e:
             raise UsageError(f"%monarch: {e}") from None
         args = PARSER.parse_args(argv or ["help"])
-        args.args = extra
+        args.args = rest.strip()
         if (cell is None) == (args.verb == "exec"):
             raise UsageError("exec is a cell magic: put `%%monarch exec MESH` on the cell's first line"
                              if cell is None else f"%%monarch takes only `exec`, not {args.verb!r}")
@@ -202,19 +203,10 @@ class MonarchMagics(Magics):
         procs_var = args.procs or self.last_procs
         if procs_var is None:
             raise UsageError("%monarch spawn: which procs? pass --procs VAR, or make some with %monarch procs VAR")
-        procs = ns.get(procs_var)
+        procs = self._lookup(procs_var)
         if not isinstance(procs, ProcMesh):
-            raise UsageError(f"%monarch spawn: {procs_var!r} is not a ProcMesh variable")
-        positional, keywords = [], {}
-        for item in args.args:
-            key, eq, value = item.partition("=")
-            try:
-                if eq and key.isidentifier():
-                    keywords[key] = eval(value, ns)
-                else:
-                    positional.append(eval(item, ns))
-            except Exception as e:
-                raise UsageError(f"%monarch spawn: can't evaluate argument {item!r}: {e}") from None
+            raise UsageError(f"%monarch spawn: {procs_var!r} is an actor mesh; --procs wants a proc mesh")
+        positional, keywords = _call_arguments(args.args, ns)
         mesh = procs.spawn(args.name or args.var, cls, *positional, **keywords)
         ns[args.var] = mesh
         print(f"monarch: {args.var} = {mesh!r}")
@@ -236,7 +228,12 @@ class MonarchMagics(Magics):
                              tail=args.tail)
         self._show_records([[r[f] for f in LOG_FIELDS] for r in found])
         if not found and not args.follow:
-            print(f"monarch: no lines{' for ' + mesh_name if mesh_name else ''} in the store")
+            info = cluster.info()
+            if mesh_name is not None and mesh_name not in info["proc_meshes"] and mesh_name not in info["actor_meshes"]:
+                known = sorted(info["proc_meshes"]) + sorted(info["actor_meshes"])
+                raise UsageError(f"%monarch logs: no mesh {mesh_name!r} and no lines of it in the store "
+                                 f"(meshes: {', '.join(known) or 'none'})")
+            print(f"monarch: no lines{' for ' + mesh_name if mesh_name else ''} match")
         last = found[-1]["seq"] if found else 0
         while args.follow:
             try:
@@ -277,7 +274,7 @@ class MonarchMagics(Magics):
             values = future.get()
         except ActorError as e:
             self._cluster().flush_logs()
-            self._show_failures(runner.name, ranks, e)
+            self._show_failures(runner.name, ranks, e, name)
             raise ExecFailed(f"exec failed on rank(s) {format_ranks(_failed_ranks(ranks, e))} of "
                              f"{procs.name}; tracebacks above") from None
         except KeyboardInterrupt:
@@ -302,12 +299,57 @@ class MonarchMagics(Magics):
             print(f"[{mesh} {format_ranks(group)}] {text}")
 
     @staticmethod
-    def _show_failures(mesh: str, ranks: list[int], error: ActorError) -> None:
+    def _show_failures(mesh: str, ranks: list[int], error: ActorError, cell_file: str) -> None:
         groups: dict[str, list[int]] = {}
         for failure, rank in zip(error.failures, _failed_ranks(ranks, error)):
-            groups.setdefault(failure.traceback or repr(failure.exception), []).append(rank)
+            text = _cell_frames_only(failure.traceback, cell_file) if failure.traceback else repr(failure.exception)
+            groups.setdefault(text, []).append(rank)
         for text, group in groups.items():
             print(f"[{mesh} {format_ranks(group)}] {text.rstrip()}", file=sys.stderr)
+
+
+def _call_arguments(source: str, ns: dict) -> tuple[list, dict]:
+    """Evaluate ``source`` as the arguments of a Python call (``1, 'a b', lr=0.1``) in
+    ``ns``; raises ``UsageError`` naming what is wrong."""
+    if not source:
+        return [], {}
+    try:
+        call = ast.parse(f"f({source})", mode="eval").body
+    except SyntaxError as e:
+        raise UsageError(f"%monarch spawn: the arguments after -- are not Python call arguments: {e.msg}") from None
+    if not isinstance(call, ast.Call):
+        raise UsageError("%monarch spawn: the arguments after -- are not Python call arguments")
+
+    def value(node):
+        try:
+            return eval(compile(ast.Expression(node), "<%monarch spawn>", "eval"), ns)
+        except Exception as e:
+            raise UsageError(f"%monarch spawn: can't evaluate {ast.unparse(node)!r}: {e}") from None
+
+    positional = []
+    for node in call.args:
+        if isinstance(node, ast.Starred):
+            positional.extend(value(node.value))
+        else:
+            positional.append(value(node))
+    keywords = {}
+    for kw in call.keywords:
+        if kw.arg in keywords:
+            raise UsageError(f"%monarch spawn: keyword argument {kw.arg!r} is given twice")
+        if kw.arg is None:
+            keywords.update(value(kw.value))
+        else:
+            keywords[kw.arg] = value(kw.value)
+    return positional, keywords
+
+
+def _cell_frames_only(traceback: str, cell_file: str) -> str:
+    """A remote exec traceback without the frames of monarch_nb's exec machinery: from
+    the cell's first frame on, as a notebook shows it (as it is if no frame is the
+    cell's)."""
+    lines = traceback.rstrip().splitlines()
+    first = next((i for i, line in enumerate(lines) if line.lstrip().startswith(f'File "{cell_file}"')), None)
+    return "\n".join(lines if first is None else [lines[0]] + lines[first:])
 
 
 def _failed_ranks(ranks: list[int], error: ActorError) -> list[int]:

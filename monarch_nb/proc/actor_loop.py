@@ -22,7 +22,7 @@ from ..wire import frames as wire_frames
 from ..wire import sockets
 from ..wire.remote_error import pack_exception
 from .actor import Actor, ActorInstance, Context, _set_current, is_endpoint
-from .stdio import set_call_origin
+from .stdio import end_of_call, set_call_origin
 
 
 def send_reply(outbox: sockets.Outbox, cluster_id: str, reply_to: tuple[str, int] | None,
@@ -149,6 +149,7 @@ class ActorThread:
                     result = self._loop.run_until_complete(result)
             finally:
                 self.busy = False
+                end_of_call()  # a last line without newline goes out before the reply
         except BaseException as e:  # noqa: BLE001 - every failure goes to the caller
             if reply_to is None:
                 print(f"[{self.mesh_name} {self.point}] broadcast {name} raised:", file=sys.stderr)

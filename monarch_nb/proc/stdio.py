@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 
+from .actor import _set_current as set_context
 from .actor import current_context
 
 MARK = b"\x00mnb\x01"
@@ -98,6 +99,14 @@ class TaggedStream(io.TextIOBase):
         for ident in list(self._partial):
             self._emit(self._partial.pop(ident) + "\n")
 
+    def end_line(self) -> None:
+        """Write this thread's partial line, as a terminal would show it (the text
+        after its last carriage return): an endpoint's call is over."""
+        partial = self._partial.pop(threading.get_ident(), "")
+        shown = partial.rpartition("\r")[2]
+        if shown:
+            self._emit(shown + "\n")
+
     def _emit(self, text: str) -> None:
         data = text.encode("utf-8", "backslashreplace")
         tag = _actor_tag()
@@ -139,9 +148,36 @@ def install() -> None:
     sys.stderr.flush()
     sys.stdout = TaggedStream(1, "stdout")
     sys.stderr = TaggedStream(2, "stderr")
+    _inherit_actor_context()
 
 
 def flush_all() -> None:
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, TaggedStream):
             stream.flush_all()
+
+
+def end_of_call() -> None:
+    """What this thread printed without a final newline goes out with its call."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, TaggedStream):
+            stream.end_line()
+
+
+def _inherit_actor_context() -> None:
+    """Threads an actor starts print as that actor, for the call that started them."""
+    start, bootstrap = threading.Thread.start, threading.Thread._bootstrap_inner
+
+    def tagged_start(self, *args, **kwargs):
+        self._monarch_nb_parent = (current_context(), call_origin())
+        return start(self, *args, **kwargs)
+
+    def tagged_bootstrap(self):
+        ctx, origin = getattr(self, "_monarch_nb_parent", (None, None))
+        if ctx is not None:
+            set_context(ctx)
+            set_call_origin(origin)
+        return bootstrap(self)
+
+    threading.Thread.start = tagged_start
+    threading.Thread._bootstrap_inner = tagged_bootstrap
