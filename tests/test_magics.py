@@ -224,6 +224,13 @@ def test_exec_tracebacks_show_the_cells_frames_only(kernel, talkers):
         '  File "<%%monarch exec workers>", line 2, in <module>', "ZeroDivisionError: division by zero"]
 
 
+def test_help_lists_every_subcommand(kernel, talkers):
+    out = kernel.run("%monarch help")
+    for usage in ("%monarch start [NAME]", "%monarch procs VAR", "%monarch spawn VAR CLASS", "%monarch logs [MESH]",
+                  "%monarch interrupt MESH", "%%monarch exec MESH", "%monarch status"):
+        assert usage in out
+
+
 # Last: it restarts the module's kernel.
 def test_logs_from_before_a_kernel_restart_are_queryable_after_it(kernel, talkers):
     kernel.run("talkers.talk.call(1).get()")

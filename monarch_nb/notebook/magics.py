@@ -54,7 +54,6 @@ def _parser() -> MagicArgumentParser:
     spawn.add_argument("--procs", default=None, help="proc mesh variable (default: the last %%monarch procs)")
     spawn.add_argument("--name", default=None, help="mesh name (default: VAR)")
     spawn.epilog = "constructor arguments follow --, as in a Python call: -- 0.1, name='a b', lr=0.5"
-    spawn.usage = "%monarch spawn VAR CLASS [--procs PROCS] [--name NAME] [-- ARGS]"
     verbs.add_parser("status", help="hosts, meshes and clients of the connected cluster")
     log = verbs.add_parser("logs", help="lines from the cluster's log store")
     log.add_argument("mesh", nargs="?")
@@ -76,6 +75,25 @@ def _parser() -> MagicArgumentParser:
 
 
 PARSER = _parser()
+HELP = """%monarch: drive a monarch_nb cluster from the notebook.
+
+  %monarch start [NAME] [--hosts N] [--idle-timeout S]   start a retained cluster (or connect if it runs)
+  %monarch connect [NAME]                                 connect to a running cluster
+  %monarch list                                           clusters on this machine
+  %monarch status                                         hosts, meshes and clients of the cluster
+  %monarch stop [NAME]                                    stop a cluster (default: the connected one)
+  %monarch procs VAR --per-host gpus=8 [--name N]         spawn procs, bind them to VAR
+  %monarch spawn VAR CLASS [--procs P] [--name N] [-- ARGS]
+                                                          spawn CLASS(ARGS) on procs P, bind it to VAR;
+                                                          ARGS as in a Python call: -- 0.1, name='a', lr=0.5
+  %monarch logs [MESH] [--ranks 0-3,5] [--tail N] [--since S] [--grep RE]
+                [--stream stdout|stderr] [--follow] [--fold on|off]
+                                                          lines from the cluster's log store
+  %monarch interrupt MESH                                 KeyboardInterrupt into endpoints running there
+  %%monarch exec MESH [--ranks 0-3] [--no-block]          run the cell in every proc of MESH
+  %monarch help                                           this help
+
+MESH and P are variables of this notebook or names of meshes in the cluster."""
 FOLLOW_POLL_S = 0.5
 
 
@@ -151,9 +169,7 @@ class MonarchMagics(Magics):
 
     # subcommands ---------------------------------------------------------------------
     def _help(self, args, cell=None) -> None:
-        print(PARSER.format_help())
-        for name, sub in PARSER._subparsers._group_actions[0].choices.items():
-            print(sub.format_usage().replace("usage: %monarch", "%monarch", 1).rstrip())
+        print(HELP)
 
     def _start(self, args, cell=None) -> None:
         t0 = time.monotonic()
