@@ -308,3 +308,31 @@ def test_a_long_wait_on_many_ranks_reports_progress(counters, monkeypatch):
     seen.clear()
     counters.slow_echo.call("y", 0).get()
     assert seen == []  # done within the first second: no bar
+
+
+def test_spawning_many_procs_reports_how_many_are_up(host, monkeypatch):
+    from monarch_nb.client import progress
+    from monarch_nb.wire import mailbox
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, description, total):
+            seen.append((description, total))
+
+        def update(self, done):
+            seen.append(done)
+
+        def close(self):
+            seen.append("close")
+
+    monkeypatch.setattr(progress, "factory", Recorder)
+    monkeypatch.setattr(progress, "SHOW_AFTER_S", 0.0)
+    monkeypatch.setattr(mailbox, "CHECK_S", 0.02)
+    procs = host.spawn_procs(per_host={"gpus": 12}, name="counted")
+    try:
+        assert seen[0] == ("spawning 12 procs", 12)
+        counts = [s for s in seen[1:-1] if isinstance(s, int)]
+        assert counts == sorted(counts) and counts[-1] == 12 and seen[-1] == "close"
+    finally:
+        procs.stop()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 
 from ..mesh import Extent, Shape
+from . import progress
 from .mesh_handle import MeshHandle
 from .proc_mesh import ProcMesh
 
@@ -48,10 +50,20 @@ class HostMesh(MeshHandle):
         ints >= 1) and :class:`ClusterError` when procs could not start.
         """
         per_host = dict(per_host or {"gpus": 1})
-        Extent(per_host)  # validate here, with the user's frame on the stack
-        reply = self._hub().request(
-            "spawn_procs", timeout=SPAWN_TIMEOUT_S, per_host=per_host, name=name, replace=replace,
-            hosts=self._hosts, env=_proc_env(), cwd=os.getcwd(), python=sys.executable)
+        total = Extent(per_host).nelements * len(self._hosts)  # validates, with the user's frame on the stack
+        spawn_id = secrets.token_hex(6)
+        hub = self._hub()
+        bar = progress.Later(f"spawning {total} procs", total,
+                             lambda: hub.request("spawn_progress", timeout=5.0, spawn_id=spawn_id)["up"])
+        try:
+            reply = hub.request(
+                "spawn_procs", timeout=SPAWN_TIMEOUT_S, while_waiting=bar.tick, per_host=per_host, name=name,
+                replace=replace, hosts=self._hosts, env=_proc_env(), cwd=os.getcwd(), python=sys.executable,
+                spawn_id=spawn_id)
+        except BaseException:
+            bar.close(None)
+            raise
+        bar.close(total)
         return ProcMesh(self._cluster_id, self._hub_address, reply["name"],
                         Shape(Extent(reply["extent"])), reply["procs"])
 

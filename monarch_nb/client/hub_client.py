@@ -27,16 +27,25 @@ class HubClient:
         self.address = address
 
     def request(self, op: str, body: bytes | None = None, buffers=(), timeout: float | None = 120.0,
-                **fields) -> dict:
+                while_waiting: Callable[[], None] | None = None, **fields) -> dict:
         """Run ``op`` on the hub; returns the reply header.
 
         The reply header's routing fields (``port``, ``ok``) are removed.
         Raises :class:`InvalidRequest` (a ``ValueError``) for a request the hub refused
         as bad input, :class:`ClusterError` when the hub failed, died (known within
         about a second for a hub on this machine) or did not answer within ``timeout``
-        seconds (``None``: no limit)."""
+        seconds (``None``: no limit). ``while_waiting`` runs about twice a second until
+        the reply comes (progress)."""
+        alive = _liveness.get(self.address)
+
+        def check() -> None:
+            if alive is not None:
+                alive()
+            if while_waiting is not None:
+                while_waiting()
+
         reply = local_mailbox().request(self.address, self.cluster_id, {"op": op, **fields}, body,
-                                        buffers, timeout, check=_liveness.get(self.address))
+                                        buffers, timeout, check=check)
         if reply is None:
             raise ClusterError(f"the hub at {self.address} did not answer {op!r} within {timeout} s; "
                                "is the cluster still running?")

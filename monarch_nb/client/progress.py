@@ -73,3 +73,32 @@ def wait(mailbox: Mailbox, done: Callable[[], bool], timeout: float | None, desc
         bar.update(count())
         bar.close()
     return done()
+
+
+class Later:
+    """A bar for a wait driven elsewhere: :meth:`tick` (called while waiting) shows it
+    once ``SHOW_AFTER_S`` have passed and updates it with ``count()``."""
+
+    def __init__(self, description: str, total: int, count: Callable[[], int | None]):
+        self._description, self._total, self._count = description, total, count
+        self._started = time.monotonic()
+        self._bar: Bar | None = None
+
+    def tick(self) -> None:
+        if self._total < 2 or time.monotonic() - self._started < SHOW_AFTER_S:
+            return
+        if self._bar is None:
+            self._bar = factory(self._description, self._total)
+            if self._bar is None:
+                self._total = 0  # nowhere to show it: stop trying
+                return
+        done = self._count()
+        if done is not None:
+            self._bar.update(done)
+
+    def close(self, done: int | None) -> None:
+        """Finish the bar (if shown) at ``done`` (``None``: where it got to)."""
+        if self._bar is not None:
+            if done is not None:
+                self._bar.update(done)
+            self._bar.close()

@@ -79,6 +79,7 @@ class HostAgent:
                 future = self.ready.get(header["proc_id"])
                 if future is not None and not future.done():
                     future.set_result(header)
+                    await self.net.send(self.hub, {"op": "proc_up", "proc_id": header["proc_id"]})  # progress
             elif op == "spawn_procs":
                 asyncio.ensure_future(self._spawn(header))
             elif op == "stop_procs":

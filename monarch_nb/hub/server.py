@@ -84,6 +84,7 @@ class Hub:
         self.actor_meshes: dict[str, ActorMeshRecord] = {}
         self.clients: dict[str, ClientRecord] = {}
         self.logs = LogStore(path)
+        self.spawning: dict[str, list] = {}  # proc mesh being spawned -> [procs up, spawn id]
         self.started = self.saved["started"] if self.saved else time.time()
         self.hub_started = time.time()
         self.idle_since = time.monotonic()
@@ -266,6 +267,16 @@ class Hub:
         if host is not None:
             host.last_seen = time.monotonic()
 
+    async def op_proc_up(self, header, message):
+        progress = self.spawning.get(header["proc_id"].rpartition("/")[0])
+        if progress is not None:
+            progress[0] += 1
+
+    async def op_spawn_progress(self, header, message):
+        """How many procs of the spawn ``spawn_id`` have started so far."""
+        up = [p[0] for p in self.spawning.values() if p[1] == header["spawn_id"]]
+        return {"up": up[0] if up else None}
+
     async def op_proc_exited(self, header, message):
         for mesh in self.proc_meshes.values():
             for proc in mesh.procs:
@@ -366,7 +377,11 @@ class Hub:
             requests.append(self.net.request(self.hosts[host_id].address, {
                 "op": "spawn_procs", "proc_ids": ids, "env": header.get("env", {}),
                 "cwd": header.get("cwd"), "python": header.get("python")}))
-        replies = await asyncio.gather(*requests)
+        self.spawning[name] = [0, header.get("spawn_id")]
+        try:
+            replies = await asyncio.gather(*requests)
+        finally:
+            self.spawning.pop(name, None)
         errors = [r.header["error"] for r in replies if not r.header["ok"]]
         procs = [ProcRecord(**p) for r in replies if r.header["ok"] for p in r.header["procs"]]
         if errors:
