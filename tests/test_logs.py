@@ -32,7 +32,9 @@ class Collected:
 
 
 @pytest.fixture
-def shown():
+def shown(cluster):
+    """What the log receiver shows during the test (lines of earlier tests go first)."""
+    cluster.flush_logs()
     receiver = logs.receiver()
     collected = Collected()
     receiver.sink = collected
