@@ -83,7 +83,17 @@ class RemoteException(Exception):
 
 
 class SupervisionError(MonarchNbError):
-    """A proc or actor that a call involves has failed (exited, killed, lost)."""
+    """A proc or actor that a call involves has failed (exited, killed, lost).
+
+    ``failures``: a :class:`RemoteFailure` per failed rank of the call (empty when the
+    error stands for one rank); the message names mesh, rank, host, pid and cause."""
+
+    def __init__(self, message: str, failures=()):
+        super().__init__(message)
+        self.failures = list(failures)
+
+    def __reduce__(self):
+        return (SupervisionError, (str(self), self.failures))
 
 
 class ClusterNotFound(MonarchNbError, LookupError):

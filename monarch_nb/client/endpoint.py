@@ -10,11 +10,11 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Any, Iterator
 
-from ..errors import ActorError, RemoteFailure
+from ..errors import ActorError, RemoteFailure, SupervisionError
 from ..wire import frames as wire_frames
 from ..wire.mailbox import local_mailbox
 from ..wire.remote_error import unpack_exception
-from . import logs
+from . import logs, supervision
 from .future import Future
 from .value_mesh import ValueMesh
 
@@ -62,10 +62,14 @@ class Endpoint:
         failures: dict[int, RemoteFailure] = {}
         remaining = [len(view_ranks)]
 
+        answered: set[int] = set()
+        targets = {mesh._addresses[b]: b for b in by_base}
+
         def on_reply(message: wire_frames.Message) -> None:
             i = by_base.get(message.header["rank"])
-            if i is None:
+            if i is None or i in answered:  # a reply and a supervision failure may both come
                 return
+            answered.add(i)
             try:
                 value = message.value()
                 if message.header["ok"]:
@@ -77,24 +81,38 @@ class Endpoint:
                 failures[i] = RemoteFailure(mesh.extent.point(view_ranks[i]), e,
                                             f"could not unpickle the reply: {e!r}\n")
             remaining[0] -= 1
-            if remaining[0] == 0:
+            died = i in failures and isinstance(failures[i].exception, SupervisionError)
+            if remaining[0] == 0 or died:  # a dead rank fails the call now, not after the others
+                remaining[0] = 0
                 mailbox.close_port(port)
+                supervision.unwatch(port, targets)
                 value, error = finish(results, [failures[k] for k in sorted(failures)])
                 future._resolve(value, error)
 
         # The port exists before anything is sent: a reply may arrive at once.
         port = mailbox.open_port(on_reply)
+        dead = supervision.watch(mesh._cluster_id, port, targets)
         try:
-            self._send(view_ranks, args, kwargs, port)
+            self._send([r for r in view_ranks if mesh._addresses[mesh._shape.base_rank(r)] not in dead],
+                       args, kwargs, port)
         except BaseException:
             mailbox.close_port(port)
+            supervision.unwatch(port, targets)
             raise
+        for address, why in dead.items():
+            supervision.fail(mesh._cluster_id, port, targets[address], why)
         mesh._track(view_ranks, future)
         future._ranks = len(view_ranks)
         future._answered = lambda: len(view_ranks) - remaining[0]
         return future
 
-    def _error(self, failures: list[RemoteFailure], total: int) -> ActorError:
+    def _error(self, failures: list[RemoteFailure], total: int) -> ActorError | SupervisionError:
+        """``SupervisionError`` when a rank's proc died, else ``ActorError``."""
+        dead = [f for f in failures if isinstance(f.exception, SupervisionError)]
+        if dead:
+            causes = "; ".join(str(f.exception) for f in dead)
+            return SupervisionError(f"{self._mesh._name}.{self._name}: {len(dead)} of {total} rank(s) failed: "
+                                    f"{causes}", failures)
         return ActorError(self._mesh._name, self._name, failures, total)
 
     # adverbs ---------------------------------------------------------------------------

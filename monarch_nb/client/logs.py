@@ -22,6 +22,7 @@ import zmq
 
 from ..mesh.ranks import format_ranks
 from ..proc import stdio
+from . import supervision
 from ..wire import frames as wire_frames
 from ..wire import sockets
 
@@ -168,6 +169,9 @@ class LogReceiver:
         except wire_frames.BadMessage:
             return
         header = message.header
+        if header.get("op") == "proc_failed":
+            supervision.proc_failed(header)
+            return
         now = time.time()
         with self._cond:
             for record in header["records"]:

@@ -279,10 +279,36 @@ class Hub:
 
     async def op_proc_exited(self, header, message):
         for mesh in self.proc_meshes.values():
-            for proc in mesh.procs:
+            for rank, proc in enumerate(mesh.procs):
                 if proc.proc_id == header["proc_id"]:
                     proc.exit_code = header["returncode"]
                     self._save()
+                    await self._tell_clients_proc_died(mesh, rank, proc, header.get("expected", False))
+
+    async def _tell_clients_proc_died(self, mesh: ProcMeshRecord, rank: int, proc: ProcRecord,
+                                      expected: bool) -> None:
+        """Every client learns which actors died with ``proc`` and why, so that calls
+        waiting on them fail now (``SupervisionError``) instead of never."""
+        code = proc.exit_code
+        if expected:
+            cause = "its proc was stopped"
+        elif code is not None and code < 0:
+            cause = f"killed by {signal.Signals(-code).name}" if -code in signal.Signals._value2member_map_ \
+                else f"killed by signal {-code}"
+        else:
+            cause = f"exited with code {code}"
+        last = [r[8] for r in self.logs.query(stream="stderr", tail=200) if r[3] == proc.proc_id][-3:]
+        host = self.hosts.get(proc.host_id)
+        why = (f"proc {proc.proc_id} (pid {proc.pid} on {host.hostname if host else proc.host_id}) {cause}"
+               + (f"; last stderr: {' | '.join(last)}" if last else ""))
+        actors = {}
+        for record in self.actor_meshes.values():
+            if record.proc_mesh == mesh.name and rank in record.proc_ranks:
+                i = record.proc_ranks.index(rank)
+                actors[record.addresses[i]] = (record.name, i)
+        for client in list(self.clients.values()):
+            if client.log_address:
+                await self.net.send(client.log_address, {"op": "proc_failed", "why": why, "actors": actors})
 
     # logs ------------------------------------------------------------------------------
     async def _log_lines(self, header) -> None:
@@ -458,6 +484,9 @@ class Hub:
             for p in live), return_exceptions=True)
 
     async def _stop_proc_mesh(self, record: ProcMeshRecord) -> None:
+        for rank, proc in enumerate(record.procs):  # calls still waiting on its actors fail
+            if proc.exit_code is None:
+                await self._tell_clients_proc_died(record, rank, proc, expected=True)
         for actor_mesh in [a for a in self.actor_meshes.values() if a.proc_mesh == record.name]:
             self._forget_actor_mesh(actor_mesh)
         self.proc_meshes.pop(record.name, None)

@@ -1,0 +1,70 @@
+"""A proc that dies fails the calls involving it with SupervisionError at once (never
+a hang), also calls waiting on ranks still alive; slices without it keep working."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from monarch_nb.actor import Actor, SupervisionError, endpoint
+
+
+class Fragile(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def wait(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return os.getpid()
+
+    @endpoint
+    def exit_with(self, code: int) -> None:
+        print("about to exit", file=sys.stderr, flush=True)
+        os._exit(code)
+
+
+@pytest.fixture
+def fragile(host):
+    procs = host.spawn_procs(per_host={"gpus": 4}, name="fragile")
+    mesh = procs.spawn("fragile", Fragile)
+    yield procs, mesh, mesh.pid.call().get().values()
+    procs.stop()
+
+
+def test_a_killed_proc_fails_a_call_waiting_on_every_rank_at_once(fragile):
+    procs, mesh, pids = fragile
+    # Ranks 0 and 1 busy for a minute: without supervision, a TimeoutError after 30 s below.
+    pending = mesh.slice(gpus=slice(0, 2)).wait.call(60)
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(SupervisionError) as info:
+        pending.get(timeout=30)
+    message = str(info.value)
+    assert "fragile rank 1" in message and f"pid {pids[1]}" in message and "killed by SIGKILL" in message
+    # Later calls that involve the dead rank fail without being sent; the others work.
+    with pytest.raises(SupervisionError, match="fragile rank 1"):
+        mesh.pid.call().get(timeout=30)
+    with pytest.raises(SupervisionError):
+        mesh.slice(gpus=1).pid.call_one().get(timeout=30)
+    assert mesh.slice(gpus=slice(2, 4)).pid.call().get(timeout=30).values() == pids[2:]
+
+
+def test_a_proc_that_exits_reports_its_code_and_last_stderr_lines(fragile):
+    procs, mesh, pids = fragile
+    with pytest.raises(SupervisionError) as info:
+        mesh.slice(gpus=2).exit_with.call_one(3).get(timeout=30)
+    assert "exited with code 3" in str(info.value) and "about to exit" in str(info.value)
+
+
+def test_stopping_procs_fails_calls_still_waiting_on_them(host):
+    procs = host.spawn_procs(per_host={"gpus": 2}, name="stopped")
+    mesh = procs.spawn("stopped", Fragile)
+    pending = mesh.wait.call(60)
+    procs.stop()
+    with pytest.raises(SupervisionError, match="was stopped"):
+        pending.get(timeout=30)
