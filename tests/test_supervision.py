@@ -11,6 +11,9 @@ import time
 import pytest
 
 from monarch_nb.actor import Actor, SupervisionError, endpoint
+from monarch_nb.client.cluster import Cluster
+
+from conftest import cluster_processes, wait_until
 
 
 class Fragile(Actor):
@@ -68,3 +71,18 @@ def test_stopping_procs_fails_calls_still_waiting_on_them(host):
     procs.stop()
     with pytest.raises(SupervisionError, match="was stopped"):
         pending.get(timeout=30)
+
+
+def test_a_host_whose_agent_dies_is_lost_with_its_procs_within_the_heartbeat_bound():
+    cluster = Cluster.start_ephemeral()
+    try:
+        procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 2}, name="doomed")
+        mesh = procs.spawn("doomed", Fragile)
+        pending = mesh.wait.call(60)  # without supervision: a TimeoutError after 30 s below
+        [agent] = [h["pid"] for h in cluster.info()["hosts"]]
+        os.kill(agent, signal.SIGKILL)  # its procs die with it; nobody reports their exit
+        with pytest.raises(SupervisionError, match="lost with its host"):
+            pending.get(timeout=30)
+    finally:
+        cluster.stop()
+    assert wait_until(lambda: not cluster_processes(cluster.path), 15)

@@ -73,6 +73,17 @@ class LogStore:
             found = [r for r in self._read_file() if keep(r)]  # what the ring let go of is on disk
         return found[-tail:] if tail else found
 
+    def last(self, proc: str, stream: str, n: int, scan: int = 10_000) -> list[tuple]:
+        """The last ``n`` records of ``proc`` on ``stream`` among the newest ``scan``
+        of the ring (a dying proc's last words), oldest first."""
+        found = []
+        for i, record in enumerate(reversed(self.ring)):
+            if i >= scan or len(found) == n:
+                break
+            if record[3] == proc and record[4] == stream:
+                found.append(record)
+        return found[::-1]
+
     def _read_file(self) -> list[tuple]:
         self._file.flush()
         with open(self._path, encoding="utf-8") as f:

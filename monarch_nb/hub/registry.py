@@ -16,6 +16,7 @@ class HostRecord:
     pid: int
     hostname: str
     last_seen: float = field(default_factory=time.monotonic)  # monotonic: not saved
+    lost: bool = False  # fell silent: its procs were failed
 
     def saved(self) -> dict:
         return {"host_id": self.host_id, "address": self.address, "pid": self.pid, "hostname": self.hostname}

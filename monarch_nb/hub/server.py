@@ -36,6 +36,7 @@ HEARTBEAT_S = 0.5
 AGENT_START_TIMEOUT_S = 60.0
 ADOPT_TIMEOUT_S = 3.0  # how long a recovering hub waits for each host agent to answer
 CLIENT_TIMEOUT_S = 3.0
+HOST_TIMEOUT_S = 3.0  # a host agent silent this long (it beats every 0.5 s) is lost, with its procs
 FLUSH_TIMEOUT_S = 2.0  # how long a log flush waits for each host agent  # a client silent this long is no longer counted as connected
 LOST_EXIT_CODE = -255  # exit code recorded for a proc that vanished while no hub watched
 
@@ -181,6 +182,20 @@ class Hub:
                     self._forget_actor_mesh(actors)
                 del self.proc_meshes[mesh.name]
 
+    async def _host_lost(self, host: HostRecord, silent_s: float) -> None:
+        """A host agent fell silent: its procs (which die with it) are failed."""
+        host.lost = True
+        print(f"monarch_nb hub: host agent {host.host_id} (pid {host.pid}) silent for {silent_s:.1f} s; "
+              "its procs are lost", file=sys.stderr)
+        for mesh in self.proc_meshes.values():
+            for rank, proc in enumerate(mesh.procs):
+                if proc.host_id == host.host_id and proc.exit_code is None:
+                    proc.exit_code = LOST_EXIT_CODE
+                    await self._tell_clients_proc_died(
+                        mesh, rank, proc, False, f"was lost with its host {host.hostname} (agent pid {host.pid} "
+                                                 f"silent for {silent_s:.1f} s)")
+        self._save()
+
     async def _shutdown_hosts(self) -> None:
         await asyncio.gather(*(self.net.send(h.address, {"op": "shutdown"}) for h in self.hosts.values()),
                              return_exceptions=True)
@@ -191,6 +206,9 @@ class Hub:
             for host in list(self.hosts.values()):
                 await self.net.send(host.address, {"op": "hub_alive"})
             now = time.monotonic()
+            for host in list(self.hosts.values()):
+                if not host.lost and now - host.last_seen > HOST_TIMEOUT_S:
+                    await self._host_lost(host, now - host.last_seen)
             for client_id, client in list(self.clients.items()):
                 if now - client.last_seen > CLIENT_TIMEOUT_S or not _client_alive(client):
                     del self.clients[client_id]
@@ -286,18 +304,18 @@ class Hub:
                     await self._tell_clients_proc_died(mesh, rank, proc, header.get("expected", False))
 
     async def _tell_clients_proc_died(self, mesh: ProcMeshRecord, rank: int, proc: ProcRecord,
-                                      expected: bool) -> None:
+                                      expected: bool, cause: str | None = None) -> None:
         """Every client learns which actors died with ``proc`` and why, so that calls
         waiting on them fail now (``SupervisionError``) instead of never."""
         code = proc.exit_code
-        if expected:
+        if cause is None and expected:
             cause = "its proc was stopped"
-        elif code is not None and code < 0:
+        elif cause is None and code is not None and code < 0:
             cause = f"killed by {signal.Signals(-code).name}" if -code in signal.Signals._value2member_map_ \
                 else f"killed by signal {-code}"
-        else:
+        elif cause is None:
             cause = f"exited with code {code}"
-        last = [r[8] for r in self.logs.query(stream="stderr", tail=200) if r[3] == proc.proc_id][-3:]
+        last = [] if expected else [r[8] for r in self.logs.last(proc.proc_id, "stderr", 3)]
         host = self.hosts.get(proc.host_id)
         why = (f"proc {proc.proc_id} (pid {proc.pid} on {host.hostname if host else proc.host_id}) {cause}"
                + (f"; last stderr: {' | '.join(last)}" if last else ""))
