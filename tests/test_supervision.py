@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -40,7 +41,7 @@ def fragile(host):
     procs.stop()
 
 
-def test_a_killed_proc_fails_a_call_waiting_on_every_rank_at_once(fragile):
+def test_a_killed_proc_fails_a_call_waiting_on_every_rank_at_once(cluster, fragile):
     procs, mesh, pids = fragile
     # Ranks 0 and 1 busy for a minute: without supervision, a TimeoutError after 30 s below.
     pending = mesh.slice(gpus=slice(0, 2)).wait.call(60)
@@ -55,6 +56,13 @@ def test_a_killed_proc_fails_a_call_waiting_on_every_rank_at_once(fragile):
     with pytest.raises(SupervisionError):
         mesh.slice(gpus=1).pid.call_one().get(timeout=30)
     assert mesh.slice(gpus=slice(2, 4)).pid.call().get(timeout=30).values() == pids[2:]
+    # A client that connects later gets handles that know the dead rank too.
+    script = ("import monarch_nb\nfrom monarch_nb.actor import SupervisionError\n"
+              f"m = monarch_nb.connect({cluster.name!r}).actor_meshes['fragile']\n"
+              "try:\n    m.pid.call().get(timeout=30)\nexcept SupervisionError as e:\n"
+              "    print('SupervisionError', e)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.stdout.startswith("SupervisionError") and "fragile rank 1" in out.stdout, out.stderr
 
 
 def test_a_proc_that_exits_reports_its_code_and_last_stderr_lines(fragile):

@@ -29,7 +29,8 @@ from ..errors import ClusterError, ClusterNotFound, InvalidRequest
 from ..mesh import Extent, Shape
 from ..wire import frames as wire_frames
 from ..hub.logstore import FIELDS as LOG_FIELDS
-from . import discovery, logs
+from ..hub.registry import exit_cause
+from . import discovery, logs, supervision
 from .actor_mesh import ActorMesh
 from .host_mesh import HostMesh
 from .hub_client import HubClient, watch_hub
@@ -191,13 +192,22 @@ class Cluster:
     def actor_meshes(self) -> dict[str, ActorMesh]:
         """Live handles on every actor mesh of the cluster, by name (a fresh snapshot);
         calling them reaches the same actor objects as the client that spawned them."""
-        return {name: self._actor_mesh(record) for name, record in self.info()["actor_meshes"].items()}
+        info = self.info()
+        return {name: self._actor_mesh(record, info["proc_meshes"]) for name, record in info["actor_meshes"].items()}
 
     def _proc_mesh(self, record: dict) -> ProcMesh:
         return ProcMesh(self._info["cluster_id"], self._info["hub"], record["name"],
                         Shape(Extent(record["extent"])), record["procs"])
 
-    def _actor_mesh(self, record: dict) -> ActorMesh:
+    def _actor_mesh(self, record: dict, proc_meshes: dict) -> ActorMesh:
+        """A handle from the registry; calls to actors whose proc has exited fail at once."""
+        procs = proc_meshes.get(record["proc_mesh"], {}).get("procs", [])
+        supervision.revive(record["addresses"])
+        for i, rank in enumerate(record["proc_ranks"]):
+            if rank < len(procs) and procs[rank]["exit_code"] is not None:
+                supervision.mark_dead(record["addresses"][i], f"{record['name']} rank {i}: proc "
+                                      f"{procs[rank]['proc_id']} (pid {procs[rank]['pid']}) "
+                                      f"{exit_cause(procs[rank]['exit_code'])}")
         return ActorMesh(self._info["cluster_id"], self._info["hub"], record["name"], record["class_name"],
                          record["endpoints"], record["methods"], Shape(Extent(record["extent"])),
                          record["addresses"])

@@ -10,7 +10,7 @@ from ..proc.actor import Actor, endpoint_names
 from ..wire import serialize
 from ..wire.mailbox import local_mailbox
 from ..wire.remote_error import unpack_exception
-from . import logs
+from . import logs, supervision
 from .actor_mesh import ActorMesh
 from .mesh_handle import MeshHandle
 
@@ -73,6 +73,7 @@ class ProcMesh(MeshHandle):
                 exc, tb = unpack_exception(serialize.loads(packed))
                 failures.append(RemoteFailure(self.extent.point(rank), exc, tb))
             raise ActorError(name, f"{actor_class.__name__}.__init__", failures, len(self))
+        supervision.revive(reply["addresses"])
         return ActorMesh(self._cluster_id, self._hub_address, name, class_name, endpoints, methods,
                          Shape(Extent(reply["extent"])), reply["addresses"])
 

@@ -40,6 +40,19 @@ def unwatch(port: int, addresses) -> None:
                     del _waiting[address]
 
 
+def revive(addresses) -> None:
+    """New actors listen at ``addresses``: a dead actor's port may have been reused."""
+    with _lock:
+        for address in addresses:
+            _dead.pop(address, None)
+
+
+def mark_dead(address: str, why: str) -> None:
+    """The actor at ``address`` is known gone (its proc exited before we looked)."""
+    with _lock:
+        _dead[address] = why
+
+
 def fail(cluster_id: str, port: int, base_rank: int, why: str) -> None:
     """Send the waiting call at ``port`` a failure reply for ``base_rank``."""
     mailbox = local_mailbox()

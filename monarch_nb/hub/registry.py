@@ -5,8 +5,19 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import asdict, dataclass, field
+
+
+def exit_cause(code: int | None) -> str:
+    """``-9`` -> ``"killed by SIGKILL"``, ``3`` -> ``"exited with code 3"``."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 @dataclass

@@ -30,7 +30,7 @@ from ..mesh import Extent
 from ..wire.aio import AioEndpoint
 from . import state
 from .logstore import LogStore
-from .registry import ActorMeshRecord, ClientRecord, HostRecord, ProcMeshRecord, ProcRecord
+from .registry import ActorMeshRecord, ClientRecord, HostRecord, ProcMeshRecord, ProcRecord, exit_cause
 
 HEARTBEAT_S = 0.5
 AGENT_START_TIMEOUT_S = 60.0
@@ -298,7 +298,9 @@ class Hub:
     async def op_proc_exited(self, header, message):
         for mesh in self.proc_meshes.values():
             for rank, proc in enumerate(mesh.procs):
-                if proc.proc_id == header["proc_id"]:
+                # The pid too: a late report about a stopped mesh's proc must not hit the
+                # new proc of the same id in a mesh spawned again under that name.
+                if proc.proc_id == header["proc_id"] and proc.pid == header.get("pid", proc.pid):
                     proc.exit_code = header["returncode"]
                     self._save()
                     await self._tell_clients_proc_died(mesh, rank, proc, header.get("expected", False))
@@ -307,14 +309,8 @@ class Hub:
                                       expected: bool, cause: str | None = None) -> None:
         """Every client learns which actors died with ``proc`` and why, so that calls
         waiting on them fail now (``SupervisionError``) instead of never."""
-        code = proc.exit_code
-        if cause is None and expected:
-            cause = "its proc was stopped"
-        elif cause is None and code is not None and code < 0:
-            cause = f"killed by {signal.Signals(-code).name}" if -code in signal.Signals._value2member_map_ \
-                else f"killed by signal {-code}"
-        elif cause is None:
-            cause = f"exited with code {code}"
+        if cause is None:
+            cause = "its proc was stopped" if expected else exit_cause(proc.exit_code)
         last = [] if expected else [r[8] for r in self.logs.last(proc.proc_id, "stderr", 3)]
         host = self.hosts.get(proc.host_id)
         why = (f"proc {proc.proc_id} (pid {proc.pid} on {host.hostname if host else proc.host_id}) {cause}"

@@ -146,7 +146,7 @@ class MonarchMagics(Magics):
         if name in info["proc_meshes"]:
             return cluster._proc_mesh(info["proc_meshes"][name])
         if name in info["actor_meshes"]:
-            return cluster._actor_mesh(info["actor_meshes"][name])
+            return cluster._actor_mesh(info["actor_meshes"][name], info["proc_meshes"])
         known = sorted(info["proc_meshes"]) + sorted(info["actor_meshes"])
         raise UsageError(f"no mesh {name!r}: not a mesh variable nor a mesh of the cluster "
                          f"(meshes: {', '.join(known) or 'none'})")
