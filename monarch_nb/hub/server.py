@@ -1,8 +1,11 @@
 """The hub daemon: control plane of one cluster.
 
-It starts host agents through an allocator, keeps the registry of proc and actor
-meshes, and carries out control requests (spawn, stop, shutdown) from clients. It
-never sees endpoint calls: those go straight from client to actor.
+It starts (or, recovering, re-adopts) host agents through an allocator, keeps the
+registry of proc and actor meshes and its state file, carries out control requests
+(spawn, stop, shutdown) from clients, counts the clients, stores every line the procs
+print and forwards each to the client whose call caused it, and tells clients when a
+proc dies or a host is lost. It never sees endpoint calls: those go straight from
+client to actor.
 
 Requests and replies are signed messages (see ``wire.frames``); a request header
 has ``op``, ``port`` and ``reply``; the reply has ``ok`` and either the result
@@ -35,9 +38,9 @@ from .registry import ActorMeshRecord, ClientRecord, HostRecord, ProcMeshRecord,
 HEARTBEAT_S = 0.5
 AGENT_START_TIMEOUT_S = 60.0
 ADOPT_TIMEOUT_S = 3.0  # how long a recovering hub waits for each host agent to answer
-CLIENT_TIMEOUT_S = 3.0
+CLIENT_TIMEOUT_S = 3.0  # a client silent this long is no longer counted as connected
 HOST_TIMEOUT_S = 3.0  # a host agent silent this long (it beats every 0.5 s) is lost, with its procs
-FLUSH_TIMEOUT_S = 2.0  # how long a log flush waits for each host agent  # a client silent this long is no longer counted as connected
+FLUSH_TIMEOUT_S = 2.0  # how long a log flush waits for each host agent
 LOST_EXIT_CODE = -255  # exit code recorded for a proc that vanished while no hub watched
 
 
