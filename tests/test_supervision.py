@@ -94,3 +94,18 @@ def test_a_host_whose_agent_dies_is_lost_with_its_procs_within_the_heartbeat_bou
     finally:
         cluster.stop()
     assert wait_until(lambda: not cluster_processes(cluster.path), 15)
+
+
+def test_health_tree_shows_each_proc_its_actors_and_a_failure_with_its_cause(cluster, fragile):
+    procs, mesh, pids = fragile
+    tree = cluster.health()
+    nodes = {p["pid"]: p for h in tree["hosts"] for p in h["procs"]}
+    assert all(nodes[pid]["state"] == "healthy" and nodes[pid]["rss_bytes"] > 0 for pid in pids)
+    assert nodes[pids[3]]["actors"] == [{"mesh": "fragile", "rank": 3, "class": "test_supervision.Fragile"}]
+    os.kill(pids[3], signal.SIGKILL)
+    with pytest.raises(SupervisionError):
+        mesh.slice(gpus=3).pid.call_one().get(timeout=30)
+    tree = cluster.health()
+    nodes = {p["pid"]: p for h in tree["hosts"] for p in h["procs"]}
+    assert (nodes[pids[3]]["state"], nodes[pids[3]]["cause"]) == ("failed", "killed by SIGKILL")
+    assert tree["state"] == "degraded" and tree["counts"]["failed"] == 1

@@ -178,6 +178,13 @@ class Cluster:
         """Hosts, clients, proc meshes and actor meshes as the hub knows them."""
         return self.hub.request("info", timeout=30.0)
 
+    def health(self) -> dict:
+        """The cluster's health tree as data: ``hosts`` -> ``procs`` (``state``
+        healthy/failed/lost, ``cause``, ``pid``, ``rss_bytes``, ``cpu_s``, ``uptime_s``)
+        -> ``actors`` (mesh, rank, class), with ``summary`` ("8/8 procs healthy · 0
+        failed · 0 lost") and ``counts``. (The live widget comes with issue 5.)"""
+        return self.hub.request("health", timeout=30.0)
+
     def host_mesh(self) -> HostMesh:
         """The cluster's hosts, extent ``{"hosts": N}``."""
         info = self.info()

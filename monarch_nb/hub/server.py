@@ -31,7 +31,7 @@ from .. import cluster_dir
 from ..allocators.local import LocalAllocator
 from ..mesh import Extent
 from ..wire.aio import AioEndpoint
-from . import state
+from . import health, state
 from .logstore import LogStore
 from .registry import ActorMeshRecord, ClientRecord, HostRecord, ProcMeshRecord, ProcRecord, exit_cause
 
@@ -384,6 +384,10 @@ class Hub:
                 "clients": [c.public() for c in self.clients.values()],
                 "proc_meshes": {n: m.public() for n, m in self.proc_meshes.items()},
                 "actor_meshes": {n: m.public() for n, m in self.actor_meshes.items()}}
+
+    async def op_health(self, header, message):
+        return health.tree(self.info["name"], [self.hosts[h] for h in self.host_order if h in self.hosts],
+                           self.proc_meshes, self.actor_meshes, LOST_EXIT_CODE)
 
     async def op_shutdown(self, header, message):
         self._shutdown_request = header
