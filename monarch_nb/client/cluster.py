@@ -22,8 +22,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
-
 from .. import cluster_dir
 from ..errors import ClusterError, ClusterNotFound, InvalidRequest
 from ..mesh import Extent, Shape
@@ -137,7 +135,7 @@ class Cluster:
                                      f"Use monarch_nb.connect({name!r})")
             if found.state == "missing" or not (found.path / "state.json").exists() or "hub" not in found.info:
                 raise ClusterNotFound(f"cluster {name!r} has no state to recover" + _running_hint())
-            discovery.kill_unresponsive_hub(found.info)
+            discovery.end_hub(found.info)
             return cls._recover(found)
 
     @classmethod
@@ -234,7 +232,8 @@ class Cluster:
              grep: str | None = None, tail: int | None = None) -> list[dict]:
         """Lines from the hub's store, oldest first, each a dict with ``seq``, ``time``
         (seconds since the epoch), ``host``, ``proc``, ``stream``, ``mesh``, ``rank``,
-        ``origin`` and ``text``. Filters: ``mesh`` (actor or proc mesh name), ``ranks``
+        ``origin``, ``text`` and ``size`` (actors in the mesh; ``None`` for output not
+        written by an actor, which is attributed to the proc mesh and proc rank). Filters: ``mesh`` (actor or proc mesh name), ``ranks``
         (an int or a list), ``stream`` (``"stdout"``/``"stderr"``), ``since`` (epoch
         seconds, or a negative number: that many seconds ago), ``grep`` (a regular
         expression), ``tail`` (the last N). Raises :class:`InvalidRequest` for a bad
@@ -263,7 +262,6 @@ class Cluster:
         if self._presence is not None and not self._presence.closed:
             self.flush_logs(timeout=2.0)
         self.disconnect()
-        hub_pid = self._hub_process.pid if self._hub_process else self._info.get("hub_pid")
         try:
             self.hub.request("shutdown", timeout=STOP_TIMEOUT_S)
         except ClusterError:  # the hub is gone or stuck: handled below
@@ -274,8 +272,8 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 self._hub_process.kill()
                 self._hub_process.wait()
-        elif hub_pid and not discovery.hub_process_problem(self._info):
-            _wait_or_kill(hub_pid, STOP_TIMEOUT_S)
+        else:
+            discovery.end_hub(self._info, STOP_TIMEOUT_S)
         discovery.remove_stale(self.path)
         global _default
         with _default_lock:
@@ -298,16 +296,6 @@ def _check_start_args(name, hosts, grace_s, idle_timeout) -> None:
         raise ValueError(f"grace_s={grace_s!r}: give a number of seconds > 0")
     if idle_timeout is not None and not idle_timeout > 0:
         raise ValueError(f"idle_timeout={idle_timeout!r}: give a number of seconds > 0, or None for never")
-
-
-def _wait_or_kill(pid: int, timeout: float) -> None:
-    try:
-        proc = psutil.Process(pid)
-        proc.wait(timeout)
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.TimeoutExpired:
-        proc.kill()
 
 
 def _running_hint() -> str:

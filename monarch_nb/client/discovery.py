@@ -96,16 +96,21 @@ def hub_process_problem(info: dict) -> str:
     return ""
 
 
-def kill_unresponsive_hub(info: dict) -> None:
-    """SIGKILL the hub named by ``info`` if it is still that live process (one that no
-    longer answers), so that a new hub never runs beside it."""
-    if "hub_pid" in info and info.get("hostname") == socket.gethostname() and not hub_process_problem(info):
+def end_hub(info: dict, wait_s: float = 0.0) -> None:
+    """Make sure the hub named by ``info`` is gone, if it is still that process on this
+    machine: wait up to ``wait_s`` seconds for it to exit, then SIGKILL it (so that a
+    new hub never runs beside one that stopped answering)."""
+    if "hub_pid" not in info or info.get("hostname") != socket.gethostname() or hub_process_problem(info):
+        return
+    try:
+        proc = psutil.Process(info["hub_pid"])
         try:
-            proc = psutil.Process(info["hub_pid"])
+            proc.wait(wait_s)
+        except psutil.TimeoutExpired:
             proc.kill()
             proc.wait(5)
-        except (psutil.NoSuchProcess, psutil.TimeoutExpired):
-            pass
+    except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+        pass
 
 
 def wait_until_started(name: str) -> Probe:
@@ -162,7 +167,7 @@ def remove_stale(path: Path, timeout: float = 5.0) -> None:
     """Stop what is left of a cluster whose hub is gone (host agents take their procs
     with them) and delete its directory."""
     try:
-        kill_unresponsive_hub(cluster_dir.read_info(path))
+        end_hub(cluster_dir.read_info(path))
     except (OSError, ValueError):
         pass
     agents = leftover_agents(path)

@@ -100,10 +100,3 @@ class Future(Generic[R]):
         state = "done" if self._done else "pending"
         return f"<Future {self._description} {state}>"
 
-
-def resolved(mailbox: Mailbox, value: Any = None, error: BaseException | None = None,
-             description: str = "call") -> Future:
-    """A future that is already done."""
-    future: Future = Future(mailbox, description)
-    future._resolve(value, error)
-    return future
