@@ -22,7 +22,7 @@ import zmq
 
 from ..mesh.ranks import format_ranks
 from ..proc import stdio
-from . import supervision
+from . import events, supervision
 from ..wire import frames as wire_frames
 from ..wire import sockets
 
@@ -169,8 +169,10 @@ class LogReceiver:
         except wire_frames.BadMessage:
             return
         header = message.header
-        if header.get("op") == "proc_failed":
-            supervision.proc_failed(header)
+        if header.get("op") != "log_lines":
+            if header.get("op") == "proc_failed":
+                supervision.proc_failed(header)
+            events.publish(header)
             return
         now = time.time()
         with self._cond:

@@ -41,6 +41,7 @@ ADOPT_TIMEOUT_S = 3.0  # how long a recovering hub waits for each host agent to 
 CLIENT_TIMEOUT_S = 3.0  # a client silent this long is no longer counted as connected
 HOST_TIMEOUT_S = 3.0  # a host agent silent this long (it beats every 0.5 s) is lost, with its procs
 FLUSH_TIMEOUT_S = 2.0  # how long a log flush waits for each host agent
+EVENT_COALESCE_S = 0.1  # health_changed goes out at most this often
 LOST_EXIT_CODE = -255  # exit code recorded for a proc that vanished while no hub watched
 
 
@@ -96,6 +97,7 @@ class Hub:
         self._all_hosts_ready = asyncio.Event()
         self._mesh_counter = self.saved["mesh_counter"] if self.saved else 0
         self._shutdown_request: dict | None = None  # answered once everything has stopped
+        self._health_pending = False
 
     # lifecycle ---------------------------------------------------------------------
     async def run(self, ready_fd: int | None) -> None:
@@ -240,9 +242,30 @@ class Hub:
         cluster_dir.write_json(target, self.public_info)
 
     def _save(self) -> None:
+        """The registry changed: write the state file and tell clients (coalesced)."""
+        self._health_changed()
         if not self.ephemeral:
             state.save(self.path, self.started, self.hosts, self.host_order, self._mesh_counter,
                        self.proc_meshes, self.actor_meshes)
+
+    def _health_changed(self) -> None:
+        """Announce ``health_changed`` once per ``EVENT_COALESCE_S``, however many changes."""
+        if self._health_pending:
+            return
+        self._health_pending = True
+
+        def announce():
+            self._health_pending = False
+            asyncio.ensure_future(self._announce({"op": "health_changed"}))
+
+        asyncio.get_running_loop().call_later(EVENT_COALESCE_S, announce)
+
+    async def _announce(self, event: dict) -> None:
+        """Send ``event`` to every client's event inbox (its log receiver)."""
+        event = {**event, "cluster": self.info["cluster_id"]}
+        for client in list(self.clients.values()):
+            if client.log_address:
+                await self.net.send(client.log_address, event)
 
     async def _serve(self) -> None:
         while True:
@@ -323,9 +346,7 @@ class Hub:
             if record.proc_mesh == mesh.name and rank in record.proc_ranks:
                 i = record.proc_ranks.index(rank)
                 actors[record.addresses[i]] = (record.name, i)
-        for client in list(self.clients.values()):
-            if client.log_address:
-                await self.net.send(client.log_address, {"op": "proc_failed", "why": why, "actors": actors})
+        await self._announce({"op": "proc_failed", "why": why, "actors": actors})
 
     # logs ------------------------------------------------------------------------------
     async def _log_lines(self, header) -> None:
