@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from monarch_nb.actor import Actor, SupervisionError, endpoint
+from monarch_nb.actor import Actor, ActorError, SupervisionError, endpoint
 from monarch_nb.client.cluster import Cluster
 
 from conftest import cluster_processes, wait_until
@@ -26,6 +26,13 @@ class Fragile(Actor):
     def wait(self, seconds: float) -> int:
         time.sleep(seconds)
         return os.getpid()
+
+    @endpoint
+    def wait_in_steps(self, seconds: float) -> None:
+        """Like wait, but interruptible (an interrupt lands between two short sleeps)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
 
     @endpoint
     def exit_with(self, code: int) -> None:
@@ -101,7 +108,8 @@ def test_health_tree_shows_each_proc_its_actors_and_a_failure_with_its_cause(clu
     tree = cluster.health()
     nodes = {p["pid"]: p for h in tree["hosts"] for p in h["procs"]}
     assert all(nodes[pid]["state"] == "healthy" and nodes[pid]["rss_bytes"] > 0 for pid in pids)
-    assert nodes[pids[3]]["actors"] == [{"mesh": "fragile", "rank": 3, "class": "test_supervision.Fragile"}]
+    assert nodes[pids[3]]["actors"] == [{"mesh": "fragile", "rank": 3, "class": "test_supervision.Fragile",
+                                         "state": "healthy"}]
     os.kill(pids[3], signal.SIGKILL)
     with pytest.raises(SupervisionError):
         mesh.slice(gpus=3).pid.call_one().get(timeout=30)
@@ -109,3 +117,24 @@ def test_health_tree_shows_each_proc_its_actors_and_a_failure_with_its_cause(clu
     nodes = {p["pid"]: p for h in tree["hosts"] for p in h["procs"]}
     assert (nodes[pids[3]]["state"], nodes[pids[3]]["cause"]) == ("failed", "killed by SIGKILL")
     assert tree["state"] == "degraded" and tree["counts"]["failed"] == 1
+    [view] = [m for m in tree["actor_meshes"] if m["name"] == "fragile"]
+    assert (view["alive"], view["size"], view["state"]) == (3, 4, "failed")
+
+
+def test_health_tree_shows_a_busy_actor_with_its_endpoint_and_for_how_long(cluster, fragile):
+    procs, mesh, pids = fragile
+    pending = mesh.slice(gpus=2).wait_in_steps.call_one(60)
+
+    def busy_node():
+        tree = cluster.health()
+        node = next(p for h in tree["hosts"] for p in h["procs"] if p["pid"] == pids[2])
+        return (tree, node) if node["state"] == "busy" else None
+
+    tree, node = wait_until(busy_node, 10)
+    [actor] = node["actors"]
+    assert actor["endpoint"] == "wait_in_steps" and 0 <= actor["busy_s"] < 60
+    assert "1 busy" in tree["summary"] and tree["counts"]["healthy"] == 3
+    procs.interrupt()
+    with pytest.raises(ActorError):
+        pending.get(timeout=30)
+    assert wait_until(lambda: busy_node() is None, 10)

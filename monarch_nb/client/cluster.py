@@ -177,10 +177,14 @@ class Cluster:
         return self.hub.request("info", timeout=30.0)
 
     def health(self) -> dict:
-        """The cluster's health tree as data: ``hosts`` -> ``procs`` (``state``
-        healthy/failed/lost, ``cause``, ``pid``, ``rss_bytes``, ``cpu_s``, ``uptime_s``)
-        -> ``actors`` (mesh, rank, class), with ``summary`` ("8/8 procs healthy · 0
-        failed · 0 lost") and ``counts``. (The live widget comes with issue 5.)"""
+        """The cluster's health tree as data (blocks for one hub round trip, at most ~1 s).
+
+        ``hosts`` -> ``procs`` (``state`` healthy / busy / paused / unresponsive / failed
+        / lost, ``cause``, ``pid``, ``rss_bytes``, ``cpu_s``, ``uptime_s``) -> ``actors``
+        (mesh, rank, class, state; ``endpoint`` and ``busy_s`` when busy); the same
+        actors per actor mesh in ``actor_meshes`` (alive/size); meshes being spawned in
+        ``starting``; ``summary`` ("8/8 procs healthy · 1 busy · 0 failed") and
+        ``counts``. See ``monarch_nb.hub.health``."""
         return self.hub.request("health", timeout=30.0)
 
     def host_mesh(self) -> HostMesh:

@@ -1,63 +1,115 @@
-"""The health tree of a cluster, as data: cluster -> hosts -> procs -> actors.
+"""The health tree of a cluster, as data: cluster -> hosts -> procs -> actors, and the
+same actors per actor mesh.
 
-States: a proc is ``healthy`` (running), ``failed`` (exited or killed, with its
-``cause``) or ``lost`` (its host agent fell silent); a host is ``healthy`` or
-``lost``. Memory and CPU come from psutil for procs on the hub's machine.
+States, worst first:
+
+- proc: ``failed`` (exited or killed, with its ``cause``), ``lost`` (its host agent
+  fell silent), ``unresponsive`` (alive but its control loop did not answer),
+  ``paused`` (an actor stopped in the debugger), ``busy`` (an actor runs an
+  endpoint), ``healthy`` (running, idle); a mesh still being spawned is ``starting``.
+- actor: ``failed`` / ``lost`` with its proc, ``paused`` (with file, line), ``busy``
+  (with ``endpoint`` and ``busy_s``), ``healthy``.
+- host: ``healthy`` or ``lost``.
+
+Memory, CPU time and uptime of each proc come from the proc itself (psutil), so they
+are known on every host.
 """
 
 from __future__ import annotations
 
-import socket
 import time
-
-import psutil
 
 from .registry import ActorMeshRecord, HostRecord, ProcMeshRecord, exit_cause
 
+PROC_ORDER = ("failed", "lost", "unresponsive", "paused", "busy", "healthy")
 
-def _usage(pid: int) -> dict:
-    try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            return {"rss_bytes": proc.memory_info().rss, "cpu_s": round(sum(proc.cpu_times()[:2]), 3),
-                    "uptime_s": round(time.time() - proc.create_time(), 3)}
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return {}
+
+def _actor_node(record: ActorMeshRecord, rank: int, proc_state: str, status: dict | None, now: float) -> dict:
+    node = {"mesh": record.name, "rank": rank, "class": record.class_name}
+    if proc_state in ("failed", "lost"):
+        return {**node, "state": proc_state}
+    doing = (status or {}).get("actors", {}).get(record.name, {})
+    if doing.get("state") == "paused":
+        extra = {k: v for k, v in doing.items() if k not in ("state", "since")}
+        return {**node, **extra, "state": "paused", "paused_s": round(now - doing["since"], 3)}
+    if doing.get("state") == "busy":
+        return {**node, "state": "busy", "endpoint": doing["endpoint"], "busy_s": round(now - doing["since"], 3)}
+    return {**node, "state": "healthy"}
 
 
 def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshRecord],
-         actor_meshes: dict[str, ActorMeshRecord], lost_code: int) -> dict:
-    """The health tree; ``lost_code`` is the exit code the hub records for lost procs."""
-    local = socket.gethostname()
-    actors_on: dict[str, list[dict]] = {}
+         actor_meshes: dict[str, ActorMeshRecord], lost_code: int, statuses: dict[str, dict | None],
+         starting: dict[str, tuple[int, int]]) -> dict:
+    """The health tree.
+
+    ``lost_code``: the exit code the hub records for lost procs. ``statuses``: proc id ->
+    its answer to ``status`` (None: no answer); procs not in it are not asked (dead).
+    ``starting``: proc mesh being spawned -> (procs up, procs asked for).
+    """
+    now = time.time()
+    on_proc: dict[str, list[tuple[ActorMeshRecord, int]]] = {}
     for record in actor_meshes.values():
         mesh = proc_meshes.get(record.proc_mesh)
         for i, rank in enumerate(record.proc_ranks):
             if mesh is not None and rank < len(mesh.procs):
-                actors_on.setdefault(mesh.procs[rank].proc_id, []).append(
-                    {"mesh": record.name, "rank": i, "class": record.class_name})
-    host_nodes, counts = [], {"healthy": 0, "failed": 0, "lost": 0}
+                on_proc.setdefault(mesh.procs[rank].proc_id, []).append((record, i))
+    counts = dict.fromkeys(PROC_ORDER, 0)
+    proc_state_of: dict[str, str] = {}
+    actor_nodes: dict[str, dict[int, dict]] = {}
+    host_nodes = []
     for host in hosts:
         procs = []
         for mesh in proc_meshes.values():
             for rank, proc in enumerate(mesh.procs):
                 if proc.host_id != host.host_id:
                     continue
-                if proc.exit_code is None:
-                    state, cause = "healthy", None
-                elif proc.exit_code == lost_code:
+                status = statuses.get(proc.proc_id)
+                cause = None
+                if proc.exit_code == lost_code:
                     state, cause = "lost", "lost with its host"
-                else:
+                elif proc.exit_code is not None:
                     state, cause = "failed", exit_cause(proc.exit_code)
+                elif status is None:
+                    state = "unresponsive"
+                else:
+                    state = "healthy"
+                actors = [_actor_node(r, i, state, status, now) for r, i in on_proc.get(proc.proc_id, [])]
+                for a in actors:
+                    actor_nodes.setdefault(a["mesh"], {})[a["rank"]] = a
+                if state == "healthy":  # a proc is as busy as its busiest actor
+                    for s in ("paused", "busy"):
+                        if any(a["state"] == s for a in actors):
+                            state = s
+                            break
                 counts[state] += 1
+                proc_state_of[proc.proc_id] = state
                 node = {"proc_id": proc.proc_id, "proc_mesh": mesh.name, "rank": rank, "pid": proc.pid,
-                        "state": state, "cause": cause, "actors": actors_on.get(proc.proc_id, [])}
-                if state == "healthy" and host.hostname == local:
-                    node.update(_usage(proc.pid))
+                        "state": state, "cause": cause, "actors": actors}
+                if status:
+                    node.update({k: status[k] for k in ("rss_bytes", "cpu_s", "uptime_s") if k in status})
                 procs.append(node)
         host_nodes.append({"host_id": host.host_id, "hostname": host.hostname, "pid": host.pid,
                            "state": "lost" if host.lost else "healthy", "procs": procs})
+    mesh_nodes = []
+    for record in actor_meshes.values():
+        nodes = [actor_nodes.get(record.name, {}).get(i) for i in range(len(record.proc_ranks))]
+        states = [n["state"] if n else "lost" for n in nodes]
+        bad = [s for s in states if s in ("failed", "lost")]
+        mesh_nodes.append({"name": record.name, "class": record.class_name, "proc_mesh": record.proc_mesh,
+                           "extent": record.extent, "alive": len(states) - len(bad), "size": len(states),
+                           "state": "failed" if bad else next((s for s in ("paused", "busy") if s in states),
+                                                             "healthy"),
+                           "actors": [n for n in nodes if n]})
     total = sum(counts.values())
-    return {"cluster": name, "state": "healthy" if counts["healthy"] == total else "degraded",
-            "summary": f"{counts['healthy']}/{total} procs healthy · {counts['failed']} failed · "
-                       f"{counts['lost']} lost", "counts": counts, "hosts": host_nodes}
+    alive = counts["healthy"] + counts["busy"] + counts["paused"]
+    summary = f"{alive}/{total} procs healthy"
+    for s in ("busy", "paused", "unresponsive"):
+        if counts[s]:
+            summary += f" · {counts[s]} {s}"
+    summary += f" · {counts['failed'] + counts['lost']} failed"
+    if starting:
+        summary += " · " + ", ".join(f"{n} starting ({up}/{of})" for n, (up, of) in starting.items())
+    return {"cluster": name, "state": "healthy" if alive == total else "degraded", "summary": summary,
+            "counts": counts, "hosts": host_nodes, "actor_meshes": mesh_nodes,
+            "starting": [{"proc_mesh": n, "up": up, "total": of, "state": "starting"}
+                         for n, (up, of) in starting.items()]}

@@ -40,7 +40,8 @@ AGENT_START_TIMEOUT_S = 60.0
 ADOPT_TIMEOUT_S = 3.0  # how long a recovering hub waits for each host agent to answer
 CLIENT_TIMEOUT_S = 3.0  # a client silent this long is no longer counted as connected
 HOST_TIMEOUT_S = 3.0  # a host agent silent this long (it beats every 0.5 s) is lost, with its procs
-FLUSH_TIMEOUT_S = 2.0  # how long a log flush waits for each host agent
+FLUSH_TIMEOUT_S = 2.0
+STATUS_TIMEOUT_S = 1.0  # a proc whose control loop does not answer within this is "unresponsive"  # how long a log flush waits for each host agent
 EVENT_COALESCE_S = 0.1  # health_changed goes out at most this often
 LOST_EXIT_CODE = -255  # exit code recorded for a proc that vanished while no hub watched
 
@@ -90,6 +91,7 @@ class Hub:
         self.clients: dict[str, ClientRecord] = {}
         self.logs = LogStore(path)
         self.spawning: dict[str, list] = {}  # proc mesh being spawned -> [procs up, spawn id]
+        self.spawning_size: dict[str, int] = {}  # proc mesh being spawned -> procs asked for
         self.started = self.saved["started"] if self.saved else time.time()
         self.hub_started = time.time()
         self.idle_since = time.monotonic()
@@ -407,8 +409,15 @@ class Hub:
                 "actor_meshes": {n: m.public() for n, m in self.actor_meshes.items()}}
 
     async def op_health(self, header, message):
+        """The health tree (see ``health.tree``); every live proc is asked what its
+        actors are doing, in parallel, waiting at most ``STATUS_TIMEOUT_S``."""
+        live = [p for m in self.proc_meshes.values() for p in m.procs if p.exit_code is None]
+        replies = await asyncio.gather(*(self.net.request(p.address, {"op": "status"}, timeout=STATUS_TIMEOUT_S)
+                                         for p in live), return_exceptions=True)
+        statuses = {p.proc_id: (None if isinstance(r, BaseException) else r.header) for p, r in zip(live, replies)}
+        starting = {name: (up, self.spawning_size.get(name, 0)) for name, (up, _) in self.spawning.items()}
         return health.tree(self.info["name"], [self.hosts[h] for h in self.host_order if h in self.hosts],
-                           self.proc_meshes, self.actor_meshes, LOST_EXIT_CODE)
+                           self.proc_meshes, self.actor_meshes, LOST_EXIT_CODE, statuses, starting)
 
     async def op_shutdown(self, header, message):
         self._shutdown_request = header
@@ -446,10 +455,13 @@ class Hub:
                 "op": "spawn_procs", "proc_ids": ids, "env": header.get("env", {}),
                 "cwd": header.get("cwd"), "python": header.get("python")}))
         self.spawning[name] = [0, header.get("spawn_id")]
+        self.spawning_size[name] = len(hosts) * per
+        self._health_changed()
         try:
             replies = await asyncio.gather(*requests)
         finally:
             self.spawning.pop(name, None)
+            self.spawning_size.pop(name, None)
         errors = [r.header["error"] for r in replies if not r.header["ok"]]
         procs = [ProcRecord(**p) for r in replies if r.header["ok"] for p in r.header["procs"]]
         if errors:

@@ -14,6 +14,7 @@ import inspect
 import os
 import sys
 import threading
+import time
 
 import zmq
 
@@ -21,6 +22,7 @@ from ..mesh import Point
 from ..wire import frames as wire_frames
 from ..wire import sockets
 from ..wire.remote_error import pack_exception
+from . import activity
 from .actor import Actor, ActorInstance, Context, _set_current, is_endpoint
 from .stdio import end_of_call, set_call_origin
 
@@ -61,6 +63,7 @@ class ActorThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.address: str | None = None
         self.busy = False  # handling a message (an interrupt is delivered only then)
+        self.current: tuple[str, float] | None = None  # endpoint running, since (wall clock, s)
         # An actor on the proc's main thread (``%%monarch exec``) can be interrupted even
         # in a blocking call such as time.sleep: SIGINT interrupts the main thread only.
         self.thread = (threading.main_thread() if main_thread else
@@ -86,6 +89,16 @@ class ActorThread:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident),
                                                    ctypes.py_object(KeyboardInterrupt))
         return True
+
+    def status(self) -> dict:
+        """``state`` idle, busy (``endpoint``, ``since``) or paused (where, since)."""
+        stop = activity.paused(self.thread.ident)
+        if stop is not None:
+            return {"state": "paused", **stop}
+        current = self.current
+        if current is None:
+            return {"state": "idle"}
+        return {"state": "busy", "endpoint": current[0], "since": current[1]}
 
     def _context(self) -> Context:
         return Context(self._instance_info, self.point)
@@ -140,6 +153,7 @@ class ActorThread:
             if not is_endpoint(method):
                 raise AttributeError(f"{type(instance).__name__}.{name} is not an endpoint")
             args, kwargs = message.value()
+            self.current = (name, time.time())
             self.busy = True  # interrupts land only while user code runs
             try:
                 result = method(*args, **kwargs)
@@ -149,6 +163,7 @@ class ActorThread:
                     result = self._loop.run_until_complete(result)
             finally:
                 self.busy = False
+                self.current = None
                 end_of_call()  # a last line without newline goes out before the reply
         except BaseException as e:  # noqa: BLE001 - every failure goes to the caller
             if reply_to is None:

@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import time
+
+import psutil
 
 from ..mesh import Extent
 from ..wire import frames as wire_frames
@@ -38,6 +41,18 @@ class ProcServer:
                 actor.interrupt_thread()
         if on_main is not None and on_main.busy:
             raise KeyboardInterrupt
+
+    def status(self) -> dict:
+        """What each actor is doing (see ``ActorThread.status``) and this proc's usage."""
+        usage = {}
+        try:
+            me = psutil.Process()
+            with me.oneshot():
+                usage = {"rss_bytes": me.memory_info().rss, "cpu_s": round(sum(me.cpu_times()[:2]), 3),
+                         "uptime_s": round(time.time() - me.create_time(), 3)}
+        except psutil.Error:
+            pass
+        return {"actors": {name: a.status() for name, a in list(self.actors.items())}, **usage}
 
     def serve(self) -> None:
         while True:
@@ -75,6 +90,8 @@ class ProcServer:
         elif op == "interrupt":
             os.kill(os.getpid(), signal.SIGINT)  # handled on the main thread: see interrupt()
             self._reply(header)
+        elif op == "status":
+            self._reply(header, **self.status())  # in the header: the hub never unpickles
         elif op == "ping":
             self._reply(header, {"pid": os.getpid(), "actors": sorted(self.actors)})
         elif op == "exit":
