@@ -10,9 +10,10 @@ from ..proc.actor import Actor, endpoint_names
 from ..wire import serialize
 from ..wire.mailbox import local_mailbox
 from ..wire.remote_error import unpack_exception
-from . import logs, supervision
+from . import logs, supervision, torch_env
 from .actor_mesh import ActorMesh
 from .mesh_handle import MeshHandle
+from .value_mesh import ValueMesh
 
 
 def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
@@ -90,6 +91,23 @@ class ProcMesh(MeshHandle):
         mailbox = local_mailbox()
         for rank in self._shape.base_ranks():
             mailbox.request(self._procs[rank]["address"], self._cluster_id, {"op": "interrupt"}, timeout=timeout)
+
+    def setup_torch_distributed(self, backend: str = "gloo", master_addr: str | None = None,
+                                master_port: int | None = None) -> ValueMesh:
+        """Set what torchrun sets in every proc of this mesh (or slice), so that actors can
+        call ``torch.distributed.init_process_group(backend)`` and use DDP: RANK (rank in
+        this mesh), WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (place and count on its
+        host, the ``hosts`` dimension), GROUP_RANK and GROUP_WORLD_SIZE (host index and
+        count), MASTER_ADDR (default: rank 0's host address) and MASTER_PORT (default: a
+        port free on rank 0's host, picked there). Imports no torch. Blocking; returns a
+        ``ValueMesh`` of each rank's variables (str -> str).
+
+        Safe to re-run: while every proc is already rank r of a live group of this mesh's
+        size and ``backend``, nothing changes and the variables that group was made with
+        are returned. Raises ``ValueError`` for a backend other than ``"gloo"``/``"nccl"``
+        or a bad address or port, and :class:`ClusterError` when some procs hold a
+        process group that doesn't match (destroy it first) or a proc does not answer."""
+        return torch_env.setup(self, torch_env.check_backend(backend), master_addr, master_port)
 
     def stop(self) -> None:
         """Stop every proc of this mesh (the whole mesh, also when called on a slice) and

@@ -17,6 +17,7 @@ from ..mesh import Extent
 from ..wire import frames as wire_frames
 from ..wire import sockets
 from .actor_loop import ActorThread, send_reply
+from . import torch_env
 
 
 class ProcServer:
@@ -92,6 +93,8 @@ class ProcServer:
             self._reply(header)
         elif op == "status":
             self._reply(header, **self.status())  # in the header: the hub never unpickles
+        elif op in ("torch_env_query", "torch_env_set"):  # ProcMesh.setup_torch_distributed
+            self._reply(header, **torch_env.handle(header))
         elif op == "ping":
             self._reply(header, {"pid": os.getpid(), "actors": sorted(self.actors)})
         elif op == "exit":

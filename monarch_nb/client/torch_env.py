@@ -1,0 +1,138 @@
+"""torch.distributed over a proc mesh: the torch elastic variables (what torchrun sets)
+computed from the mesh and set in every proc, so that ``init_process_group()`` (its
+default ``env://`` rendezvous) and DDP work in actors on one host or many.
+
+Imports no torch, here or in the procs: setting variables needs none.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import ClusterError
+from ..mesh import Extent
+from ..proc.torch_env import ENV_KEYS
+from ..wire import frames as wire_frames
+from ..wire.mailbox import local_mailbox
+from .value_mesh import ValueMesh
+
+if TYPE_CHECKING:
+    from .proc_mesh import ProcMesh
+
+BACKENDS = ("gloo", "nccl")
+HOSTS = "hosts"  # the dimension whose index is the host ("node"); the others count procs on it
+TIMEOUT_S = 30.0  # for each round of control requests to the procs
+
+
+def check_backend(backend: str) -> str:
+    """``backend`` if it is one of :data:`BACKENDS`, else ``ValueError`` naming them."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not a torch.distributed backend monarch_nb sets up; use "
+                         f"{' or '.join(repr(b) for b in BACKENDS)} (gloo: CPU tensors, any host; nccl: CUDA tensors)")
+    return backend
+
+
+def _check_master(master_addr, master_port) -> None:
+    if master_addr is not None and (not isinstance(master_addr, str) or not master_addr):
+        raise ValueError(f"master_addr={master_addr!r}: give a host name or IP address string, or None "
+                         "for rank 0's host")
+    if master_port is not None and (isinstance(master_port, bool) or not isinstance(master_port, int)
+                                    or not 0 < master_port < 65536):
+        raise ValueError(f"master_port={master_port!r}: give a TCP port number 1-65535, or None for a free "
+                         "port picked on rank 0's host")
+
+
+def host_of(address: str) -> str:
+    """The host part of a proc address: ``"tcp://10.0.0.5:4242"`` -> ``"10.0.0.5"``
+    (IPv6 brackets removed)."""
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def rank_env(extent: Extent, rank: int, master_addr: str, master_port: int) -> dict[str, str]:
+    """The variables of ``rank`` of a mesh over ``extent``, as strings.
+
+    RANK is the rank in the mesh (row-major) and WORLD_SIZE its size. With a ``hosts``
+    dimension, GROUP_RANK is the point's host index, LOCAL_RANK the rank among the
+    other dimensions (its place on its host) and LOCAL_WORLD_SIZE their size; without
+    one (e.g. ``procs.slice(hosts=0)``) the whole mesh is on one host."""
+    point = extent.point(rank)
+    if HOSTS in extent:
+        local = Extent({label: size for label, size in extent.items() if label != HOSTS})
+        local_rank = local.rank_of({label: point[label] for label in local}) if len(local) else 0
+        group_rank, groups = point[HOSTS], extent[HOSTS]
+    else:
+        local, local_rank, group_rank, groups = extent, rank, 0, 1
+    return {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(rank),
+            "WORLD_SIZE": str(extent.nelements), "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(local.nelements), "GROUP_RANK": str(group_rank),
+            "GROUP_WORLD_SIZE": str(groups)}
+
+
+def _ask(mesh: "ProcMesh", headers: list[dict], timeout: float) -> list[dict]:
+    """Send ``headers[i]`` to the proc of rank i, all at once; their reply headers in
+    rank order. Raises :class:`ClusterError` naming the procs that did not answer."""
+    mailbox = local_mailbox()
+    procs = [mesh._procs[r] for r in mesh._shape.base_ranks()]
+    replies: dict[int, dict] = {}
+    ports = []
+    try:
+        for rank, (proc, header) in enumerate(zip(procs, headers)):
+            port = mailbox.open_port(lambda m, rank=rank: replies.__setitem__(rank, m.header))
+            ports.append(port)
+            mailbox.send(proc["address"], wire_frames.encode(
+                mesh._cluster_id, {**header, "port": port, "reply": mailbox.address}))
+        mailbox.wait(lambda: len(replies) == len(procs), timeout)
+    finally:
+        for port in ports:
+            mailbox.close_port(port)
+    missing = [f"rank {r} (proc {p['proc_id']}, pid {p['pid']})" for r, p in enumerate(procs) if r not in replies]
+    if missing:
+        raise ClusterError(f"proc mesh {mesh.name!r}: {', '.join(missing)} did not answer within {timeout} s; "
+                           "check cluster.health() for dead procs")
+    return [replies[r] for r in range(len(procs))]
+
+
+def _live_group_env(mesh: "ProcMesh", backend: str | None, master_addr, master_port,
+                    states: list[dict]) -> list[dict] | None:
+    """``None`` when no proc has a process group. When every proc already is rank r of
+    one group of this mesh's size (and backend), the env those groups were made with:
+    setting up again changes nothing. Otherwise :class:`ClusterError`."""
+    groups = [s["group"] for s in states]
+    if not any(groups):
+        return None
+    n = len(states)
+    envs = [s["env"] for s in states]
+    wrong = [r for r, g in enumerate(groups)
+             if g is None or g["rank"] != r or g["world_size"] != n or (backend and backend not in g["backend"])]
+    masters = {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}
+    asked = (master_addr or envs[0]["MASTER_ADDR"], str(master_port or envs[0]["MASTER_PORT"]))
+    if not wrong and len(masters) == 1 and asked in masters:
+        return envs
+    had = next(g for g in groups if g)
+    ranks = [r for r, g in enumerate(groups) if g]
+    raise ClusterError(
+        f"proc mesh {mesh.name!r}: rank(s) {', '.join(map(str, ranks))} already belong to a torch process group "
+        f"(backend {had['backend']}, world size {had['world_size']}) that this setup (backend {backend or 'any'}, "
+        f"world size {n}, master {asked[0]}:{asked[1]}) would not match; call "
+        "torch.distributed.destroy_process_group() in an actor on each of those procs first, or use new procs")
+
+
+def setup(mesh: "ProcMesh", backend: str | None = None, master_addr: str | None = None,
+          master_port: int | None = None, timeout: float = TIMEOUT_S) -> ValueMesh:
+    """Set the torch elastic variables in every proc of ``mesh``; see
+    ``ProcMesh.setup_torch_distributed``. ``backend=None`` accepts any live group."""
+    if backend is not None:
+        check_backend(backend)
+    _check_master(master_addr, master_port)
+    n = len(mesh)
+    query = [{"op": "torch_env_query", "free_port": r == 0 and master_port is None} for r in range(n)]
+    states = _ask(mesh, query, timeout)
+    envs = _live_group_env(mesh, backend, master_addr, master_port, states)
+    if envs is None:
+        rank0 = mesh._procs[mesh._shape.base_rank(0)]
+        addr = master_addr or host_of(rank0["address"])
+        port = master_port or states[0]["picked_port"]
+        wanted = [rank_env(mesh.extent, r, addr, port) for r in range(n)]
+        envs = [s["env"] for s in _ask(mesh, [{"op": "torch_env_set", "env": e} for e in wanted], timeout)]
+    return ValueMesh(mesh.extent, envs)

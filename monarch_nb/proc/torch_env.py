@@ -1,0 +1,53 @@
+"""Proc side of ``ProcMesh.setup_torch_distributed``: the ``torch_env_query`` and
+``torch_env_set`` control ops.
+
+Setting the torch elastic variables needs no torch, so this module never imports it:
+a proc that never runs torch code never loads it. Whether a process group already
+exists is read from ``sys.modules`` (if ``torch.distributed`` was never imported, no
+group can exist).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+# What torchrun sets for each worker and ``init_process_group(init_method="env://")``
+# (the default) reads; GROUP_* is the host ("node") index and count.
+ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+            "GROUP_RANK", "GROUP_WORLD_SIZE")
+
+
+def free_port() -> int:
+    """A TCP port free on every interface of this host right now (the OS picks it), for
+    rank 0's TCPStore. Another process could take it before the store binds it; the
+    window is the time until ``init_process_group`` runs, as with torchrun."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def process_group() -> dict | None:
+    """This process's default torch process group as ``{"backend", "rank", "world_size"}``,
+    or ``None`` when there is none (or torch was never imported)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return {"backend": str(dist.get_backend()), "rank": dist.get_rank(), "world_size": dist.get_world_size()}
+
+
+def handle(header: dict) -> dict:
+    """Serve one control op; returns the reply's header fields.
+
+    ``torch_env_query`` (with ``free_port: bool``): ``{"group", "env", "picked_port"}``:
+    ``env`` holds the current values of :data:`ENV_KEYS` (``None`` when unset),
+    ``picked_port`` a free port when asked (not ``port``: replies are routed by it).
+    ``torch_env_set`` (with ``env``: str -> str) sets those variables in this process's
+    environment first, then answers the same way."""
+    if header["op"] == "torch_env_set":
+        os.environ.update({k: str(v) for k, v in header["env"].items()})
+    reply = {"group": process_group(), "env": {k: os.environ.get(k) for k in ENV_KEYS}}
+    if header.get("free_port"):
+        reply["picked_port"] = free_port()
+    return reply
