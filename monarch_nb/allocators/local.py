@@ -11,10 +11,13 @@ import psutil
 
 class LocalAllocator:
     """Starts host agents as children of the hub, or adopts those a previous hub of the
-    cluster started.
+    cluster started (see :mod:`.base` for the protocol).
 
     ``grace_s`` is how long an agent keeps its procs after the hub falls silent.
     """
+
+    kind = "local"
+    start_timeout_s = 60.0
 
     def __init__(self, cluster_dir: str, grace_s: float):
         self.cluster_dir = cluster_dir
@@ -22,17 +25,38 @@ class LocalAllocator:
         self.agents: dict[str, subprocess.Popen | psutil.Process] = {}
         self._ids = itertools.count()
 
+    def spec(self) -> dict:
+        return {"kind": self.kind}
+
+    def bind_address(self) -> str | None:
+        return None
+
     def start(self, hub_address: str, hosts: int) -> list[str]:
         """Start ``hosts`` host agents; returns their host ids (they report in to the hub)."""
         ids = []
-        for _ in range(hosts):
+        for i in range(hosts):
             host_id = self._next_id()
             self.agents[host_id] = subprocess.Popen(
-                [sys.executable, "-m", "monarch_nb.host", "--cluster-dir", self.cluster_dir,
-                 "--hub", hub_address, "--host-id", host_id, "--grace", str(self.grace_s)],
+                [*self._prefix(i), sys.executable, "-m", "monarch_nb.host", "--cluster-dir", self.cluster_dir,
+                 "--hub", hub_address, "--host-id", host_id, "--grace", str(self.grace_s), *self._agent_args()],
                 stdin=subprocess.DEVNULL)
             ids.append(host_id)
         return ids
+
+    def _prefix(self, index: int) -> list[str]:
+        """What the ``index``-th agent's command line starts with (nothing: run it here)."""
+        return []
+
+    def _agent_args(self) -> list[str]:
+        return []
+
+    def check(self) -> dict[str, str]:
+        return {}  # an agent that dies falls silent; the hub's heartbeat sees it
+
+    def waiting_for(self) -> str:
+        exited = [f"{h} (exit code {a.returncode})" for h, a in self.agents.items()
+                  if isinstance(a, subprocess.Popen) and a.poll() is not None]
+        return f"host agents that exited: {', '.join(exited)}" if exited else ""
 
     def adopt(self, pids: dict[str, int]) -> None:
         """Take charge of running host agents (host id -> pid) started by an earlier hub."""

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from pathlib import Path
 
 from .. import cluster_dir
 from ..wire import frames as wire_frames
+from ..wire import interfaces
 from .agent import HostAgent
 
 
@@ -18,12 +20,20 @@ def main() -> None:
     parser.add_argument("--host-id", required=True)
     parser.add_argument("--grace", type=float, default=10.0,
                         help="seconds without hub heartbeats before stopping every proc")
+    parser.add_argument("--bind", default=None,
+                        help="interface this agent and its procs bind on: an IP, or 'auto' for the one "
+                             "that routes to the hub (default: MONARCH_NB_BIND, else loopback)")
+    parser.add_argument("--node", default="", help="the allocator's name for this host (e.g. a Slurm node)")
     args = parser.parse_args()
+    if args.bind:
+        # Through the environment, so that the procs this agent starts bind there too.
+        ip = interfaces.route_source(interfaces.host_of(args.hub)) if args.bind == "auto" else args.bind
+        os.environ["MONARCH_NB_BIND"] = interfaces.check_bind_address(ip)
     info = cluster_dir.read_info(Path(args.cluster_dir))
     wire_frames.register_key(info["cluster_id"], cluster_dir.key_of(info))
 
     async def run() -> None:
-        agent = HostAgent(info["cluster_id"], args.cluster_dir, args.hub, args.host_id, args.grace)
+        agent = HostAgent(info["cluster_id"], args.cluster_dir, args.hub, args.host_id, args.grace, args.node)
         await agent.run()
 
     asyncio.run(run())

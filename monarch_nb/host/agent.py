@@ -23,8 +23,10 @@ STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this many seconds
 
 
 class HostAgent:
-    def __init__(self, cluster_id: str, cluster_dir: str, hub: str, host_id: str, grace_s: float):
+    def __init__(self, cluster_id: str, cluster_dir: str, hub: str, host_id: str, grace_s: float,
+                 node: str = ""):
         self.net = AioEndpoint(cluster_id)
+        self.node = node
         self.cluster_dir = cluster_dir
         self.hub = hub
         self.host_id = host_id
@@ -40,10 +42,10 @@ class HostAgent:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.done.set)
+            loop.add_signal_handler(sig, lambda sig=sig: asyncio.ensure_future(self._signalled(sig)))
         await self.net.send(self.hub, {"op": "agent_ready", "host_id": self.host_id,
                                        "address": self.net.address, "pid": os.getpid(),
-                                       "hostname": socket.gethostname()})
+                                       "hostname": socket.gethostname(), "node": self.node})
         tasks = [asyncio.ensure_future(self._serve()), asyncio.ensure_future(self._heartbeat())]
         await self.done.wait()
         for t in tasks:
@@ -53,6 +55,14 @@ class HostAgent:
         await self._send_lines_now()
         self.capture.close_all()
         self.net.close()
+
+    async def _signalled(self, sig: signal.Signals) -> None:
+        """Stopped from outside (a cancelled or timed-out Slurm job, a kill): the hub hears
+        it first, so calls on this host's procs fail now and name the cause."""
+        if not self.done.is_set():
+            await self.net.send(self.hub, {"op": "agent_exiting", "host_id": self.host_id,
+                                           "why": f"its host agent got {signal.Signals(sig).name}"})
+        self.done.set()
 
     async def _heartbeat(self) -> None:
         while True:

@@ -1,0 +1,67 @@
+"""The allocator protocol: what the hub asks of anything that gets hosts.
+
+An allocator acquires hosts, starts one host agent on each (the agent dials the hub
+and signs every message with the cluster key read from the cluster directory),
+reports them in ``hosts``-dimension order, watches the allocation while the cluster
+runs and releases the hosts at the end. The hub creates one from a *spec*, a small
+JSON-able dict (``{"kind": "slurm", "nodes": 2, ...}``) that also goes into the
+state file, so a recovering hub re-adopts the same allocation (e.g. the same Slurm
+job). Implementations: :mod:`.local` (subprocesses on this machine), :mod:`.slurm`
+(a batch job whose ``srun`` starts the agents), :mod:`.command` (agents started
+through a command prefix such as ``ip netns exec NS``).
+
+Methods may block (they run commands like ``sbatch``); the hub calls the slow ones in
+a worker thread.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Allocator(Protocol):
+    kind: str
+    start_timeout_s: float  # how long the hub waits for every agent to report (queue wait included)
+
+    def spec(self) -> dict:
+        """What recreates this allocator (and its live allocation, once started)."""
+
+    def bind_address(self) -> str | None:
+        """The interface the hub and this machine's agents bind on (an IP), or ``None``
+        for ``MONARCH_NB_BIND``/loopback."""
+
+    def start(self, hub_address: str, hosts: int) -> list[str]:
+        """Acquire ``hosts`` hosts and start a host agent on each; returns their host ids
+        in ``hosts``-dimension order (each agent reports ``agent_ready`` with its id)."""
+
+    def adopt(self, pids: dict[str, int]) -> None:
+        """Take charge of live host agents (host id -> pid) a previous hub started."""
+
+    def check(self) -> dict[str, str]:
+        """Hosts whose allocation has ended (host id -> why, e.g. "Slurm job 12 was
+        CANCELLED"); ``{}`` while all is well. Called about once a second."""
+
+    def waiting_for(self) -> str:
+        """Why agents have not reported yet (e.g. the job's state and reason), for the
+        error raised when ``start_timeout_s`` passes; ``""`` if nothing to add."""
+
+    def stop(self, timeout: float) -> None:
+        """Release every host: wait up to ``timeout`` seconds for agents told to shut
+        down, then end what is left (kill, or cancel the job) and wait for it."""
+
+
+def create(spec: dict | None, cluster_dir: str, grace_s: float) -> Allocator:
+    """The allocator ``spec`` describes (``None``: local). Raises ``ValueError`` for
+    an unknown kind."""
+    spec = dict(spec or {"kind": "local"})
+    kind = spec.pop("kind", "local")
+    if kind == "local":
+        from .local import LocalAllocator
+        return LocalAllocator(cluster_dir, grace_s)
+    if kind == "slurm":
+        from .slurm import SlurmAllocator
+        return SlurmAllocator.from_spec(spec, cluster_dir, grace_s)
+    if kind == "command":
+        from .command import CommandAllocator
+        return CommandAllocator.from_spec(spec, cluster_dir, grace_s)
+    raise ValueError(f"unknown allocator kind {kind!r}: use 'local', 'slurm' or 'command'")

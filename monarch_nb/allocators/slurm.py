@@ -1,0 +1,275 @@
+"""Slurm allocator: hosts come from a batch job whose ``srun`` starts one host agent per
+node.
+
+``Cluster.start("train", allocator=SlurmAllocator(nodes=2, partition="debug"))``
+submits ``sbatch --nodes=2 --ntasks-per-node=1 ...`` from this machine (the hub's).
+The job's single step runs ``python -m monarch_nb.host`` on every node; agent ``i`` is
+Slurm task ``i`` (``SLURM_PROCID``) and becomes index ``i`` of the host mesh's
+``hosts`` dimension, so the order is the job's node list order. Agents bind on the
+interface that routes to the hub and sign every message with the cluster key, which
+they read from the cluster directory: the directory and the Python environment must
+be on a filesystem the nodes share, as is usual on Slurm clusters.
+
+The job is the allocation: stopping the cluster ends it (agents exit, then
+``scancel``), and a job that ends from outside (``scancel``, time limit, node
+failure, preemption) shows up within about a second as failed hosts whose procs'
+calls raise ``SupervisionError`` naming the job's state. Accounting is not needed:
+job state comes from ``scontrol show job``.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..errors import ClusterError
+from ..wire import interfaces
+from . import slurm_parse
+
+COMMAND_TIMEOUT_S = 30.0  # sbatch/scontrol/scancel; they block while the controller is unreachable
+CANCEL_WAIT_S = 10.0  # how long stop() waits for a cancelled job to end
+POLL_S = 0.1
+JOB_SCRIPT = "slurm-job.sh"
+JOB_OUTPUT = "slurm-%j.out"  # the agents' own stdout/stderr (procs' output goes to the hub)
+
+
+class SlurmAllocator:
+    """Hosts from a Slurm batch job (see the module docstring).
+
+    ``nodes``: hosts in the mesh (one host agent each). ``partition``, ``time``
+    (``"HH:MM:SS"``, ``"MM"``, ``"D-HH"``... as ``sbatch --time``), ``gpus_per_node``,
+    ``cpus_per_task`` (CPUs each agent and its procs may use), ``account``, ``qos``:
+    as the ``sbatch`` options of the same names; ``None`` leaves Slurm's default.
+    ``extra_sbatch_args``: more ``sbatch`` options, e.g. ``["--exclusive",
+    "--constraint=a100"]``. ``start_timeout``: seconds to wait for every agent to
+    report, queue wait included; past it, starting fails with the job's state and
+    reason. ``bind``: the hub's interface (default: the one that routes to the
+    partition's nodes; loopback when they are this machine).
+
+    Raises ``ValueError`` for a bad argument and :class:`ClusterError` when Slurm's
+    commands are not installed here."""
+
+    kind = "slurm"
+
+    def __init__(self, nodes: int = 1, partition: str | None = None, time: str | None = None,
+                 gpus_per_node: int | None = None, cpus_per_task: int | None = None, account: str | None = None,
+                 qos: str | None = None, extra_sbatch_args: list[str] | tuple[str, ...] = (),
+                 start_timeout: float = 300.0, bind: str | None = None, job_name: str | None = None):
+        if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+            raise ValueError(f"nodes={nodes!r}: a Slurm cluster needs at least 1 node")
+        for name, value in (("gpus_per_node", gpus_per_node), ("cpus_per_task", cpus_per_task)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name}={value!r}: give a whole number >= 1, or None for Slurm's default")
+        if isinstance(extra_sbatch_args, str):
+            raise ValueError(f"extra_sbatch_args={extra_sbatch_args!r}: give a list of options, "
+                             f"e.g. {shlex.split(extra_sbatch_args)!r}")
+        if not start_timeout > 0:
+            raise ValueError(f"start_timeout={start_timeout!r}: give a number of seconds > 0")
+        if bind is not None:
+            interfaces.check_bind_address(bind)
+        for command in ("sbatch", "srun", "scontrol", "scancel"):
+            if shutil.which(command) is None:
+                raise ClusterError(f"{command} was not found on PATH: SlurmAllocator submits a batch job "
+                                   "from this machine; run on a machine with Slurm's client commands "
+                                   "(a login node), or add them to PATH")
+        self.nodes = nodes
+        self.options = {"partition": partition, "time": time, "gpus_per_node": gpus_per_node,
+                        "cpus_per_task": cpus_per_task, "account": account, "qos": qos}
+        self.extra_sbatch_args = [str(a) for a in extra_sbatch_args]
+        self.start_timeout_s = float(start_timeout)
+        self.bind = bind
+        self.job_name = job_name
+        self.job_id: str | None = None
+        self.host_ids: list[str] = []
+        self.cluster_dir: str | None = None
+        self.grace_s = 10.0
+        self.submitted: float | None = None  # time.time() of sbatch, for the queue-wait figure
+
+    # spec --------------------------------------------------------------------------
+    @property
+    def hosts(self) -> int:
+        return self.nodes
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, "nodes": self.nodes, **self.options, "extra_sbatch_args": self.extra_sbatch_args,
+                "start_timeout": self.start_timeout_s, "bind": self.bind, "job_name": self.job_name,
+                "job_id": self.job_id, "host_ids": self.host_ids, "submitted": self.submitted}
+
+    @classmethod
+    def from_spec(cls, spec: dict, cluster_dir: str, grace_s: float) -> "SlurmAllocator":
+        spec = dict(spec)
+        job_id, host_ids, submitted = spec.pop("job_id", None), spec.pop("host_ids", []), spec.pop("submitted", None)
+        allocator = cls(**spec)
+        allocator.cluster_dir, allocator.grace_s = cluster_dir, grace_s
+        allocator.job_id, allocator.host_ids, allocator.submitted = job_id, list(host_ids), submitted
+        if allocator.job_name is None:
+            allocator.job_name = f"monarch_nb-{Path(cluster_dir).name}"
+        return allocator
+
+    def __repr__(self) -> str:
+        opts = "".join(f", {k}={v!r}" for k, v in self.options.items() if v is not None)
+        return f"SlurmAllocator(nodes={self.nodes}{opts})" + (f" job {self.job_id}" if self.job_id else "")
+
+    # the protocol ------------------------------------------------------------------------
+    def bind_address(self) -> str:
+        """``bind``, else the local address that routes to the partition's first node
+        (``127.0.0.1`` when the nodes are this machine), else the one that routes to
+        this machine's own name."""
+        if self.bind:
+            return self.bind
+        try:
+            node = self._partition_nodes()[0]
+            addr = _one(self._scontrol("show", "node", "-o", node)).get("NodeAddr") or node
+            return interfaces.route_source(addr)
+        except (ClusterError, OSError, IndexError, ValueError):
+            return interfaces.route_source(socket.gethostname())
+
+    def start(self, hub_address: str, hosts: int) -> list[str]:
+        """Submit the job (returns at once; agents report when it runs). Raises
+        :class:`ClusterError` with sbatch's message when Slurm refuses the job."""
+        if hosts != self.nodes:
+            raise ClusterError(f"SlurmAllocator has nodes={self.nodes}, but {hosts} hosts were asked for")
+        folder = Path(self.cluster_dir)
+        script = folder / JOB_SCRIPT
+        script.write_text(self._job_script(hub_address))
+        script.chmod(0o700)
+        argv = ["sbatch", "--parsable", f"--job-name={self.job_name}", f"--nodes={self.nodes}",
+                "--ntasks-per-node=1", f"--output={folder / JOB_OUTPUT}", f"--chdir={Path.cwd()}"]
+        argv += [f"--{k.replace('_', '-')}={v}" for k, v in self.options.items() if v is not None]
+        argv += [*self.extra_sbatch_args, str(script)]
+        self.submitted = time.time()
+        out = _run(argv)
+        self.job_id = slurm_parse.parse_sbatch(out)
+        self.host_ids = [f"host{i}" for i in range(self.nodes)]
+        print(f"monarch_nb hub: submitted Slurm job {self.job_id} ({' '.join(argv[2:-1])})", file=sys.stderr)
+        return list(self.host_ids)
+
+    def _job_script(self, hub_address: str) -> str:
+        # Paths travel as positional parameters of sh -c, so no quoting can break them.
+        step = ["srun", "--kill-on-bad-exit=0", "--ntasks-per-node=1"]
+        if self.options["cpus_per_task"]:  # srun no longer inherits it from sbatch (Slurm >= 22.05)
+            step.append(f"--cpus-per-task={self.options['cpus_per_task']}")
+        agent = ('exec "$0" -m monarch_nb.host --cluster-dir "$1" --hub "$2" --grace "$3" --bind auto '
+                 '--host-id "host$SLURM_PROCID" --node "$SLURMD_NODENAME"')
+        args = [sys.executable, self.cluster_dir, hub_address, str(self.grace_s)]
+        return ("#!/bin/sh\n"
+                f"# monarch_nb cluster {Path(self.cluster_dir).name}: one host agent per node, dialing the hub.\n"
+                f"exec {shlex.join(step)} /bin/sh -c {shlex.quote(agent)} {shlex.join(args)}\n")
+
+    def adopt(self, pids: dict[str, int]) -> None:
+        """Nothing to do: the agents run under the job restored from the spec."""
+
+    def job(self) -> dict[str, str] | None:
+        """The job's ``scontrol show job`` record; ``None`` once Slurm has forgotten it.
+        Raises :class:`ClusterError` when the controller does not answer."""
+        if self.job_id is None:
+            return None
+        try:
+            return _one(self._scontrol("show", "job", "-o", self.job_id))
+        except ClusterError as e:
+            if "Invalid job id" in str(e):
+                return None
+            raise
+
+    def check(self) -> dict[str, str]:
+        """Every host, once the job has ended: ``{"host0": "Slurm job 12 was CANCELLED", ...}``."""
+        try:
+            record = self.job()
+        except ClusterError:
+            return {}  # the controller is busy or restarting: no news is not bad news
+        if record is None:
+            why = f"Slurm job {self.job_id} is gone"
+        else:
+            state, reason = slurm_parse.job_state(record)
+            if state not in slurm_parse.FINAL_STATES:
+                return {}
+            why = f"Slurm job {self.job_id} was {state}" + (f" ({reason})" if reason else "")
+        return {h: why for h in self.host_ids}
+
+    def waiting_for(self) -> str:
+        if self.job_id is None:
+            return "the Slurm job was not submitted"
+        try:
+            record = self.job()
+        except ClusterError as e:
+            return f"Slurm job {self.job_id}: its state is unknown ({e})"
+        if record is None:
+            text = f"Slurm job {self.job_id} is gone"
+        else:
+            state, reason = slurm_parse.job_state(record)
+            text = (f"Slurm job {self.job_id} is {state}, reason: {reason or 'None'}, "
+                    f"nodes: {record.get('NodeList', '(null)')}, partition: {record.get('Partition', '?')}")
+        output = Path(self.cluster_dir) / JOB_OUTPUT.replace("%j", self.job_id)
+        try:
+            tail = output.read_text(errors="replace").strip().splitlines()[-5:]
+        except OSError:
+            tail = []
+        return text + (f"; the end of {output}: " + " | ".join(tail) if tail else "")
+
+    def stop(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the job to end by itself (agents told to
+        shut down exit and the step ends), then ``scancel`` it and wait up to
+        ``CANCEL_WAIT_S`` more. Raises :class:`ClusterError` if it is still running."""
+        if self.job_id is None:
+            return
+        if self._wait_ended(timeout):
+            return
+        try:
+            _run(["scancel", self.job_id])
+        except ClusterError as e:
+            print(f"monarch_nb hub: {e}", file=sys.stderr)
+        if not self._wait_ended(CANCEL_WAIT_S):
+            raise ClusterError(f"Slurm job {self.job_id} did not end within {CANCEL_WAIT_S} s of scancel; "
+                               f"check it with `scontrol show job {self.job_id}`")
+
+    def _wait_ended(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                record = self.job()
+                if record is None or slurm_parse.job_state(record)[0] in slurm_parse.FINAL_STATES:
+                    return True
+            except ClusterError:
+                pass
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(POLL_S)
+
+    # Slurm's commands ------------------------------------------------------------------
+    def _scontrol(self, *args: str) -> list[dict[str, str]]:
+        return slurm_parse.parse_scontrol(_run(["scontrol", *args]))
+
+    def _partition_nodes(self) -> list[str]:
+        records = self._scontrol("show", "partition", "-o", *([self.options["partition"]]
+                                                               if self.options["partition"] else []))
+        if not self.options["partition"]:
+            records = [r for r in records if r.get("Default") == "YES"] or records
+        return slurm_parse.expand_hostlist(records[0].get("Nodes", "")) if records else []
+
+
+def _one(records: list[dict]) -> dict:
+    if not records:
+        raise ClusterError("scontrol printed no record")
+    return records[0]
+
+
+def _run(argv: list[str]) -> str:
+    """Run a Slurm command; its stdout. Raises :class:`ClusterError` with its message
+    when it fails or takes over ``COMMAND_TIMEOUT_S`` (the controller is unreachable)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ClusterError(f"`{shlex.join(argv)}` did not finish within {COMMAND_TIMEOUT_S} s; "
+                           "is slurmctld running and reachable?") from None
+    except FileNotFoundError:
+        raise ClusterError(f"{argv[0]} was not found on PATH; SlurmAllocator needs Slurm's client commands") from None
+    if done.returncode != 0:
+        message = (done.stderr or done.stdout).strip() or f"exit code {done.returncode}"
+        raise ClusterError(f"`{shlex.join(argv)}` failed: {message}")
+    return done.stdout
