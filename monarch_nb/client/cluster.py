@@ -25,14 +25,15 @@ from pathlib import Path
 from .. import cluster_dir
 from ..errors import ClusterError, ClusterNotFound, InvalidRequest
 from ..mesh import Extent, Shape
+from ..proc.actor import proc_identity
 from ..wire import frames as wire_frames
 from ..hub.logstore import FIELDS as LOG_FIELDS
 from ..hub.registry import exit_cause
-from . import discovery, logs, supervision
+from . import binding, discovery, logs, supervision
 from .actor_mesh import ActorMesh
 from .host_mesh import HostMesh
 from .hub_client import HubClient, watch_hub
-from .launch import launch_hub
+from .launch import HUB_START_TIMEOUT_S, launch_hub
 from .presence import Presence
 from .proc_mesh import ProcMesh
 
@@ -53,6 +54,7 @@ class Cluster:
         self._info = info
         self._hub_process = hub_process  # set for an ephemeral cluster: the hub is our child
         wire_frames.register_key(info["cluster_id"], cluster_dir.key_of(info))
+        binding.receive_from(info["hub"])  # a multi-host cluster's procs must reach our inboxes
         self.hub = HubClient(info["cluster_id"], info["hub"])
         watch_hub(info["hub"], self._check_hub)
         self._presence: Presence | None = None
@@ -77,9 +79,15 @@ class Cluster:
     # starting and connecting -------------------------------------------------------
     @classmethod
     def start(cls, name: str = DEFAULT_NAME, hosts: int | None = None, grace_s: float = DEFAULT_GRACE_S,
-              idle_timeout: float | None = None) -> "Cluster":
+              idle_timeout: float | None = None, allocator=None) -> "Cluster":
         """Start the retained cluster ``name`` with ``hosts`` local host agents (default
         1) and connect to it; returns once its hub and host agents are up (~0.3 s).
+
+        ``allocator``: where hosts come from instead, e.g.
+        ``SlurmAllocator(nodes=2, partition="debug")`` (one host per node, from a batch
+        job; returns once the job runs and every agent has reported, or raises
+        :class:`ClusterError` with the job's state and reason after its
+        ``start_timeout``).
 
         The hub runs detached: it keeps every proc and actor when this client exits,
         until :meth:`stop`, or until no client has been connected for ``idle_timeout``
@@ -93,14 +101,19 @@ class Cluster:
         agents are still alive, else cleared first. Raises ``ValueError`` for a bad
         name or argument and :class:`ClusterError` when the hub does not come up."""
         _check_start_args(name, hosts, grace_s, idle_timeout)
+        spec = _allocator_spec(allocator, hosts)
+        hosts = allocator.hosts if allocator is not None else hosts
         with cluster_dir.locked(name):
             found = discovery.probe(name)
             if found.state == "running":
                 running_hosts = len(found.hub_info["hosts"])
-                if hosts is not None and running_hosts != hosts:
+                running_kind = (found.info.get("allocator") or {}).get("kind", "local")
+                if (hosts is not None and running_hosts != hosts
+                        or allocator is not None and running_kind != spec["kind"]):
                     raise InvalidRequest(
-                        f"cluster {name!r} is already running with {running_hosts} host(s), not {hosts}; use "
-                        f"monarch_nb.connect({name!r}), or stop it first (monarch_nb.connect({name!r}).stop())")
+                        f"cluster {name!r} is already running with {running_hosts} {running_kind} host(s), not "
+                        f"{hosts} {spec['kind']}; use monarch_nb.connect({name!r}), or stop it first "
+                        f"(monarch_nb.connect({name!r}).stop())")
                 return cls(name, found.path, found.info)._attach()
             if found.state in ("stale", "starting"):
                 if found.info.get("hub_pid") and not discovery.hub_process_problem(found.info):
@@ -112,7 +125,9 @@ class Cluster:
                 discovery.remove_stale(found.path)
             path, info = cluster_dir.create(name)
             try:
-                launch_hub(path, hosts=hosts or 1, grace_s=grace_s, idle_timeout=idle_timeout)
+                launch_hub(path, hosts=hosts or 1, grace_s=grace_s, idle_timeout=idle_timeout,
+                           allocator=spec if allocator is not None else None,
+                           timeout=HUB_START_TIMEOUT_S + getattr(allocator, "start_timeout_s", 0))
             except BaseException:  # also KeyboardInterrupt: the hub stops when the pipe breaks
                 shutil.rmtree(path, ignore_errors=True)
                 raise
@@ -288,6 +303,13 @@ class Cluster:
         kind = "ephemeral" if self._hub_process is not None else "retained"
         return f"<Cluster {self.name!r} ({kind}) hub={self._info['hub']}>"
 
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        """How IPython shows a cluster: its health tree, as a live widget in a notebook
+        plus ``text/html`` and ``text/plain`` (see ``monarch_nb.notebook.health_widget``)."""
+        from ..notebook.health_widget import mimebundle  # only IPython calls this: IPython is loaded
+
+        return mimebundle(self)
+
 
 def _check_start_args(name, hosts, grace_s, idle_timeout) -> None:
     cluster_dir.cluster_path(name)  # TypeError/ValueError for a bad name
@@ -300,6 +322,19 @@ def _check_start_args(name, hosts, grace_s, idle_timeout) -> None:
         raise ValueError(f"grace_s={grace_s!r}: give a number of seconds > 0")
     if idle_timeout is not None and not idle_timeout > 0:
         raise ValueError(f"idle_timeout={idle_timeout!r}: give a number of seconds > 0, or None for never")
+
+
+def _allocator_spec(allocator, hosts: int | None) -> dict:
+    """The spec the hub builds ``allocator`` from (``None``: local host agents)."""
+    if allocator is None:
+        return {"kind": "local"}
+    if not callable(getattr(allocator, "spec", None)) or not hasattr(allocator, "hosts"):
+        raise TypeError(f"allocator={allocator!r}: give an allocator such as "
+                        "monarch_nb.SlurmAllocator(nodes=2, partition='debug'), or None for local hosts")
+    if hosts is not None and hosts != allocator.hosts:
+        raise ValueError(f"hosts={hosts} but the allocator gives {allocator.hosts}; leave hosts out "
+                         "(the allocator decides, e.g. SlurmAllocator(nodes=...))")
+    return allocator.spec()
 
 
 def _running_hint() -> str:
@@ -370,7 +405,14 @@ def default_cluster() -> Cluster:
     global _default
     with _default_lock:
         if _default is None:
-            _default = Cluster.start_ephemeral()
+            in_proc = proc_identity()
+            if in_proc is None:
+                _default = Cluster.start_ephemeral()
+            else:  # an actor spawning meshes: in its own cluster, as a client of its hub
+                path = Path(in_proc["cluster_dir"])
+                info = cluster_dir.read_info(path)
+                _default = Cluster(info["name"], path, info)
+                _default._presence = Presence(info["cluster_id"], info["hub"])
         return _default
 
 

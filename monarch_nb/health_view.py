@@ -1,0 +1,301 @@
+"""The health tree (``Cluster.health()``) made readable: nodes with a one-line label and a
+state colour, rendered as plain text, HTML or a rich tree. Pure: no I/O, no IPython;
+the notebook widget (``notebook/health_widget.py``), the ``%monarch status`` magic and
+``monarch-nb cluster status`` all draw from here.
+
+Every node has a stable key, used as ``data-mnb-node`` in the HTML (its state is
+``data-mnb-state``), so a browser test or a user's script can find it:
+
+- ``host:HOST_ID`` (state ``healthy``/``lost``)
+- ``proc:MESH/RANK`` (a proc of proc mesh MESH; ``healthy``, ``busy``, ``paused``,
+  ``unresponsive``, ``failed``, ``lost``), and its actors ``actor:MESH/RANK`` (of actor
+  mesh MESH)
+- ``mesh:NAME`` (an actor mesh) and its actors ``mesh:NAME/RANK``
+- ``starting:NAME`` (a proc mesh being spawned)
+- ``section:hosts``, ``section:actor_meshes``: the two top levels
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+# One colour per state: CSS for HTML and the widget, rich style names for terminals.
+STATE_COLOURS = {
+    "healthy": ("#2e7d32", "green"),
+    "busy": ("#1565c0", "blue"),
+    "paused": ("#e65100", "dark_orange"),
+    "starting": ("#00838f", "cyan"),
+    "unresponsive": ("#b8860b", "yellow"),
+    "failed": ("#c62828", "red"),
+    "lost": ("#c62828", "red"),
+    "degraded": ("#e65100", "dark_orange"),
+    "stopped": ("#757575", "grey50"),
+}
+OPEN_PROCS_UP_TO = 8  # with this many procs or fewer, their actors show at first
+
+STATE_MARKS = {"healthy": "●", "busy": "◐", "paused": "⏸", "starting": "◌", "unresponsive": "?",
+               "failed": "✗", "lost": "✗", "degraded": "◐", "stopped": "■"}
+
+
+@dataclass
+class Node:
+    """One line of the tree: ``title`` (a name) then ``text`` (state and figures);
+    ``cause`` says why a failed/lost node failed. ``kind``: section, host, proc, actor,
+    mesh or starting. ``open``: shown expanded at first."""
+
+    key: str
+    kind: str
+    state: str
+    title: str
+    text: str = ""
+    cause: str | None = None
+    children: list["Node"] = field(default_factory=list)
+    open: bool = False
+
+
+# formatting ---------------------------------------------------------------------------
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_duration(seconds: float) -> str:
+    """``0.4 s``, ``42 s``, ``12m03s``, ``3h07m``."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def _extent(extent: dict) -> str:
+    return " × ".join(f"{k}={v}" for k, v in extent.items())
+
+
+def cpu_percent(previous: dict | None, tree: dict) -> dict[str, float]:
+    """CPU use of each live proc between two health trees of one cluster, in percent of
+    one core: proc id -> percent (only procs in both, same pid, clock moved on)."""
+    if not previous:
+        return {}
+    before = {p["proc_id"]: p for h in previous["hosts"] for p in h["procs"]}
+    found = {}
+    for host in tree["hosts"]:
+        for proc in host["procs"]:
+            old = before.get(proc["proc_id"])
+            if (old and old["pid"] == proc["pid"] and "cpu_s" in proc and "cpu_s" in old
+                    and proc.get("uptime_s", 0) > old.get("uptime_s", 0)):
+                found[proc["proc_id"]] = max(0.0, 100 * (proc["cpu_s"] - old["cpu_s"])
+                                             / (proc["uptime_s"] - old["uptime_s"]))
+    return found
+
+
+# the tree of nodes --------------------------------------------------------------------
+def _actor_text(actor: dict, with_class: bool) -> str:
+    parts = [actor["class"]] if with_class else []
+    state = actor["state"]
+    if state == "busy":
+        parts.append(f"busy: {actor['endpoint']} for {format_duration(actor['busy_s'])}")
+    elif state == "paused":
+        where = ":".join(str(actor[k]) for k in ("file", "line") if actor.get(k) is not None)
+        what = f" in {actor['function']}" if actor.get("function") else ""
+        since = f" for {format_duration(actor['paused_s'])}" if "paused_s" in actor else ""
+        parts.append(f"paused in the debugger{' at ' + where if where else ''}{what}{since}")
+    else:
+        parts.append(state)
+    return " · ".join(parts)
+
+
+def _actor_node(key: str, actor: dict, with_class: bool) -> Node:
+    return Node(key, "actor", actor["state"], f"{actor['mesh']}[{actor['rank']}]", _actor_text(actor, with_class))
+
+
+def _proc_node(proc: dict, cpu: dict[str, float], open_: bool) -> Node:
+    state = proc["state"]
+    parts = [state if proc.get("cause") is None else f"{state}: {proc['cause']}", f"pid {proc['pid']}"]
+    if state not in ("failed", "lost", "stopped"):
+        if "uptime_s" in proc:
+            parts.append(f"up {format_duration(proc['uptime_s'])}")
+        if "rss_bytes" in proc:
+            parts.append(format_bytes(proc["rss_bytes"]))
+        if proc["proc_id"] in cpu:
+            parts.append(f"CPU {cpu[proc['proc_id']]:.0f}%")
+        elif "cpu_s" in proc:
+            parts.append(f"CPU time {proc['cpu_s']:.1f} s")
+    actors = [_actor_node(f"actor:{a['mesh']}/{a['rank']}", a, True) for a in proc["actors"]]
+    return Node(f"proc:{proc['proc_id']}", "proc", state, proc["proc_id"], " · ".join(parts), proc.get("cause"),
+                actors, open=open_)
+
+
+def nodes(tree: dict, previous: dict | None = None) -> list[Node]:
+    """The two top levels of ``tree`` (a ``Cluster.health()`` answer): hosts -> procs ->
+    actors, then actor meshes -> actors. ``previous`` (the tree before) gives CPU %."""
+    cpu = cpu_percent(previous, tree)
+    few = sum(len(h["procs"]) for h in tree["hosts"]) <= OPEN_PROCS_UP_TO
+    hosts = []
+    for host in tree["hosts"]:
+        procs = [_proc_node(p, cpu, few) for p in host["procs"]]
+        cause = "its host agent stopped answering" if host["state"] == "lost" else None
+        text = (f"{host['state']}{': ' + cause if cause else ''} · {host['hostname']} · "
+                f"agent pid {host['pid']} · {len(procs)} procs")
+        hosts.append(Node(f"host:{host['host_id']}", "host", host["state"], host["host_id"], text, cause, procs,
+                          open=True))
+    for starting in tree.get("starting", []):
+        hosts.append(Node(f"starting:{starting['proc_mesh']}", "starting", "starting", starting["proc_mesh"],
+                          f"starting: {starting['up']}/{starting['total']} procs up"))
+    meshes = []
+    for mesh in tree["actor_meshes"]:
+        text = (f"{mesh['class']} · on {mesh['proc_mesh']} · {_extent(mesh['extent'])} · "
+                f"{mesh['alive']}/{mesh['size']} healthy")
+        if mesh["state"] not in ("healthy", "failed"):
+            text += f" · {mesh['state']}"
+        actors = [_actor_node(f"mesh:{mesh['name']}/{a['rank']}", a, False) for a in mesh["actors"]]
+        meshes.append(Node(f"mesh:{mesh['name']}", "mesh", mesh["state"], mesh["name"], text, None, actors))
+    return [Node("section:hosts", "section", "", f"hosts ({len(tree['hosts'])})", children=hosts, open=True),
+            Node("section:actor_meshes", "section", "", f"actor meshes ({len(meshes)})", children=meshes, open=True)]
+
+
+def summary_parts(tree: dict) -> list[tuple[str, str]]:
+    """The summary line in parts, each with the state that colours it ('' for none):
+    ``[("8/8 procs healthy", "healthy"), ("1 paused", "paused"), ("0 failed", "")]``."""
+    if tree["state"] == "stopped":
+        return [(tree["summary"], "stopped")]
+    parts = []
+    for part in tree["summary"].split(" · "):
+        count, _, word = part.partition(" ")
+        if "procs healthy" in part:
+            state = "healthy" if tree["state"] == "healthy" else "degraded"
+        elif word == "failed":
+            state = "failed" if count != "0" else ""
+        elif "starting" in part:
+            state = "starting"
+        else:
+            state = word if word in STATE_COLOURS else ""
+        parts.append((part, state))
+    return parts
+
+
+def as_stopped(tree: dict) -> dict:
+    """A copy of ``tree`` with every host, proc, actor and mesh ``stopped``: what a
+    display shows once the cluster was stopped."""
+    def actors(nodes_: list) -> list:
+        return [{**a, "state": "stopped"} for a in nodes_]
+
+    hosts = [{**h, "state": "stopped", "procs": [{**p, "state": "stopped", "cause": None, "actors": actors(p["actors"])}
+                                                 for p in h["procs"]]} for h in tree["hosts"]]
+    meshes = [{**m, "state": "stopped", "alive": 0, "actors": actors(m["actors"])} for m in tree["actor_meshes"]]
+    return {**tree, "state": "stopped", "summary": "stopped", "hosts": hosts, "actor_meshes": meshes,
+            "starting": []}
+
+
+# plain text ---------------------------------------------------------------------------
+def _line(node: Node) -> str:
+    mark = STATE_MARKS.get(node.state, "")
+    return f"{mark + ' ' if mark else ''}{node.title}" + (f"  {node.text}" if node.text else "")
+
+
+def to_plain(tree: dict, previous: dict | None = None) -> str:
+    """The tree as indented text: a summary line, then every host, proc and actor, then
+    every actor mesh with its actors that are not healthy."""
+    lines = [f"cluster {tree['cluster']} · {tree['summary']}"]
+
+    def walk(node: Node, depth: int) -> None:
+        lines.append("  " * depth + _line(node))
+        for child in node.children:
+            if node.key.startswith("mesh:") and child.state == "healthy":
+                continue  # the hosts part lists every actor already
+            walk(child, depth + 1)
+
+    for top in nodes(tree, previous):
+        walk(top, 0)
+    return "\n".join(lines)
+
+
+# HTML -----------------------------------------------------------------------------------
+def _coloured(text: str, state: str) -> str:
+    colour = STATE_COLOURS.get(state, (None,))[0]
+    return f'<span style="color:{colour}">{html.escape(text)}</span>' if colour else html.escape(text)
+
+
+def summary_html(tree: dict, note: str | None = None) -> str:
+    """``cluster NAME · 8/8 procs healthy · 1 paused · 0 failed`` with colours; ``note``
+    (e.g. why live updates stopped) is appended in grey."""
+    parts = " · ".join(_coloured(text, state) for text, state in summary_parts(tree))
+    extra = f' <span style="color:#757575">({html.escape(note)})</span>' if note else ""
+    return (f'<span class="mnb-summary" data-mnb-node="cluster" data-mnb-state="{tree["state"]}">'
+            f"cluster <b>{html.escape(tree['cluster'])}</b> · {parts}{extra}</span>")
+
+
+def label_html(node: Node) -> str:
+    """One node's line: state mark and title in the state's colour, then its text; a
+    failed node's cause in its colour. Carries ``data-mnb-node``/``data-mnb-state``."""
+    colour = STATE_COLOURS.get(node.state, ("inherit",))[0]
+    mark = STATE_MARKS.get(node.state, "")
+    head = f"{mark} {html.escape(node.title)}" if mark else f"<b>{html.escape(node.title)}</b>"
+    text = html.escape(node.text)
+    if node.cause:
+        text = text.replace(html.escape(node.cause), f"<b>{html.escape(node.cause)}</b>", 1)
+    return (f'<span class="mnb-node" data-mnb-node="{html.escape(node.key)}" data-mnb-state="{node.state}" '
+            f'style="font-family:var(--jp-code-font-family,monospace);white-space:nowrap">'
+            f'<span style="color:{colour}">{head}</span>'
+            f'<span style="color:{colour if node.state in ("failed", "lost") else "inherit"}">'
+            f"{'&nbsp;&nbsp;' + text if text else ''}</span></span>")
+
+
+def to_html(tree: dict, previous: dict | None = None) -> str:
+    """The tree as static HTML (``<details>`` levels a reader can open and close), for
+    places where widgets don't render: nbconvert, GitHub, a saved notebook."""
+    out = [f'<div class="mnb-health" data-mnb-cluster="{html.escape(tree["cluster"])}">',
+           f"<div>{summary_html(tree)}</div>"]
+
+    def walk(node: Node) -> None:
+        if not node.children:
+            out.append(f"<li>{label_html(node)}</li>")
+            return
+        out.append(f"<li><details{' open' if node.open else ''}><summary>{label_html(node)}</summary>"
+                   '<ul style="list-style:none;margin:0;padding-left:1.4em">')
+        for child in node.children:
+            walk(child)
+        out.append("</ul></details></li>")
+
+    out.append('<ul style="list-style:none;margin:0;padding-left:0">')
+    for top in nodes(tree, previous):
+        walk(top)
+    out.append("</ul></div>")
+    return "".join(out)
+
+
+# rich -------------------------------------------------------------------------------------
+def to_rich(tree: dict, previous: dict | None = None):
+    """The tree as a ``rich.tree.Tree`` for terminals (``monarch-nb cluster status``);
+    healthy actors of actor meshes are left out (the hosts part lists them)."""
+    from rich.markup import escape
+    from rich.tree import Tree
+
+    def label(node: Node) -> str:
+        style = STATE_COLOURS.get(node.state, (None, None))[1]
+        mark = STATE_MARKS.get(node.state, "")
+        head = f"{mark} {escape(node.title)}" if mark else f"[bold]{escape(node.title)}[/]"
+        text = escape(node.text)
+        if style and node.state in ("failed", "lost"):
+            text = f"[{style}]{text}[/]"
+        return (f"[{style}]{head}[/]" if style else head) + (f"  {text}" if text else "")
+
+    summary = " · ".join(f"[{STATE_COLOURS[s][1]}]{escape(t)}[/]" if s else escape(t)
+                         for t, s in summary_parts(tree))
+    root = Tree(f"cluster [bold]{escape(tree['cluster'])}[/] · {summary}")
+
+    def walk(node: Node, parent) -> None:
+        branch = parent.add(label(node))
+        for child in node.children:
+            if not (node.key.startswith("mesh:") and child.state == "healthy"):
+                walk(child, branch)
+
+    for top in nodes(tree, previous):
+        walk(top, root)
+    return root

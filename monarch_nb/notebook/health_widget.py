@@ -1,0 +1,237 @@
+"""The live health tree in a notebook: an ipywidgets tree of hosts -> procs -> actors and
+actor meshes -> actors, with a summary line, a colour per state and levels the user
+opens and closes.
+
+Each node is a few widgets whose values are updated in place as new trees arrive
+(from ``client.health_watch``: hub events plus a 1 s tick, at most 4 redraws a
+second), so what the user opened stays open; widgets are made only for nodes whose
+parent is open, and closed when their node goes away. Levels open and close through
+the kernel (a click is a comm message), so while a cell runs a click waits for it.
+
+A displayed cluster (``cluster`` as a cell's last line, ``display(cluster)``,
+``%monarch status``) shows this widget plus ``text/html`` and ``text/plain`` versions
+of the tree for places where widgets don't render (nbconvert, GitHub). One widget per
+cluster object: displaying it again shows the same live widget.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+from ipywidgets import HTML, Button, HBox, Layout, VBox
+
+from .. import health_view
+from ..client.health_watch import MIN_INTERVAL_S, TICK_S, HealthWatch
+from ..errors import MonarchNbError
+
+_TOGGLE_WIDTH = "24px"
+_OPEN, _CLOSED = "▾", "▸"
+
+
+class _NodeView:
+    """The widgets of one node: its line (a toggle for nodes that can have children,
+    and an HTML label) and, while open, the views of its children."""
+
+    def __init__(self, node: health_view.Node, lock: threading.RLock):
+        self.key = node.key
+        self.open = node.open
+        self._lock = lock
+        self._node = node
+        self._children: dict[str, _NodeView] = {}
+        self.label = HTML()
+        if node.kind in ("section", "host", "proc", "mesh"):
+            self.toggle = Button(description=_OPEN if self.open else _CLOSED, tooltip="open / close",
+                                 layout=Layout(width=_TOGGLE_WIDTH, height="22px", padding="0", margin="0 4px 0 0"))
+            self.toggle.on_click(self._on_toggle)
+            self.body = VBox(layout=Layout(margin=f"0 0 0 {_TOGGLE_WIDTH}", display="flex" if self.open else "none"))
+            self.widget = VBox([HBox([self.toggle, self.label], layout=Layout(align_items="center")), self.body])
+        else:  # a leaf: its label, aligned with its siblings' labels
+            self.toggle = self.body = None
+            self.label.layout.margin = f"0 0 0 calc({_TOGGLE_WIDTH} + 4px)"
+            self.widget = self.label
+
+    def update(self, node: health_view.Node) -> None:
+        """Show ``node`` (same key): the label, and the children when open."""
+        self._node = node
+        html = health_view.label_html(node)
+        if self.label.value != html:  # an unchanged value sends nothing to the frontend
+            self.label.value = html
+        if self.toggle is not None:
+            visibility = "visible" if node.children else "hidden"
+            if self.toggle.layout.visibility != visibility:
+                self.toggle.layout.visibility = visibility
+            if self.open:
+                self._sync_children()
+
+    def _sync_children(self) -> None:
+        kept: dict[str, _NodeView] = {}
+        for child in self._node.children:
+            view = self._children.pop(child.key, None) or _NodeView(child, self._lock)
+            view.update(child)
+            kept[child.key] = view
+        for gone in self._children.values():
+            gone.close()
+        self._children = kept
+        widgets = tuple(v.widget for v in kept.values())
+        if self.body.children != widgets:
+            self.body.children = widgets
+
+    def _on_toggle(self, _button=None) -> None:
+        with self._lock:
+            self.set_open(not self.open)
+
+    def set_open(self, open_: bool) -> None:
+        """Open (showing the children as of the latest tree) or close this node."""
+        if self.toggle is None:
+            return
+        self.open = open_
+        if open_:
+            self._sync_children()
+        self.toggle.description = _OPEN if open_ else _CLOSED
+        self.body.layout.display = "flex" if open_ else "none"
+
+    def find(self, key: str) -> "_NodeView | None":
+        """The view of ``key`` among this node and its shown descendants."""
+        if key == self.key:
+            return self
+        for child in self._children.values():
+            found = child.find(key)
+            if found is not None:
+                return found
+        return None
+
+    def close(self) -> None:
+        for child in self._children.values():
+            child.close()
+        self._children = {}
+        for w in (self.label, self.toggle, self.body, self.widget):
+            if w is not None:
+                w.close()
+
+
+class HealthWidget(VBox):
+    """A cluster's health tree as a live widget. ``tree``: the latest health tree shown
+    (``None`` before the first); ``ended``: why live updates stopped (``None`` while
+    live). Updates stop when the widget is closed, the cluster is stopped (every node
+    turns ``stopped``) or disconnected, or its hub fails.
+
+    ``initial``: a health tree to show at once (else the first one arrives from the
+    hub within a round trip). ``tick_s``/``min_interval_s``: see ``HealthWatch``."""
+
+    def __init__(self, cluster, initial: dict | None = None, tick_s: float = TICK_S,
+                 min_interval_s: float = MIN_INTERVAL_S):
+        self._lock = threading.RLock()
+        self._summary = HTML(f"cluster <b>{cluster.name}</b>: asking the hub…")
+        self._views: dict[str, _NodeView] = {}
+        self._previous: dict | None = None
+        self.tree: dict | None = None
+        self.ended: str | None = None
+        super().__init__([self._summary], layout=Layout(overflow="auto"))
+        self.add_class("mnb-health")
+        if initial is not None:
+            self._show(initial)
+        self._watch = HealthWatch(cluster, self._show, self._end, tick_s, min_interval_s)
+
+    @property
+    def refreshes(self) -> int:
+        """How many trees the live feed has shown (the initial one not counted)."""
+        return self._watch.refreshes
+
+    def _show(self, tree: dict, note: str | None = None) -> None:
+        with self._lock:
+            if self.comm is None:  # closed meanwhile
+                return
+            self._previous, self.tree = self.tree, tree
+            summary = health_view.summary_html(tree, note)
+            if self._summary.value != summary:
+                self._summary.value = summary
+            kept: dict[str, _NodeView] = {}
+            for node in health_view.nodes(tree, self._previous):
+                view = self._views.pop(node.key, None) or _NodeView(node, self._lock)
+                view.update(node)
+                kept[node.key] = view
+            for gone in self._views.values():
+                gone.close()
+            self._views = kept
+            children = (self._summary, *(v.widget for v in kept.values()))
+            if self.children != children:
+                self.children = children
+
+    def _end(self, reason: str) -> None:
+        self.ended = reason
+        if self.tree is None:
+            self._summary.value = f"no health tree ({reason})"
+        elif reason == "cluster stopped":
+            self._show(health_view.as_stopped(self.tree))
+        else:
+            self._show(self.tree, note=reason)
+
+    def find(self, key: str) -> _NodeView | None:
+        """The view of the node ``key`` (``proc:MESH/RANK``, ...; see
+        ``monarch_nb.health_view``), if it is shown (its parents open)."""
+        with self._lock:
+            for view in self._views.values():
+                found = view.find(key)
+                if found is not None:
+                    return found
+        return None
+
+    def state_of(self, key: str) -> str | None:
+        """The state the widget shows for node ``key`` (``None`` if not shown)."""
+        view = self.find(key)
+        if view is None:
+            return None
+        value = view.label.value
+        marker = 'data-mnb-state="'
+        start = value.find(marker) + len(marker)
+        return value[start:value.find('"', start)]
+
+    def close(self) -> None:
+        """Stop live updates and close every widget of the tree."""
+        watch = getattr(self, "_watch", None)
+        if watch is not None:
+            watch.stop(timeout=5)
+        with self._lock:
+            for view in self._views.values():
+                view.close()
+            self._views = {}
+            self._summary.close()
+            super().close()
+
+
+_widgets: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # cluster -> its HealthWidget
+_widgets_lock = threading.Lock()
+
+
+def widget_for(cluster, initial: dict | None = None) -> HealthWidget:
+    """The live health widget of ``cluster``, made on first use (and anew once the old
+    one was closed or its live updates ended, e.g. after its hub was recovered)."""
+    with _widgets_lock:
+        widget = _widgets.get(cluster)
+        if widget is None or widget.comm is None or widget.ended is not None:
+            widget = _widgets[cluster] = HealthWidget(cluster, initial)
+        return widget
+
+
+def _widgets_render() -> bool:
+    """True in a kernel with a frontend (where a widget can show), not in a terminal."""
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None) is not None
+
+
+def mimebundle(cluster) -> dict:
+    """What IPython shows for ``cluster``: the live widget (in a kernel), the tree as
+    ``text/html`` and as ``text/plain``. One hub round trip (~ms)."""
+    if cluster._stopped:
+        return {"text/plain": f"{cluster!r} (stopped)"}
+    try:
+        tree = cluster.health()
+    except MonarchNbError as e:
+        return {"text/plain": f"{cluster!r}: no health tree: {e}"}
+    bundle = {"text/plain": health_view.to_plain(tree), "text/html": health_view.to_html(tree)}
+    if _widgets_render():
+        view = widget_for(cluster, tree)._repr_mimebundle_()
+        bundle["application/vnd.jupyter.widget-view+json"] = view["application/vnd.jupyter.widget-view+json"]
+    return bundle
