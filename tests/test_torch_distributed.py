@@ -155,6 +155,9 @@ def test_two_host_mesh_gets_local_ranks_per_host_and_a_group_across_hosts():
             ("0", "0", "0"), ("1", "1", "0"), ("2", "0", "1"), ("3", "1", "1")]
         assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["GROUP_WORLD_SIZE"]) for e in envs} == {("4", "2", "2")}
         assert {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs} == {("127.0.0.1", str(port))}
+        # gloo and NCCL open their sockets where the procs' own addresses are (loopback here).
+        assert {(e["GLOO_SOCKET_IFNAME"], e["NCCL_SOCKET_IFNAME"]) for e in procs.setup_torch_distributed(
+            master_port=port).values()} == {("lo", "lo")}
 
         mesh = procs.spawn("collective", Collective)
         assert mesh.all_reduce.call(0.5).get().values() == [2.0] * 4

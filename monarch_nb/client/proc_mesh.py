@@ -99,8 +99,9 @@ class ProcMesh(MeshHandle):
         this mesh), WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (place and count on its
         host, the ``hosts`` dimension), GROUP_RANK and GROUP_WORLD_SIZE (host index and
         count), MASTER_ADDR (default: rank 0's host address) and MASTER_PORT (default: a
-        port free on rank 0's host, picked there). Imports no torch. Blocking; returns a
-        ``ValueMesh`` of each rank's variables (str -> str).
+        port free on rank 0's host, picked there); GLOO_SOCKET_IFNAME and
+        NCCL_SOCKET_IFNAME (unless set) name the interface of the proc's own address.
+        Imports no torch. Blocking; returns a ``ValueMesh`` of each rank's variables.
 
         Safe to re-run: while every proc is already rank r of a live group of this mesh's
         size and ``backend``, nothing changes and the variables that group was made with

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from ..errors import ClusterError
 from ..mesh import Extent
-from ..proc.torch_env import ENV_KEYS
 from ..wire import frames as wire_frames
 from ..wire.mailbox import local_mailbox
 from .value_mesh import ValueMesh
@@ -134,5 +133,7 @@ def setup(mesh: "ProcMesh", backend: str | None = None, master_addr: str | None 
         addr = master_addr or host_of(rank0["address"])
         port = master_port or states[0]["picked_port"]
         wanted = [rank_env(mesh.extent, r, addr, port) for r in range(n)]
-        envs = [s["env"] for s in _ask(mesh, [{"op": "torch_env_set", "env": e} for e in wanted], timeout)]
+        ips = [host_of(mesh._procs[b]["address"]) for b in mesh._shape.base_ranks()]
+        envs = [s["env"] for s in _ask(mesh, [{"op": "torch_env_set", "env": e, "ip": ip}
+                                              for e, ip in zip(wanted, ips)], timeout)]
     return ValueMesh(mesh.extent, envs)

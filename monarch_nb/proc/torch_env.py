@@ -13,10 +13,17 @@ import os
 import socket
 import sys
 
+import psutil
+
 # What torchrun sets for each worker and ``init_process_group(init_method="env://")``
 # (the default) reads; GROUP_* is the host ("node") index and count.
 ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
             "GROUP_RANK", "GROUP_WORLD_SIZE")
+# Which interface gloo and NCCL open their sockets on. Left to themselves they use the
+# address the host name resolves to, which on many machines (Debian's 127.0.1.1, a
+# management network) other hosts can't reach; the proc's own address they can.
+IFNAME_KEYS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+REPORTED_KEYS = ENV_KEYS + IFNAME_KEYS
 
 
 def free_port() -> int:
@@ -26,6 +33,15 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def interface_of(ip: str) -> str | None:
+    """Name of this host's network interface that holds address ``ip`` (``"lo"`` for
+    127.0.0.1), or ``None`` when none does."""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == ip for a in addresses):
+            return name
+    return None
 
 
 def process_group() -> dict | None:
@@ -41,13 +57,17 @@ def handle(header: dict) -> dict:
     """Serve one control op; returns the reply's header fields.
 
     ``torch_env_query`` (with ``free_port: bool``): ``{"group", "env", "picked_port"}``:
-    ``env`` holds the current values of :data:`ENV_KEYS` (``None`` when unset),
+    ``env`` holds the current values of :data:`REPORTED_KEYS` (``None`` when unset),
     ``picked_port`` a free port when asked (not ``port``: replies are routed by it).
-    ``torch_env_set`` (with ``env``: str -> str) sets those variables in this process's
-    environment first, then answers the same way."""
+    ``torch_env_set`` (with ``env``: str -> str, and ``ip``: this proc's address) sets
+    those variables in this process's environment, and :data:`IFNAME_KEYS` to the
+    interface holding ``ip`` unless they are set already, then answers the same way."""
     if header["op"] == "torch_env_set":
         os.environ.update({k: str(v) for k, v in header["env"].items()})
-    reply = {"group": process_group(), "env": {k: os.environ.get(k) for k in ENV_KEYS}}
+        interface = interface_of(header["ip"]) if header.get("ip") else None
+        for key in IFNAME_KEYS if interface else ():
+            os.environ.setdefault(key, interface)
+    reply = {"group": process_group(), "env": {k: os.environ.get(k) for k in REPORTED_KEYS}}
     if header.get("free_port"):
         reply["picked_port"] = free_port()
     return reply
