@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import socket
 import sys
 from datetime import timedelta
 
 import pytest
 
-from monarch_nb.actor import Actor, ClusterError, endpoint
+from monarch_nb.actor import Actor, ClusterError, SupervisionError, endpoint
 from monarch_nb.client.cluster import Cluster
 from monarch_nb.proc.torch_env import ENV_KEYS
 from monarch_nb.spmd import setup_torch_elastic_env
@@ -122,6 +123,18 @@ def test_rerunning_setup_keeps_a_live_group_and_refuses_one_that_does_not_match(
         procs.setup_torch_distributed()
         mesh = procs.spawn("collective", Collective, replace=True)
         assert mesh.all_reduce.call(2.0).get().values() == [4.0, 4.0]
+    finally:
+        procs.stop()
+
+
+def test_setup_on_a_mesh_with_a_dead_proc_fails_with_supervision_error(host):
+    procs = _spawn_procs(host, "ddp_dead", 2)
+    try:
+        os.kill(procs.pids[1], signal.SIGKILL)
+        with pytest.raises(SupervisionError, match=f"rank 1 .*pid {procs.pids[1]}.* killed by SIGKILL"):
+            procs.setup_torch_distributed()
+        env = procs.slice(gpus=0).setup_torch_distributed().item()  # the live rank alone still works
+        assert (env["RANK"], env["WORLD_SIZE"]) == ("0", "1")
     finally:
         procs.stop()
 

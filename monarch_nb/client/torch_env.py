@@ -7,9 +7,11 @@ Imports no torch, here or in the procs: setting variables needs none.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
-from ..errors import ClusterError
+from ..errors import ClusterError, SupervisionError
+from ..hub.registry import exit_cause
 from ..mesh import Extent
 from ..wire import frames as wire_frames
 from ..wire.mailbox import local_mailbox
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 BACKENDS = ("gloo", "nccl")
 HOSTS = "hosts"  # the dimension whose index is the host ("node"); the others count procs on it
 TIMEOUT_S = 30.0  # for each round of control requests to the procs
+CHECK_S = 1.0  # while procs have not answered, how often to ask the hub whether they exited
 
 
 def check_backend(backend: str) -> str:
@@ -70,7 +73,9 @@ def rank_env(extent: Extent, rank: int, master_addr: str, master_port: int) -> d
 
 def _ask(mesh: "ProcMesh", headers: list[dict], timeout: float) -> list[dict]:
     """Send ``headers[i]`` to the proc of rank i, all at once; their reply headers in
-    rank order. Raises :class:`ClusterError` naming the procs that did not answer."""
+    rank order. Raises :class:`SupervisionError` as soon as the hub knows that a proc
+    that has not answered exited, and :class:`ClusterError` naming the procs that did
+    not answer within ``timeout`` seconds."""
     mailbox = local_mailbox()
     procs = [mesh._procs[r] for r in mesh._shape.base_ranks()]
     replies: dict[int, dict] = {}
@@ -81,15 +86,37 @@ def _ask(mesh: "ProcMesh", headers: list[dict], timeout: float) -> list[dict]:
             ports.append(port)
             mailbox.send(proc["address"], wire_frames.encode(
                 mesh._cluster_id, {**header, "port": port, "reply": mailbox.address}))
-        mailbox.wait(lambda: len(replies) == len(procs), timeout)
+        deadline = time.monotonic() + timeout
+        while not mailbox.wait(lambda: len(replies) == len(procs), min(CHECK_S, deadline - time.monotonic())):
+            _raise_if_exited(mesh, procs, replies)
+            if time.monotonic() >= deadline:
+                break
     finally:
         for port in ports:
             mailbox.close_port(port)
     missing = [f"rank {r} (proc {p['proc_id']}, pid {p['pid']})" for r, p in enumerate(procs) if r not in replies]
     if missing:
         raise ClusterError(f"proc mesh {mesh.name!r}: {', '.join(missing)} did not answer within {timeout} s; "
-                           "check cluster.health() for dead procs")
+                           "see cluster.health()")
     return [replies[r] for r in range(len(procs))]
+
+
+def _raise_if_exited(mesh: "ProcMesh", procs: list[dict], replies: dict) -> None:
+    """:class:`SupervisionError` naming the procs without a reply that the hub's
+    registry shows exited. (``this_proc()`` has no hub: nothing to ask.)"""
+    if mesh._hub_address == procs[0]["address"]:
+        return
+    try:
+        record = mesh._hub().request("info", timeout=CHECK_S)["proc_meshes"].get(mesh.name, {})
+    except ClusterError:
+        return
+    exited = {(p["proc_id"], p["pid"]): p["exit_code"] for p in record.get("procs", [])
+              if p.get("exit_code") is not None}
+    gone = [f"rank {r} (proc {p['proc_id']}, pid {p['pid']}) {exit_cause(exited[p['proc_id'], p['pid']])}"
+            for r, p in enumerate(procs) if r not in replies and (p["proc_id"], p["pid"]) in exited]
+    if gone:
+        raise SupervisionError(f"proc mesh {mesh.name!r}: {', '.join(gone)}; torch.distributed needs every "
+                               "proc of the mesh: set it up on new procs, or on a slice without those ranks")
 
 
 def _live_group_env(mesh: "ProcMesh", backend: str | None, master_addr, master_port,
@@ -105,7 +132,7 @@ def _live_group_env(mesh: "ProcMesh", backend: str | None, master_addr, master_p
     wrong = [r for r, g in enumerate(groups)
              if g is None or g["rank"] != r or g["world_size"] != n or (backend and backend not in g["backend"])]
     masters = {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}
-    asked = (master_addr or envs[0]["MASTER_ADDR"], str(master_port or envs[0]["MASTER_PORT"]))
+    asked = (master_addr or envs[0]["MASTER_ADDR"], str(master_port) if master_port else envs[0]["MASTER_PORT"])
     if not wrong and len(masters) == 1 and asked in masters:
         return envs
     had = next(g for g in groups if g)
