@@ -9,6 +9,7 @@ import time
 from rich.console import Console
 
 from . import cluster_dir, render
+from .allocators import slurm_options
 
 FOLLOW_POLL_S = 0.5
 
@@ -23,10 +24,15 @@ def add_parser(sub) -> None:
                        help="seconds procs outlive a dead hub, waiting for `recover` (default 10)")
     start.add_argument("--idle-timeout", type=float, default=None,
                        help="stop after this many seconds without a connected client (default: never)")
+    slurm_options.add_arguments(start)
     for verb, text in (("stop", "stop every process of a cluster and remove its files"),
-                       ("status", "show a cluster's hosts, meshes and clients"),
                        ("recover", "start a new hub that re-adopts a cluster whose hub died")):
         verbs.add_parser(verb, help=text).add_argument("name", nargs="?", default="default")
+    status = verbs.add_parser("status", help="show a cluster's health tree (hosts, procs, actors) and clients")
+    status.add_argument("name", nargs="?", default="default")
+    status.add_argument("-w", "--watch", action="store_true", help="keep refreshing it (Ctrl-C stops)")
+    status.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
+    status.add_argument("--count", type=int, default=None, help="with --watch: stop after N refreshes")
     verbs.add_parser("list", help="list clusters with hosts, procs, meshes, uptime and clients")
 
 
@@ -87,10 +93,11 @@ def run(args: argparse.Namespace) -> int:
         elif args.verb == "start":
             t0 = time.monotonic()
             c = cluster_mod.Cluster.start(args.name, hosts=args.hosts, grace_s=args.grace,
-                                          idle_timeout=args.idle_timeout)
+                                          idle_timeout=args.idle_timeout, allocator=slurm_options.allocator_from(args))
             c.disconnect()
-            console.print(f"cluster [bold]{args.name}[/] is running ({time.monotonic() - t0:.2f} s); "
-                          f"connect with monarch_nb.connect({args.name!r})")
+            where = slurm_options.describe(c._info)
+            console.print(f"cluster [bold]{args.name}[/] is running{' on ' + where if where else ''} "
+                          f"({time.monotonic() - t0:.2f} s); connect with monarch_nb.connect({args.name!r})")
         elif args.verb == "recover":
             cluster_mod.Cluster.recover(args.name).disconnect()
             console.print(f"cluster [bold]{args.name}[/] recovered")
@@ -106,14 +113,66 @@ def run(args: argparse.Namespace) -> int:
                     discovery.remove_stale(found.path)
             console.print(f"cluster [bold]{args.name}[/] stopped")
         elif args.verb == "status":
-            found = discovery.probe(args.name)
-            if found.state != "running":
-                why = found.reason or "it does not exist"
-                console.print(f"[red]cluster {args.name!r} is not running: {why}[/]")
-                return 1
-            for part in render.status(found.hub_info):
-                console.print(part)
+            return _status(console, args)
     except (MonarchNbError, ValueError, TypeError) as e:
         console.print(f"[red]monarch-nb cluster {args.verb}: {e}[/]")
         return 1
+    return 0
+
+
+def _status(console: Console, args: argparse.Namespace) -> int:
+    """``monarch-nb cluster status NAME [--watch]``: the health tree, once or refreshed
+    every ``--interval`` seconds (redrawn in place on a terminal, one frame after another
+    otherwise) until Ctrl-C, ``--count`` frames, or the cluster stops."""
+    from rich.console import Group
+    from rich.live import Live
+
+    from .client import discovery
+    from .client.hub_client import HubClient
+    from .errors import MonarchNbError
+
+    if args.interval <= 0 or (args.count is not None and args.count < 1):
+        console.print("[red]monarch-nb cluster status: --interval must be > 0 and --count >= 1[/]")
+        return 1
+    found = discovery.probe(args.name)
+    if found.state != "running":
+        console.print(f"[red]cluster {args.name!r} is not running: {found.reason or 'it does not exist'}[/]")
+        return 1
+    hub = HubClient(found.info["cluster_id"], found.info["hub"])
+    previous = None
+
+    def frame() -> Group:
+        nonlocal previous
+        health = hub.request("health", timeout=30.0)
+        parts = render.status(hub.request("info", timeout=30.0), health, previous)
+        previous = health
+        return Group(*parts)
+
+    if not args.watch:
+        console.print(frame())
+        return 0
+    live = Live(console=console, auto_refresh=False) if console.is_terminal else None
+    frames = 0
+    try:
+        if live is not None:
+            live.start()
+        while args.count is None or frames < args.count:
+            if frames:
+                time.sleep(args.interval)  # a terminal view polls: it is no client, so hears no events
+            try:
+                shown = frame()
+            except MonarchNbError as e:
+                console.print(f"[red]cluster {args.name!r}: {e}[/]")
+                return 1
+            frames += 1
+            if live is not None:
+                live.update(shown, refresh=True)
+            else:
+                console.print(shown)
+                console.print(f"[dim]── {time.strftime('%H:%M:%S')} · refresh {frames}[/]", highlight=False)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if live is not None:
+            live.stop()
     return 0

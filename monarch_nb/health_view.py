@@ -140,9 +140,10 @@ def nodes(tree: dict, previous: dict | None = None) -> list[Node]:
     hosts = []
     for host in tree["hosts"]:
         procs = [_proc_node(p, cpu, few) for p in host["procs"]]
-        cause = "its host agent stopped answering" if host["state"] == "lost" else None
-        text = (f"{host['state']}{': ' + cause if cause else ''} · {host['hostname']} · "
-                f"agent pid {host['pid']} · {len(procs)} procs")
+        cause = host.get("cause") or ("its host agent stopped answering" if host["state"] == "lost" else None)
+        where = host["hostname"] + (f" (node {host['node']})" if host.get("node") and host["node"] != host["hostname"]
+                                    else "")
+        text = f"{host['state']}{': ' + cause if cause else ''} · {where} · agent pid {host['pid']} · {len(procs)} procs"
         hosts.append(Node(f"host:{host['host_id']}", "host", host["state"], host["host_id"], text, cause, procs,
                           open=True))
     for starting in tree.get("starting", []):

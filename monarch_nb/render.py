@@ -6,6 +6,8 @@ import time
 
 from rich.table import Table
 
+from . import health_view
+
 
 def _uptime(started: float) -> str:
     seconds = int(time.time() - started)
@@ -36,13 +38,12 @@ def clusters_table(clusters: list[dict]) -> Table:
     return table
 
 
-def status(info: dict) -> list:
-    """A summary line and tables of hosts, meshes and clients for a hub's ``info``."""
-    alive, total = _procs_alive(info)
-    idle = "never" if info["idle_timeout"] is None else f"{info['idle_timeout']:g} s without clients"
-    summary = (f"cluster [bold]{info['name']}[/] [green]running[/] · up {_uptime(info['started'])} · "
-               f"hub pid {info['hub_pid']} · {len(info['hosts'])} host(s) · {alive}/{total} procs alive · "
-               f"grace {info['grace_s']:g} s · idle stop: {idle}")
+def status(info: dict, tree: dict | None = None, previous: dict | None = None) -> list:
+    """A summary line and tables of hosts, meshes and clients for a hub's ``info``; with
+    ``tree`` (a ``Cluster.health()`` answer; ``previous``: the one before, for CPU %),
+    the health tree in place of the host and mesh tables."""
+    if tree is not None:
+        return [status_line(info), health_view.to_rich(tree, previous), _or_none(clients_table(info))]
     hosts = Table("host", "hostname", "agent pid", title="hosts", title_justify="left")
     for h in info["hosts"]:
         hosts.add_row(h["host_id"], h["hostname"], str(h["pid"]))
@@ -57,10 +58,27 @@ def status(info: dict) -> list:
     for m in info["actor_meshes"].values():
         codes = [health.get(m["proc_mesh"], [])[r] for r in m["proc_ranks"]]
         actors.add_row(m["name"], m["class_name"], m["proc_mesh"], _extent(m["extent"]), _health(codes))
+    return [status_line(info)] + [_or_none(t) for t in (hosts, procs, actors, clients_table(info))]
+
+
+def status_line(info: dict) -> str:
+    """``cluster NAME running · up 3m02s · hub pid 123 · ...`` for a hub's ``info``."""
+    alive, total = _procs_alive(info)
+    idle = "never" if info["idle_timeout"] is None else f"{info['idle_timeout']:g} s without clients"
+    return (f"cluster [bold]{info['name']}[/] [green]running[/] · up {_uptime(info['started'])} · "
+            f"hub pid {info['hub_pid']} · {len(info['hosts'])} host(s) · {alive}/{total} procs alive · "
+            f"grace {info['grace_s']:g} s · idle stop: {idle}")
+
+
+def clients_table(info: dict) -> Table:
     clients = Table("client", "pid", "hostname", "connected", title="clients", title_justify="left")
     for c in info["clients"]:
         clients.add_row(c["label"], str(c["pid"]), c["hostname"], _uptime(c["connected"]) + " ago")
-    return [summary] + [t if t.row_count else f"[dim]no {t.title}[/]" for t in (hosts, procs, actors, clients)]
+    return clients
+
+
+def _or_none(table: Table):
+    return table if table.row_count else f"[dim]no {table.title}[/]"
 
 
 def _extent(extent: dict) -> str:

@@ -95,6 +95,8 @@ class _NodeView:
         """The view of ``key`` among this node and its shown descendants."""
         if key == self.key:
             return self
+        if not self.open:
+            return None
         for child in self._children.values():
             found = child.find(key)
             if found is not None:

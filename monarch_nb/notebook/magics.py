@@ -17,6 +17,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from rich.console import Console
 
 from .. import render
+from ..allocators import slurm_options
 from ..client import cluster as cluster_mod
 from ..client import logs
 from ..client.actor_mesh import ActorMesh
@@ -41,6 +42,7 @@ def _parser() -> MagicArgumentParser:
     start.add_argument("name", nargs="?", default=cluster_mod.DEFAULT_NAME)
     start.add_argument("--hosts", type=int, default=None)
     start.add_argument("--idle-timeout", type=float, default=None)
+    slurm_options.add_arguments(start)
     verbs.add_parser("connect", help="connect to a running cluster").add_argument("name", nargs="?")
     verbs.add_parser("list", help="list clusters")
     verbs.add_parser("stop", help="stop a cluster (default: the connected one)").add_argument("name", nargs="?")
@@ -78,6 +80,8 @@ PARSER = _parser()
 HELP = """%monarch: drive a monarch_nb cluster from the notebook.
 
   %monarch start [NAME] [--hosts N] [--idle-timeout S]   start a retained cluster (or connect if it runs)
+  %monarch start NAME --slurm --nodes 2 [--partition P] [--time T] [--gpus-per-node G] [--account A]
+                [--qos Q] [--cpus-per-task C] [--sbatch-arg=OPT]  hosts from a Slurm job, one per node
   %monarch connect [NAME]                                 connect to a running cluster
   %monarch list                                           clusters on this machine
   %monarch status                                         hosts, meshes and clients of the cluster
@@ -173,9 +177,11 @@ class MonarchMagics(Magics):
 
     def _start(self, args, cell=None) -> None:
         t0 = time.monotonic()
-        cluster = cluster_mod.Cluster.start(args.name, hosts=args.hosts, idle_timeout=args.idle_timeout)
+        cluster = cluster_mod.Cluster.start(args.name, hosts=args.hosts, idle_timeout=args.idle_timeout,
+                                            allocator=slurm_options.allocator_from(args))
         info = cluster.info()
-        print(f"monarch: cluster {args.name!r} is up ({len(info['hosts'])} host(s), "
+        where = slurm_options.describe(cluster._info)
+        print(f"monarch: cluster {args.name!r} is up ({len(info['hosts'])} host(s){', ' + where if where else ''}, "
               f"{len(info['actor_meshes'])} actor mesh(es); {time.monotonic() - t0:.2f} s)")
 
     def _connect(self, args, cell=None) -> None:
@@ -194,7 +200,16 @@ class MonarchMagics(Magics):
         print(f"monarch: cluster {cluster.name!r} stopped")
 
     def _status(self, args, cell=None) -> None:
-        self._print(*render.status(self._cluster().info()))
+        cluster = self._cluster()
+        info = cluster.info()
+        if getattr(self.shell, "kernel", None) is None:  # a terminal: the rich tree
+            self._print(*render.status(info, cluster.health()))
+            return
+        from IPython.display import display
+
+        self._print(render.status_line(info))
+        display(cluster)  # the live health tree widget (html/plain where widgets don't render)
+        self._print(render.clients_table(info))
 
     def _procs(self, args, cell=None) -> None:
         per_host = {}
