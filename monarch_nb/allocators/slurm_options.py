@@ -1,0 +1,55 @@
+"""``--slurm`` and its options, shared by ``monarch-nb cluster start`` and
+``%monarch start``: ``--slurm --nodes 2 --partition debug --time 1:00:00 ...``."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--slurm`` and the :class:`~.slurm.SlurmAllocator` options to ``parser``."""
+    group = parser.add_argument_group("Slurm (hosts from a batch job; one host per node)")
+    group.add_argument("--slurm", action="store_true", help="get hosts from Slurm instead of this machine")
+    group.add_argument("--nodes", type=int, default=None, help="nodes, one host each (default 1)")
+    group.add_argument("--partition", default=None)
+    group.add_argument("--time", default=None, help="time limit, as sbatch --time (e.g. 1:00:00)")
+    group.add_argument("--gpus-per-node", type=int, default=None)
+    group.add_argument("--cpus-per-task", type=int, default=None)
+    group.add_argument("--account", default=None)
+    group.add_argument("--qos", default=None)
+    group.add_argument("--sbatch-arg", action="append", default=[], metavar="OPTION",
+                       help="another sbatch option, repeatable: --sbatch-arg=--exclusive")
+    group.add_argument("--start-timeout", type=float, default=300.0,
+                       help="seconds to wait for the job to run and its agents to report (default 300)")
+    group.add_argument("--bind", default=None, help="the hub's interface (default: the one routing to the nodes)")
+
+
+_SLURM_ONLY = ("nodes", "partition", "time", "gpus_per_node", "cpus_per_task", "account", "qos")
+
+
+def allocator_from(args: argparse.Namespace):
+    """The :class:`~.slurm.SlurmAllocator` the options ask for, or ``None`` without
+    ``--slurm``. Raises ``ValueError`` for Slurm options without ``--slurm``, or
+    ``--hosts`` with it."""
+    if not args.slurm:
+        given = [f"--{k.replace('_', '-')}" for k in _SLURM_ONLY if getattr(args, k) is not None]
+        given += ["--sbatch-arg"] if args.sbatch_arg else []
+        if given:
+            raise ValueError(f"{', '.join(given)} only apply to Slurm clusters: add --slurm")
+        return None
+    if getattr(args, "hosts", None) is not None:
+        raise ValueError("--hosts is for local clusters; on Slurm give --nodes")
+    from .slurm import SlurmAllocator
+
+    return SlurmAllocator(nodes=args.nodes or 1, partition=args.partition, time=args.time,
+                          gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
+                          account=args.account, qos=args.qos, extra_sbatch_args=args.sbatch_arg,
+                          start_timeout=args.start_timeout, bind=args.bind)
+
+
+def describe(info: dict) -> str:
+    """``"Slurm job 12 on n[1-2]"`` for a cluster's ``cluster.json``; ``""`` if not on Slurm."""
+    spec = info.get("allocator") or {}
+    if spec.get("kind") != "slurm":
+        return ""
+    return f"Slurm job {spec.get('job_id')} ({spec.get('nodes')} node(s))"
