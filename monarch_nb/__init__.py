@@ -1,8 +1,8 @@
 """monarch_nb: drive meshes of actors on a cluster from a Jupyter notebook.
 
 The actor API lives in :mod:`monarch_nb.actor`; clusters are started and found with
-``monarch_nb.Cluster.start(name)``, ``monarch_nb.connect(name)`` and
-``monarch_nb.list_clusters()``. See README.md.
+``monarch_nb.Cluster.start(name)`` (on Slurm: ``allocator=monarch_nb.SlurmAllocator(nodes=2)``),
+``monarch_nb.connect(name)`` and ``monarch_nb.list_clusters()``. See README.md.
 """
 
 __version__ = "0.1.0"
@@ -16,6 +16,10 @@ def __getattr__(name: str):
         from .client import cluster
 
         return getattr(cluster, name)
+    if name == "SlurmAllocator":
+        from .allocators.slurm import SlurmAllocator
+
+        return SlurmAllocator
     raise AttributeError(f"module 'monarch_nb' has no attribute {name!r}")
 
 
@@ -32,4 +36,4 @@ def unload_ipython_extension(shell) -> None:
     unload(shell)
 
 
-__all__ = ["Cluster", "connect", "list_clusters", "__version__"]
+__all__ = ["Cluster", "SlurmAllocator", "connect", "list_clusters", "__version__"]

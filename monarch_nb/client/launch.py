@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import subprocess
@@ -15,15 +16,17 @@ HUB_LOG = "hub.log"  # a retained hub's stdout and stderr (its host agents' and 
 
 
 def launch_hub(path: Path, *, hosts: int, grace_s: float, ephemeral_parent: int | None = None,
-               idle_timeout: float | None = None, recover: bool = False) -> subprocess.Popen | None:
+               idle_timeout: float | None = None, recover: bool = False, allocator: dict | None = None,
+               timeout: float = HUB_START_TIMEOUT_S) -> subprocess.Popen | None:
     """Start the hub of the cluster at ``path`` and return once it and its host agents
     are up (or re-adopted, with ``recover``).
 
     With ``ephemeral_parent`` the hub is a child of this process and dies with it; the
     ``Popen`` is returned. Otherwise it is detached (own session, re-parented, output to
-    ``hub.log`` in the cluster directory) and ``None`` is returned. Raises
-    :class:`ClusterError`, with the end of the hub's output, when the hub does not
-    report ready within ``HUB_START_TIMEOUT_S`` seconds."""
+    ``hub.log`` in the cluster directory) and ``None`` is returned. ``allocator``: the
+    allocator's spec (default: local host agents). Raises :class:`ClusterError`, with
+    the end of the hub's output, when the hub does not report ready within
+    ``timeout`` seconds."""
     argv = [sys.executable, "-m", "monarch_nb.hub", "--cluster-dir", str(path), "--hosts", str(hosts),
             "--grace", str(grace_s)]
     if ephemeral_parent is not None:
@@ -34,6 +37,8 @@ def launch_hub(path: Path, *, hosts: int, grace_s: float, ephemeral_parent: int 
         argv += ["--idle-timeout", str(idle_timeout)]
     if recover:
         argv += ["--recover"]
+    if allocator is not None:
+        argv += ["--allocator", json.dumps(allocator)]
     read_fd, write_fd = os.pipe()
     log = None
     try:
@@ -48,7 +53,7 @@ def launch_hub(path: Path, *, hosts: int, grace_s: float, ephemeral_parent: int 
         if log is not None:
             log.close()
     try:
-        ready, _, _ = select.select([read_fd], [], [], HUB_START_TIMEOUT_S)
+        ready, _, _ = select.select([read_fd], [], [], timeout)
         line = os.read(read_fd, 64) if ready else b""
     finally:
         os.close(read_fd)
@@ -60,7 +65,7 @@ def launch_hub(path: Path, *, hosts: int, grace_s: float, ephemeral_parent: int 
     if hub.poll() is None:
         hub.kill()
     hub.wait()
-    raise ClusterError(f"the hub of cluster {path.name} did not become ready (it failed, or took over {HUB_START_TIMEOUT_S} s)"
+    raise ClusterError(f"the hub of cluster {path.name} did not become ready (it failed, or took over {timeout:.0f} s)"
                        f"{_log_tail(path)}")
 
 
