@@ -56,7 +56,7 @@ def _parser() -> MagicArgumentParser:
     spawn.add_argument("--procs", default=None, help="proc mesh variable (default: the last %%monarch procs)")
     spawn.add_argument("--name", default=None, help="mesh name (default: VAR)")
     spawn.epilog = "constructor arguments follow --, as in a Python call: -- 0.1, name='a b', lr=0.5"
-    verbs.add_parser("status", help="hosts, meshes and clients of the connected cluster")
+    verbs.add_parser("status", help="the live health tree (hosts, procs, actors) and clients of the cluster")
     log = verbs.add_parser("logs", help="lines from the cluster's log store")
     log.add_argument("mesh", nargs="?")
     log.add_argument("--ranks", default=None)
@@ -84,7 +84,7 @@ HELP = """%monarch: drive a monarch_nb cluster from the notebook.
                 [--qos Q] [--cpus-per-task C] [--sbatch-arg=OPT]  hosts from a Slurm job, one per node
   %monarch connect [NAME]                                 connect to a running cluster
   %monarch list                                           clusters on this machine
-  %monarch status                                         hosts, meshes and clients of the cluster
+  %monarch status                                         live health tree (hosts, procs, actors), clients
   %monarch stop [NAME]                                    stop a cluster (default: the connected one)
   %monarch procs VAR --per-host gpus=8 [--name N]         spawn procs, bind them to VAR
   %monarch spawn VAR CLASS [--procs P] [--name N] [-- ARGS]
