@@ -18,15 +18,16 @@ from .client.future import Future
 from .client.host_mesh import HostMesh
 from .client.local_proc import this_proc
 from .client.proc_mesh import ProcMesh
+from .client.supervision import set_failure_hook
 from .client.value_mesh import ValueMesh
-from .errors import (ActorError, ClusterError, InvalidRequest, MessageTooLarge, MonarchNbError, RemoteException,
-                     SerializationError, SupervisionError)
+from .errors import (ActorError, ClusterError, InvalidRequest, MeshFailure, MessageTooLarge, MonarchNbError,
+                     RemoteException, SerializationError, SupervisionError)
 from .mesh import Extent, Point, Shape
 from .proc.actor import Actor, Context, context, current_rank, current_size, endpoint
 
 __all__ = [
     "Actor", "ActorError", "ActorMesh", "Cluster", "ClusterError", "Context", "Endpoint", "Extent",
-    "Future", "HostMesh", "InvalidRequest", "MessageTooLarge", "MonarchNbError", "Point", "ProcMesh", "RemoteException",
+    "Future", "HostMesh", "InvalidRequest", "MeshFailure", "MessageTooLarge", "MonarchNbError", "Point", "ProcMesh", "RemoteException",
     "SerializationError", "Shape", "SupervisionError", "ValueMesh", "context", "current_rank",
-    "current_size", "endpoint", "this_host", "this_proc",
+    "current_size", "endpoint", "set_failure_hook", "this_host", "this_proc",
 ]

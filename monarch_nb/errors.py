@@ -7,6 +7,8 @@ also a classic Python error (a bad value, a bad type) it derives from that too, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class MonarchNbError(Exception):
     """Base class of every monarch_nb error."""
@@ -86,14 +88,47 @@ class SupervisionError(MonarchNbError):
     """A proc or actor that a call involves has failed (exited, killed, lost).
 
     ``failures``: a :class:`RemoteFailure` per failed rank of the call (empty when the
-    error stands for one rank); the message names mesh, rank, host, pid and cause."""
+    error stands for one rank); the message names mesh, rank, host, pid and cause.
+    ``events``: the :class:`MeshFailure` s behind it when it reports failures nobody
+    handled (raised at the next call on the mesh), else empty."""
 
     def __init__(self, message: str, failures=()):
         super().__init__(message)
         self.failures = list(failures)
+        self.events: list = []
 
     def __reduce__(self):
         return (SupervisionError, (str(self), self.failures))
+
+
+@dataclass(frozen=True)
+class MeshFailure:
+    """A failure that supervision reports: what ``__supervise__(failure)`` receives and
+    what an unhandled failure raises at the next call on the mesh it hit.
+
+    ``kind``: ``"proc_failed"`` (a proc exited, was killed or was lost with its host) or
+    ``"endpoint_failed"`` (a ``broadcast`` endpoint raised; the actor lives on).
+    ``meshes``: the actor meshes hit; ``ranks``: their ranks hit; ``proc_mesh`` and
+    ``rank`` (proc failures): the proc; ``why``: a sentence naming mesh, rank, host,
+    pid and cause (with the proc's last stderr lines); ``endpoint``: for endpoint
+    failures, with the remote ``traceback``."""
+
+    kind: str
+    meshes: tuple[str, ...]
+    ranks: tuple[int, ...]
+    why: str
+    proc_mesh: str | None = None
+    rank: int | None = None
+    endpoint: str | None = None
+    traceback: str = ""
+
+    @classmethod
+    def from_event(cls, event: dict) -> "MeshFailure":
+        return cls(event["kind"], tuple(event.get("meshes", ())), tuple(event.get("ranks", ())), event["why"],
+                   event.get("proc_mesh"), event.get("rank"), event.get("endpoint"), event.get("traceback", ""))
+
+    def __str__(self) -> str:
+        return self.why
 
 
 class ClusterNotFound(MonarchNbError, LookupError):

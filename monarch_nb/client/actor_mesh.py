@@ -11,6 +11,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..mesh import Shape
+from . import supervision
 from .endpoint import Endpoint
 from .mesh_handle import MeshHandle
 
@@ -101,6 +102,27 @@ class ActorMesh(MeshHandle):
         return candidates[next(_round_robin) % len(candidates)]
 
     # lifecycle -----------------------------------------------------------------------
+    def restart(self, ranks: list[int] | None = None, timeout: float = 120.0) -> list[int]:
+        """Restart the procs under ``ranks`` of this mesh (view ranks of this handle;
+        default: every failed one) and re-create the actors that lived on them, of this
+        and any other mesh, from their original constructor arguments. Live procs named
+        in ``ranks`` are stopped first (their pending calls fail with
+        ``SupervisionError``); other ranks are untouched. Returns the restarted proc
+        ranks. Blocks until the actors are constructed again; see
+        ``ProcMesh.restart_failed`` for the errors."""
+        record = self._hub().request("info", timeout=30.0)["actor_meshes"].get(self._name)
+        if record is None:
+            raise ValueError(f"actor mesh {self._name!r} was stopped; spawn it again")
+        proc_ranks = None
+        if ranks is not None:
+            bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < len(self)]
+            if bad:
+                raise IndexError(f"{self._name} has ranks 0-{len(self) - 1} in this view, not {bad}")
+            proc_ranks = [record["proc_ranks"][self._shape.base_rank(r)] for r in ranks]
+        reply = restart(self._hub(), self._cluster_id, record["proc_mesh"], proc_ranks, timeout)
+        self._addresses[:] = reply["actor_meshes"][self._name]["addresses"]  # this handle and its slices
+        return reply["restarted"]
+
     def stop(self) -> None:
         """Stop every actor of this mesh (the whole mesh, also when called on a slice);
         each finishes the message it is handling first. Blocks until done."""
@@ -108,3 +130,13 @@ class ActorMesh(MeshHandle):
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._class_name} {dict(self.extent)}>"
+
+
+def restart(hub, cluster_id: str, proc_mesh: str, proc_ranks: list[int] | None, timeout: float) -> dict:
+    """Ask the hub to restart ``proc_ranks`` of ``proc_mesh`` (None: the failed ones);
+    returns its reply (``restarted`` ranks, ``actor_meshes`` records)."""
+    reply = hub.request("restart_procs", timeout=timeout, name=proc_mesh, ranks=proc_ranks)
+    for name, record in reply["actor_meshes"].items():
+        supervision.sync(name, record["addresses"], record["dead"])
+        supervision.clear_pending(cluster_id, name)
+    return reply

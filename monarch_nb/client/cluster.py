@@ -28,7 +28,6 @@ from ..mesh import Extent, Shape
 from ..proc.actor import proc_identity
 from ..wire import frames as wire_frames
 from ..hub.logstore import FIELDS as LOG_FIELDS
-from ..hub.registry import exit_cause
 from . import binding, discovery, logs, supervision
 from .actor_mesh import ActorMesh
 from .host_mesh import HostMesh
@@ -225,13 +224,7 @@ class Cluster:
 
     def _actor_mesh(self, record: dict, proc_meshes: dict) -> ActorMesh:
         """A handle from the registry; calls to actors whose proc has exited fail at once."""
-        procs = proc_meshes.get(record["proc_mesh"], {}).get("procs", [])
-        supervision.revive(record["addresses"])
-        for i, rank in enumerate(record["proc_ranks"]):
-            if rank < len(procs) and procs[rank]["exit_code"] is not None:
-                supervision.mark_dead(record["addresses"][i], f"{record['name']} rank {i}: proc "
-                                      f"{procs[rank]['proc_id']} (pid {procs[rank]['pid']}) "
-                                      f"{exit_cause(procs[rank]['exit_code'])}")
+        supervision.sync(record["name"], record["addresses"], record["dead"])
         return ActorMesh(self._info["cluster_id"], self._info["hub"], record["name"], record["class_name"],
                          record["endpoints"], record["methods"], Shape(Extent(record["extent"])),
                          record["addresses"])

@@ -42,6 +42,7 @@ class Endpoint:
         """Pickle and sign the arguments once; send them to every actor in ``view_ranks``,
         with replies to ``port`` of this process's mailbox (none for broadcast)."""
         mesh = self._mesh
+        supervision.raise_armed(mesh._cluster_id, mesh._name)
         mailbox = local_mailbox()
         header: dict = {"k": "call", "ep": self._name, "o": logs.origin()}
         if port is not None:
@@ -52,7 +53,7 @@ class Endpoint:
             mailbox.send(mesh._addresses[mesh._shape.base_rank(r)], frames)
 
     def _gather(self, view_ranks: list[int], args, kwargs, finish) -> Future:
-        """Send to ``view_ranks``; once all replied, ``finish(results, failures)`` gives the
+        """Send to ``view_ranks``; once all replied, ``finish(results, failures, dead)`` gives the
         future's ``(value, error)``."""
         mesh = self._mesh
         mailbox = local_mailbox()
@@ -63,6 +64,7 @@ class Endpoint:
         remaining = [len(view_ranks)]
 
         answered: set[int] = set()
+        dead_ranks: set[int] = set()  # failed by supervision (not an endpoint that raised)
         targets = {mesh._addresses[b]: b for b in by_base}
 
         def on_reply(message: wire_frames.Message) -> None:
@@ -81,12 +83,15 @@ class Endpoint:
                 failures[i] = RemoteFailure(mesh.extent.point(view_ranks[i]), e,
                                             f"could not unpickle the reply: {e!r}\n")
             remaining[0] -= 1
-            died = i in failures and isinstance(failures[i].exception, SupervisionError)
+            died = i in failures and message.header.get("supervision", False)
+            if died:
+                dead_ranks.add(i)
             if remaining[0] == 0 or died:  # a dead rank fails the call now, not after the others
                 remaining[0] = 0
                 mailbox.close_port(port)
                 supervision.unwatch(port, targets)
-                value, error = finish(results, [failures[k] for k in sorted(failures)])
+                value, error = finish(results, [failures[k] for k in sorted(failures)],
+                                      [failures[k] for k in sorted(dead_ranks)])
                 future._resolve(value, error)
 
         # The port exists before anything is sent: a reply may arrive at once.
@@ -106,9 +111,9 @@ class Endpoint:
         future._answered = lambda: len(view_ranks) - remaining[0]
         return future
 
-    def _error(self, failures: list[RemoteFailure], total: int) -> ActorError | SupervisionError:
-        """``SupervisionError`` when a rank's proc died, else ``ActorError``."""
-        dead = [f for f in failures if isinstance(f.exception, SupervisionError)]
+    def _error(self, failures: list[RemoteFailure], total: int,
+               dead: list[RemoteFailure]) -> ActorError | SupervisionError:
+        """``SupervisionError`` when a rank's proc died (``dead``), else ``ActorError``."""
         if dead:
             causes = "; ".join(str(f.exception) for f in dead)
             return SupervisionError(f"{self._mesh._name}.{self._name}: {len(dead)} of {total} rank(s) failed: "
@@ -123,9 +128,9 @@ class Endpoint:
         mesh = self._mesh
         ranks = list(range(len(mesh)))
 
-        def finish(results, failures):
+        def finish(results, failures, dead):
             if failures:
-                return None, self._error(failures, len(ranks))
+                return None, self._error(failures, len(ranks), dead)
             return ValueMesh(mesh.extent, results), None
 
         return self._gather(ranks, args, kwargs, finish)
@@ -148,9 +153,9 @@ class Endpoint:
         return self._one(self._mesh._least_loaded(), args, kwargs)
 
     def _one(self, view_rank: int, args, kwargs) -> Future:
-        def finish(results, failures):
+        def finish(results, failures, dead):
             if failures:
-                return None, self._error(failures, 1)
+                return None, self._error(failures, 1, dead)
             return results[0], None
 
         return self._gather([view_rank], args, kwargs, finish)

@@ -7,6 +7,7 @@ import secrets
 import sys
 
 from ..mesh import Extent, Shape
+from ..proc.actor import owner_of_new_meshes
 from . import progress
 from .mesh_handle import MeshHandle
 from .proc_mesh import ProcMesh
@@ -59,7 +60,7 @@ class HostMesh(MeshHandle):
             reply = hub.request(
                 "spawn_procs", timeout=SPAWN_TIMEOUT_S, while_waiting=bar.tick, per_host=per_host, name=name,
                 replace=replace, hosts=self._hosts, env=_proc_env(), cwd=os.getcwd(), python=sys.executable,
-                spawn_id=spawn_id)
+                spawn_id=spawn_id, owner=owner_of_new_meshes())
         except BaseException:
             bar.close(None)
             raise

@@ -172,6 +172,8 @@ class LogReceiver:
         if header.get("op") != "log_lines":
             if header.get("op") == "proc_failed":
                 supervision.proc_failed(header)
+            elif header.get("op") == "supervision":
+                supervision.unhandled(header)
             events.publish(header)
             return
         now = time.time()

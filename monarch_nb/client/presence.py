@@ -10,12 +10,16 @@ import threading
 
 from ..wire import frames as wire_frames
 from ..wire.mailbox import local_mailbox
+from ..proc.actor import proc_identity
 from . import logs
 
 HEARTBEAT_S = 1.0  # the hub forgets a client silent for 3 s (hub.server.CLIENT_TIMEOUT_S)
 
 
 def _label() -> str:
+    in_proc = proc_identity()
+    if in_proc is not None:
+        return f"proc {in_proc['proc_id']}"
     if "ipykernel" in sys.modules:
         return "kernel"
     script = sys.argv[0] if sys.argv else ""
@@ -31,7 +35,9 @@ class Presence:
         self.hub_address = hub_address
         self._closed = threading.Event()
         self._hello = {"op": "client_alive", "client_id": logs.CLIENT_ID, "pid": os.getpid(),
-                       "hostname": socket.gethostname(), "label": _label(), "logs": logs.receiver().address}
+                       "hostname": socket.gethostname(), "label": _label(), "logs": logs.receiver().address,
+                       # A proc's own output is captured already: forwarding lines to it would echo.
+                       "lines": proc_identity() is None}
         self._send(self._hello)
         threading.Thread(target=self._run, name="monarch-nb-presence", daemon=True).start()
 

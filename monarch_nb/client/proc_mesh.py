@@ -6,12 +6,12 @@ import inspect
 
 from ..errors import ActorError, RemoteFailure
 from ..mesh import Extent, Shape
-from ..proc.actor import Actor, endpoint_names
+from ..proc.actor import Actor, endpoint_names, owner_of_new_meshes
 from ..wire import serialize
 from ..wire.mailbox import local_mailbox
 from ..wire.remote_error import unpack_exception
 from . import logs, supervision, torch_env
-from .actor_mesh import ActorMesh
+from .actor_mesh import ActorMesh, restart
 from .mesh_handle import MeshHandle
 from .value_mesh import ValueMesh
 
@@ -74,7 +74,7 @@ class ProcMesh(MeshHandle):
                 exc, tb = unpack_exception(serialize.loads(packed))
                 failures.append(RemoteFailure(self.extent.point(rank), exc, tb))
             raise ActorError(name, f"{actor_class.__name__}.__init__", failures, len(self))
-        supervision.revive(reply["addresses"])
+        supervision.sync(name, reply["addresses"], reply.get("dead", {}))  # this_proc: none
         return ActorMesh(self._cluster_id, self._hub_address, name, class_name, endpoints, methods,
                          Shape(Extent(reply["extent"])), reply["addresses"])
 
@@ -82,7 +82,8 @@ class ProcMesh(MeshHandle):
         return self._hub().request(
             "spawn_actors", body, buffers, timeout=None, name=name, proc_mesh=self._name,
             proc_ranks=self._shape.base_ranks(), extent=dict(self.extent), class_name=class_name,
-            endpoints=endpoints, methods=methods, replace=replace, o=logs.origin(), main_thread=main_thread)
+            endpoints=endpoints, methods=methods, replace=replace, o=logs.origin(), main_thread=main_thread,
+            owner=owner_of_new_meshes())
 
     def interrupt(self, timeout: float = 5.0) -> None:
         """Raise ``KeyboardInterrupt`` in every endpoint running in this mesh's procs (or
@@ -106,9 +107,23 @@ class ProcMesh(MeshHandle):
         Safe to re-run: while every proc is already rank r of a live group of this mesh's
         size and ``backend``, nothing changes and the variables that group was made with
         are returned. Raises ``ValueError`` for a backend other than ``"gloo"``/``"nccl"``
-        or a bad address or port, and :class:`ClusterError` when some procs hold a
-        process group that doesn't match (destroy it first) or a proc does not answer."""
+        or a bad address or port, :class:`SupervisionError` when a proc of the mesh has
+        exited, and :class:`ClusterError` when some procs hold a process group that
+        doesn't match (destroy it first) or a proc does not answer in 30 s."""
         return torch_env.setup(self, torch_env.check_backend(backend), master_addr, master_port)
+
+    def restart_failed(self, timeout: float = 120.0) -> list[int]:
+        """Start new procs in place of this mesh's failed ones (same host, same rank) and
+        re-create every actor that lived on them with its original constructor
+        arguments; healthy ranks are untouched (their actors keep their state). Returns
+        the restarted base ranks (empty when none had failed). Blocks until the new
+        actors' ``__init__`` returned.
+
+        Handles keep working: a restarted actor listens at its old address when it is
+        free (else get new handles from ``cluster.actor_meshes``). Raises
+        :class:`ClusterError` when procs can't start or ``__init__`` raises again, and
+        ``ValueError`` when the mesh was stopped."""
+        return restart(self._hub(), self._cluster_id, self._name, None, timeout)["restarted"]
 
     def stop(self) -> None:
         """Stop every proc of this mesh (the whole mesh, also when called on a slice) and

@@ -1,17 +1,28 @@
-"""Calls to actors whose proc has died fail promptly instead of waiting forever.
+"""Supervision in the client: calls to dead actors fail promptly, and failures nobody
+handled reach the user.
+
+Calls to actors whose proc has died fail promptly instead of waiting forever.
 
 The host agent sees its child exit at once and tells the hub, which tells every
 client which actor addresses died and why. Here, every call still waiting on one of
 those actors gets a failure reply for that rank (sent to this process's own mailbox,
 so it is dispatched like any reply), and later calls to them fail without being sent.
 The call then raises :class:`SupervisionError` naming mesh, rank, host, pid and cause.
+
+A failure that no owning actor handled (see ``hub.supervision``) is passed to the
+failure hook. The default hook arms it: the next call on the affected mesh (the mesh
+whose ``broadcast`` endpoint raised, or the owner's mesh for a failure in a mesh an
+actor spawned) raises it as :class:`SupervisionError` once, without being sent. The
+notebook extension's hook also shows it at once. Proc deaths fail the calls that
+involve the dead ranks anyway; other slices of the mesh keep working.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
-from ..errors import SupervisionError
+from ..errors import MeshFailure, SupervisionError
 from ..wire import frames as wire_frames
 from ..wire.mailbox import local_mailbox
 from ..wire.remote_error import pack_exception
@@ -19,6 +30,7 @@ from ..wire.remote_error import pack_exception
 _lock = threading.Lock()
 _dead: dict[str, str] = {}  # actor address -> why it is gone
 _waiting: dict[str, dict[int, tuple[str, int]]] = {}  # actor address -> port -> (cluster id, base rank)
+_armed: dict[tuple[str, str], list[MeshFailure]] = {}  # (cluster id, actor mesh) -> failures to raise
 
 
 def watch(cluster_id: str, port: int, targets: dict[str, int]) -> dict[str, str]:
@@ -40,23 +52,22 @@ def unwatch(port: int, addresses) -> None:
                     del _waiting[address]
 
 
-def revive(addresses) -> None:
-    """New actors listen at ``addresses``: a dead actor's port may have been reused."""
+def sync(mesh: str, addresses: list[str], dead: dict) -> None:
+    """The hub's view of an actor mesh: the actors at ``addresses`` are alive except
+    those whose rank is in ``dead`` (rank -> why its proc is gone)."""
     with _lock:
-        for address in addresses:
-            _dead.pop(address, None)
-
-
-def mark_dead(address: str, why: str) -> None:
-    """The actor at ``address`` is known gone (its proc exited before we looked)."""
-    with _lock:
-        _dead[address] = why
+        for rank, address in enumerate(addresses):
+            why = dead.get(str(rank), dead.get(rank))
+            if why is None:
+                _dead.pop(address, None)  # a live actor; its port may be a dead one's, reused
+            else:
+                _dead[address] = f"{mesh} rank {rank}: {why}"
 
 
 def fail(cluster_id: str, port: int, base_rank: int, why: str) -> None:
     """Send the waiting call at ``port`` a failure reply for ``base_rank``."""
     mailbox = local_mailbox()
-    header = {"port": port, "rank": base_rank, "ok": False}
+    header = {"port": port, "rank": base_rank, "ok": False, "supervision": True}
     mailbox.send(mailbox.address, wire_frames.encode_value(cluster_id, header,
                                                              pack_exception(SupervisionError(why))))
 
@@ -71,3 +82,46 @@ def proc_failed(event: dict) -> None:
             pending += [(port, cid, base, _dead[address]) for port, (cid, base) in _waiting.pop(address, {}).items()]
     for port, cluster_id, base_rank, reason in pending:
         fail(cluster_id, port, base_rank, reason)
+
+
+def arm(cluster_id: str, failure: MeshFailure, owner: dict | None = None) -> None:
+    """The default failure hook: the next call on the affected mesh raises ``failure``."""
+    meshes = [owner["mesh"]] if owner else (failure.meshes if failure.kind == "endpoint_failed" else ())
+    with _lock:
+        for mesh in meshes:
+            _armed.setdefault((cluster_id, mesh), []).append(failure)
+
+
+_hook: Callable[[str, MeshFailure, dict | None], None] = arm
+
+
+def set_failure_hook(hook: Callable[[str, MeshFailure, dict | None], None] | None) -> None:
+    """Route unhandled failures to ``hook(cluster_id, failure, owner)`` instead of the
+    default (:func:`arm`: raise at the next call on the affected mesh); ``None``
+    restores the default. ``owner`` is the actor (``mesh``, ``rank``) whose child mesh
+    failed, or ``None``. The hook runs on the event thread: it must not block."""
+    global _hook
+    _hook = hook or arm
+
+
+def unhandled(event: dict) -> None:
+    """The hub's news of a failure nobody handled."""
+    failure = MeshFailure.from_event(event["failure"])
+    _hook(event["cluster"], failure, event["failure"].get("owner"))
+
+
+def raise_armed(cluster_id: str, mesh: str) -> None:
+    """Raise (once) the failures armed for ``mesh``: called before a call is sent."""
+    with _lock:
+        failures = _armed.pop((cluster_id, mesh), None)
+    if failures:
+        error = SupervisionError(f"{mesh}: unhandled failure since the last call: "
+                                 + "; ".join(str(f) for f in failures))
+        error.events = failures
+        raise error
+
+
+def clear_pending(cluster_id: str, mesh: str) -> None:
+    """Forget armed failures of ``mesh`` (it was restarted)."""
+    with _lock:
+        _armed.pop((cluster_id, mesh), None)

@@ -28,9 +28,12 @@ class HostRecord:
     hostname: str
     last_seen: float = field(default_factory=time.monotonic)  # monotonic: not saved
     lost: bool = False  # fell silent: its procs were failed
+    node: str = ""  # the allocator's name for it (a Slurm node); hostnames may repeat
+    cause: str = ""  # why it failed, when its allocation ended (a cancelled Slurm job)
 
     def saved(self) -> dict:
-        return {"host_id": self.host_id, "address": self.address, "pid": self.pid, "hostname": self.hostname}
+        return {"host_id": self.host_id, "address": self.address, "pid": self.pid, "hostname": self.hostname,
+                "node": self.node}
 
 
 @dataclass
@@ -48,10 +51,12 @@ class ProcMeshRecord:
     extent: dict[str, int]
     procs: list[ProcRecord]  # in rank order
     created: float = field(default_factory=time.time)
+    owner: dict | None = None  # the actor that spawned it (mesh, rank, address); None: a client
+    launch: dict = field(default_factory=dict)  # env, cwd, python of the spawn: restarts reuse them
 
     def public(self) -> dict:
         return {"name": self.name, "extent": self.extent, "created": self.created,
-                "procs": [vars(p) for p in self.procs]}
+                "procs": [vars(p) for p in self.procs], "owner": self.owner, "launch": self.launch}
 
     saved = public
 
@@ -68,6 +73,7 @@ class ActorMeshRecord:
     addresses: list[str]
     payload_id: str  # the constructor payload is kept in the state dir under this id
     created: float = field(default_factory=time.time)
+    owner: dict | None = None  # the actor that spawned it (mesh, rank, address); None: a client
 
     def public(self) -> dict:
         return asdict(self)
@@ -83,6 +89,7 @@ class ClientRecord:
     label: str  # e.g. the script or kernel it runs in
     log_address: str | None = None  # where this client wants the lines its calls caused
     log_seq: int = 0  # batches of lines forwarded to it so far
+    wants_lines: bool = True  # False for a proc acting as a client: it gets events only
     connected: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
 

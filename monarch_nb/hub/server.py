@@ -28,22 +28,23 @@ from pathlib import Path
 import psutil
 
 from .. import cluster_dir
-from ..allocators.local import LocalAllocator
+from ..allocators import base as allocators
 from ..mesh import Extent
 from ..wire.aio import AioEndpoint
 from . import health, state
 from .logstore import LogStore
+from .errors import HubError
 from .registry import ActorMeshRecord, ClientRecord, HostRecord, ProcMeshRecord, ProcRecord, exit_cause
+from .supervision import LOST_EXIT_CODE, SupervisionOps
+from .allocation import AllocationOps
 
 HEARTBEAT_S = 0.5
-AGENT_START_TIMEOUT_S = 60.0
 ADOPT_TIMEOUT_S = 3.0  # how long a recovering hub waits for each host agent to answer
 CLIENT_TIMEOUT_S = 3.0  # a client silent this long is no longer counted as connected
 HOST_TIMEOUT_S = 3.0  # a host agent silent this long (it beats every 0.5 s) is lost, with its procs
 FLUSH_TIMEOUT_S = 2.0
 STATUS_TIMEOUT_S = 1.0  # a proc whose control loop does not answer within this is "unresponsive"  # how long a log flush waits for each host agent
 EVENT_COALESCE_S = 0.1  # health_changed goes out at most this often
-LOST_EXIT_CODE = -255  # exit code recorded for a proc that vanished while no hub watched
 
 
 def _client_alive(client: ClientRecord) -> bool:
@@ -57,20 +58,14 @@ def _client_alive(client: ClientRecord) -> bool:
         return False
 
 
-class HubError(Exception):
-    def __init__(self, message: str, error_type: str = "ClusterError"):
-        super().__init__(message)
-        self.error_type = error_type
-
-
-class Hub:
+class Hub(SupervisionOps, AllocationOps):
     """One cluster's hub. ``ephemeral``: lives and dies with the client that started
     it; otherwise retained (runs until stopped, or until no client has been connected
     for ``idle_timeout`` seconds). ``recover``: re-adopt the host agents and meshes of
     the state file instead of starting new host agents."""
 
     def __init__(self, path: Path, info: dict, hosts: int, ephemeral: bool, grace_s: float,
-                 idle_timeout: float | None = None, recover: bool = False):
+                 idle_timeout: float | None = None, recover: bool = False, allocator: dict | None = None):
         self.path = path
         self.info = info
         self.n_hosts = hosts
@@ -82,14 +77,20 @@ class Hub:
             raise HubError(f"nothing to recover: {path / state.STATE_FILE} does not exist")
         # A recovered hub takes its predecessor's address when it can, so that handles
         # held by clients keep working.
+        # The allocator (a recovering hub's: the saved one, e.g. the same Slurm job) names
+        # the interface everything of this hub binds on.
+        self.allocator = allocators.create(self.saved.get("allocator") if self.saved else allocator,
+                                           str(path), grace_s)
+        if self.allocator.bind_address():
+            os.environ["MONARCH_NB_BIND"] = self.allocator.bind_address()
         self.net = AioEndpoint(info["cluster_id"], prefer=info.get("hub") if recover else None)
-        self.allocator = LocalAllocator(str(path), grace_s)
         self.hosts: dict[str, HostRecord] = {}
         self.host_order: list[str] = []
         self.proc_meshes: dict[str, ProcMeshRecord] = {}
         self.actor_meshes: dict[str, ActorMeshRecord] = {}
         self.clients: dict[str, ClientRecord] = {}
         self.logs = LogStore(path)
+        self.payloads: dict[str, list[bytes]] = {}  # actor mesh constructor frames, for restarts
         self.spawning: dict[str, list] = {}  # proc mesh being spawned -> [procs up, spawn id]
         self.spawning_size: dict[str, int] = {}  # proc mesh being spawned -> procs asked for
         self.started = self.saved["started"] if self.saved else time.time()
@@ -109,15 +110,7 @@ class Hub:
         serve = asyncio.ensure_future(self._serve())
         if self.saved is not None:
             await self._adopt(self.saved)
-        if not self.hosts:
-            self.host_order = self.allocator.start(self.net.address, self.n_hosts)
-        else:
-            self._all_hosts_ready.set()
-        try:
-            await asyncio.wait_for(self._all_hosts_ready.wait(), AGENT_START_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            print(f"monarch_nb hub: host agents did not report within {AGENT_START_TIMEOUT_S} s",
-                  file=sys.stderr)
+        if not await self._acquire_hosts():
             await self._shutdown_hosts()
             self.net.close()
             return  # the directory stays for the starting client to read hub.log
@@ -126,7 +119,8 @@ class Hub:
             **self.info, "hub": self.net.address, "hub_pid": os.getpid(),
             "hub_create_time": psutil.Process().create_time(), "hostname": socket.gethostname(),
             "ephemeral": self.ephemeral, "started": self.started, "hosts": self.n_hosts, "grace_s": self.grace_s,
-            "idle_timeout": self.idle_timeout}
+            "idle_timeout": self.idle_timeout, "allocator": self.allocator.spec(),
+            "bind": os.environ.get("MONARCH_NB_BIND", "127.0.0.1")}
         cluster_dir.write_json(self.path / "cluster.json", self.public_info)
         if ready_fd is not None:
             try:
@@ -137,6 +131,7 @@ class Hub:
                 self.stop_requested.set()
             os.close(ready_fd)
         heartbeat = asyncio.ensure_future(self._heartbeat())
+        asyncio.ensure_future(self._watch_allocation())
         await self.stop_requested.wait()
         heartbeat.cancel()
         await self._shutdown_hosts()
@@ -189,20 +184,6 @@ class Hub:
                     self._forget_actor_mesh(actors)
                 del self.proc_meshes[mesh.name]
 
-    async def _host_lost(self, host: HostRecord, silent_s: float) -> None:
-        """A host agent fell silent: its procs (which die with it) are failed."""
-        host.lost = True
-        print(f"monarch_nb hub: host agent {host.host_id} (pid {host.pid}) silent for {silent_s:.1f} s; "
-              "its procs are lost", file=sys.stderr)
-        for mesh in self.proc_meshes.values():
-            for rank, proc in enumerate(mesh.procs):
-                if proc.host_id == host.host_id and proc.exit_code is None:
-                    proc.exit_code = LOST_EXIT_CODE
-                    await self._tell_clients_proc_died(
-                        mesh, rank, proc, False, f"was lost with its host {host.hostname} (agent pid {host.pid} "
-                                                 f"silent for {silent_s:.1f} s)")
-        self._save()
-
     async def _shutdown_hosts(self) -> None:
         await asyncio.gather(*(self.net.send(h.address, {"op": "shutdown"}) for h in self.hosts.values()),
                              return_exceptions=True)
@@ -248,7 +229,7 @@ class Hub:
         self._health_changed()
         if not self.ephemeral:
             state.save(self.path, self.started, self.hosts, self.host_order, self._mesh_counter,
-                       self.proc_meshes, self.actor_meshes)
+                       self.proc_meshes, self.actor_meshes, allocator=self.allocator.spec())
 
     def _health_changed(self) -> None:
         """Announce ``health_changed`` once per ``EVENT_COALESCE_S``, however many changes."""
@@ -304,8 +285,8 @@ class Hub:
     # host agents ---------------------------------------------------------------------
     async def op_agent_ready(self, header, message):
         self.hosts[header["host_id"]] = HostRecord(header["host_id"], header["address"], header["pid"],
-                                                   header["hostname"])
-        if all(h in self.hosts for h in self.host_order):
+                                                   header["hostname"], node=header.get("node", ""))
+        if self.host_order and all(h in self.hosts for h in self.host_order):
             self._all_hosts_ready.set()
 
     async def op_agent_alive(self, header, message):
@@ -323,33 +304,6 @@ class Hub:
         up = [p[0] for p in self.spawning.values() if p[1] == header["spawn_id"]]
         return {"up": up[0] if up else None}
 
-    async def op_proc_exited(self, header, message):
-        for mesh in self.proc_meshes.values():
-            for rank, proc in enumerate(mesh.procs):
-                # The pid too: a late report about a stopped mesh's proc must not hit the
-                # new proc of the same id in a mesh spawned again under that name.
-                if proc.proc_id == header["proc_id"] and proc.pid == header.get("pid", proc.pid):
-                    proc.exit_code = header["returncode"]
-                    self._save()
-                    await self._tell_clients_proc_died(mesh, rank, proc, header.get("expected", False))
-
-    async def _tell_clients_proc_died(self, mesh: ProcMeshRecord, rank: int, proc: ProcRecord,
-                                      expected: bool, cause: str | None = None) -> None:
-        """Every client learns which actors died with ``proc`` and why, so that calls
-        waiting on them fail now (``SupervisionError``) instead of never."""
-        if cause is None:
-            cause = "its proc was stopped" if expected else exit_cause(proc.exit_code)
-        last = [] if expected else [r[8] for r in self.logs.last(proc.proc_id, "stderr", 3)]
-        host = self.hosts.get(proc.host_id)
-        why = (f"proc {proc.proc_id} (pid {proc.pid} on {host.hostname if host else proc.host_id}) {cause}"
-               + (f"; last stderr: {' | '.join(last)}" if last else ""))
-        actors = {}
-        for record in self.actor_meshes.values():
-            if record.proc_mesh == mesh.name and rank in record.proc_ranks:
-                i = record.proc_ranks.index(rank)
-                actors[record.addresses[i]] = (record.name, i)
-        await self._announce({"op": "proc_failed", "why": why, "actors": actors})
-
     # logs ------------------------------------------------------------------------------
     async def _log_lines(self, header) -> None:
         """Store a batch from a host agent and pass each line on to the client whose call
@@ -359,7 +313,10 @@ class Hub:
         for record in records:
             origin = record[7]
             owner = origin.partition(":")[0] if origin else None
-            targets = [owner] if owner in self.clients else list(self.clients)
+            if owner in self.clients and self.clients[owner].wants_lines:
+                targets = [owner]
+            else:
+                targets = [c for c, r in self.clients.items() if r.wants_lines]
             for client_id in targets:
                 by_client.setdefault(client_id, []).append(record)
         for client_id, batch in by_client.items():
@@ -391,7 +348,8 @@ class Hub:
         client = self.clients.get(header["client_id"])
         if client is None:
             client = self.clients[header["client_id"]] = ClientRecord(
-                header["client_id"], header["pid"], header["hostname"], header["label"], header.get("logs"))
+                header["client_id"], header["pid"], header["hostname"], header["label"], header.get("logs"),
+                wants_lines=header.get("lines", True))
         client.last_seen = time.monotonic()
 
     async def op_client_bye(self, header, message):
@@ -402,11 +360,11 @@ class Hub:
     async def op_info(self, header, message):
         return {"name": self.info["name"], "started": self.started, "hub_started": self.hub_started,
                 "hub_pid": os.getpid(), "ephemeral": self.ephemeral, "grace_s": self.grace_s,
-                "idle_timeout": self.idle_timeout,
+                "idle_timeout": self.idle_timeout, "allocator": self.allocator.spec(),
                 "hosts": [vars(self.hosts[h]) for h in self.host_order],
                 "clients": [c.public() for c in self.clients.values()],
                 "proc_meshes": {n: m.public() for n, m in self.proc_meshes.items()},
-                "actor_meshes": {n: m.public() for n, m in self.actor_meshes.items()}}
+                "actor_meshes": {n: self._actor_mesh_view(m) for n, m in self.actor_meshes.items()}}
 
     async def op_health(self, header, message):
         """The health tree (see ``health.tree``); every live proc is asked what its
@@ -467,7 +425,9 @@ class Hub:
         if errors:
             await self._stop_procs(procs)
             raise HubError("; ".join(errors))
-        record = self.proc_meshes[name] = ProcMeshRecord(name, extent, procs)
+        record = self.proc_meshes[name] = ProcMeshRecord(
+            name, extent, procs, owner=header.get("owner"),
+            launch={k: header.get(k) for k in ("env", "cwd", "python")})
         self._save()
         return record.public()
 
@@ -483,7 +443,7 @@ class Hub:
             if header.get("replace"):
                 await self._stop_actor_mesh(existing)
             elif same:
-                return existing.public()
+                return self._actor_mesh_view(existing)
             else:
                 raise HubError(f"an actor mesh named {name!r} exists ({existing.class_name} on "
                                f"{existing.proc_mesh} {existing.extent}); choose another name, or pass "
@@ -498,21 +458,24 @@ class Hub:
         replies = await asyncio.gather(*(
             self.net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
                                                        "extent": header["extent"], "o": header.get("o"),
-                                                       "main_thread": header.get("main_thread", False)},
+                                                       "main_thread": header.get("main_thread", False),
+                                                       "owner": header.get("owner")},
                              body, buffers)
             for i, r in enumerate(header["proc_ranks"])))
         addresses = [r.header["address"] for r in replies]
         failures = {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}
         record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
-                                 header["endpoints"], header.get("methods", []), addresses, payload_id)
+                                 header["endpoints"], header.get("methods", []), addresses, payload_id,
+                                 owner=header.get("owner"))
         if failures:
             await self._stop_actor_mesh(record)
             return {"failures": failures}
         self.actor_meshes[name] = record
+        self.payloads[payload_id] = [body, *buffers]
         if not self.ephemeral:
             state.save_payload(self.path, payload_id, [body, *buffers])
         self._save()
-        return record.public()
+        return self._actor_mesh_view(record)
 
     async def op_stop_actors(self, header, message):
         record = self.actor_meshes.get(header["name"])
@@ -527,6 +490,19 @@ class Hub:
         return {}
 
     # helpers ---------------------------------------------------------------------------
+    def _actor_mesh_view(self, record: ActorMeshRecord) -> dict:
+        """What clients are told of an actor mesh: the record, and ``dead`` (rank -> why)
+        for ranks whose proc is gone, so that calls to them fail at once."""
+        mesh = self.proc_meshes.get(record.proc_mesh)
+        dead = {}
+        for i, r in enumerate(record.proc_ranks):
+            proc = mesh.procs[r] if mesh is not None and r < len(mesh.procs) else None
+            if proc is None:
+                dead[str(i)] = "its proc mesh was stopped"
+            elif proc.exit_code is not None:
+                dead[str(i)] = f"proc {proc.proc_id} (pid {proc.pid}) {exit_cause(proc.exit_code)}"
+        return {**record.public(), "dead": dead}
+
     async def _stop_actor_mesh(self, record: ActorMeshRecord) -> None:
         self._forget_actor_mesh(record)
         mesh = self.proc_meshes.get(record.proc_mesh)
@@ -540,7 +516,7 @@ class Hub:
     async def _stop_proc_mesh(self, record: ProcMeshRecord) -> None:
         for rank, proc in enumerate(record.procs):  # calls still waiting on its actors fail
             if proc.exit_code is None:
-                await self._tell_clients_proc_died(record, rank, proc, expected=True)
+                await self._proc_died(record, rank, proc, expected=True)
         for actor_mesh in [a for a in self.actor_meshes.values() if a.proc_mesh == record.name]:
             self._forget_actor_mesh(actor_mesh)
         self.proc_meshes.pop(record.name, None)
@@ -550,6 +526,7 @@ class Hub:
     def _forget_actor_mesh(self, record: ActorMeshRecord) -> None:
         if self.actor_meshes.get(record.name) is record:
             del self.actor_meshes[record.name]
+            self.payloads.pop(record.payload_id, None)
             state.drop_payload(self.path, record.payload_id)
             self._save()
 

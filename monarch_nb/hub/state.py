@@ -25,9 +25,12 @@ _LEN = struct.Struct("!Q")
 
 
 def save(path: Path, started: float, hosts: dict[str, HostRecord], host_order: list[str], counter: int,
-         proc_meshes: dict[str, ProcMeshRecord], actor_meshes: dict[str, ActorMeshRecord]) -> None:
+         proc_meshes: dict[str, ProcMeshRecord], actor_meshes: dict[str, ActorMeshRecord],
+         allocator: dict | None = None) -> None:
+    """``allocator``: the allocator's spec, with its live allocation (e.g. a Slurm job id)."""
     cluster_dir.write_json(path / STATE_FILE, {
         "version": VERSION, "started": started, "mesh_counter": counter, "host_order": host_order,
+        "allocator": allocator,
         "hosts": [h.saved() for h in hosts.values()],
         "proc_meshes": [m.saved() for m in proc_meshes.values()],
         "actor_meshes": [m.saved() for m in actor_meshes.values()]})
@@ -47,9 +50,10 @@ def load(path: Path) -> dict | None:
         "started": data["started"],
         "mesh_counter": data["mesh_counter"],
         "host_order": data["host_order"],
+        "allocator": data.get("allocator"),
         "hosts": {h["host_id"]: HostRecord(**h) for h in data["hosts"]},
         "proc_meshes": {m["name"]: ProcMeshRecord(m["name"], m["extent"], [ProcRecord(**p) for p in m["procs"]],
-                                                   m["created"]) for m in data["proc_meshes"]},
+                                                   m["created"], m.get("owner"), m.get("launch", {})) for m in data["proc_meshes"]},
         "actor_meshes": {m["name"]: ActorMeshRecord(**m) for m in data["actor_meshes"]},
     }
 
@@ -72,3 +76,18 @@ def drop_payload(path: Path, payload_id: str) -> None:
         (path / "spawn" / f"{payload_id}.bin").unlink()
     except FileNotFoundError:
         pass
+
+
+def load_payload(path: Path, payload_id: str) -> list[bytes] | None:
+    """The frames :func:`save_payload` wrote, or ``None`` when there is no such file."""
+    try:
+        data = (path / "spawn" / f"{payload_id}.bin").read_bytes()
+    except FileNotFoundError:
+        return None
+    frames, at = [], 0
+    while at < len(data):
+        (size,) = _LEN.unpack_from(data, at)
+        at += _LEN.size
+        frames.append(data[at:at + size])
+        at += size
+    return frames

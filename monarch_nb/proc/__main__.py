@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .. import cluster_dir, lifeline
 from ..wire import frames as wire_frames
-from . import stdio
+from . import actor, stdio
 from .server import ProcServer
 
 
@@ -30,6 +30,7 @@ def main() -> None:
     wire_frames.register_key(cluster_id, cluster_dir.key_of(info))
 
     stdio.install()
+    actor.set_proc(args.cluster_dir, args.proc_id)  # this_host() in an actor: this cluster
     # The control loop runs on a thread; the main thread runs what must run there (the
     # `%%monarch exec` actor, so that SIGINT can interrupt even its blocking calls).
     main_work: queue.Queue = queue.Queue()

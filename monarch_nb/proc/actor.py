@@ -61,6 +61,7 @@ class ActorInstance:
     rank: Point
     proc_id: str
     pid: int
+    address: str = ""  # where its messages go (set once its socket is bound)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,27 @@ class Context:
 
 
 _CLIENT_POINT = Point((), Extent({}))
+_in_proc: dict = {}  # set by a proc at start: its cluster directory and proc id
+
+
+def set_proc(cluster_dir: str, proc_id: str) -> None:
+    """Called once by a proc's entry point: actors here belong to that cluster."""
+    _in_proc.update(cluster_dir=cluster_dir, proc_id=proc_id)
+
+
+def proc_identity() -> dict | None:
+    """``{"cluster_dir", "proc_id"}`` in a proc, ``None`` in a client."""
+    return dict(_in_proc) or None
+
+
+def owner_of_new_meshes() -> dict | None:
+    """The actor a mesh spawned now belongs to (its supervisor): the one handling the
+    current message on this thread, or ``None`` (the client owns it)."""
+    ctx = current_context()
+    if ctx is None:
+        return None
+    actor = ctx.actor_instance
+    return {"mesh": actor.mesh_name, "rank": actor.rank.rank, "address": actor.address}
 _current = threading.local()
 
 

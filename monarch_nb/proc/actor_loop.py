@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import inspect
 import os
 import sys
 import threading
 import time
+import traceback
 
 import zmq
 
+from ..errors import MeshFailure
 from ..mesh import Point
 from ..wire import frames as wire_frames
 from ..wire import sockets
@@ -52,11 +55,12 @@ class ActorThread:
 
     def __init__(self, cluster_id: str, mesh_name: str, point: Point, proc_id: str,
                  spawn: wire_frames.Message, reply_to: tuple[str, int], outbox: sockets.Outbox,
-                 main_thread: bool = False):
+                 main_thread: bool = False, hub: str | None = None):
         self.cluster_id = cluster_id
         self.mesh_name = mesh_name
         self.point = point
         self.outbox = outbox
+        self.hub = hub  # where failures nobody can be told of go (None: this_proc, no hub)
         self._spawn = spawn
         self._reply_to = reply_to
         self._instance_info = ActorInstance(mesh_name, point, proc_id, os.getpid())
@@ -110,7 +114,9 @@ class ActorThread:
         return cls(*args, **kwargs)
 
     def _run(self) -> None:
-        inbox, self.address = sockets.bind_inbox()
+        # A restarted actor takes its predecessor's address when free: handles keep working.
+        inbox, self.address = sockets.bind_inbox(prefer=self._spawn.header.get("prefer"))
+        self._instance_info = dataclasses.replace(self._instance_info, address=self.address)
         _set_current(self._context())
         set_call_origin(self._spawn.header.get("o"))  # what __init__ prints goes to the spawner
         try:
@@ -143,9 +149,26 @@ class ActorThread:
             if header["k"] == "stop":
                 send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank)
                 return
+            if header["k"] == "supervise":
+                self._supervise(instance, header["failure"], reply_to)
+                continue
             set_call_origin(header.get("o"))
             self._handle(instance, header["ep"], message, reply_to)
             set_call_origin(None)
+
+    def _supervise(self, instance, failure: dict, reply_to) -> None:
+        """A mesh this actor spawned failed: ``__supervise__(failure)`` decides (truthy:
+        handled). Without the method, or when it raises, the failure goes on up."""
+        handler = getattr(instance, "__supervise__", None)
+        handled, error = False, None
+        if handler is not None:
+            try:
+                handled = bool(handler(MeshFailure.from_event(failure)))
+            except Exception as e:  # noqa: BLE001 - reported with the failure
+                error = f"__supervise__ raised {type(e).__name__}: {e}"
+                traceback.print_exc()
+        send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
+                   extra={"handled": handled, "error": error})
 
     def _handle(self, instance, name: str, message: wire_frames.Message, reply_to) -> None:
         try:
@@ -166,9 +189,14 @@ class ActorThread:
                 self.current = None
                 end_of_call()  # a last line without newline goes out before the reply
         except BaseException as e:  # noqa: BLE001 - every failure goes to the caller
-            if reply_to is None:
-                print(f"[{self.mesh_name} {self.point}] broadcast {name} raised:", file=sys.stderr)
+            if reply_to is None:  # nobody to reply to: a supervision event
+                print(f"broadcast {name} raised:", file=sys.stderr)  # tagged with mesh and rank
                 sys.excepthook(type(e), e, e.__traceback__)
+                if self.hub is not None:
+                    self.outbox.send(self.hub, wire_frames.encode(self.cluster_id, {
+                        "op": "actor_failed", "mesh": self.mesh_name, "rank": self.point.rank, "endpoint": name,
+                        "error": f"{type(e).__name__}: {e}",
+                        "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__))}))
                 return
             send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, error=e)
             return

@@ -77,7 +77,8 @@ class ProcServer:
             main = bool(header.get("main_thread")) and self.main_work is not None and not any(
                 a.on_main_thread for a in self.actors.values())
             actor = ActorThread(self.cluster_id, header["mesh"], point, self.proc_id, message,
-                                (header["reply"], header["port"]), self.outbox, main_thread=main)
+                                (header["reply"], header["port"]), self.outbox, main_thread=main,
+                                hub=header["reply"])
             self.actors[header["mesh"]] = actor
             if main:
                 self.main_work.put(actor.run)

@@ -1,0 +1,185 @@
+"""Supervision in the hub: failures travel actor → proc → host → hub → owner → client.
+
+A failure is a proc that exited or was killed (its host agent reports the exit at
+once), a proc lost with its host (agent silent for ``HOST_TIMEOUT_S``), or an
+exception in a ``broadcast`` endpoint (nobody to reply to; the actor reports it).
+
+For each failure the hub
+
+1. tells every client which actor addresses died (``proc_failed``), so that calls
+   waiting on them fail at once with ``SupervisionError``;
+2. asks the mesh's owner, if an actor spawned it, to handle it: the owner's
+   ``__supervise__(failure)`` runs in its message loop; a truthy return handles it;
+3. otherwise announces it to clients as ``supervision`` (unhandled): a notebook shows
+   it, and the next call on the affected mesh raises it (see ``client.supervision``).
+
+Recovery: ``restart_procs`` starts new procs in place of failed ones (same host, same
+proc id) and re-creates every actor that lived on them from its saved constructor
+payload, at the same address when it is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from . import state
+from .errors import HubError
+from .registry import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord, exit_cause
+
+LOST_EXIT_CODE = -255  # exit code recorded for a proc lost with its host or while no hub watched
+SUPERVISE_TIMEOUT_S = 10.0  # an owner busy longer than this leaves the failure unhandled
+
+
+class SupervisionOps:
+    """Mixin of ``Hub``: failure reports, escalation to owners and clients, restarts."""
+
+    # failures ------------------------------------------------------------------------
+    async def op_proc_exited(self, header, message):
+        for mesh in self.proc_meshes.values():
+            for rank, proc in enumerate(mesh.procs):
+                # The pid too: a late report about a stopped mesh's proc must not hit the
+                # new proc of the same id in a mesh spawned again under that name.
+                if proc.proc_id == header["proc_id"] and proc.pid == header.get("pid", proc.pid):
+                    proc.exit_code = header["returncode"]
+                    self._save()
+                    await self._proc_died(mesh, rank, proc, header.get("expected", False))
+
+    async def _host_lost(self, host: HostRecord, silent_s: float) -> None:
+        """A host agent fell silent: its procs (which die with it) are failed."""
+        host.lost = True
+        print(f"monarch_nb hub: host agent {host.host_id} (pid {host.pid}) silent for {silent_s:.1f} s; "
+              "its procs are lost", file=sys.stderr)
+        for mesh in self.proc_meshes.values():
+            for rank, proc in enumerate(mesh.procs):
+                if proc.host_id == host.host_id and proc.exit_code is None:
+                    proc.exit_code = LOST_EXIT_CODE
+                    await self._proc_died(
+                        mesh, rank, proc, False, f"was lost with its host {host.hostname} (agent pid {host.pid} "
+                                                 f"silent for {silent_s:.1f} s)")
+        self._save()
+
+    async def _proc_died(self, mesh: ProcMeshRecord, rank: int, proc: ProcRecord,
+                         expected: bool, cause: str | None = None) -> None:
+        """Every client learns which actors died with ``proc`` and why, so that calls
+        waiting on them fail now (``SupervisionError``) instead of never; an unexpected
+        death then goes to the mesh's owner, or to the clients as unhandled."""
+        if cause is None:
+            cause = "its proc was stopped" if expected else exit_cause(proc.exit_code)
+        last = [] if expected else [r[8] for r in self.logs.last(proc.proc_id, "stderr", 3)]
+        host = self.hosts.get(proc.host_id)
+        why = (f"proc {proc.proc_id} (pid {proc.pid} on {host.hostname if host else proc.host_id}) {cause}"
+               + (f"; last stderr: {' | '.join(last)}" if last else ""))
+        actors = {}
+        for record in self.actor_meshes.values():
+            if record.proc_mesh == mesh.name and rank in record.proc_ranks:
+                i = record.proc_ranks.index(rank)
+                actors[record.addresses[i]] = (record.name, i)
+        await self._announce({"op": "proc_failed", "why": why, "actors": actors})
+        if not expected:
+            meshes = sorted({name for name, _ in actors.values()})
+            failure = {"kind": "proc_failed", "proc_mesh": mesh.name, "rank": rank, "meshes": meshes,
+                       "ranks": sorted({i for _, i in actors.values()}), "why": why, "endpoint": None}
+            asyncio.ensure_future(self._escalate(failure, mesh.owner))
+
+    async def op_actor_failed(self, header, message):
+        """An actor's ``broadcast`` endpoint raised (the actor lives on)."""
+        record = self.actor_meshes.get(header["mesh"])
+        if record is None:
+            return
+        why = (f"{header['mesh']} rank {header['rank']}: broadcast {header['endpoint']} raised "
+               f"{header['error']}")
+        failure = {"kind": "endpoint_failed", "proc_mesh": record.proc_mesh, "meshes": [record.name],
+                   "ranks": [header["rank"]], "why": why, "endpoint": header["endpoint"],
+                   "traceback": header.get("traceback", "")}
+        await self._escalate(failure, record.owner)
+
+    async def _escalate(self, failure: dict, owner: dict | None) -> None:
+        """Offer ``failure`` to ``owner`` (the actor that spawned the mesh); unhandled,
+        it goes to the clients as ``supervision``."""
+        if owner is not None:
+            outcome = await self._offer_to_owner(failure, owner)
+            if outcome.get("handled"):
+                print(f"monarch_nb hub: {owner['mesh']} rank {owner['rank']} handled: {failure['why']}",
+                      file=sys.stderr)
+                return
+            failure = {**failure, "owner": owner, "owner_error": outcome.get("error")}
+        await self._announce({"op": "supervision", "failure": failure})
+
+    async def _offer_to_owner(self, failure: dict, owner: dict) -> dict:
+        try:
+            reply = await self.net.request(owner["address"], {"k": "supervise", "failure": failure},
+                                           timeout=SUPERVISE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return {"handled": False, "error": f"the owner did not answer within {SUPERVISE_TIMEOUT_S} s"}
+        return {"handled": bool(reply.header.get("handled")), "error": reply.header.get("error")}
+
+    # recovery ------------------------------------------------------------------------
+    async def op_restart_procs(self, header, message):
+        """Start new procs for ``ranks`` of proc mesh ``name`` (default: the failed ones;
+        live ones named are stopped first) and re-create their actors. Replies with the
+        mesh and every actor mesh on it (addresses may have changed)."""
+        mesh = self.proc_meshes.get(header["name"])
+        if mesh is None:
+            raise HubError(f"no proc mesh named {header['name']!r}; it was stopped", "ValueError")
+        ranks = header.get("ranks")
+        if ranks is None:
+            ranks = [r for r, p in enumerate(mesh.procs) if p.exit_code is not None]
+        bad = [r for r in ranks if not 0 <= r < len(mesh.procs)]
+        if bad:
+            raise HubError(f"{mesh.name!r} has ranks 0-{len(mesh.procs) - 1}, not {bad}", "ValueError")
+        lost = [r for r in ranks if mesh.procs[r].host_id not in self.hosts or self.hosts[mesh.procs[r].host_id].lost]
+        if lost:
+            raise HubError(f"ranks {lost} of {mesh.name!r} were on a lost host; spawn a new proc mesh")
+        if ranks:
+            await self._restart(mesh, sorted(set(ranks)))
+        return {"proc_mesh": mesh.public(), "restarted": ranks,
+                "actor_meshes": {n: self._actor_mesh_view(a) for n, a in self.actor_meshes.items()
+                                 if a.proc_mesh == mesh.name}}
+
+    async def _restart(self, mesh: ProcMeshRecord, ranks: list[int]) -> None:
+        live = [mesh.procs[r] for r in ranks if mesh.procs[r].exit_code is None]
+        for proc in live:  # an explicit restart of a live rank: it is stopped, as expected
+            proc.exit_code = 0
+            await self._proc_died(mesh, mesh.procs.index(proc), proc, expected=True, cause="was restarted")
+        await self._stop_procs(live)
+        by_host: dict[str, list[int]] = {}
+        for r in ranks:
+            by_host.setdefault(mesh.procs[r].host_id, []).append(r)
+        replies = await asyncio.gather(*(
+            self.net.request(self.hosts[h].address, {
+                "op": "spawn_procs", "proc_ids": [mesh.procs[r].proc_id for r in rs],
+                "env": mesh.launch.get("env") or {}, "cwd": mesh.launch.get("cwd"),
+                "python": mesh.launch.get("python")})
+            for h, rs in by_host.items()))
+        errors = [r.header["error"] for r in replies if not r.header["ok"]]
+        if errors:
+            raise HubError("; ".join(errors))
+        new = {p["proc_id"]: ProcRecord(**p) for r in replies for p in r.header["procs"]}
+        for r in ranks:
+            mesh.procs[r] = new[mesh.procs[r].proc_id]
+        self._save()
+        for record in [a for a in self.actor_meshes.values() if a.proc_mesh == mesh.name]:
+            await self._respawn_actors(mesh, record, [r for r in ranks if r in record.proc_ranks])
+
+    async def _respawn_actors(self, mesh: ProcMeshRecord, record: ActorMeshRecord, proc_ranks: list[int]) -> None:
+        """Construct ``record``'s actors again on the new procs at ``proc_ranks``."""
+        if not proc_ranks:
+            return
+        frames = self.payloads.get(record.payload_id) or state.load_payload(self.path, record.payload_id)
+        if frames is None:
+            raise HubError(f"the constructor arguments of {record.name!r} were not kept; spawn it again")
+        body, buffers = frames[0], frames[1:]
+        indices = [record.proc_ranks.index(r) for r in proc_ranks]
+        replies = await asyncio.gather(*(
+            self.net.request(mesh.procs[record.proc_ranks[i]].address, {
+                "op": "spawn_actor", "mesh": record.name, "rank": i, "extent": record.extent, "o": None,
+                "prefer": record.addresses[i], "owner": record.owner}, body, buffers)
+            for i in indices))
+        failed = [f"rank {r.header['rank']}" for r in replies if not r.header["ok"]]
+        for r in replies:
+            record.addresses[r.header["rank"]] = r.header["address"]
+        self._save()
+        if failed:
+            raise HubError(f"{record.name}: __init__ raised again on {', '.join(failed)} after the restart; "
+                           "see the proc's stderr (cluster.logs)")
