@@ -14,6 +14,7 @@ from ..errors import ClusterError, SupervisionError
 from ..hub.registry import exit_cause
 from ..mesh import Extent
 from ..wire import frames as wire_frames
+from ..wire.interfaces import host_of
 from ..wire.mailbox import local_mailbox
 from .value_mesh import ValueMesh
 
@@ -42,13 +43,6 @@ def _check_master(master_addr, master_port) -> None:
                                     or not 0 < master_port < 65536):
         raise ValueError(f"master_port={master_port!r}: give a TCP port number 1-65535, or None for a free "
                          "port picked on rank 0's host")
-
-
-def host_of(address: str) -> str:
-    """The host part of a proc address: ``"tcp://10.0.0.5:4242"`` -> ``"10.0.0.5"``
-    (IPv6 brackets removed)."""
-    host = address.split("://", 1)[-1].rsplit(":", 1)[0]
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 def rank_env(extent: Extent, rank: int, master_addr: str, master_port: int) -> dict[str, str]:
