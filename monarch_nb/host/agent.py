@@ -20,6 +20,7 @@ from .capture import Capture
 HEARTBEAT_S = 0.5
 PROC_READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this many seconds
+EXIT_REPORT_TIMEOUT_S = 1.0  # how long a signalled agent waits for the hub to take note
 
 
 class HostAgent:
@@ -38,6 +39,8 @@ class HostAgent:
         self.exited: dict[str, int] = {}  # exit codes, told to a hub that adopts this agent
         self.capture = Capture(self._send_lines)
         self.done = asyncio.Event()
+        self.leaving: asyncio.Future | None = None  # set when a signal from outside stops this agent
+        self.hub_told = False  # the hub acknowledged that: it has failed this host's procs
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -58,10 +61,21 @@ class HostAgent:
 
     async def _signalled(self, sig: signal.Signals) -> None:
         """Stopped from outside (a cancelled or timed-out Slurm job, a kill): the hub hears
-        it first, so calls on this host's procs fail now and name the cause."""
-        if not self.done.is_set():
-            await self.net.send(self.hub, {"op": "agent_exiting", "host_id": self.host_id,
-                                           "why": f"its host agent got {signal.Signals(sig).name}"})
+        it before any proc exit, so calls on this host's procs fail at once with the
+        cause (the job's state) rather than as procs stopped on purpose."""
+        if self.done.is_set() or self.leaving is not None:
+            self.done.set()
+            return
+        self.leaving = asyncio.get_running_loop().create_future()
+        try:
+            await self.net.request(self.hub, {"op": "agent_exiting", "host_id": self.host_id,
+                                              "why": f"its host agent got {signal.Signals(sig).name}"},
+                                   timeout=EXIT_REPORT_TIMEOUT_S)
+            self.hub_told = True
+        except asyncio.TimeoutError:
+            pass  # no hub: stop anyway
+        finally:
+            self.leaving.set_result(None)
         self.done.set()
 
     async def _heartbeat(self) -> None:
@@ -77,6 +91,8 @@ class HostAgent:
     async def _serve(self) -> None:
         while True:
             message = await self.net.recv()
+            if self.net.deliver_reply(message):
+                continue
             header = message.header
             op = header.get("op")
             if op in ("hub_alive", "spawn_procs", "stop_procs", "shutdown", "adopt", "drain_logs"):
@@ -149,6 +165,10 @@ class HostAgent:
         expected = proc_id in self.stopping
         self.stopping.discard(proc_id)
         self.exited[proc_id] = code
+        if self.leaving is not None:
+            await self.leaving
+            if self.hub_told:
+                return  # the hub failed this host's procs already, naming why
         await self.net.send(self.hub, {"op": "proc_exited", "proc_id": proc_id, "pid": proc.pid,
                                        "returncode": code, "expected": expected})
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -28,6 +29,8 @@ def main() -> None:
                         help="stop the cluster after this many seconds without a connected client")
     parser.add_argument("--recover", action="store_true",
                         help="re-adopt the host agents and meshes of the cluster's state file")
+    parser.add_argument("--allocator", type=json.loads, default=None,
+                        help='the allocator spec as JSON, e.g. {"kind": "slurm", "nodes": 2} (default: local)')
     parser.add_argument("--ready-fd", type=int, default=None)
     args = parser.parse_args()
     if args.detach and os.fork() > 0:
@@ -44,7 +47,7 @@ def main() -> None:
 
     async def run() -> None:
         hub = Hub(path, info, args.hosts, args.ephemeral_parent is not None, args.grace,
-                  args.idle_timeout, args.recover)
+                  args.idle_timeout, args.recover, args.allocator)
         await hub.run(args.ready_fd)
 
     try:

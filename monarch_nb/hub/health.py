@@ -9,7 +9,9 @@ States, worst first:
   endpoint), ``healthy`` (running, idle); a mesh still being spawned is ``starting``.
 - actor: ``failed`` / ``lost`` with its proc, ``paused`` (with file, line), ``busy``
   (with ``endpoint`` and ``busy_s``), ``healthy``.
-- host: ``healthy`` or ``lost``.
+- host: ``healthy``, ``lost`` (its agent fell silent) or ``failed`` (its allocation
+  ended, e.g. a cancelled Slurm job; ``cause`` says how); ``node`` is the
+  allocator's name for it (a Slurm node).
 
 Memory, CPU time and uptime of each proc come from the proc itself (psutil), so they
 are known on every host.
@@ -88,8 +90,9 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
                 if status:
                     node.update({k: status[k] for k in ("rss_bytes", "cpu_s", "uptime_s") if k in status})
                 procs.append(node)
-        host_nodes.append({"host_id": host.host_id, "hostname": host.hostname, "pid": host.pid,
-                           "state": "lost" if host.lost else "healthy", "procs": procs})
+        host_nodes.append({"host_id": host.host_id, "hostname": host.hostname, "node": host.node, "pid": host.pid,
+                           "state": "failed" if host.cause else "lost" if host.lost else "healthy",
+                           "cause": host.cause or None, "procs": procs})
     mesh_nodes = []
     for record in actor_meshes.values():
         nodes = [actor_nodes.get(record.name, {}).get(i) for i in range(len(record.proc_ranks))]

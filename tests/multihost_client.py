@@ -1,0 +1,97 @@
+"""The client side of tests/test_multihost.py, run in its own process: a fresh client
+binds its inboxes on the interface that routes to the hub (the bridge), which a
+process that already talked to a loopback cluster could not.
+
+``python multihost_client.py NAME ROOT_IP NS_A NS_B`` starts cluster NAME with one host
+agent in each network namespace, exercises it, stops it, and prints one JSON object
+of what it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from monarch_nb.allocators.command import CommandAllocator
+from monarch_nb.client.cluster import Cluster
+from sample_actors import Arrays, Caller, Counter
+
+# Run inside the other namespace: frame sets that a receiver must drop unread. Their
+# header would create MARKER if anything unpickled it.
+SENDER = """
+import pickle, sys, zmq
+address, cluster_id, marker = sys.argv[1], sys.argv[2].encode(), sys.argv[3]
+class Touch:
+    def __reduce__(self):
+        return (open, (marker, "w"))
+evil = pickle.dumps({"op": "spawn_actor", "x": Touch()})
+sock = zmq.Context.instance().socket(zmq.PUSH)
+sock.connect(address)
+sock.send_multipart([b"MNB1" + bytes(32) + cluster_id, evil, evil])  # forged signature
+sock.send_multipart([b"MNB1" + bytes(32) + b"not-this-cluster", evil, evil])  # unknown cluster
+sock.send_multipart([evil])  # no framing at all
+sock.close(linger=5000)
+"""
+
+
+def main() -> None:
+    name, root_ip, ns_a, ns_b = sys.argv[1:5]
+    seen: dict = {}
+    cluster = Cluster.start(name, allocator=CommandAllocator(
+        [["ip", "netns", "exec", ns_a], ["ip", "netns", "exec", ns_b]], bind=root_ip))
+    try:
+        info = cluster.info()
+        seen["hub"] = cluster._info["hub"]
+        seen["client_bind"] = os.environ.get("MONARCH_NB_BIND")
+        seen["hosts"] = [h["address"] for h in info["hosts"]]
+        seen["pids"] = [cluster._info["hub_pid"]] + [h["pid"] for h in info["hosts"]]
+
+        procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}, name="p")
+        counters = procs.spawn("counters", Counter, 10)
+        seen["procs"] = [p["address"] for p in cluster.info()["proc_meshes"]["p"]["procs"]]
+        seen["pids"] += procs.pids
+        # client (root namespace) -> both hosts
+        seen["incr"] = counters.incr.call(5).get(timeout=60).values()
+        # an actor on host 0 holds the handle of the counter on host 1 and calls it
+        caller = procs.slice(hosts=0).spawn("caller", Caller, counters.slice(hosts=1))
+        seen["cross_call"] = caller.sum_of_other.call_one().get(timeout=60)
+        seen["cross_call_async"] = caller.async_sum_of_other.call_one().get(timeout=60)
+
+        # unsigned frames from host 1's namespace to an actor on host 0
+        arrays = procs.slice(hosts=0).spawn("arrays", Arrays)
+        target = cluster.info()["actor_meshes"]["arrays"]["addresses"][0]
+        before = arrays.wire_stats.call_one().get(timeout=60)
+        marker = os.path.join(tempfile.mkdtemp(), "unpickled")
+        sent = subprocess.run(["ip", "netns", "exec", ns_b, sys.executable, "-c", SENDER, target,
+                               cluster._info["cluster_id"], marker], capture_output=True, text=True, timeout=60)
+        seen["sender"] = sent.returncode, sent.stderr[-2000:]
+        deadline = time.monotonic() + 30
+        while arrays.wire_stats.call_one().get(timeout=60) < before + 3 and time.monotonic() < deadline:
+            time.sleep(0.05)  # waiting for frames in flight to a process we can only ask
+        seen["dropped"] = arrays.wire_stats.call_one().get(timeout=60) - before
+        seen["unpickled"] = os.path.exists(marker)
+        seen["after"] = counters.get.call().get(timeout=60).values()
+        seen["listening"] = _listening(seen["pids"])
+    finally:
+        cluster.stop()
+    print(json.dumps(seen))
+
+
+def _listening(pids: list[int]) -> list[str]:
+    """Every address the cluster's processes listen on (each in its own namespace)."""
+    import psutil
+
+    found = set()
+    for pid in pids:
+        for conn in psutil.Process(pid).net_connections("inet"):
+            if conn.status == psutil.CONN_LISTEN:
+                found.add(conn.laddr.ip)
+    return sorted(found)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""Clusters on a real Slurm: the one .ci/setup.d/30-slurm.sh starts (slurmctld, and two
+emulated nodes n1, n2 on this machine). Every test submits real jobs; none may leave a
+job or a process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import monarch_nb
+from monarch_nb import cluster_dir
+from monarch_nb.actor import Actor, SupervisionError, current_rank, endpoint
+from monarch_nb.allocators import slurm_parse
+from monarch_nb.allocators.slurm import SlurmAllocator
+from monarch_nb.client.cluster import Cluster
+from monarch_nb.errors import ClusterError, ClusterNotFound, InvalidRequest
+
+from conftest import cluster_processes, wait_until
+
+SLURMCTLD_PID = "/run/monarch-nb-slurm/slurmctld.pid"
+NODES = ["n1", "n2"]
+
+
+class Trainer(Actor):
+    """The quickstart's actor, reporting where Slurm put it."""
+
+    def __init__(self, greeting: str = "hello"):
+        self.greeting = greeting
+        self.steps = 0
+
+    @endpoint
+    def say_hello(self, name: str) -> str:
+        return f"{self.greeting}, {name}! from rank {current_rank().rank}"
+
+    @endpoint
+    def train(self, step: int) -> float:
+        self.steps += 1
+        return round(1.0 / (step + 1) + 0.01 * current_rank().rank, 3)
+
+    @endpoint
+    def where(self) -> tuple:
+        return os.environ.get("SLURMD_NODENAME"), os.environ.get("SLURM_JOB_ID"), os.getpid()
+
+    @endpoint
+    def wait(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return os.getpid()
+
+    @endpoint
+    def set_greeting(self, greeting: str) -> None:
+        self.greeting = greeting
+
+
+def scontrol_job(job_id: str) -> dict | None:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
+    records = slurm_parse.parse_scontrol(out.stdout)
+    return records[0] if out.returncode == 0 and records else None
+
+
+def job_ended(job_id: str) -> bool:
+    record = scontrol_job(job_id)
+    return record is None or slurm_parse.job_state(record)[0] in slurm_parse.FINAL_STATES
+
+
+def job_steps_alive(job_id: str) -> list[psutil.Process]:
+    """slurmstepd processes (and their tasks) still running for the job on this machine."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if f"[{job_id}." in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slurm():
+    """Slurm must be up: without a controller, Slurm's commands block for minutes."""
+    try:
+        alive = psutil.pid_exists(int(open(SLURMCTLD_PID).read()))
+    except (OSError, ValueError):
+        alive = False
+    assert alive, f"slurmctld is not running ({SLURMCTLD_PID}); start it with `bash .ci/setup.d/30-slurm.sh`"
+    out = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
+    assert "UP" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.fixture
+def started():
+    """Clusters a test starts (by name); each is stopped afterwards, and neither its job
+    nor any of its processes may be left."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        try:
+            monarch_nb.connect(name).stop()
+        except ClusterNotFound:
+            pass
+    assert not [n for n in names if cluster_dir.cluster_path(n).exists()]
+
+
+def job_of(cluster: Cluster) -> str:
+    return cluster.info()["allocator"]["job_id"]
+
+
+def test_a_two_node_job_runs_the_quickstart_and_stop_leaves_nothing(started):
+    started.append("slurm-quick")
+    cluster = Cluster.start("slurm-quick", allocator=SlurmAllocator(nodes=2, partition="debug", start_timeout=60))
+    job_id = job_of(cluster)
+    record = scontrol_job(job_id)
+    assert slurm_parse.job_state(record)[0] == "RUNNING"
+    assert record["JobName"] == "monarch_nb-slurm-quick"
+    # hosts dimension = the job's node list, in order
+    health = cluster.health()
+    assert [h["node"] for h in health["hosts"]] == slurm_parse.expand_hostlist(record["NodeList"]) == NODES
+    host = cluster.host_mesh()
+    assert dict(host.extent) == {"hosts": 2}
+
+    procs = host.spawn_procs(per_host={"gpus": 2})
+    trainers = procs.spawn("trainers", Trainer, greeting="hello")
+    where = trainers.where.call().get(timeout=60)
+    assert [where.item(hosts=h, gpus=g)[:2] for h in range(2) for g in range(2)] == [
+        ("n1", job_id), ("n1", job_id), ("n2", job_id), ("n2", job_id)]
+    assert trainers.train.call(step=0).get(timeout=60).values() == [1.0, 1.01, 1.02, 1.03]
+    hello = trainers.slice(hosts=1).say_hello.call("world").get(timeout=60)
+    assert hello.values() == ["hello, world! from rank 2", "hello, world! from rank 3"]
+    assert trainers.slice(hosts=0, gpus=1).say_hello.call_one("nb").get(timeout=60) == "hello, nb! from rank 1"
+    trainers.set_greeting.broadcast("bonjour")
+    assert trainers.say_hello.call("x").get(timeout=60).values()[3] == "bonjour, x! from rank 3"
+    assert sorted(fut.get(timeout=60) for fut in trainers.train.stream(1)) == [0.5, 0.51, 0.52, 0.53]
+
+    path = cluster.path
+    cluster.stop()
+    assert job_ended(job_id), scontrol_job(job_id)
+    assert slurm_parse.job_state(scontrol_job(job_id))[0] == "COMPLETED"  # its agents exited: no cancel needed
+    assert wait_until(lambda: not job_steps_alive(job_id) and not cluster_processes(path), 10), (
+        job_steps_alive(job_id), cluster_processes(path))
+    assert not path.exists()
+
+
+def test_scancel_from_outside_fails_calls_and_shows_failed_hosts(started):
+    started.append("slurm-cancel")
+    cluster = Cluster.start("slurm-cancel", allocator=SlurmAllocator(nodes=2, start_timeout=60))
+    job_id = job_of(cluster)
+    trainers = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}).spawn("t", Trainer)
+    pids = [w[2] for w in trainers.where.call().get(timeout=60).values()]
+    pending = trainers.wait.call(120)
+    t0 = time.monotonic()
+    subprocess.run(["scancel", job_id], check=True, timeout=30)
+    with pytest.raises(SupervisionError) as info:
+        pending.get(timeout=60)
+    seen_s = time.monotonic() - t0
+    # Within the supervision bound: well before a silent host agent would be noticed (3 s).
+    assert seen_s < 3.0, seen_s
+    assert f"Slurm job {job_id} was CANCELLED" in str(info.value) or "SIGTERM" in str(info.value), str(info.value)
+    with pytest.raises(SupervisionError):
+        trainers.say_hello.call("again").get(timeout=30)
+
+    def cancelled_hosts():  # at once on the agents' word, then with the job's state (polled each second)
+        hosts = cluster.health()["hosts"]
+        return all(h["state"] == "failed" and f"Slurm job {job_id} was CANCELLED" in h["cause"] for h in hosts)
+    assert wait_until(cancelled_hosts, 10), cluster.health()["hosts"]
+    assert wait_until(lambda: not psutil.pid_exists(pids[0]) and not psutil.pid_exists(pids[1]), 10)
+    path = cluster.path
+    cluster.stop()
+    assert job_ended(job_id) and wait_until(lambda: not cluster_processes(path), 10), cluster_processes(path)
+
+
+def test_a_job_that_waits_past_the_start_timeout_fails_with_its_state_and_reason(started):
+    started.append("slurm-wait")
+    allocator = SlurmAllocator(nodes=2, start_timeout=3, extra_sbatch_args=["--begin=now+3600"])
+    with pytest.raises(ClusterError) as info:
+        Cluster.start("slurm-wait", allocator=allocator)
+    message = str(info.value)
+    assert "PENDING" in message and "BeginTime" in message, message
+    job_id = message.split("Slurm job ")[1].split()[0]
+    assert wait_until(lambda: job_ended(job_id), 30), scontrol_job(job_id)  # the hub cancelled it
+
+
+def test_slurm_refusing_the_job_is_a_clear_error(started):
+    started.append("slurm-refused")
+    with pytest.raises(ClusterError, match="invalid partition"):
+        Cluster.start("slurm-refused", allocator=SlurmAllocator(nodes=1, partition="no-such-partition"))
+
+
+def test_bad_slurm_arguments_name_the_problem():
+    with pytest.raises(ValueError, match="nodes=0"):
+        SlurmAllocator(nodes=0)
+    with pytest.raises(ValueError, match="gpus_per_node"):
+        SlurmAllocator(gpus_per_node=-1)
+    with pytest.raises(ValueError, match=r"\['--exclusive'\]"):
+        SlurmAllocator(extra_sbatch_args="--exclusive")
+    with pytest.raises(ValueError, match="every interface"):
+        SlurmAllocator(bind="0.0.0.0")
+    with pytest.raises(ValueError, match="allocator decides"):
+        Cluster.start("slurm-bad", hosts=3, allocator=SlurmAllocator(nodes=2))
+
+
+def test_a_retained_slurm_cluster_is_reconnectable_and_recoverable(started):
+    started.append("slurm-keep")
+    cluster = Cluster.start("slurm-keep", allocator=SlurmAllocator(nodes=2, start_timeout=60))
+    job_id = job_of(cluster)
+    trainers = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}, name="keep").spawn("keep", Trainer)
+    trainers.set_greeting.call("kept").get(timeout=60)
+    # Starting it again (a re-run cell) connects; asking for local hosts instead is refused.
+    assert job_of(Cluster.start("slurm-keep", allocator=SlurmAllocator(nodes=2))) == job_id
+    with pytest.raises(InvalidRequest, match="2 slurm host"):
+        Cluster.start("slurm-keep", hosts=1)
+    # Another client (a fresh process) finds the same actors.
+    script = ("import monarch_nb\n"
+              "m = monarch_nb.connect('slurm-keep').actor_meshes['keep']\n"
+              "print(m.say_hello.call('there').get(timeout=60).values())\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(__file__))
+    assert "kept, there! from rank 1" in out.stdout, out.stderr
+    # The hub dies; a new one re-adopts the job's agents, procs and actors.
+    hub_pid = cluster._info["hub_pid"]
+    os.kill(hub_pid, signal.SIGKILL)
+    assert wait_until(lambda: not psutil.pid_exists(hub_pid) or psutil.Process(hub_pid).status() == "zombie", 10)
+    recovered = Cluster.recover("slurm-keep")
+    assert job_of(recovered) == job_id and slurm_parse.job_state(scontrol_job(job_id))[0] == "RUNNING"
+    keep = recovered.actor_meshes["keep"]
+    assert keep.say_hello.call("back").get(timeout=60).values() == ["kept, back! from rank 0",
+                                                                      "kept, back! from rank 1"]
+    recovered.stop()
+    assert job_ended(job_id)
+
+
+def test_the_cli_starts_and_stops_a_slurm_cluster(started):
+    started.append("slurm-cli")
+    cli = [sys.executable, "-m", "monarch_nb.cli"]
+    out = subprocess.run([*cli, "cluster", "start", "slurm-cli", "--slurm", "--nodes", "2", "--partition", "debug",
+                          "--time", "10"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "Slurm job" in out.stdout, out.stdout + out.stderr
+    cluster = monarch_nb.connect("slurm-cli")
+    job_id = job_of(cluster)
+    assert scontrol_job(job_id)["TimeLimit"] == "00:10:00"
+    assert [h["node"] for h in cluster.health()["hosts"]] == NODES
+    cluster.disconnect()
+    out = subprocess.run([*cli, "cluster", "stop", "slurm-cli"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert job_ended(job_id)
