@@ -115,8 +115,8 @@ def test_rerunning_setup_keeps_a_live_group_and_refuses_one_that_does_not_match(
         with pytest.raises(ClusterError, match="backend gloo, world size 2"):
             procs.slice(gpus=0).setup_torch_distributed()
         taken = int(first[0]["MASTER_PORT"])
-        with pytest.raises(ClusterError, match=f"master 127.0.0.1:{taken + 1}"):
-            procs.setup_torch_distributed(master_port=taken + 1)
+        with pytest.raises(ClusterError, match=f"master 127.0.0.1:{taken - 1}"):
+            procs.setup_torch_distributed(master_port=taken - 1)
 
         # After the group is destroyed, setting up again makes a fresh, working one.
         mesh.destroy.call().get()
