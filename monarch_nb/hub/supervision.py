@@ -31,6 +31,17 @@ LOST_EXIT_CODE = -255  # exit code recorded for a proc lost with its host or whi
 SUPERVISE_TIMEOUT_S = 10.0  # an owner busy longer than this leaves the failure unhandled
 
 
+def last_words(lines: list[str]) -> list[str]:
+    """What to quote of a dying proc's last stderr ``lines``: after a crash dumped by
+    faulthandler, its ``Fatal Python error`` line and the innermost frame of the
+    crashing thread; else the last 3 non-empty lines."""
+    for i, line in enumerate(lines):
+        if line.startswith("Fatal Python error"):
+            frames = [t.strip() for t in lines[i:] if t.strip().startswith("File ")]
+            return [line] + frames[:1]
+    return [t for t in lines if t.strip()][-3:]
+
+
 class SupervisionOps:
     """Mixin of ``Hub``: failure reports, escalation to owners and clients, restarts."""
 
@@ -66,7 +77,7 @@ class SupervisionOps:
         death then goes to the mesh's owner, or to the clients as unhandled."""
         if cause is None:
             cause = "its proc was stopped" if expected else exit_cause(proc.exit_code)
-        last = [] if expected else [r[8] for r in self.logs.last(proc.proc_id, "stderr", 3)]
+        last = [] if expected else last_words([r[8] for r in self.logs.last(proc.proc_id, "stderr", 80)])
         host = self.hosts.get(proc.host_id)
         why = (f"proc {proc.proc_id} (pid {proc.pid} on {host.hostname if host else proc.host_id}) {cause}"
                + (f"; last stderr: {' | '.join(last)}" if last else ""))
@@ -103,7 +114,9 @@ class SupervisionOps:
                 print(f"monarch_nb hub: {owner['mesh']} rank {owner['rank']} handled: {failure['why']}",
                       file=sys.stderr)
                 return
-            failure = {**failure, "owner": owner, "owner_error": outcome.get("error")}
+            why = failure["why"] + (f"; not handled by {owner['mesh']} rank {owner['rank']}"
+                                    + (f" ({outcome['error']})" if outcome.get("error") else ""))
+            failure = {**failure, "why": why, "owner": owner}
         await self._announce({"op": "supervision", "failure": failure})
 
     async def _offer_to_owner(self, failure: dict, owner: dict) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import queue
 import signal
@@ -30,6 +31,7 @@ def main() -> None:
     wire_frames.register_key(cluster_id, cluster_dir.key_of(info))
 
     stdio.install()
+    faulthandler.enable()  # a crash (SIGSEGV, abort) leaves its Python stack in the last stderr lines
     actor.set_proc(args.cluster_dir, args.proc_id)  # this_host() in an actor: this cluster
     # The control loop runs on a thread; the main thread runs what must run there (the
     # `%%monarch exec` actor, so that SIGINT can interrupt even its blocking calls).

@@ -1,0 +1,238 @@
+"""The failure matrix: what the client sees for each way an actor or proc can fail, how
+fast, and what stays healthy; failures handled by an owning actor's __supervise__;
+partial restarts that keep healthy ranks' state."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from monarch_nb.actor import Actor, ActorError, MeshFailure, SupervisionError, endpoint, set_failure_hook, this_host
+
+from conftest import wait_until
+
+BOUND_S = 5.0  # generous: the benchmark reports the real figure (milliseconds)
+
+
+class Worker(Actor):
+    def __init__(self, tag: str = "w"):
+        self.tag = tag
+        self.calls = 0
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def count(self) -> tuple[str, int]:
+        self.calls += 1
+        return self.tag, self.calls
+
+    @endpoint
+    def fail(self) -> None:
+        raise ValueError("bad batch")
+
+    @endpoint
+    def exit_now(self, code: int) -> None:
+        os._exit(code)
+
+    @endpoint
+    def segfault(self) -> None:
+        ctypes.string_at(0)
+
+    @endpoint
+    def barrier(self, folder: str, size: int) -> None:
+        """Wait until ``size`` ranks arrived (a stand-in for a collective)."""
+        Path(folder, str(os.getpid())).touch()
+        while len(os.listdir(folder)) < size:
+            time.sleep(0.005)
+
+
+class BadInit(Actor):
+    def __init__(self):
+        raise RuntimeError("no GPU here")
+
+
+@pytest.fixture
+def workers(host, request):
+    procs = host.spawn_procs(per_host={"gpus": 4}, name=f"w{abs(hash(request.node.name)) % 10**6}")
+    mesh = procs.spawn("workers", Worker, "t")
+    yield procs, mesh, mesh.pid.call().get(timeout=30).values()
+    procs.stop()
+
+
+@pytest.fixture
+def unhandled():
+    """Failures that reached the client's failure hook (then armed as by default)."""
+    from monarch_nb.client import supervision
+
+    seen: list[tuple[MeshFailure, dict | None]] = []
+
+    def hook(cluster_id, failure, owner):
+        seen.append((failure, owner))
+        supervision.arm(cluster_id, failure, owner)
+
+    set_failure_hook(hook)
+    yield seen
+    set_failure_hook(None)
+
+
+# the matrix ------------------------------------------------------------------------------
+def test_an_endpoint_exception_with_a_reply_is_an_actor_error_and_the_actor_lives_on(workers):
+    procs, mesh, pids = workers
+    with pytest.raises(ActorError, match="bad batch"):
+        mesh.slice(gpus=1).fail.call_one().get(timeout=30)
+    assert mesh.count.call().get(timeout=30).values() == [("t", 1)] * 4
+    assert mesh.pid.call().get(timeout=30).values() == pids
+
+
+def test_an_exception_in_a_broadcast_is_a_supervision_event_raised_at_the_next_call(workers, unhandled):
+    procs, mesh, pids = workers
+    mesh.slice(gpus=2).fail.broadcast()
+    assert wait_until(lambda: unhandled, BOUND_S)
+    failure, owner = unhandled[0]
+    assert (failure.kind, failure.meshes, failure.ranks, failure.endpoint, owner) == (
+        "endpoint_failed", ("workers",), (2,), "fail", None)
+    assert "ValueError: bad batch" in failure.why and "bad batch" in failure.traceback
+    with pytest.raises(SupervisionError, match="broadcast fail raised ValueError: bad batch") as info:
+        mesh.count.call()
+    assert info.value.events == [failure]
+    # Raised once; the actor lives on with its state.
+    assert mesh.count.call().get(timeout=30).values() == [("t", 1)] * 4
+
+
+@pytest.mark.parametrize("how, cause", [
+    ("os._exit", "exited with code 7"),
+    ("SIGKILL", "killed by SIGKILL"),
+    ("SIGSEGV", "killed by SIGSEGV"),
+])
+def test_a_dying_proc_fails_its_calls_fast_and_the_other_ranks_stay_healthy(workers, unhandled, tmp_path, how,
+                                                                           cause):
+    procs, mesh, pids = workers
+    victim = mesh.slice(gpus=1)
+    started = time.monotonic()
+    if how == "os._exit":
+        pending = victim.exit_now.call_one(7)
+    elif how == "SIGSEGV":
+        pending = victim.segfault.call_one()
+    else:
+        pending = victim.barrier.call_one(str(tmp_path), 99)  # busy when it is killed
+        os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(SupervisionError, match=cause) as info:
+        pending.get(timeout=30)
+    assert time.monotonic() - started < BOUND_S
+    assert f"pid {pids[1]}" in str(info.value) and "workers rank 1" in str(info.value)
+    if how == "SIGSEGV":  # the proc's last stderr lines say where it crashed
+        assert "Segmentation fault" in str(info.value)
+    assert wait_until(lambda: unhandled, BOUND_S) and unhandled[0][0].kind == "proc_failed"
+    healthy = mesh.slice(gpus=slice(2, 4))
+    assert healthy.count.call().get(timeout=30).values() == [("t", 1)] * 2
+    tree = procs._hub().request("health", timeout=30)
+    states = {p["pid"]: p["state"] for h in tree["hosts"] for p in h["procs"]}
+    assert states[pids[1]] == "failed" and states[pids[0]] == states[pids[2]] == "healthy"
+
+
+def test_ranks_blocked_in_a_collective_fail_at_once_when_one_of_them_dies(workers, tmp_path):
+    procs, mesh, pids = workers
+    pending = mesh.barrier.call(str(tmp_path), 4 + 1)  # never complete: a barrier that hangs
+    assert wait_until(lambda: len(os.listdir(tmp_path)) == 4, BOUND_S)
+    started = time.monotonic()
+    os.kill(pids[3], signal.SIGKILL)
+    with pytest.raises(SupervisionError, match="workers rank 3"):
+        pending.get(timeout=30)
+    assert time.monotonic() - started < BOUND_S
+
+
+def test_an_init_that_raises_fails_the_spawn_not_the_first_call(host):
+    procs = host.spawn_procs(per_host={"gpus": 2}, name="badinit")
+    try:
+        with pytest.raises(ActorError, match="no GPU here") as info:
+            procs.spawn("badinit", BadInit)
+        assert len(info.value.failures) == 2
+        assert procs.spawn("fine", Worker).count.call().get(timeout=30).values() == [("w", 1)] * 2
+    finally:
+        procs.stop()
+
+
+# __supervise__ ---------------------------------------------------------------------------
+class Supervisor(Actor):
+    """Spawns a child mesh and decides about its failures."""
+
+    def __init__(self, verdict: str):
+        self.verdict = verdict
+        self.failures: list[str] = []
+
+    @endpoint
+    def start_children(self, name: str) -> list[int]:
+        procs = this_host().spawn_procs(per_host={"gpus": 2}, name=name)
+        self.children = procs.spawn(name, Worker, "child")
+        return self.children.pid.call().get(timeout=30).values()
+
+    @endpoint
+    def seen(self) -> list[str]:
+        return self.failures
+
+    def __supervise__(self, failure: MeshFailure):
+        self.failures.append(f"{failure.kind} {failure.meshes} {failure.ranks}")
+        if self.verdict == "raise":
+            raise RuntimeError("supervisor broke")
+        return self.verdict == "handle"
+
+
+@pytest.mark.parametrize("verdict", ["handle", "pass", "raise"])
+def test_supervise_handles_a_child_failure_or_passes_it_up_to_the_client(host, unhandled, verdict):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name=f"sup-{verdict}")
+    try:
+        boss = procs.spawn("boss", Supervisor, verdict)
+        children = boss.start_children.call_one(f"kids-{verdict}").get(timeout=60)
+        os.kill(children[1], signal.SIGKILL)
+        seen = [f"proc_failed ('kids-{verdict}',) (1,)"]
+        if verdict == "handle":
+            # Handled: the client hears nothing, and calls on the owner go on.
+            assert wait_until(lambda: boss.seen.call_one().get(timeout=30), BOUND_S) == seen
+            assert not unhandled
+        else:
+            assert wait_until(lambda: unhandled, BOUND_S)
+            failure, owner = unhandled[0]
+            assert owner["mesh"] == "boss" and failure.meshes == (f"kids-{verdict}",)
+            assert "not handled by boss rank 0" in failure.why
+            assert ("__supervise__ raised RuntimeError: supervisor broke" in failure.why) == (verdict == "raise")
+            with pytest.raises(SupervisionError, match=f"kids-{verdict}/1"):
+                boss.seen.call_one()
+            assert boss.seen.call_one().get(timeout=30) == seen  # raised once; it was asked first
+    finally:
+        procs.stop()
+        host._hub().request("stop_procs", name=f"kids-{verdict}")
+
+
+# restarts --------------------------------------------------------------------------------
+def test_restart_failed_respawns_only_dead_procs_and_keeps_healthy_state(workers):
+    procs, mesh, pids = workers
+    assert mesh.count.call().get(timeout=30).values() == [("t", 1)] * 4
+    os.kill(pids[2], signal.SIGKILL)
+    with pytest.raises(SupervisionError):
+        mesh.count.call().get(timeout=30)
+    assert procs.restart_failed() == [2]
+    # Rank 2 is new (constructor arguments again, fresh state); the others kept theirs.
+    assert mesh.count.call().get(timeout=30).values() == [("t", 3), ("t", 3), ("t", 1), ("t", 3)]
+    new = mesh.pid.call().get(timeout=30).values()
+    assert new[2] != pids[2] and [new[i] for i in (0, 1, 3)] == [pids[i] for i in (0, 1, 3)]
+    assert procs.restart_failed() == []  # nothing failed: nothing to do
+    tree = procs._hub().request("health", timeout=30)
+    assert all(p["state"] == "healthy" for h in tree["hosts"] for p in h["procs"] if p["pid"] in new)
+
+
+def test_restarting_a_live_rank_fails_its_pending_call_and_serves_again(workers, tmp_path):
+    procs, mesh, pids = workers
+    pending = mesh.slice(gpus=0).barrier.call_one(str(tmp_path), 99)
+    assert mesh.restart([0]) == [0]
+    with pytest.raises(SupervisionError, match="was restarted"):
+        pending.get(timeout=30)
+    assert mesh.slice(gpus=0).count.call_one().get(timeout=30) == ("t", 1)
+    with pytest.raises(IndexError, match="ranks 0-3"):
+        mesh.restart([4])
