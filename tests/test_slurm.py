@@ -211,7 +211,7 @@ def test_a_retained_slurm_cluster_is_reconnectable_and_recoverable(started):
     trainers.set_greeting.call("kept").get(timeout=60)
     # Starting it again (a re-run cell) connects; asking for local hosts instead is refused.
     assert job_of(Cluster.start("slurm-keep", allocator=SlurmAllocator(nodes=2))) == job_id
-    with pytest.raises(InvalidRequest, match="2 slurm host"):
+    with pytest.raises(InvalidRequest, match=r"2 host\(s\) \(slurm\)"):
         Cluster.start("slurm-keep", hosts=1)
     # Another client (a fresh process) finds the same actors.
     script = ("import monarch_nb\n"

@@ -110,8 +110,8 @@ class Cluster:
                 if (hosts is not None and running_hosts != hosts
                         or allocator is not None and running_kind != spec["kind"]):
                     raise InvalidRequest(
-                        f"cluster {name!r} is already running with {running_hosts} {running_kind} host(s), not "
-                        f"{hosts} {spec['kind']}; use monarch_nb.connect({name!r}), or stop it first "
+                        f"cluster {name!r} is already running with {running_hosts} host(s) ({running_kind}), not "
+                        f"{hosts} ({spec['kind']}); use monarch_nb.connect({name!r}), or stop it first "
                         f"(monarch_nb.connect({name!r}).stop())")
                 return cls(name, found.path, found.info)._attach()
             if found.state in ("stale", "starting"):
