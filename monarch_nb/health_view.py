@@ -117,7 +117,16 @@ def _actor_node(key: str, actor: dict, with_class: bool) -> Node:
 
 def _proc_node(proc: dict, cpu: dict[str, float], open_: bool) -> Node:
     state = proc["state"]
-    parts = [state if proc.get("cause") is None else f"{state}: {proc['cause']}", f"pid {proc['pid']}"]
+    doing = next((a for a in proc["actors"] if a["state"] == state), None)
+    if proc.get("cause") is not None:
+        parts = [f"{state}: {proc['cause']}"]
+    elif state == "busy" and doing is not None:  # what keeps it busy, seen even while it is closed
+        parts = [f"busy: {doing['mesh']}.{doing['endpoint']} for {format_duration(doing['busy_s'])}"]
+    elif state == "paused" and doing is not None:
+        parts = [f"{_actor_text(doing, False)} ({doing['mesh']})"]
+    else:
+        parts = [state]
+    parts.append(f"pid {proc['pid']}")
     if state not in ("failed", "lost", "stopped"):
         if "uptime_s" in proc:
             parts.append(f"up {format_duration(proc['uptime_s'])}")

@@ -8,12 +8,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
 from monarch_nb import health_view
+from monarch_nb.actor import Actor, endpoint
 from monarch_nb.client.cluster import Cluster
 from monarch_nb.notebook.health_widget import HealthWidget
+from monarch_nb.proc import activity
 
 from conftest import cluster_processes, wait_until
 from kernels import Kernel
@@ -83,6 +87,30 @@ def test_widget_shows_a_busy_actor_with_its_endpoint(cluster, workers, widget):
     assert w.state_of("proc:hw/0") == "busy" and "1 busy" in w._summary.value
     assert pending.get(timeout=30) == "done"
     assert wait_until(lambda: w.state_of("actor:hwc/0") == "healthy", 10)
+
+
+class Pausing(Actor):
+    @endpoint
+    def pause_here(self, seconds: float) -> None:
+        """Mark this actor's thread stopped in the debugger, as the debugger does, for a while."""
+        activity.set_paused(threading.get_ident(), {"file": "train.py", "line": 42, "function": "step"})
+        try:
+            time.sleep(seconds)
+        finally:
+            activity.set_paused(threading.get_ident(), None)
+
+
+def test_widget_shows_an_actor_paused_in_the_debugger_with_where(cluster, workers, widget):
+    procs, _ = workers
+    pausing = procs.spawn("pausing", Pausing)
+    w = widget()
+    pending = pausing.slice(gpus=2).pause_here.call_one(3.0)
+    assert wait_until(lambda: w.state_of("proc:hw/2") == "paused", 10)
+    assert "paused in the debugger at train.py:42 in step" in w.find("actor:pausing/2").label.value
+    assert "paused in the debugger at train.py:42 in step" in w.find("proc:hw/2").label.value
+    assert "1 paused" in w._summary.value
+    pending.get(timeout=30)
+    assert wait_until(lambda: w.state_of("proc:hw/2") == "healthy", 10)
 
 
 def test_widget_keeps_what_the_user_opened_and_closed_across_redraws(cluster, workers, widget):

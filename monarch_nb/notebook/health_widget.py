@@ -42,6 +42,7 @@ class _NodeView:
         self.label = HTML()
         if node.kind in ("section", "host", "proc", "mesh"):
             self.toggle = Button(description=_OPEN if self.open else _CLOSED, tooltip="open / close",
+                                 style={"button_color": "transparent"},
                                  layout=Layout(width=_TOGGLE_WIDTH, height="22px", padding="0", margin="0 4px 0 0"))
             self.toggle.on_click(self._on_toggle)
             self.body = VBox(layout=Layout(margin=f"0 0 0 {_TOGGLE_WIDTH}", display="flex" if self.open else "none"))
