@@ -3,6 +3,9 @@ cell, %%monarch exec, usage errors, interrupts, logs after a restart."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -11,7 +14,7 @@ import pytest
 
 from monarch_nb import cluster_dir
 
-from conftest import cluster_processes, wait_until
+from conftest import cluster_processes, pids_alive, wait_until
 from kernels import TESTS, CellError, Kernel
 
 TALKER = textwrap.dedent("""
@@ -46,6 +49,15 @@ TALKER = textwrap.dedent("""
         @endpoint
         def say_followed(self):
             print("followed")
+
+        @endpoint
+        def pid(self):
+            import os
+            return os.getpid()
+
+        @endpoint
+        def fail(self):
+            raise ValueError("bad batch")
 
         @endpoint
         def flood(self, n):
@@ -232,6 +244,44 @@ def test_help_lists_every_subcommand(kernel, talkers):
 
 
 # Last: it restarts the module's kernel.
+def test_a_broadcast_failure_shows_in_the_running_cell_and_the_next_call_raises_it(kernel, talkers):
+    msg_id = kernel.execute("talkers.slice(gpus=2).fail.broadcast()\ntalkers.spin.call(3).get()")
+    assert kernel.wait_for(lambda: "[monarch] unhandled failure" in kernel.text(msg_id, "stderr"), 10)
+    assert kernel.finish(msg_id)["status"] == "ok"
+    notice = kernel.text(msg_id, "stderr")
+    assert "talkers rank 2: broadcast fail raised ValueError: bad batch" in notice
+    assert "the next call on talkers raises it" in notice
+    with pytest.raises(CellError) as info:
+        kernel.run("talkers.talk.call(0).get()")
+    assert info.value.ename == "SupervisionError" and "bad batch" in info.value.evalue
+    assert kernel.run("talkers.talk.call(0).get().values()").strip().splitlines()[-1] == "[0, 1, 2, 3]"
+
+
+def test_a_proc_dying_between_cells_is_shown_at_the_start_of_the_next_cell(kernel, talkers):
+    pid = int(kernel.run("%monarch procs victims --per-host gpus=1\n%monarch spawn victim Talker --procs victims\n"
+                         "victim.pid.call_one().get()").strip().splitlines()[-1])
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not pids_alive([pid]), 10)
+    msg_id = kernel.execute("victims.stop()")
+    assert kernel.finish(msg_id, timeout=30)["status"] == "ok"
+    notice = kernel.text(msg_id, "stderr")
+    assert "[monarch] unhandled failure: proc victims/0" in notice and "killed by SIGKILL" in notice
+
+
+def test_ctrl_c_while_waiting_on_a_call_gives_one_keyboard_interrupt_and_later_calls_are_right(kernel, talkers):
+    msg_id = kernel.execute("talkers.spin.call(2).get()")
+    assert kernel.wait_for(lambda: any(m["msg_type"] == "status" and m["content"]["execution_state"] == "busy"
+                                       for m in kernel.outputs[msg_id]), 10)
+    kernel.km.interrupt_kernel()
+    reply = kernel.finish(msg_id, timeout=20)
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+    traceback = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(reply["traceback"]))
+    assert traceback.count("Traceback (most recent call last)") == 1 and "During handling" not in traceback
+    # The late replies of the abandoned call go nowhere; the next call gets its own.
+    assert kernel.run("talkers.talk.call(0).get(timeout=30).values()", timeout=40).strip().splitlines()[-1] == "[0, 1, 2, 3]"
+
+
+# Last: the kernel restarts (later tests would not find the names defined before).
 def test_logs_from_before_a_kernel_restart_are_queryable_after_it(kernel, talkers):
     kernel.run("talkers.talk.call(1).get()")
     kernel.restart()

@@ -16,7 +16,8 @@ import itertools
 import sys
 
 from ..client import cluster as cluster_mod
-from ..client import logs
+from ..client import logs, supervision
+from ..errors import MeshFailure
 
 MAX_LINES_PER_CELL = 1000
 _REMEMBERED_CELLS = 256
@@ -31,12 +32,15 @@ class CellLogs:
         self.shown: collections.Counter = collections.Counter()
         self.hidden: dict[str, collections.Counter] = {}
         self.current: str | None = None
+        self.running = False  # a cell is executing now
+        self.queued: list[str] = []  # notices that came between cells, for the next one
         self._anonymous = itertools.count(1)
 
     def register(self) -> None:
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
         self.shell.events.register("post_run_cell", self.post_run_cell)
         logs.receiver().sink = self.sink
+        supervision.set_failure_hook(self.on_failure)
         # The cell's result (Out[n]) is published while the cell runs, before
         # post_run_cell: fetch the lines first so they show above it, in order.
         hook = self.shell.displayhook
@@ -56,6 +60,7 @@ class CellLogs:
         hook = self.shell.displayhook
         hook.__class__ = getattr(hook, "_monarch_base", type(hook))
         logs.receiver().sink = logs.print_sink
+        supervision.set_failure_hook(None)
         logs.set_cell("")
 
     def flush(self) -> None:
@@ -75,12 +80,17 @@ class CellLogs:
             self.shown.pop(old, None)
             self.hidden.pop(old, None)
         self.current = tag
+        self.running = True
         logs.set_cell(tag)
         logs.touched = False
+        queued, self.queued = self.queued, []
+        for text in queued:
+            print(text, file=sys.stderr, flush=True)
 
     def post_run_cell(self, result=None) -> None:
         """Show every line the cell's calls caused before the cell completes."""
         self.flush()
+        self.running = False
         hidden = self.hidden.pop(self.current, None)
         if hidden:
             meshes = " ".join(sorted(hidden))
@@ -89,6 +99,26 @@ class CellLogs:
                   file=sys.stderr)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
+
+    def on_failure(self, cluster_id: str, failure: MeshFailure, owner: dict | None) -> None:
+        """Failure hook: the next call on the mesh raises it (the default), and the
+        notebook shows it now, under the running cell, or at the start of the next."""
+        supervision.arm(cluster_id, failure, owner)
+        where = f"{owner['mesh']} rank {owner['rank']} did not handle: " if owner else ""
+        text = f"[monarch] unhandled failure: {where}{failure.why}"
+        if failure.kind == "endpoint_failed" or owner:
+            text += f"\n[monarch] the next call on {owner['mesh'] if owner else failure.meshes[0]} raises it"
+        if not self.running:
+            self.queued.append(text)
+            return
+        parent = self.parents.get(self.current)
+        set_parent = getattr(sys.stderr, "set_thread_parent", None)
+        token = set_parent(parent) if parent is not None and set_parent is not None else None
+        try:
+            print(text, file=sys.stderr, flush=True)
+        finally:
+            if token is not None:
+                sys.stderr.reset_thread_parent(token)
 
     def sink(self, lines: list[logs.Folded]) -> None:
         """Called on the log receiver's thread with lines in arrival order."""
