@@ -159,6 +159,7 @@ class SlurmAllocator:
         args = [sys.executable, self.cluster_dir, hub_address, str(self.grace_s)]
         return ("#!/bin/sh\n"
                 f"# monarch_nb cluster {Path(self.cluster_dir).name}: one host agent per node, dialing the hub.\n"
+                'echo "monarch_nb: job $SLURM_JOB_ID running on $SLURM_JOB_NODELIST at $(date +%s.%N)"\n'
                 f"exec {shlex.join(step)} /bin/sh -c {shlex.quote(agent)} {shlex.join(args)}\n")
 
     def adopt(self, pids: dict[str, int]) -> None:
