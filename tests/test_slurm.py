@@ -247,3 +247,37 @@ def test_the_cli_starts_and_stops_a_slurm_cluster(started):
     out = subprocess.run([*cli, "cluster", "stop", "slurm-cli"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert job_ended(job_id)
+
+
+def test_the_magic_starts_a_slurm_cluster_in_a_notebook(started):
+    from kernels import CellError, Kernel
+
+    started.append("slurm-magic")
+    kernel = Kernel("python3", env={"MONARCH_NB_CLUSTER": "none"})
+    try:
+        out = kernel.run("%load_ext monarch_nb\n%monarch start slurm-magic --slurm --nodes 2 --partition debug")
+        assert "is up (2 host(s), Slurm job" in out, out
+        out = kernel.run("%monarch procs p --per-host gpus=1\nprint(sorted(p.extent.items()))")
+        assert "[('gpus', 1), ('hosts', 2)]" in out, out
+        with pytest.raises(CellError) as info:  # Slurm options without --slurm
+            kernel.run("%monarch start other --nodes 2")
+        assert info.value.ename == "UsageError" and "add --slurm" in info.value.evalue
+        job_id = kernel.run("import monarch_nb\nprint(monarch_nb.connect('slurm-magic').info()['allocator']['job_id'])")
+        kernel.run("%monarch stop slurm-magic")
+        assert job_ended(job_id.strip())
+    finally:
+        kernel.shutdown()
+
+
+def test_stopping_a_slurm_cluster_whose_hub_died_cancels_its_job(started):
+    started.append("slurm-orphan")
+    cluster = Cluster.start("slurm-orphan", allocator=SlurmAllocator(nodes=2, start_timeout=60), grace_s=60)
+    job_id = job_of(cluster)
+    path = cluster.path
+    os.kill(cluster._info["hub_pid"], signal.SIGKILL)
+    # Left alone, the agents would keep the job running for the grace period (60 s).
+    out = subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", "slurm-orphan"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert wait_until(lambda: job_ended(job_id), 15), scontrol_job(job_id)
+    assert wait_until(lambda: not job_steps_alive(job_id) and not cluster_processes(path), 10)

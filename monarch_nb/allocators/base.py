@@ -65,3 +65,11 @@ def create(spec: dict | None, cluster_dir: str, grace_s: float) -> Allocator:
         from .command import CommandAllocator
         return CommandAllocator.from_spec(spec, cluster_dir, grace_s)
     raise ValueError(f"unknown allocator kind {kind!r}: use 'local', 'slurm' or 'command'")
+
+
+def release_leftovers(cluster_dir: str, spec: dict | None) -> None:
+    """End what an allocation of a cluster whose hub is gone may still hold outside
+    this machine (a Slurm job); local agents are found and stopped by the caller."""
+    if spec and spec.get("kind") == "slurm":
+        from .slurm import release_leftovers as release_slurm
+        release_slurm(spec, cluster_dir)

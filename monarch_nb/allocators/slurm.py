@@ -19,6 +19,7 @@ job state comes from ``scontrol show job``.
 
 from __future__ import annotations
 
+import getpass
 import shlex
 import shutil
 import socket
@@ -251,6 +252,27 @@ class SlurmAllocator:
         if not self.options["partition"]:
             records = [r for r in records if r.get("Default") == "YES"] or records
         return slurm_parse.expand_hostlist(records[0].get("Nodes", "")) if records else []
+
+
+def release_leftovers(spec: dict, cluster_dir: str) -> list[str]:
+    """Cancel what is left of a Slurm cluster whose hub is gone: the job ``spec`` (from
+    its state file) names, and any job of this user with the cluster's job name (one a
+    dying hub submitted but never recorded). Returns the job ids cancelled; Slurm
+    errors are ignored (the job may be long gone)."""
+    name = spec.get("job_name") or f"monarch_nb-{Path(cluster_dir).name}"
+    jobs = {spec["job_id"]} if spec.get("job_id") else set()
+    try:
+        listed = _run(["squeue", "-h", "-u", getpass.getuser(), "-n", name, "-o", "%i|%j|%T|%r|%N"])
+        jobs.update(r["id"] for r in slurm_parse.parse_squeue(listed, ["id", "name", "state", "reason", "nodes"])
+                    if r["name"] == name)
+    except ClusterError as e:
+        print(f"monarch_nb: {e}", file=sys.stderr)
+    if jobs:
+        try:
+            _run(["scancel", *sorted(jobs)])
+        except ClusterError as e:
+            print(f"monarch_nb: {e}", file=sys.stderr)
+    return sorted(jobs)
 
 
 def _one(records: list[dict]) -> dict:

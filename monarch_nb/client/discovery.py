@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 
 from .. import cluster_dir
+from ..allocators import base as allocators
 from ..errors import ClusterError
 from ..wire import frames as wire_frames
 from .hub_client import HubClient
@@ -177,5 +178,10 @@ def remove_stale(path: Path, timeout: float = 5.0) -> None:
     for agent in alive:
         agent.kill()
     psutil.wait_procs(alive, timeout=timeout)
+    try:  # an allocation elsewhere (a Slurm job) ends too
+        with open(path / "state.json") as f:
+            allocators.release_leftovers(str(path), json.load(f).get("allocator"))
+    except (OSError, ValueError, AttributeError):
+        pass
     if path.parent == cluster_dir.clusters_root() and os.path.isdir(path):
         shutil.rmtree(path, ignore_errors=True)
