@@ -1,11 +1,18 @@
-"""Supervision benchmark: from SIGKILL of a proc to the error at the client.
+"""Supervision benchmark: failure detection and recovery, as seen by the client.
 
     .venv/bin/python bench/bench_supervision.py [--quick]
 
-Each repetition spawns 2 procs with one actor each, starts a call that keeps both busy
-for a minute, SIGKILLs one proc and times until ``get()`` raises SupervisionError
-(target: 50 ms; Monarch 0.7 takes ~10 s here, Ray 14 ms, ipyparallel 17 ms). Baseline:
-the median round trip of a call to the same 2 actors, measured in the same run.
+1. SIGKILL of a proc -> SupervisionError: each repetition spawns 2 procs with one
+   actor each, starts a call that keeps both busy for a minute, SIGKILLs one proc and
+   times until ``get()`` raises (target: 50 ms; Monarch 0.7 takes ~10 s here, Ray
+   14 ms, ipyparallel 17 ms). Baseline: the median round trip of a call to the same 2
+   actors, measured in the same run.
+2. SIGKILL of a host agent (a whole host lost) -> SupervisionError, on a 2-host
+   cluster (bound: the hub's 3 s heartbeat timeout).
+3. ``restart_failed()`` of 1 of 8 procs (new proc, actor re-created with its
+   constructor arguments) and the first call after it, against spawning a fresh
+   8-proc mesh and its actors (what a user would do without it), same run.
+
 Runs in an isolated MONARCH_NB_HOME; exit status 1 if a process is left behind.
 """
 
@@ -34,6 +41,32 @@ class Busy(Actor):
     @endpoint
     def wait(self, seconds: float) -> None:
         time.sleep(seconds)
+
+
+def _host_loss(reps: int) -> list[float]:
+    """Seconds from SIGKILL of a host agent to SupervisionError, on a 2-host cluster."""
+    times = []
+    cluster = cluster_mod.Cluster.start_ephemeral(hosts=2)
+    try:
+        for i in range(reps):
+            procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}, name=f"twohosts{i}")
+            mesh = procs.spawn(f"twohosts{i}", Busy)
+            pending = mesh.wait.call(60)
+            agent = cluster.info()["hosts"][1]["pid"]
+            t = time.perf_counter()
+            os.kill(agent, signal.SIGKILL)
+            try:
+                pending.get(timeout=60)
+            except SupervisionError:
+                times.append(time.perf_counter() - t)
+            procs.stop()
+            cluster.stop()
+            if i + 1 < reps:
+                cluster = cluster_mod.Cluster.start_ephemeral(hosts=2)
+    finally:
+        if not cluster._stopped:
+            cluster.stop()
+    return times
 
 
 def main() -> int:
@@ -66,6 +99,29 @@ def main() -> int:
               f"(n={len(detect)}); call round trip to the same 2 actors {statistics.median(rtt) * 1e3:.2f} ms "
               f"(ratio {med / statistics.median(rtt):.1f}); target <= 50 ms: {'met' if med <= 0.05 else 'MISSED'}",
               flush=True)
+        host_lost = _host_loss(2 if args.quick else 3)
+        print(f"SIGKILLed host agent -> SupervisionError: median {statistics.median(host_lost):.2f} s "
+              f"(n={len(host_lost)}; bound: 3 s heartbeat timeout + 0.5 s check)", flush=True)
+        restart, fresh = [], []
+        for i in range(3 if args.quick else 5):
+            t = time.perf_counter()
+            procs = host.spawn_procs(per_host={"gpus": 8}, name=f"eight{i}")
+            mesh = procs.spawn(f"eight{i}", Busy)
+            pids = mesh.pid.call().get().values()
+            fresh.append(time.perf_counter() - t)
+            os.kill(pids[3], signal.SIGKILL)
+            try:
+                mesh.pid.call().get(timeout=60)
+            except SupervisionError:
+                pass
+            t = time.perf_counter()
+            procs.restart_failed()
+            mesh.pid.call().get()
+            restart.append(time.perf_counter() - t)
+            procs.stop()
+        print(f"restart_failed() of 1 of 8 procs + first call: median {statistics.median(restart) * 1e3:.0f} ms; "
+              f"spawning 8 fresh procs + actors + call: {statistics.median(fresh) * 1e3:.0f} ms "
+              f"(ratio {statistics.median(restart) / statistics.median(fresh):.2f})", flush=True)
     finally:
         status = stop_and_check(cluster, _OWN_HOME)
     return status
