@@ -77,6 +77,8 @@ class SupervisionOps:
         death then goes to the mesh's owner, or to the clients as unhandled."""
         if cause is None:
             cause = "its proc was stopped" if expected else exit_cause(proc.exit_code)
+            if proc.exit_code == -9 and not expected:  # SIGKILL: the usual sign of the OOM killer
+                cause += " (by a person or program, or by the kernel's out-of-memory killer: see dmesg)"
         last = [] if expected else last_words([r[8] for r in self.logs.last(proc.proc_id, "stderr", 80)])
         host = self.hosts.get(proc.host_id)
         why = (f"proc {proc.proc_id} (pid {proc.pid} on {host.hostname if host else proc.host_id}) {cause}"
