@@ -14,6 +14,7 @@ signal says so first (``agent_exiting``), which is faster still.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 
@@ -56,6 +57,7 @@ class AllocationOps:
                 print("monarch_nb hub: stopped (or the cluster directory was removed) while waiting "
                       "for host agents", file=sys.stderr)
                 return False
+            os.utime(self.path)  # a long queue wait: clients see a starting cluster, not a stale one
             ended = await loop.run_in_executor(None, self.allocator.check)
             waited = time.monotonic() - t0
             if ended or waited > timeout:
