@@ -25,8 +25,9 @@ ALLOCATION_POLL_S = 1.0  # how often the allocator is asked whether the allocati
 
 
 class AllocationOps:
-    """Mixin of ``Hub``: needs ``allocator``, ``hosts``, ``host_order``, ``net``,
-    ``proc_meshes``, ``stop_requested`` and ``_all_hosts_ready``."""
+    """Mixin of ``Hub``: uses its ``allocator``, ``path``, ``n_hosts``, ``hosts``,
+    ``host_order``, ``net``, ``proc_meshes``, ``stop_requested``, ``_all_hosts_ready``,
+    ``_save()`` and (from supervision) ``_proc_died()``."""
 
     async def _acquire_hosts(self) -> bool:
         """Start host agents (unless re-adopted) and wait until all have reported.
@@ -67,7 +68,6 @@ class AllocationOps:
                       f"{' (the allocation ended)' if ended else f' (start timeout {timeout:.0f} s)'}"
                       f"{'; ' + why if why else ''}", file=sys.stderr)
                 return False
-        self.allocation_ready_s = time.monotonic() - t0
         return True
 
     async def _watch_allocation(self) -> None:
