@@ -16,6 +16,7 @@ cluster object: displaying it again shows the same live widget.
 
 from __future__ import annotations
 
+import html
 import threading
 import weakref
 
@@ -55,9 +56,9 @@ class _NodeView:
     def update(self, node: health_view.Node) -> None:
         """Show ``node`` (same key): the label, and the children when open."""
         self._node = node
-        html = health_view.label_html(node)
-        if self.label.value != html:  # an unchanged value sends nothing to the frontend
-            self.label.value = html
+        label = health_view.label_html(node)
+        if self.label.value != label:  # an unchanged value sends nothing to the frontend
+            self.label.value = label
         if self.toggle is not None:
             visibility = "visible" if node.children else "hidden"
             if self.toggle.layout.visibility != visibility:
@@ -125,7 +126,7 @@ class HealthWidget(VBox):
     def __init__(self, cluster, initial: dict | None = None, tick_s: float = TICK_S,
                  min_interval_s: float = MIN_INTERVAL_S):
         self._lock = threading.RLock()
-        self._summary = HTML(f"cluster <b>{cluster.name}</b>: asking the hub…")
+        self._summary = HTML(f"cluster <b>{html.escape(cluster.name)}</b>: asking the hub…")
         self._views: dict[str, _NodeView] = {}
         self._previous: dict | None = None
         self.tree: dict | None = None
@@ -164,7 +165,7 @@ class HealthWidget(VBox):
     def _end(self, reason: str) -> None:
         self.ended = reason
         if self.tree is None:
-            self._summary.value = f"no health tree ({reason})"
+            self._summary.value = f"no health tree ({html.escape(reason)})"
         elif reason == "cluster stopped":
             self._show(health_view.as_stopped(self.tree))
         else:
