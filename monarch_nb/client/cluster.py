@@ -201,6 +201,16 @@ class Cluster:
         ``counts``. See ``monarch_nb.hub.health``."""
         return self.hub.request("health", timeout=30.0)
 
+    @property
+    def debugger(self) -> "Debugger":
+        """Paused ranks, breakpoints, post-mortem and IDE relays of this cluster (see
+        ``monarch_nb.client.debugger``)."""
+        if getattr(self, "_debugger", None) is None:
+            from .debugger import Debugger
+
+            self._debugger = Debugger(self)
+        return self._debugger
+
     def host_mesh(self) -> HostMesh:
         """The cluster's hosts, extent ``{"hosts": N}``."""
         info = self.info()

@@ -37,6 +37,7 @@ from .errors import HubError
 from .registry import ActorMeshRecord, ClientRecord, HostRecord, ProcMeshRecord, ProcRecord, exit_cause
 from .supervision import LOST_EXIT_CODE, SupervisionOps
 from .allocation import AllocationOps
+from .debug_ops import DebugOps
 
 HEARTBEAT_S = 0.5
 ADOPT_TIMEOUT_S = 3.0  # how long a recovering hub waits for each host agent to answer
@@ -58,7 +59,7 @@ def _client_alive(client: ClientRecord) -> bool:
         return False
 
 
-class Hub(SupervisionOps, AllocationOps):
+class Hub(SupervisionOps, AllocationOps, DebugOps):
     """One cluster's hub. ``ephemeral``: lives and dies with the client that started
     it; otherwise retained (runs until stopped, or until no client has been connected
     for ``idle_timeout`` seconds). ``recover``: re-adopt the host agents and meshes of
@@ -459,7 +460,7 @@ class Hub(SupervisionOps, AllocationOps):
             self.net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
                                                        "extent": header["extent"], "o": header.get("o"),
                                                        "main_thread": header.get("main_thread", False),
-                                                       "owner": header.get("owner")},
+                                                       "owner": header.get("owner"), **self.debug_spawn_fields()},
                              body, buffers)
             for i, r in enumerate(header["proc_ranks"])))
         addresses = [r.header["address"] for r in replies]

@@ -13,6 +13,7 @@ from pathlib import Path
 from .. import cluster_dir, lifeline
 from ..wire import frames as wire_frames
 from . import actor, stdio
+from ..debug import session as debug_session
 from .server import ProcServer
 
 
@@ -37,6 +38,7 @@ def main() -> None:
     # `%%monarch exec` actor, so that SIGINT can interrupt even its blocking calls).
     main_work: queue.Queue = queue.Queue()
     server = ProcServer(cluster_id, args.proc_id, main_work)
+    debug_session.install(server)  # breakpoint() pauses under debugpy, armed on first use
     signal.signal(signal.SIGINT, lambda *_: server.interrupt())
     server.outbox.send(args.agent, wire_frames.encode(
         cluster_id, {"op": "proc_ready", "proc_id": args.proc_id, "address": server.address, "pid": os.getpid()}))

@@ -184,6 +184,11 @@ class ActorThread:
                     if self._loop is None:
                         self._loop = asyncio.new_event_loop()
                     result = self._loop.run_until_complete(result)
+            except BaseException as e:
+                from ..debug import session as debug_session  # here: imports actor_loop itself
+
+                debug_session.endpoint_failed(e, name)  # with post-mortem on: paused here first
+                raise
             finally:
                 self.busy = False
                 self.current = None

@@ -17,6 +17,7 @@ from ..mesh import Extent
 from ..wire import frames as wire_frames
 from ..wire import sockets
 from .actor_loop import ActorThread, send_reply
+from ..debug import session as debug_session
 from . import torch_env
 
 
@@ -79,6 +80,7 @@ class ProcServer:
             actor = ActorThread(self.cluster_id, header["mesh"], point, self.proc_id, message,
                                 (header["reply"], header["port"]), self.outbox, main_thread=main,
                                 hub=header["reply"])
+            debug_session.on_spawn(self, header)  # the cluster's breakpoints first
             self.actors[header["mesh"]] = actor
             if main:
                 self.main_work.put(actor.run)
@@ -96,6 +98,8 @@ class ProcServer:
             self._reply(header, **self.status())  # in the header: the hub never unpickles
         elif op in ("torch_env_query", "torch_env_set"):  # ProcMesh.setup_torch_distributed
             self._reply(header, **torch_env.handle(header))
+        elif op == "debug":  # breakpoints, paused threads, IDE relays (monarch_nb.debug.session)
+            debug_session.handle(self, header)
         elif op == "ping":
             self._reply(header, {"pid": os.getpid(), "actors": sorted(self.actors)})
         elif op == "exit":

@@ -11,8 +11,10 @@ already imported by the caller (``"torch" in sys.modules``).
 from __future__ import annotations
 
 import io
+import marshal
 import pickle
 import sys
+import types
 from typing import Any
 
 import cloudpickle
@@ -56,8 +58,18 @@ def _reduce_tensor(tensor):
     return (_rebuild_tensor, (array, tensor.dtype, tensor.requires_grad))
 
 
+def _reduce_code(code: types.CodeType):
+    # cloudpickle renames the file of code it pickles by value to "<dynamic-code>".
+    # Keep the real one (a module path, or a notebook cell's file): tracebacks from
+    # procs name it, and breakpoints set by file and line match it. marshal carries
+    # every field; both ends run the same Python (as cloudpickle's code objects need).
+    return marshal.loads, (marshal.dumps(code),)
+
+
 class _Pickler(cloudpickle.Pickler):
     def reducer_override(self, obj):
+        if type(obj) is types.CodeType:
+            return _reduce_code(obj)
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) is torch.Tensor:
             return _reduce_tensor(obj)

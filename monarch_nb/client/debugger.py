@@ -1,0 +1,417 @@
+"""``cluster.debugger``: paused ranks of a cluster, seen and driven from the client.
+
+The list of paused ranks comes from the hub's debug registry (and its
+``debug_changed`` events); where/locals/eval/step/continue go straight to each
+rank's proc, in parallel across ranks. Breakpoints and post-mortem mode are the
+cluster's (kept by the hub, so they outlive this client).
+"""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import Callable
+
+from ..errors import InvalidRequest
+from ..mesh.ranks import format_ranks, parse_ranks
+from ..wire import frames as wire_frames
+from ..wire.mailbox import local_mailbox
+from . import events
+
+REQUEST_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Stop:
+    """One paused thread: ``mesh``/``rank`` of its actor (``None`` for a thread that
+    is not an actor's), ``host``, ``pid``, ``thread``, where it stopped (``file``,
+    ``line``, ``function``), the ``endpoint`` call it was handling, ``since`` (epoch
+    seconds), ``reason`` (breakpoint, step, exception, ...) and ``text`` (the
+    exception, for post-mortem stops)."""
+
+    key: str
+    mesh: str | None
+    rank: int | None
+    host: str
+    pid: int
+    proc_id: str
+    thread: str
+    file: str | None
+    line: int | None
+    function: str | None
+    endpoint: str | None
+    since: float
+    reason: str | None
+    text: str | None
+    address: str
+    dap_thread: int
+    cwd: str | None = None
+    host_id: str | None = None
+
+    @classmethod
+    def from_entry(cls, entry: dict) -> "Stop":
+        return cls(**{f.name: entry.get(f.name) for f in fields(cls)})
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    @property
+    def who(self) -> str:
+        return f"{self.mesh} rank {self.rank}" if self.mesh is not None else f"{self.proc_id} thread {self.thread}"
+
+    def __str__(self) -> str:
+        call = f" in {self.endpoint}()" if self.endpoint else ""
+        return (f"{self.who} (pid {self.pid} on {self.host}) paused at {os.path.basename(self.file or '?')}:"
+                f"{self.line} {self.function}{call}, {self.reason}, for {time.time() - self.since:.1f} s")
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str | None
+    line: int | None
+    function: str | None
+    source: str  # the line's text ("" when unknown)
+
+
+class EvalResults(dict):
+    """``(mesh, rank) -> result text`` of one expression on several paused ranks;
+    shown side by side, ranks with equal results folded into one line. Errors are
+    kept as ``"<error> ..."`` texts (``errors`` holds their keys)."""
+
+    def __init__(self, expression: str):
+        super().__init__()
+        self.expression = expression
+        self.errors: set = set()
+
+    def folded(self) -> list[tuple[str, list[int], str]]:
+        """``(mesh, ranks, text)`` groups, in rank order of their first member."""
+        groups: dict[tuple, list[int]] = {}
+        for (mesh, rank), text in sorted(self.items(), key=lambda kv: (kv[0][0] or "", kv[0][1] or 0)):
+            groups.setdefault((mesh, text), []).append(rank)
+        return [(mesh, ranks, text) for (mesh, text), ranks in groups.items()]
+
+    def __repr__(self) -> str:
+        lines = [f"[{mesh} {format_ranks([r for r in ranks if r is not None])}] {text}"
+                 for mesh, ranks, text in self.folded()]
+        return "\n".join(lines) if lines else f"(no paused rank evaluated {self.expression!r})"
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(repr(self))
+
+
+def _ranks_of(ranks) -> list[int] | None:
+    if ranks is None:
+        return None
+    if isinstance(ranks, int):
+        return [ranks]
+    if isinstance(ranks, str):
+        return parse_ranks(ranks)
+    return sorted(set(int(r) for r in ranks))
+
+
+def _mesh_name(mesh) -> str | None:
+    return mesh if mesh is None or isinstance(mesh, str) else getattr(mesh, "name", None) or mesh._name
+
+
+class Debugger:
+    """Debugging of one cluster's procs (``cluster.debugger``)."""
+
+    def __init__(self, cluster):
+        self._cluster = cluster
+        self._cluster_id = cluster._info["cluster_id"]
+        self._cond = threading.Condition()
+        self._stops: dict[str, dict] | None = None  # from debug_changed events, once one came
+        self._watchers: list[Callable[[list[Stop]], None]] = []
+        self._unsubscribe = events.subscribe(self._on_event)
+
+    def _on_event(self, event: dict) -> None:
+        if event.get("op") != "debug_changed" or event.get("cluster") != self._cluster_id:
+            return
+        with self._cond:
+            self._stops = {s["key"]: s for s in event["stops"]}
+            self._cond.notify_all()
+            watchers = list(self._watchers)
+        stops = [Stop.from_entry(s) for s in event["stops"]]
+        for callback in watchers:
+            callback(stops)
+
+    # the list ------------------------------------------------------------------------
+    def paused(self, mesh=None, ranks=None) -> list[Stop]:
+        """Paused threads, by mesh and rank (one hub round trip); only those of
+        ``mesh`` (a name or handle) and ``ranks`` (int, list or ``"0-3,5"``) when given."""
+        entries = self._cluster.hub.request("debug_paused", timeout=REQUEST_TIMEOUT_S)["stops"]
+        with self._cond:
+            self._stops = {s["key"]: s for s in entries}
+        return self._select([Stop.from_entry(s) for s in entries], mesh, ranks)
+
+    @staticmethod
+    def _select(stops: list[Stop], mesh, ranks) -> list[Stop]:
+        name, wanted = _mesh_name(mesh), _ranks_of(ranks)
+        return [s for s in stops if (name is None or s.mesh == name) and (wanted is None or s.rank in wanted)]
+
+    def wait_paused(self, count: int = 1, mesh=None, timeout: float = 60.0) -> list[Stop]:
+        """Block until at least ``count`` threads (of ``mesh``) are paused; returns them.
+        Raises ``TimeoutError`` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        stops = self.paused(mesh)
+        while len(stops) < count:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{len(stops)} of {count} rank(s) paused after {timeout} s")
+            with self._cond:
+                self._cond.wait(min(left, 0.5))
+                cached = None if self._stops is None else list(self._stops.values())
+            stops = (self._select([Stop.from_entry(s) for s in cached], mesh, None) if cached is not None
+                     else self.paused(mesh))
+        return stops
+
+    def watch(self, callback: Callable[[list[Stop]], None]) -> Callable[[], None]:
+        """Call ``callback(stops)`` with the whole list whenever it changes (on the event
+        thread: return quickly). Returns a function that stops watching."""
+        with self._cond:
+            self._watchers.append(callback)
+
+        def unwatch() -> None:
+            with self._cond:
+                if callback in self._watchers:
+                    self._watchers.remove(callback)
+
+        return unwatch
+
+    def _targets(self, mesh, ranks, what: str) -> list[Stop]:
+        """The paused actor threads of ``mesh`` at ``ranks`` (``None``: every paused one);
+        ``InvalidRequest`` naming what is not paused."""
+        name = _mesh_name(mesh)
+        if name is None:
+            raise InvalidRequest(f"{what}: which mesh? pass the actor mesh (name or handle)")
+        stops = self.paused(name)
+        by_rank: dict[int, Stop] = {}
+        for s in stops:
+            by_rank.setdefault(s.rank, s)  # an actor's own thread first (ordered by the hub)
+        wanted = _ranks_of(ranks)
+        if wanted is None:
+            if not by_rank:
+                raise InvalidRequest(f"{what}: no rank of {name!r} is paused")
+            return [by_rank[r] for r in sorted(by_rank, key=lambda r: -1 if r is None else r)]
+        missing = [r for r in wanted if r not in by_rank]
+        if missing:
+            paused = format_ranks([r for r in by_rank if r is not None]) or "none"
+            raise InvalidRequest(f"{what}: rank(s) {format_ranks(missing)} of {name!r} are not paused "
+                                 f"(paused: {paused})")
+        return [by_rank[r] for r in wanted]
+
+    def _one(self, mesh, rank, what: str) -> Stop:
+        if rank is None:
+            raise InvalidRequest(f"{what}: which rank? pass one rank")
+        return self._targets(mesh, [rank], what)[0]
+
+    # talking to procs ------------------------------------------------------------------
+    def _ask(self, stops: list[Stop], action: str, timeout: float = REQUEST_TIMEOUT_S, **fields) -> list[dict]:
+        """Send ``action`` to every stop's proc at once; their answers in order. A proc
+        that does not answer within ``timeout`` s (or whose stop vanished: it died)
+        gets ``{"error": ...}``."""
+        mailbox = local_mailbox()
+        replies: dict[int, dict] = {}
+        ports = []
+        for i, stop in enumerate(stops):
+            def on_reply(message, i=i):
+                try:
+                    replies[i] = message.value()
+                except Exception as e:  # noqa: BLE001 - a reply we can't read
+                    replies[i] = {"error": f"unreadable reply: {e}"}
+            port = mailbox.open_port(on_reply)
+            ports.append(port)
+            mailbox.send(stop.address, wire_frames.encode(self._cluster_id, {
+                "op": "debug", "action": action, "dap_thread": stop.dap_thread, "port": port,
+                "reply": mailbox.address, **fields}))
+
+        def settled() -> bool:
+            with self._cond:
+                live = self._stops
+            return all(i in replies or (live is not None and s.key not in live and action != "continue")
+                       for i, s in enumerate(stops))
+
+        try:
+            deadline = time.monotonic() + timeout
+            while not settled() and time.monotonic() < deadline:
+                mailbox.wait(settled, min(0.25, max(0.0, deadline - time.monotonic())))
+        finally:
+            for port in ports:
+                mailbox.close_port(port)
+        return [replies.get(i, {"error": f"{s.who}: no answer (its proc died, or took over {timeout} s)"})
+                for i, s in enumerate(stops)]
+
+    # inspecting ------------------------------------------------------------------------
+    def where(self, mesh, rank: int) -> list[Frame]:
+        """The paused rank's stack, innermost frame first, with source lines (from the
+        proc, else from this client: code defined in a notebook cell)."""
+        answer = self._ask([self._one(mesh, rank, "where")], "where")[0]
+        if "error" in answer:
+            raise InvalidRequest(f"where {_mesh_name(mesh)} rank {rank}: {answer['error']}")
+        return [Frame(f["file"], f["line"], f["function"],
+                      f["source"] or (linecache.getline(f["file"], f["line"]).rstrip()
+                                      if f["file"] and f["line"] else ""))
+                for f in answer["frames"]]
+
+    def locals(self, mesh, rank: int) -> dict[str, str]:
+        """Names -> repr texts of the local variables of the paused rank's top frame."""
+        answer = self._ask([self._one(mesh, rank, "locals")], "locals")[0]
+        if "error" in answer:
+            raise InvalidRequest(f"locals {_mesh_name(mesh)} rank {rank}: {answer['error']}")
+        return {v["name"]: v["value"] for v in answer["locals"]}
+
+    def eval(self, expression: str, mesh, ranks=None, timeout: float = REQUEST_TIMEOUT_S) -> EvalResults:
+        """Evaluate ``expression`` (or run a statement) in the top user frame of every
+        selected paused rank, in parallel; results are repr texts. ``ranks=None``: every
+        paused rank of ``mesh``. Raises ``InvalidRequest`` when a selected rank is not
+        paused; an expression that fails gives that rank an error text."""
+        if not isinstance(expression, str) or not expression.strip():
+            raise InvalidRequest("eval needs an expression, e.g. 'loss.item()'")
+        stops = self._targets(mesh, ranks, "eval")
+        results = EvalResults(expression)
+        for stop, answer in zip(stops, self._ask(stops, "eval", timeout, expression=expression)):
+            if "error" in answer:
+                results[(stop.mesh, stop.rank)] = f"<error> {answer['error']}"
+                results.errors.add((stop.mesh, stop.rank))
+            else:
+                results[(stop.mesh, stop.rank)] = answer["result"]
+        return results
+
+    # running ---------------------------------------------------------------------------
+    def _move(self, action: str, mesh, ranks, wait_s: float) -> dict[int, Stop | None]:
+        stops = self._targets(mesh, ranks, action)
+        out: dict[int, Stop | None] = {}
+        for stop, answer in zip(stops, self._ask(stops, action, wait_s + REQUEST_TIMEOUT_S, wait_s=wait_s)):
+            if "error" in answer and not answer.get("not_paused"):
+                raise InvalidRequest(f"{action} {stop.who}: {answer['error']}")
+            out[stop.rank] = Stop.from_entry(answer["stop"]) if "stop" in answer else None
+        return out
+
+    def step(self, mesh, ranks=None, wait_s: float = 2.0) -> dict[int, Stop | None]:
+        """Step into the next call or line on the paused ranks; returns rank -> where it
+        stopped next (``None``: still running after ``wait_s`` seconds)."""
+        return self._move("step", mesh, ranks, wait_s)
+
+    def next(self, mesh, ranks=None, wait_s: float = 2.0) -> dict[int, Stop | None]:
+        """Run to the next line of the same function (see :meth:`step`)."""
+        return self._move("next", mesh, ranks, wait_s)
+
+    def step_out(self, mesh, ranks=None, wait_s: float = 2.0) -> dict[int, Stop | None]:
+        """Run until the current function returns (see :meth:`step`)."""
+        return self._move("out", mesh, ranks, wait_s)
+
+    def continue_(self, mesh, ranks=None) -> list[int]:
+        """Let the paused ranks of ``mesh`` (``ranks``, default all) run on; returns the
+        ranks continued. Continuing a rank twice is harmless."""
+        stops = self._targets(mesh, ranks, "continue")
+        answers = self._ask(stops, "continue")
+        return [s.rank for s, a in zip(stops, answers) if a.get("continued")]
+
+    def continue_all(self) -> int:
+        """Continue every paused thread of the cluster; returns how many were."""
+        stops = self.paused()
+        return sum(bool(a.get("continued")) for a in self._ask(stops, "continue")) if stops else 0
+
+    # breakpoints -----------------------------------------------------------------------
+    def set_breakpoint(self, where, line: int | None = None, mesh=None, ranks=None,
+                       condition: str | None = None) -> dict:
+        """Pause when code reaches a line, without editing it. ``where``: ``"FILE:LINE"``,
+        a file path (with ``line``), or a function, method or class (``line``: a line of
+        its file, default its first body line) — also one defined in a notebook cell
+        (the procs run it pickled by value, under the cell's file name). ``mesh``/
+        ``ranks``: only those actors stop (default: any thread of any proc);
+        ``condition``: a Python expression evaluated in the frame. Returns the
+        breakpoint (``id``, ``file``, ``line``, ...). Raises ``InvalidRequest`` for an
+        unknown mesh, ranks outside it, or a condition that is not an expression."""
+        file, line = _location(where, line)
+        ranks = _ranks_of(ranks)
+        return self._cluster.hub.request("debug_set_breakpoint", timeout=REQUEST_TIMEOUT_S, file=file, line=line,
+                                         mesh=_mesh_name(mesh), ranks=ranks, condition=condition)["breakpoint"]
+
+    def breakpoints(self) -> list[dict]:
+        """The cluster's breakpoints (``id``, ``file``, ``line``, ``mesh``, ``ranks``, ``condition``)."""
+        return self._cluster.hub.request("debug_breakpoints", timeout=REQUEST_TIMEOUT_S)["breakpoints"]
+
+    def clear_breakpoints(self, ids=None) -> int:
+        """Remove breakpoints by id (an int or a list; ``None``: all); returns how many."""
+        ids = [ids] if isinstance(ids, int) else (list(ids) if ids is not None else None)
+        return self._cluster.hub.request("debug_clear_breakpoints", timeout=REQUEST_TIMEOUT_S, ids=ids)["cleared"]
+
+    def post_mortem(self, on: bool | None = None) -> bool:
+        """Turn post-mortem mode on or off (``None``: just say): with it on, a rank
+        whose endpoint raises pauses in the raising frame (listed as paused, reason
+        ``exception``) and the caller gets the error once it is continued."""
+        if on is None:
+            return self._cluster.hub.request("debug_breakpoints", timeout=REQUEST_TIMEOUT_S)["post_mortem"]
+        return self._cluster.hub.request("debug_post_mortem", timeout=REQUEST_TIMEOUT_S, on=bool(on))["post_mortem"]
+
+    # IDEs ------------------------------------------------------------------------------
+    def attach(self, mesh, rank: int, port: int = 0):
+        """Open a relay for an IDE to the paused ``rank`` of ``mesh``: a DAP port on this
+        client's 127.0.0.1 carried over the cluster's signed channel (the proc may be
+        on another host). Returns the :class:`~monarch_nb.debug.relay.Relay`
+        (``.port``, ``.launch_config()`` for VS Code, ``.close()``)."""
+        from ..debug.relay import Relay
+
+        stop = self._one(mesh, rank, "attach")
+        relay = Relay(self._cluster_id, stop.address, f"{stop.mesh} rank {stop.rank}", port)
+        relay.remote_cwd = stop.cwd if stop.host != socket.gethostname() else None
+        return relay
+
+    def close(self) -> None:
+        self._unsubscribe()
+
+
+def _location(where, line: int | None) -> tuple[str, int]:
+    """``(absolute file, line)`` from what :meth:`Debugger.set_breakpoint` accepts."""
+    if isinstance(where, str) and line is None:
+        path, sep, number = where.rpartition(":")
+        if not sep or not number.strip().isdigit():
+            raise InvalidRequest(f"breakpoint {where!r}: write FILE:LINE, e.g. train.py:42")
+        where, line = path, int(number)
+    if isinstance(where, str):
+        if line is None:
+            raise InvalidRequest(f"breakpoint in {where!r}: which line?")
+        path = where if where.startswith("<") else os.path.abspath(os.path.expanduser(where))
+        if not where.startswith("<") and not os.path.exists(path) and not linecache.getlines(where):
+            raise InvalidRequest(f"breakpoint {where}:{line}: no such file here ({path}); give a path as the "
+                                 "procs see it, or the function itself")
+        if not os.path.exists(path) and linecache.getlines(where):
+            path = where  # a notebook cell's file name: only in linecache
+        return path, line
+    target = inspect.unwrap(where)
+    target = getattr(target, "__func__", target)
+    code = getattr(target, "__code__", None)
+    if code is not None:
+        file, first = code.co_filename, code.co_firstlineno
+    else:
+        try:
+            file = inspect.getsourcefile(target) or inspect.getfile(target)
+            _, first = inspect.getsourcelines(target)
+        except (TypeError, OSError) as e:
+            raise InvalidRequest(f"breakpoint in {where!r}: can't find its source ({e})") from None
+    if line is None:
+        line = _first_body_line(file, first)
+    return file, line
+
+
+def _first_body_line(file: str, first: int) -> int:
+    """The first line after a ``def``'s signature (and docstring is fine to stop on)."""
+    lines = linecache.getlines(file)
+    i = first - 1
+    while i < len(lines) and lines[i].lstrip().startswith("@"):
+        i += 1
+    depth = 0
+    while i < len(lines):
+        text = lines[i]
+        depth += text.count("(") - text.count(")")
+        if depth <= 0 and text.rstrip().endswith(":"):
+            return i + 2
+        i += 1
+    return first

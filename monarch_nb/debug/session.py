@@ -1,0 +1,438 @@
+"""A proc's debugger: its own DAP session with the in-process debugpy.
+
+- Arming on demand: the first ``breakpoint()``, a breakpoint set from a client that
+  concerns an actor of this proc, or post-mortem mode starts debugpy (see
+  ``arming``) and connects this session. Until then nothing is traced.
+- Stops: when debugpy reports a thread ``stopped``, the session finds which actor
+  it is (mesh, rank, the endpoint call running), marks it paused for the health tree
+  (``proc.activity``) and registers the stop with the hub (``debug_stopped``); when
+  the thread runs again, ``debug_resumed``.
+- Requests from clients (``op: "debug"`` on the proc's control inbox): ``where``,
+  ``locals``, ``eval``, ``step``/``next``/``out``, ``continue``, ``config``
+  (breakpoints and post-mortem from the hub) and the IDE relay (``relay_*``).
+
+DAP traffic runs on the session's reader thread; everything else on one worker
+thread, so the proc's control loop never waits on the debugger.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .. import cluster_dir
+from ..proc import activity
+from ..proc.actor import current_context, proc_identity
+from ..proc.actor_loop import send_reply
+from ..wire import frames as wire_frames
+from . import arming
+from .dap import DapClient, DapError
+from .mux import Mux
+
+STEP_WAIT_S = 2.0  # how long step/next/out wait for the thread to stop again before saying "running"
+REQUEST_TIMEOUT_S = 30.0
+STACK_LEVELS = 64
+
+
+def on_rank(mesh: str, ranks) -> bool:
+    """Breakpoint condition: is this thread's actor in ``mesh`` (at one of ``ranks``,
+    ``None``: any)? Evaluated by debugpy in the thread that reached the line."""
+    ctx = current_context()
+    if ctx is None or ctx.actor_instance.mesh_name != mesh:
+        return False
+    return ranks is None or ctx.actor_instance.rank.rank in ranks
+
+
+def _condition(bp: dict) -> str | None:
+    parts = []
+    if bp.get("mesh") is not None:
+        ranks = tuple(bp["ranks"]) if bp.get("ranks") is not None else None
+        parts.append(f"__import__('monarch_nb.debug.session', fromlist=['on_rank']).on_rank({bp['mesh']!r}, {ranks!r})")
+    if bp.get("condition"):
+        parts.append(f"({bp['condition']})")
+    return " and ".join(parts) or None
+
+
+class ProcDebugger:
+    """The debugger of one proc (a singleton: see :func:`debugger`)."""
+
+    def __init__(self, server):
+        self.server = server  # the ProcServer: its actors, outbox, address
+        self.client: DapClient | None = None
+        self.capabilities: dict = {}
+        self.config: dict = {"breakpoints": [], "post_mortem": False}
+        self.stops: dict[int, dict] = {}  # DAP thread id -> the stop registered with the hub
+        self.mux = Mux(self)
+        self._arm_lock = threading.RLock()
+        self._arm_error: str | None = None
+        self._names: dict[int, str] = {}  # DAP thread id -> thread name
+        self._applied: set[str] = set()  # files we set breakpoints in
+        self._steps: dict[int, tuple[dict, float]] = {}  # DAP thread id -> (request header, deadline)
+        self._pm_endpoint: dict[int, str] = {}  # thread ident -> endpoint that raised (post-mortem)
+        self._work: queue.Queue = queue.Queue()
+        worker = threading.Thread(target=self._worker, name="monarch-nb-debug", daemon=True)
+        worker.pydev_do_not_trace = True
+        worker.is_pydev_daemon_thread = True
+        worker.start()
+
+    # arming ------------------------------------------------------------------------
+    @property
+    def armed(self) -> bool:
+        return self.client is not None and not self.client.closed
+
+    def arm(self) -> None:
+        """Start debugpy in this proc and connect this session (idempotent; ~0.2 s the
+        first time). Raises ``RuntimeError`` when debugpy can't be started."""
+        with self._arm_lock:
+            if self.client is not None:
+                return
+            if self._arm_error is not None:
+                raise RuntimeError(self._arm_error)
+            try:
+                host, port = arming.listen()
+                client = DapClient.connect(host, port, self._on_message, name="monarch-nb-dap")
+                arming.fix_nodelay()
+                self.capabilities = client.request("initialize", clientID="monarch_nb", adapterID="debugpy",
+                                                   pathFormat="path", linesStartAt1=True, columnsStartAt1=True)
+                client.request("attach", justMyCode=True, stopAllThreadsOnSuspend=False,
+                               steppingResumesAllThreads=False, redirectOutput=False, subProcess=False,
+                               rules=[{"path": arming.RUNTIME_DIR, "include": False}])
+                client.request("configurationDone")
+            except ImportError:
+                self._arm_error = ("debugpy is not installed in this proc's Python; "
+                                   "install it (pip install debugpy) to debug actors")
+                raise RuntimeError(self._arm_error) from None
+            except (OSError, DapError, RuntimeError) as e:
+                self._arm_error = f"could not start debugpy in this proc: {e}"
+                raise RuntimeError(self._arm_error) from None
+            self.client = client
+            arming.install_hook(breakpointhook)
+
+    # entry points from the proc --------------------------------------------------------
+    def breakpoint(self, frame) -> None:
+        """``breakpoint()`` in ``frame``: pause this thread there until continued."""
+        try:
+            self.arm()
+        except RuntimeError as e:
+            print(f"monarch_nb: breakpoint() at {frame.f_code.co_filename}:{frame.f_lineno} not taken: {e}",
+                  file=sys.stderr, flush=True)
+            return
+        arming.stop_here(frame)
+
+    def endpoint_failed(self, exc: BaseException, endpoint: str) -> None:
+        """Post-mortem: with it on, pause this thread in the frame that raised ``exc``
+        before the error goes back to the caller."""
+        if not self.config.get("post_mortem") or isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            return
+        try:
+            self.arm()
+        except RuntimeError as e:
+            print(f"monarch_nb: post-mortem not possible: {e}", file=sys.stderr, flush=True)
+            return
+        ident = threading.get_ident()
+        self._pm_endpoint[ident] = endpoint
+        try:
+            arming.post_mortem(exc)
+        finally:
+            self._pm_endpoint.pop(ident, None)
+
+    def handle(self, header: dict) -> None:
+        """A ``debug`` request from the control loop; never blocks it."""
+        action = header.get("action", "")
+        if action.startswith("relay_"):
+            self.mux.handle(header)
+        elif action == "config":
+            self.config = header["config"]
+            if self._relevant():
+                self._work.put(("config", header))
+            elif "port" in header:
+                self._reply(header, {"armed": self.armed})
+        else:
+            self._work.put(("request", header))
+
+    def on_spawn(self, header: dict) -> None:
+        """An actor is about to start here: apply the cluster's breakpoints first, so
+        that one in its ``__init__`` or first call is not missed (arms only if one
+        concerns it)."""
+        if "debug" in header:
+            self.config = header["debug"]
+        meshes = {a for a in self.server.actors} | {header["mesh"]}
+        if self._relevant(meshes):
+            try:
+                self._apply_config(meshes)
+            except (RuntimeError, DapError) as e:
+                print(f"monarch_nb: breakpoints not set: {e}", file=sys.stderr, flush=True)
+
+    # DAP events ------------------------------------------------------------------------
+    def _on_message(self, message: dict) -> None:
+        """Reader thread: IDE sessions see every event at once; the worker handles ours."""
+        if message.get("type") == "event" and message.get("event") != "_closed":
+            self.mux.on_event(message)
+        self._work.put(("event", message))
+
+    def _worker(self) -> None:
+        while True:
+            timeout = None
+            if self._steps:
+                timeout = max(0.0, min(d for _, d in self._steps.values()) - time.monotonic())
+            try:
+                kind, item = self._work.get(timeout=timeout)
+            except queue.Empty:
+                kind, item = None, None
+            try:
+                if kind == "event":
+                    self._event(item)
+                elif kind == "request":
+                    self._request(item)
+                elif kind == "config":
+                    self._apply_config()
+                    if "port" in item:
+                        self._reply(item, {"armed": self.armed})
+            except Exception as e:  # keep serving; the requester gets the error
+                if kind in ("request", "config") and "port" in item:
+                    self._reply(item, {"error": f"{type(e).__name__}: {e}"})
+                else:
+                    import traceback
+
+                    traceback.print_exc()
+            now = time.monotonic()
+            for tid, (header, deadline) in list(self._steps.items()):
+                if deadline <= now:
+                    del self._steps[tid]
+                    self._reply(header, {"running": True})
+
+    def _event(self, message: dict) -> None:
+        event, body = message.get("event"), message.get("body") or {}
+        if event == "stopped":
+            tid = body.get("threadId")
+            if tid is None:
+                return
+            stop = self._describe(tid, body)
+            self.stops[tid] = stop
+            activity.set_paused(stop["ident"], {"file": stop["file"], "line": stop["line"],
+                                                "function": stop["function"]})
+            self._tell_hub({"op": "debug_stopped", "stop": stop})
+            step = self._steps.pop(tid, None)
+            if step is not None:
+                self._reply(step[0], {"stop": stop})
+        elif event == "continued":
+            tids = list(self.stops) if body.get("allThreadsContinued") else [body.get("threadId")]
+            self._resumed(tids)
+        elif event == "thread" and body.get("reason") == "exited":
+            self._names.pop(body.get("threadId"), None)
+            self._resumed([body.get("threadId")])
+        elif event == "_closed":
+            self._resumed(list(self.stops))
+
+    def _resumed(self, tids) -> None:
+        keys = []
+        for tid in tids:
+            stop = self.stops.pop(tid, None)
+            if stop is not None:
+                activity.set_paused(stop["ident"], None)
+                keys.append(stop["key"])
+        if keys:
+            self._tell_hub({"op": "debug_resumed", "keys": keys})
+
+    def _thread_name(self, tid: int) -> str:
+        if tid not in self._names:
+            self._names = {t["id"]: t["name"] for t in self.client.request("threads")["threads"]}
+        return self._names.get(tid, f"thread {tid}")
+
+    def _describe(self, tid: int, body: dict) -> dict:
+        """The registry entry for DAP thread ``tid``, which just stopped."""
+        name = self._thread_name(tid)
+        frames = self.client.request("stackTrace", threadId=tid, startFrame=0, levels=1)["stackFrames"]
+        top = frames[0] if frames else {}
+        thread = next((t for t in threading.enumerate() if t.name == name), None)
+        ident = thread.ident if thread is not None else None
+        actor = next((a for a in list(self.server.actors.values()) if a.thread.ident == ident), None)
+        current = actor.current if actor is not None else None
+        endpoint = current[0] if current else self._pm_endpoint.get(ident)
+        identity = proc_identity() or {}
+        return {
+            "key": f"{self.server.proc_id}/{tid}", "proc_id": self.server.proc_id, "address": self.server.address,
+            "pid": os.getpid(), "host": socket.gethostname(), "cwd": os.getcwd(),
+            "proc_mesh": identity.get("proc_id", self.server.proc_id).rpartition("/")[0],
+            "thread": name, "dap_thread": tid, "ident": ident,
+            "mesh": actor.mesh_name if actor is not None else None,
+            "rank": actor.point.rank if actor is not None else None,
+            "point": dict(actor.point) if actor is not None else {},
+            "file": (top.get("source") or {}).get("path"), "line": top.get("line"), "function": top.get("name"),
+            "endpoint": endpoint, "call_since": current[1] if current else None,
+            "reason": body.get("reason"), "text": body.get("text") or body.get("description"),
+            "since": time.time(),
+        }
+
+    # requests from clients -----------------------------------------------------------
+    def _stop_of(self, header: dict) -> dict | None:
+        stop = self.stops.get(header.get("dap_thread"))
+        if stop is None:
+            self._reply(header, {"error": "not paused (it was continued, or its thread ended)", "not_paused": True})
+        return stop
+
+    def _top_frame(self, tid: int) -> dict:
+        frames = self.client.request("stackTrace", threadId=tid, startFrame=0, levels=1)["stackFrames"]
+        if not frames:
+            raise DapError("the paused thread shows no user frame")
+        return frames[0]
+
+    def _request(self, header: dict) -> None:
+        action = header.get("action")
+        if action == "continue":
+            stop = self.stops.get(header.get("dap_thread"))
+            if stop is None:  # continued already: a second continue is harmless
+                self._reply(header, {"continued": False})
+                return
+            self.client.request("continue", threadId=stop["dap_thread"], singleThread=True)
+            self._resumed([stop["dap_thread"]])  # now, not when the event comes: a second continue is a no-op
+            self._reply(header, {"continued": True})
+            return
+        stop = self._stop_of(header)
+        if stop is None:
+            return
+        tid = stop["dap_thread"]
+        if action == "where":
+            frames = self.client.request("stackTrace", threadId=tid, startFrame=0,
+                                         levels=STACK_LEVELS)["stackFrames"]
+            out = []
+            for f in frames:
+                path = (f.get("source") or {}).get("path")
+                source = linecache.getline(path, f["line"]).rstrip() if path and f.get("line") else ""
+                out.append({"file": path, "line": f.get("line"), "function": f.get("name"), "source": source})
+            self._reply(header, {"frames": out, "stop": stop})
+        elif action == "locals":
+            frame = self._top_frame(tid)
+            scopes = self.client.request("scopes", frameId=frame["id"])["scopes"]
+            local = next((s for s in scopes if s.get("name", "").lower().startswith("locals")), scopes[0] if scopes else None)
+            variables = [] if local is None else self.client.request(
+                "variables", variablesReference=local["variablesReference"])["variables"]
+            self._reply(header, {"locals": [{"name": v["name"], "type": v.get("type", ""), "value": v.get("value", "")}
+                                            for v in variables if not v["name"].startswith("special variables")
+                                            and not v["name"].startswith("function variables")],
+                                 "stop": stop})
+        elif action == "eval":
+            frame = self._top_frame(tid)
+            try:
+                body = self.client.request("evaluate", expression=header["expression"], frameId=frame["id"],
+                                           context="repl", timeout=REQUEST_TIMEOUT_S)
+                self._reply(header, {"result": body.get("result", ""), "type": body.get("type")})
+            except DapError as e:
+                self._reply(header, {"error": str(e)})
+        elif action in ("step", "next", "out"):
+            command = {"step": "stepIn", "next": "next", "out": "stepOut"}[action]
+            self._steps[tid] = (header, time.monotonic() + float(header.get("wait_s", STEP_WAIT_S)))
+            try:
+                self.client.request(command, threadId=tid, singleThread=True)
+            except DapError:
+                self._steps.pop(tid, None)
+                raise
+        else:
+            self._reply(header, {"error": f"unknown debug action {action!r}"})
+
+    # breakpoints from the hub ----------------------------------------------------------
+    def _relevant(self, meshes=None) -> bool:
+        """Does the configuration concern this proc (so that it is worth arming)?"""
+        if self.armed:
+            return True
+        meshes = set(self.server.actors) if meshes is None else meshes
+        return bool(self.config.get("post_mortem")) or any(
+            b.get("mesh") is None or b["mesh"] in meshes for b in self.config.get("breakpoints", []))
+
+    def _apply_config(self, meshes=None) -> None:
+        meshes = set(self.server.actors) if meshes is None else meshes
+        if not self._relevant(meshes):
+            return
+        self.arm()
+        by_file: dict[str, list[dict]] = {}
+        for bp in self.config.get("breakpoints", []):
+            if bp.get("mesh") is None or bp["mesh"] in meshes:
+                by_file.setdefault(bp["file"], []).append(bp)
+        for path in set(by_file) | self._applied:
+            self.set_source_breakpoints(path)
+        self._applied = set(by_file)
+
+    def ours(self, path: str) -> list[dict]:
+        """The cluster's breakpoints in ``path`` as DAP ``SourceBreakpoint`` s."""
+        meshes = set(self.server.actors)
+        return [{"line": bp["line"], **({"condition": c} if (c := _condition(bp)) else {})}
+                for bp in self.config.get("breakpoints", [])
+                if bp["file"] == path and (bp.get("mesh") is None or bp["mesh"] in meshes)]
+
+    def set_source_breakpoints(self, path: str) -> None:
+        """Send debugpy every breakpoint in ``path``: the cluster's and each IDE's."""
+        wanted = self.ours(path) + self.mux.breakpoints(path)
+        self.client.request("setBreakpoints", source={"path": path}, breakpoints=wanted)
+
+    # replies and the hub ---------------------------------------------------------------
+    def _reply(self, header: dict, value: dict) -> None:
+        if "port" in header:
+            send_reply(self.server.outbox, self.server.cluster_id, (header["reply"], header["port"]), 0,
+                       value=value)
+
+    def _tell_hub(self, header: dict) -> None:
+        identity = proc_identity()
+        if identity is None:  # actors in a client's own process (this_proc()): no hub
+            return
+        try:
+            hub = cluster_dir.read_info(Path(identity["cluster_dir"]))["hub"]
+        except (OSError, ValueError, KeyError):
+            return
+        self.server.outbox.send(hub, wire_frames.encode(self.server.cluster_id, header))
+
+
+_debugger: ProcDebugger | None = None
+_lock = threading.Lock()
+
+
+def debugger(server=None) -> ProcDebugger | None:
+    """This proc's debugger, made on first use with ``server`` (``None`` before)."""
+    global _debugger
+    with _lock:
+        if _debugger is None and server is not None:
+            _debugger = ProcDebugger(server)
+        return _debugger
+
+
+def breakpointhook(*args, **kwargs) -> None:
+    """``sys.breakpointhook`` of a proc: ``breakpoint()`` pauses the calling thread
+    under debugpy, registered with the hub, never silently ignored.
+    ``PYTHONBREAKPOINT=0`` turns it off, as for pdb."""
+    if os.environ.get("PYTHONBREAKPOINT") == "0":
+        return
+    session = debugger()
+    if session is None:
+        print("monarch_nb: breakpoint() outside a proc's actors is not handled by monarch_nb", file=sys.stderr)
+        return
+    session.breakpoint(sys._getframe(1))
+
+
+def install(server) -> None:
+    """At proc start: ``breakpoint()`` goes to this proc's debugger (armed on first use)."""
+    debugger(server)
+    arming.install_hook(breakpointhook)
+
+
+def handle(server, header: dict) -> None:
+    """The proc control loop's ``debug`` op."""
+    debugger(server).handle(header)
+
+
+def on_spawn(server, header: dict) -> None:
+    """The proc control loop is about to start an actor (``spawn_actor``)."""
+    session = debugger()
+    if session is not None and ("debug" in header or session.armed):
+        session.on_spawn(header)
+
+
+def endpoint_failed(exc: BaseException, endpoint: str) -> None:
+    """An endpoint raised (called from the actor loop before the error is replied)."""
+    session = _debugger
+    if session is not None and session.config.get("post_mortem"):
+        session.endpoint_failed(exc, endpoint)

@@ -1,0 +1,209 @@
+"""The hub's debug registry: paused ranks, the cluster's breakpoints, post-mortem mode.
+
+Procs register each thread that stops in the debugger (``debug_stopped``: mesh,
+rank, host, pid, thread, file:line, function, the endpoint call running, since when)
+and unregister it when it runs again (``debug_resumed``). Clients list the stops
+(``debug_paused``) and hear of every change (event ``debug_changed`` with the whole
+list); they send where/eval/step/continue straight to the proc (its control inbox),
+never through here.
+
+Breakpoints set from clients (``debug_set_breakpoint``) and post-mortem mode live
+here, so they outlive the client that set them; every live proc gets the whole set
+whenever it changes and with each ``spawn_actor``, and arms its debugger only when
+one concerns an actor it hosts.
+
+Hygiene: a stop whose proc exited (or was replaced by a respawned one) leaves the
+list within ``SWEEP_S``; the registry lives as long as the hub, so after a kernel
+restart a client that connects sees the same paused ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from .errors import HubError
+
+SWEEP_S = 0.1  # how often stops of dead procs are looked for (only while there are stops or breakpoints)
+
+
+@dataclass
+class DebugState:
+    stops: dict[str, dict] = field(default_factory=dict)  # "proc_id/dap thread" -> stop
+    breakpoints: list[dict] = field(default_factory=list)
+    post_mortem: bool = False
+    next_id: int = 1
+    configured: dict[str, tuple[int, int]] = field(default_factory=dict)  # proc id -> (pid, config version)
+    version: int = 0
+    sweeper: "asyncio.Task | None" = None
+
+    def config(self) -> dict:
+        return {"breakpoints": self.breakpoints, "post_mortem": self.post_mortem}
+
+    def active(self) -> bool:
+        return bool(self.stops or self.breakpoints or self.post_mortem)
+
+
+class DebugOps:
+    """Debug operations of the hub (mixed into ``Hub``)."""
+
+    @property
+    def debug(self) -> DebugState:
+        state = getattr(self, "_debug_state", None)
+        if state is None:
+            state = self._debug_state = DebugState()
+        return state
+
+    # from procs ----------------------------------------------------------------------
+    async def op_debug_stopped(self, header, message):
+        stop = dict(header["stop"])
+        found = self._debug_proc(stop["proc_id"])
+        if found is None or found[2].exit_code is not None or found[2].pid != stop["pid"]:
+            return None  # a proc the registry no longer holds
+        mesh, rank, proc = found
+        host = self.hosts.get(proc.host_id)
+        stop.update(proc_mesh=mesh.name, proc_rank=rank, host_id=proc.host_id,
+                    host=host.hostname if host is not None else stop.get("host"))
+        self.debug.stops[stop["key"]] = stop
+        await self._debug_changed()
+        self._debug_sweep_start()
+        return None
+
+    async def op_debug_resumed(self, header, message):
+        gone = [self.debug.stops.pop(k, None) for k in header["keys"]]
+        if any(gone):
+            await self._debug_changed()
+        return None
+
+    # from clients --------------------------------------------------------------------
+    async def op_debug_paused(self, header, message):
+        """Every paused thread, ordered by mesh and rank."""
+        if self._debug_sweep_once():
+            await self._debug_changed()
+        return {"stops": self._debug_list()}
+
+    async def op_debug_set_breakpoint(self, header, message):
+        """Add a breakpoint at ``file``:``line`` (absolute path as the procs see it),
+        for every actor of ``mesh`` (``None``: any code in any proc) or only ``ranks`` of
+        it, stopping only where ``condition`` (a Python expression) is true."""
+        file, line, mesh, ranks, condition = (header.get(k) for k in ("file", "line", "mesh", "ranks", "condition"))
+        if not isinstance(file, str) or not file:
+            raise HubError("a breakpoint needs a file", "ValueError")
+        if not isinstance(line, int) or line < 1:
+            raise HubError(f"line {line!r}: give a line number >= 1", "ValueError")
+        if ranks is not None and mesh is None:
+            raise HubError("ranks need a mesh: name the actor mesh whose ranks should stop", "ValueError")
+        if mesh is not None:
+            record = self.actor_meshes.get(mesh)
+            if record is None:
+                known = ", ".join(sorted(self.actor_meshes)) or "none"
+                raise HubError(f"no actor mesh {mesh!r} (actor meshes: {known})", "ValueError")
+            size = len(record.proc_ranks)
+            bad = [r for r in ranks or [] if not 0 <= r < size]
+            if bad:
+                raise HubError(f"ranks {bad} are outside {mesh!r}, which has {size} actors (ranks 0-{size - 1})",
+                               "ValueError")
+        if condition:
+            try:
+                compile(condition, "<condition>", "eval")
+            except SyntaxError as e:
+                raise HubError(f"condition {condition!r} is not a Python expression: {e.msg}", "ValueError") from None
+        state = self.debug
+        bp = {"id": state.next_id, "file": file, "line": line, "mesh": mesh,
+              "ranks": sorted(set(ranks)) if ranks is not None else None, "condition": condition or None}
+        state.next_id += 1
+        state.breakpoints.append(bp)
+        await self._debug_push()
+        return {"breakpoint": bp}
+
+    async def op_debug_breakpoints(self, header, message):
+        return {"breakpoints": list(self.debug.breakpoints), "post_mortem": self.debug.post_mortem}
+
+    async def op_debug_clear_breakpoints(self, header, message):
+        """Remove the breakpoints ``ids`` (``None``: all); unknown ids are an error."""
+        state = self.debug
+        ids = header.get("ids")
+        if ids is None:
+            cleared, state.breakpoints = state.breakpoints, []
+        else:
+            known = {b["id"] for b in state.breakpoints}
+            unknown = [i for i in ids if i not in known]
+            if unknown:
+                raise HubError(f"no breakpoint with id {', '.join(map(str, unknown))} "
+                               f"(breakpoints: {', '.join(str(i) for i in sorted(known)) or 'none'})", "ValueError")
+            cleared = [b for b in state.breakpoints if b["id"] in ids]
+            state.breakpoints = [b for b in state.breakpoints if b["id"] not in ids]
+        await self._debug_push()
+        return {"cleared": len(cleared)}
+
+    async def op_debug_post_mortem(self, header, message):
+        """Post-mortem on (``on: true``): a rank whose endpoint raises pauses in the
+        raising frame before the error goes back to the caller."""
+        self.debug.post_mortem = bool(header["on"])
+        await self._debug_push()
+        return {"post_mortem": self.debug.post_mortem}
+
+    # for spawn -----------------------------------------------------------------------
+    def debug_spawn_fields(self) -> dict:
+        """Fields for a ``spawn_actor`` request: the cluster's debug configuration,
+        when there is any (a proc applies it before the actor starts)."""
+        state = self.debug
+        return {"debug": state.config()} if (state.breakpoints or state.post_mortem) else {}
+
+    # internals -----------------------------------------------------------------------
+    def _debug_proc(self, proc_id: str):
+        for mesh in self.proc_meshes.values():
+            for rank, proc in enumerate(mesh.procs):
+                if proc.proc_id == proc_id:
+                    return mesh, rank, proc
+        return None
+
+    def _debug_list(self) -> list[dict]:
+        return sorted(self.debug.stops.values(),
+                      key=lambda s: (s.get("mesh") or "", s.get("rank") if s.get("rank") is not None else -1,
+                                     s["proc_id"], s["dap_thread"]))
+
+    async def _debug_changed(self) -> None:
+        await self._announce({"op": "debug_changed", "stops": self._debug_list()})
+
+    async def _debug_push(self) -> None:
+        """Send the configuration to every live proc (one-way)."""
+        state = self.debug
+        state.version += 1
+        await asyncio.gather(*(self._debug_configure(p) for m in self.proc_meshes.values() for p in m.procs
+                               if p.exit_code is None), return_exceptions=True)
+        self._debug_sweep_start()
+
+    async def _debug_configure(self, proc) -> None:
+        state = self.debug
+        state.configured[proc.proc_id] = (proc.pid, state.version)
+        await self.net.send(proc.address, {"op": "debug", "action": "config", "config": state.config()})
+
+    def _debug_sweep_once(self) -> bool:
+        """Drop stops of procs that are gone; True if any was dropped."""
+        state = self.debug
+        dead = []
+        for key, stop in state.stops.items():
+            found = self._debug_proc(stop["proc_id"])
+            if found is None or found[2].exit_code is not None or found[2].pid != stop["pid"]:
+                dead.append(key)
+        for key in dead:
+            del state.stops[key]
+        return bool(dead)
+
+    def _debug_sweep_start(self) -> None:
+        state = self.debug
+        if state.sweeper is None or state.sweeper.done():
+            state.sweeper = asyncio.ensure_future(self._debug_sweep())
+
+    async def _debug_sweep(self) -> None:
+        state = self.debug
+        while state.active():
+            if self._debug_sweep_once():
+                await self._debug_changed()
+            if state.breakpoints or state.post_mortem:  # procs that started since (respawned) get the set too
+                for mesh in self.proc_meshes.values():
+                    for proc in mesh.procs:
+                        if proc.exit_code is None and state.configured.get(proc.proc_id) != (proc.pid, state.version):
+                            await self._debug_configure(proc)
+            await asyncio.sleep(SWEEP_S)
