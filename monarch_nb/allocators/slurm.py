@@ -50,7 +50,9 @@ class SlurmAllocator:
     "--constraint=a100"]``. ``start_timeout``: seconds to wait for every agent to
     report, queue wait included; past it, starting fails with the job's state and
     reason. ``bind``: the hub's interface (default: the one that routes to the
-    partition's nodes; loopback when they are this machine).
+    partition's nodes; loopback when they are this machine). ``job_name``: default
+    ``monarch_nb-CLUSTER``. The job step gets every GPU of the job on its node
+    (``srun``'s default), so procs see them all (``CUDA_VISIBLE_DEVICES`` as Slurm sets it).
 
     Raises ``ValueError`` for a bad argument and :class:`ClusterError` when Slurm's
     commands are not installed here."""
