@@ -371,12 +371,22 @@ class Hub(SupervisionOps, AllocationOps, DebugOps):
         """The health tree (see ``health.tree``); every live proc is asked what its
         actors are doing, in parallel, waiting at most ``STATUS_TIMEOUT_S``."""
         live = [p for m in self.proc_meshes.values() for p in m.procs if p.exit_code is None]
-        replies = await asyncio.gather(*(self.net.request(p.address, {"op": "status"}, timeout=STATUS_TIMEOUT_S)
-                                         for p in live), return_exceptions=True)
-        statuses = {p.proc_id: (None if isinstance(r, BaseException) else r.header) for p, r in zip(live, replies)}
+        replies = await asyncio.gather(*(self._proc_status(p) for p in live))
+        statuses = {p.proc_id: r for p, r in zip(live, replies) if r is not False}
         starting = {name: (up, self.spawning_size.get(name, 0)) for name, (up, _) in self.spawning.items()}
         return health.tree(self.info["name"], [self.hosts[h] for h in self.host_order if h in self.hosts],
                            self.proc_meshes, self.actor_meshes, LOST_EXIT_CODE, statuses, starting)
+
+    async def _proc_status(self, proc: ProcRecord) -> dict | None | bool:
+        """The proc's answer to ``status``; ``None`` if it did not answer in time;
+        ``False`` if its exit was reported meanwhile (a dead proc is not waited for)."""
+        request = asyncio.ensure_future(self.net.request(proc.address, {"op": "status"}, timeout=STATUS_TIMEOUT_S))
+        while not request.done():
+            await asyncio.wait([request], timeout=0.02)
+            if proc.exit_code is not None:
+                request.cancel()
+                return False
+        return None if request.exception() is not None else request.result().header
 
     async def op_shutdown(self, header, message):
         self._shutdown_request = header
