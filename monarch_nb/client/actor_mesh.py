@@ -11,6 +11,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from ..mesh import Shape
+from ..wire.mailbox import local_mailbox
 from . import supervision
 from .endpoint import Endpoint
 from .mesh_handle import MeshHandle
@@ -135,6 +136,7 @@ class ActorMesh(MeshHandle):
 def restart(hub, cluster_id: str, proc_mesh: str, proc_ranks: list[int] | None, timeout: float) -> dict:
     """Ask the hub to restart ``proc_ranks`` of ``proc_mesh`` (None: the failed ones);
     returns its reply (``restarted`` ranks, ``actor_meshes`` records)."""
+    local_mailbox().outbox.drop_discarded()  # calls queued for the dead must not reach the new
     reply = hub.request("restart_procs", timeout=timeout, name=proc_mesh, ranks=proc_ranks)
     for name, record in reply["actor_meshes"].items():
         supervision.sync(name, record["addresses"], record["dead"])

@@ -24,6 +24,7 @@ from typing import Callable
 
 from ..errors import MeshFailure, SupervisionError
 from ..wire import frames as wire_frames
+from ..wire import sockets
 from ..wire.mailbox import local_mailbox
 from ..wire.remote_error import pack_exception
 
@@ -79,6 +80,7 @@ def proc_failed(event: dict) -> None:
         pending = []
         for address, (mesh, rank) in event["actors"].items():
             _dead[address] = f"{mesh} rank {rank}: {why}"
+            sockets.Outbox.discard(address)
             pending += [(port, cid, base, _dead[address]) for port, (cid, base) in _waiting.pop(address, {}).items()]
     for port, cluster_id, base_rank, reason in pending:
         fail(cluster_id, port, base_rank, reason)

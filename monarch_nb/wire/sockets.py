@@ -72,6 +72,11 @@ def recv_frames(sock: zmq.Socket, flags: int = 0) -> list:
     return sock.recv_multipart(flags, copy=False)
 
 
+# Bumped when an address's peer is known dead: every thread's socket to it is then
+# closed before its next use, dropping what it still queues (see Outbox.discard).
+_generations: dict[str, int] = {}
+
+
 class Outbox:
     """Per-thread PUSH sockets, one per destination address; those unused for
     ``IDLE_SOCKET_S`` seconds are closed (after delivering what they hold)."""
@@ -83,11 +88,15 @@ class Outbox:
     def _socket(self, address: str) -> zmq.Socket:
         local = self._local
         if getattr(local, "pid", None) != os.getpid():
-            local.sockets, local.used, local.pid = {}, {}, os.getpid()
+            local.sockets, local.used, local.generations, local.pid = {}, {}, {}, os.getpid()
             local.next_sweep = time.monotonic() + IDLE_SOCKET_S
         now = time.monotonic()
         local.used[address] = now
         sock = local.sockets.get(address)
+        generation = _generations.get(address, 0)
+        if sock is not None and local.generations.get(address, 0) != generation:
+            sock.close(0)  # queued for a dead peer: must not reach whoever binds the address next
+            sock = None
         if sock is None:
             sock = (self._ctx or context()).socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, SEND_LINGER_MS)
@@ -95,6 +104,7 @@ class Outbox:
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
             sock.connect(address)
             local.sockets[address] = sock
+            local.generations[address] = generation
         if now > local.next_sweep:
             local.next_sweep = now + IDLE_SOCKET_S
             for idle in [a for a, t in local.used.items() if now - t > IDLE_SOCKET_S]:
@@ -125,6 +135,21 @@ class Outbox:
                 f"could not deliver a message to {address} within {SEND_DRAIN_TIMEOUT_S} s; "
                 "the receiving process is gone or not reading"
             ) from None
+
+    @staticmethod
+    def discard(address: str) -> None:
+        """The peer at ``address`` is dead: messages still queued for it, in any thread,
+        are dropped (an actor restarted at the same address must not get them)."""
+        _generations[address] = _generations.get(address, 0) + 1
+
+    def drop_discarded(self) -> None:
+        """Close now this thread's sockets to discarded peers (before a restart binds
+        their addresses again; other threads close theirs at their next send)."""
+        local = self._local
+        for address, sock in list(getattr(local, "sockets", {}).items()):
+            if local.generations.get(address, 0) != _generations.get(address, 0):
+                local.sockets.pop(address).close(0)
+                local.used.pop(address, None)
 
     def forget(self, address: str) -> None:
         """Close this thread's socket to ``address`` (dropping anything queued)."""
