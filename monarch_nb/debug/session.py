@@ -256,6 +256,13 @@ class ProcDebugger:
         current = actor.current if actor is not None else None
         endpoint = current[0] if current else self._pm_endpoint.get(ident)
         identity = proc_identity() or {}
+        text = body.get("text") or body.get("description")
+        if body.get("reason") == "exception":
+            try:
+                info = self.client.request("exceptionInfo", threadId=tid)
+                text = f"{info.get('exceptionId', '')}: {info.get('description', '')}".strip(": ")
+            except DapError:
+                pass
         return {
             "key": f"{self.server.proc_id}/{tid}", "proc_id": self.server.proc_id, "address": self.server.address,
             "pid": os.getpid(), "host": socket.gethostname(), "cwd": os.getcwd(),
@@ -266,7 +273,7 @@ class ProcDebugger:
             "point": dict(actor.point) if actor is not None else {},
             "file": (top.get("source") or {}).get("path"), "line": top.get("line"), "function": top.get("name"),
             "endpoint": endpoint, "call_since": current[1] if current else None,
-            "reason": body.get("reason"), "text": body.get("text") or body.get("description"),
+            "reason": body.get("reason"), "text": text,
             "since": time.time(),
         }
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from .errors import HubError
 
+CONFIG_TIMEOUT_S = 10.0  # how long setting a breakpoint waits for each proc to apply it (arming: ~0.3 s)
 SWEEP_S = 0.1  # how often stops of dead procs are looked for (only while there are stops or breakpoints)
 
 
@@ -167,17 +168,23 @@ class DebugOps:
         await self._announce({"op": "debug_changed", "stops": self._debug_list()})
 
     async def _debug_push(self) -> None:
-        """Send the configuration to every live proc (one-way)."""
+        """Send the configuration to every live proc and wait (at most ``CONFIG_TIMEOUT_S``)
+        until each has applied it, so that a call made right after a breakpoint was set
+        stops there."""
         state = self.debug
         state.version += 1
-        await asyncio.gather(*(self._debug_configure(p) for m in self.proc_meshes.values() for p in m.procs
-                               if p.exit_code is None), return_exceptions=True)
+        await asyncio.gather(*(self._debug_configure(p, wait=True) for m in self.proc_meshes.values()
+                               for p in m.procs if p.exit_code is None), return_exceptions=True)
         self._debug_sweep_start()
 
-    async def _debug_configure(self, proc) -> None:
+    async def _debug_configure(self, proc, wait: bool = False) -> None:
         state = self.debug
         state.configured[proc.proc_id] = (proc.pid, state.version)
-        await self.net.send(proc.address, {"op": "debug", "action": "config", "config": state.config()})
+        request = {"op": "debug", "action": "config", "config": state.config()}
+        if wait:
+            await self.net.request(proc.address, request, timeout=CONFIG_TIMEOUT_S)
+        else:
+            await self.net.send(proc.address, request)
 
     def _debug_sweep_once(self) -> bool:
         """Drop stops of procs that are gone; True if any was dropped."""

@@ -1,0 +1,45 @@
+"""Actors for the debugger tests (importable by procs: found by file and line)."""
+
+from __future__ import annotations
+
+import time
+
+from monarch_nb.actor import Actor, current_rank, endpoint
+
+BREAK_LINE = 18  # the line after breakpoint() in Paused.work: where a rank pauses
+
+
+class Paused(Actor):
+    @endpoint
+    def work(self, x: int) -> int:
+        rank = current_rank().rank
+        y = x * 10 + rank
+        breakpoint()
+        z = y + 1
+        return z
+
+    @endpoint
+    def compute(self, x: int) -> int:
+        rank = current_rank().rank
+        total = x + rank  # COMPUTE_LINE: breakpoints from the client go here
+        return total * 2
+
+    @endpoint
+    def fail(self, x: int) -> int:
+        doomed = x + current_rank().rank
+        raise ValueError(f"bad batch {doomed}")
+
+    @endpoint
+    def spin(self, n: int) -> int:
+        total = 0
+        for i in range(n):
+            total += i
+        return total
+
+    @endpoint
+    def nap(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+
+COMPUTE_LINE = 24
