@@ -311,12 +311,26 @@ class Debugger:
         ranks continued. Continuing a rank twice is harmless."""
         stops = self._targets(mesh, ranks, "continue")
         answers = self._ask(stops, "continue")
+        self._wait_gone(stops)
         return [s.rank for s, a in zip(stops, answers) if a.get("continued")]
 
     def continue_all(self) -> int:
         """Continue every paused thread of the cluster; returns how many were."""
         stops = self.paused()
-        return sum(bool(a.get("continued")) for a in self._ask(stops, "continue")) if stops else 0
+        if not stops:
+            return 0
+        answers = self._ask(stops, "continue")
+        self._wait_gone(stops)
+        return sum(bool(a.get("continued")) for a in answers)
+
+    def _wait_gone(self, stops: list[Stop], timeout: float = 2.0) -> None:
+        """Until the hub's list no longer holds ``stops`` (procs tell it on their own
+        path), so that :meth:`paused` right after a continue does not show them."""
+        keys = {s.key for s in stops}
+        deadline = time.monotonic() + timeout
+        while keys & {s.key for s in self.paused()} and time.monotonic() < deadline:
+            with self._cond:
+                self._cond.wait(0.02)
 
     # breakpoints -----------------------------------------------------------------------
     def set_breakpoint(self, where, line: int | None = None, mesh=None, ranks=None,
@@ -331,8 +345,12 @@ class Debugger:
         unknown mesh, ranks outside it, or a condition that is not an expression."""
         file, line = _location(where, line)
         ranks = _ranks_of(ranks)
+        # Code from a notebook cell has a file name but no file: its text goes along, and
+        # procs write it under that name (as ipykernel's own debugger does) for debugpy.
+        source = None if os.path.exists(file) else "".join(linecache.getlines(file)) or None
         return self._cluster.hub.request("debug_set_breakpoint", timeout=REQUEST_TIMEOUT_S, file=file, line=line,
-                                         mesh=_mesh_name(mesh), ranks=ranks, condition=condition)["breakpoint"]
+                                         mesh=_mesh_name(mesh), ranks=ranks, condition=condition,
+                                         source=source)["breakpoint"]
 
     def breakpoints(self) -> list[dict]:
         """The cluster's breakpoints (``id``, ``file``, ``line``, ``mesh``, ``ranks``, ``condition``)."""

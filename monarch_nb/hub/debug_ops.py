@@ -28,6 +28,10 @@ CONFIG_TIMEOUT_S = 10.0  # how long setting a breakpoint waits for each proc to 
 SWEEP_S = 0.1  # how often stops of dead procs are looked for (only while there are stops or breakpoints)
 
 
+def _public(bp: dict) -> dict:
+    return {k: v for k, v in bp.items() if k != "source"}
+
+
 @dataclass
 class DebugState:
     stops: dict[str, dict] = field(default_factory=dict)  # "proc_id/dap thread" -> stop
@@ -112,13 +116,15 @@ class DebugOps:
         state = self.debug
         bp = {"id": state.next_id, "file": file, "line": line, "mesh": mesh,
               "ranks": sorted(set(ranks)) if ranks is not None else None, "condition": condition or None}
+        if header.get("source"):  # a notebook cell's text: procs write it under its file name
+            bp["source"] = header["source"]
         state.next_id += 1
         state.breakpoints.append(bp)
         await self._debug_push()
-        return {"breakpoint": bp}
+        return {"breakpoint": _public(bp)}
 
     async def op_debug_breakpoints(self, header, message):
-        return {"breakpoints": list(self.debug.breakpoints), "post_mortem": self.debug.post_mortem}
+        return {"breakpoints": [_public(b) for b in self.debug.breakpoints], "post_mortem": self.debug.post_mortem}
 
     async def op_debug_clear_breakpoints(self, header, message):
         """Remove the breakpoints ``ids`` (``None``: all); unknown ids are an error."""

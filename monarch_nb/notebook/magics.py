@@ -28,6 +28,7 @@ from ..hub.logstore import FIELDS as LOG_FIELDS
 from ..mesh import Extent
 from ..mesh.ranks import format_ranks, parse_ranks
 from ..proc.exec_actor import Exec
+from . import debug_magics
 
 
 class ExecFailed(MonarchNbError):
@@ -95,9 +96,11 @@ HELP = """%monarch: drive a monarch_nb cluster from the notebook.
                                                           lines from the cluster's log store
   %monarch interrupt MESH                                 KeyboardInterrupt into endpoints running there
   %%monarch exec MESH [--ranks 0-3] [--no-block]          run the cell in every proc of MESH
+__DEBUG_HELP__
   %monarch help                                           this help
 
 MESH and P are variables of this notebook or names of meshes in the cluster."""
+HELP = HELP.replace("__DEBUG_HELP__", debug_magics.HELP)
 FOLLOW_POLL_S = 0.5
 
 
@@ -111,8 +114,16 @@ class MonarchMagics(Magics):
 
     @line_cell_magic
     def monarch(self, line: str, cell: str | None = None):
-        """%monarch start|connect|list|stop|procs|spawn|status|logs|interrupt|help ...
+        """%monarch start|connect|list|stop|procs|spawn|status|logs|interrupt|break|debug|help ...
         %%monarch exec MESH [--ranks SPEC] [--no-block]"""
+        verb, _, raw = line.strip().partition(" ")
+        if verb in ("break", "debug") and cell is None:  # raw: `debug eval` takes Python as typed
+            try:
+                return debug_magics.run(self, verb, raw)
+            except MonarchNbError as e:
+                raise UsageError(f"%monarch {verb}: {e}") from None
+            except (ValueError, TimeoutError) as e:
+                raise UsageError(f"%monarch {verb}: {e}") from None
         # What follows " -- " is Python call arguments (spawn's constructor arguments).
         line, _, rest = f" {line} ".partition(" -- ")
         try:

@@ -1,0 +1,102 @@
+"""%monarch break / %monarch debug in a real kernel on a retained cluster: a
+breakpoint set on a class defined in a notebook cell, the live list, where with the
+cell's source, eval across ranks, and paused ranks surviving a kernel restart."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from monarch_nb import cluster_dir
+
+from conftest import cluster_processes, wait_until
+from kernels import CellError, Kernel
+
+NAME = "dbg-magics"
+
+STEPPER = textwrap.dedent("""\
+    from monarch_nb.actor import Actor, endpoint, current_rank
+
+    class Stepper(Actor):
+        @endpoint
+        def work(self, x):
+            y = x * 10 + current_rank().rank
+            return y + 1
+
+        @endpoint
+        def halt(self, x):
+            y = x + current_rank().rank
+            breakpoint()
+            return y
+    """)  # line 6 of this cell: `y = x * 10 + ...`; line 12: after breakpoint() in halt
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "monarch_nb.cli", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    assert _cli("cluster", "start", NAME).returncode == 0
+    k = Kernel("python3")
+    k.run(f"%load_ext monarch_nb\n%monarch connect {NAME}")
+    yield k
+    k.shutdown()
+    _cli("cluster", "stop", NAME)
+    path = cluster_dir.cluster_path(NAME)
+    assert wait_until(lambda: not cluster_processes(path), 15)
+
+
+def test_break_on_a_notebook_class_then_list_where_eval_continue(kernel):
+    kernel.run(STEPPER)
+    kernel.run("%monarch procs workers --per-host gpus=4\n%monarch spawn steppers Stepper")
+    out = kernel.run("%monarch break Stepper.work:6 steppers --ranks 1,3")
+    assert "breakpoint 1 at " in out and ":6 (steppers ranks 1,3)" in out
+    assert "Stepper.work" not in kernel.run("%monarch break --list") and ":6 (steppers ranks 1,3)" in kernel.run(
+        "%monarch break --list")
+    kernel.run("fut = steppers.work.call(2)\n"
+               "import monarch_nb\nmonarch_nb.connect().debugger.wait_paused(2, 'steppers', timeout=60)")
+    listed = kernel.run("%monarch debug")
+    assert "2 paused" in listed
+    rows = [line for line in listed.splitlines() if line.startswith("steppers")]
+    assert [row.split()[1] for row in rows] == ["1", "3"] and all(":6" in row and "work" in row for row in rows)
+    where = kernel.run("%monarch debug where steppers 3")
+    assert "#0 work at " in where and "y = x * 10 + current_rank().rank" in where  # the cell's own source
+    assert kernel.run("%monarch debug eval steppers[1,3] x * 100").strip() == "[steppers 1,3] 200"
+    moved = kernel.run("%monarch debug next steppers[1]")
+    assert moved.startswith("[steppers 1] at ") and ":7 in work" in moved
+    assert kernel.run("%monarch debug locals steppers 1").count("y = 21") == 1
+    assert "cleared 1 breakpoint(s)" in kernel.run("%monarch break --clear")
+    assert "continued steppers rank(s) 1,3" in kernel.run("%monarch debug continue steppers")
+    with pytest.raises(CellError, match="not paused"):  # continued already: a clear no
+        kernel.run("%monarch debug continue steppers[1]")
+    assert kernel.run("print(list(fut.get(timeout=30).values()))").strip() == "[21, 22, 23, 24]"
+    assert "no paused ranks" in kernel.run("%monarch debug")
+
+
+def test_mistakes_are_one_line_usage_errors(kernel):
+    for line, message in [("%monarch debug eval steppers", "MESH[RANKS] EXPR"),
+                          ("%monarch debug eval steppers[0] 1", "rank(s) 0 of 'steppers' are not paused"),
+                          ("%monarch debug where steppers", "MESH RANK"),
+                          ("%monarch debug fly", "unknown action 'fly'"),
+                          ("%monarch break nowhere.py", "FILE:LINE"),
+                          ("%monarch break Stepper.work:6 nomesh", "no actor mesh 'nomesh'")]:
+        with pytest.raises(CellError) as e:
+            kernel.run(line)
+        assert e.value.ename == "UsageError" and message in e.value.evalue, (line, e.value.evalue)
+
+
+def test_paused_ranks_survive_a_kernel_restart(kernel):
+    kernel.run("steppers.halt.broadcast(5)\nimport monarch_nb\n"
+               "monarch_nb.connect().debugger.wait_paused(4, 'steppers', timeout=60)")
+    kernel.restart()
+    out = kernel.run(f"%load_ext monarch_nb\n%monarch connect {NAME}\n%monarch debug")
+    assert "4 paused" in out and out.count("halt") >= 4
+    assert kernel.run("%monarch debug eval steppers y").split("\n")[:4] == [
+        "[steppers 0] 5", "[steppers 1] 6", "[steppers 2] 7", "[steppers 3] 8"]
+    assert "continued 4 paused thread(s)" in kernel.run("%monarch debug continue --all")
+    assert "no paused ranks" in kernel.run("%monarch debug")
