@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import signal
 import subprocess
 import sys
 
@@ -51,7 +52,18 @@ class LocalAllocator:
         return []
 
     def check(self) -> dict[str, str]:
-        return {}  # an agent that dies falls silent; the hub's heartbeat sees it
+        """Agents that have exited: within a poll (~1 s) instead of the hub's 3 s
+        heartbeat timeout, which still covers agents this hub cannot watch."""
+        ended = {}
+        for host_id, agent in self.agents.items():
+            if isinstance(agent, subprocess.Popen):
+                code = agent.poll()
+                if code is not None:
+                    how = f"killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+                    ended[host_id] = f"its host agent (pid {agent.pid}) {how}"
+            elif not _running(agent):
+                ended[host_id] = f"its host agent (pid {agent.pid}) exited"
+        return ended
 
     def waiting_for(self) -> str:
         exited = [f"{h} (exit code {a.returncode})" for h, a in self.agents.items()
@@ -88,3 +100,17 @@ class LocalAllocator:
             host_id = f"host{next(self._ids)}"
             if host_id not in self.agents:
                 return host_id
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
