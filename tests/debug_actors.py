@@ -37,6 +37,12 @@ class Paused(Actor):
         return total
 
     @endpoint
+    def traced(self) -> bool:
+        import sys
+
+        return sys.gettrace() is not None
+
+    @endpoint
     def nap(self, seconds: float) -> float:
         time.sleep(seconds)
         return seconds

@@ -61,6 +61,23 @@ def test_breakpoint_pauses_every_rank_eval_in_all_then_continue_returns(dbg, pau
     assert wait_until(lambda: not dbg.paused(), 10)
 
 
+def test_after_continue_nothing_is_traced_until_a_breakpoint_is_set(dbg, paused4):
+    future = paused4.work.call(0)
+    dbg.wait_paused(4, "paused", timeout=60)
+    dbg.continue_all()
+    future.get(timeout=30)
+    # Armed, nothing to stop for: no trace function, so the procs run at full speed
+    # (a resumed thread may re-set its own on the way out of debugpy: untraced again soon).
+    def untraced():
+        return list(paused4.traced.call().get(timeout=30).values()) == [False] * 4
+
+    assert wait_until(untraced, 5)
+    bp = dbg.set_breakpoint(FILE, COMPUTE_LINE, mesh="paused", ranks=[0])
+    assert list(paused4.traced.call().get(timeout=30).values()) == [True] * 4
+    dbg.clear_breakpoints(bp["id"])
+    assert wait_until(untraced, 5)
+
+
 def test_where_locals_and_next_on_one_rank(dbg, paused4):
     future = paused4.slice(gpus=1).work.call_one(2)
     dbg.wait_paused(1, "paused", timeout=60)

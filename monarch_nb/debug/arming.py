@@ -55,6 +55,77 @@ def fix_nodelay(timeout: float = 2.0) -> bool:
     return False
 
 
+def wake(thread_ident: int | None) -> bool:
+    """Make a thread that debugpy was just told to resume (continue, step) run now.
+
+    pydevd resumes a thread by changing its state; the thread, waiting in its suspend
+    loop, only looks again when its wait times out (``TIMEOUT_SLOW``, 0.2 s), so every
+    continue and step took up to 200 ms. Setting the thread's notify event wakes it at
+    once. Fragile like :func:`fix_nodelay` (pydevd internals: ``get_thread_id``,
+    ``PyDB.get_internal_queue_and_event``); without them, resuming is merely slow."""
+    import threading
+
+    thread = next((t for t in threading.enumerate() if t.ident == thread_ident), None)
+    if thread is None:
+        return False
+    try:
+        from _pydevd_bundle.pydevd_constants import get_global_debugger, get_thread_id
+
+        _, event = get_global_debugger().get_internal_queue_and_event(get_thread_id(thread))
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return False
+    event.set()
+    return True
+
+
+def untrace_all() -> bool:
+    """Stop tracing every thread of this process, so that an armed proc with nothing to
+    stop for runs at full speed (on CPython 3.11 any trace function turns off the
+    specialising interpreter: a pure-Python loop runs ~2.5x slower even when debugpy
+    never stops in it). debugpy stays connected; :func:`retrace_all` (a breakpoint
+    set) and ``breakpoint()`` (its own thread) turn tracing back on.
+
+    debugpy has no call for this: with ``sys.monitoring`` (3.12+) it is pydevd's
+    ``stop_monitoring``; before, the C API's ``_PyEval_SetTrace`` on each thread state
+    (CPython 3.10/3.11 export it). Returns False where neither applies."""
+    import ctypes
+    import threading
+
+    from _pydevd_bundle.pydevd_constants import PYDEVD_USE_SYS_MONITORING
+
+    if PYDEVD_USE_SYS_MONITORING:
+        from _pydevd_bundle import pydevd_sys_monitoring
+
+        pydevd_sys_monitoring.stop_monitoring(all_threads=True)
+        return True
+    api = ctypes.pythonapi
+    if sys.implementation.name != "cpython" or not hasattr(api, "_PyEval_SetTrace"):
+        return False
+    api.PyInterpreterState_Get.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.argtypes = [ctypes.c_void_p]
+    api.PyThreadState_Next.restype = ctypes.c_void_p
+    api.PyThreadState_Next.argtypes = [ctypes.c_void_p]
+    api._PyEval_SetTrace.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    threading.settrace(None)  # threads started from now on
+    state = api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Get())
+    while state:  # the GIL is held throughout (ctypes.pythonapi does not release it)
+        api._PyEval_SetTrace(state, None, None)
+        state = api.PyThreadState_Next(state)
+    return True
+
+
+def retrace_all() -> None:
+    """Undo :func:`untrace_all`: debugpy traces every thread again (before setting
+    breakpoints, which it only checks in traced threads)."""
+    from _pydevd_bundle.pydevd_constants import get_global_debugger
+
+    py_db = get_global_debugger()
+    py_db.patch_threads()
+    py_db.enable_tracing(py_db.trace_dispatch, apply_to_all_threads=True)
+    py_db.set_tracing_for_untraced_contexts()
+
+
 def install_hook(hook: Callable) -> None:
     """Make ``breakpoint()`` call ``hook``. pydevd installs its own hook when imported
     (one that does nothing useful without its client), so this runs again after

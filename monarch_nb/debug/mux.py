@@ -26,9 +26,11 @@ import threading
 import time
 
 from ..wire import frames as wire_frames
+from . import arming
 from .dap import Parser, encode
 
 SESSION_TIMEOUT_S = 5.0  # relays send relay_alive every second
+RESUMING = ("continue", "next", "stepIn", "stepOut")  # requests after which the thread must be woken
 
 
 class IdeSession:
@@ -132,9 +134,17 @@ class Mux:
             self._forward(session, request)
 
     def _forward(self, session: IdeSession, request: dict) -> None:
+        command = request["command"]
+        tid = (request.get("arguments") or {}).get("threadId")
+        resumed = [s["ident"] for t, s in list(self.debugger.stops.items())
+                   if command in RESUMING and (t == tid or (command == "continue" and not
+                                                            (request.get("arguments") or {}).get("singleThread")))]
+
         def done(response: dict) -> None:
             self._respond(session, request, response.get("body"), bool(response.get("success")),
                           response.get("message"))
+            for ident in resumed:
+                arming.wake(ident)
 
         self.debugger.client.request_async(request["command"], request.get("arguments") or {}, done)
 

@@ -38,6 +38,7 @@ from .mux import Mux
 STEP_WAIT_S = 2.0  # how long step/next/out wait for the thread to stop again before saying "running"
 REQUEST_TIMEOUT_S = 30.0
 STACK_LEVELS = 64
+RECHECK_S = (0.05, 0.25, 1.0)  # after a resume, when to untrace threads again (s)
 
 
 def on_rank(mesh: str, ranks) -> bool:
@@ -93,6 +94,10 @@ class ProcDebugger:
         self._applied: set[str] = set()  # files we set breakpoints in
         self._steps: dict[int, tuple[dict, float]] = {}  # DAP thread id -> (request header, deadline)
         self._pm_endpoint: dict[int, str] = {}  # thread ident -> endpoint that raised (post-mortem)
+        self._stopping: set[int] = set()  # threads between breakpoint() and their stop: keep tracing
+        self._trace_lock = threading.Lock()
+        self._traced = False  # every thread traced (after arming, or for breakpoints)
+        self._rechecks: list[float] = []  # when to untrace again after a resume (monotonic s)
         self._work: queue.Queue = queue.Queue()
         worker = threading.Thread(target=self._worker, name="monarch-nb-debug", daemon=True)
         worker.pydev_do_not_trace = True
@@ -130,6 +135,7 @@ class ProcDebugger:
                 self._arm_error = f"could not start debugpy in this proc: {e}"
                 raise RuntimeError(self._arm_error) from None
             self.client = client
+            self._traced = True  # debugpy.listen traced every thread
             arming.install_hook(breakpointhook)
 
     # entry points from the proc --------------------------------------------------------
@@ -141,6 +147,8 @@ class ProcDebugger:
             print(f"monarch_nb: breakpoint() at {frame.f_code.co_filename}:{frame.f_lineno} not taken: {e}",
                   file=sys.stderr, flush=True)
             return
+        with self._trace_lock:  # not untraced between here and the stop (see _untrace_if_idle)
+            self._stopping.add(threading.get_ident())
         arming.stop_here(frame)
 
     def endpoint_failed(self, exc: BaseException, endpoint: str) -> None:
@@ -197,8 +205,9 @@ class ProcDebugger:
     def _worker(self) -> None:
         while True:
             timeout = None
-            if self._steps:
-                timeout = max(0.0, min(d for _, d in self._steps.values()) - time.monotonic())
+            wake_at = [d for _, d in self._steps.values()] + self._rechecks
+            if wake_at:
+                timeout = max(0.0, min(wake_at) - time.monotonic())
             try:
                 kind, item = self._work.get(timeout=timeout)
             except queue.Empty:
@@ -219,6 +228,10 @@ class ProcDebugger:
                     import traceback
 
                     traceback.print_exc()
+            due = [t for t in self._rechecks if t <= time.monotonic()]
+            if kind is not None or due:
+                self._rechecks = [t for t in self._rechecks if t not in due]
+                self._untrace_if_idle()
             now = time.monotonic()
             for tid, (header, deadline) in list(self._steps.items()):
                 if deadline <= now:
@@ -233,6 +246,8 @@ class ProcDebugger:
                 return
             stop = self._describe(tid, body)
             self.stops[tid] = stop
+            with self._trace_lock:
+                self._stopping.discard(stop["ident"])
             activity.set_paused(stop["ident"], {"file": stop["file"], "line": stop["line"],
                                                 "function": stop["function"]})
             self._tell_hub({"op": "debug_stopped", "stop": stop})
@@ -257,6 +272,10 @@ class ProcDebugger:
                 keys.append(stop["key"])
         if keys:
             self._tell_hub({"op": "debug_resumed", "keys": keys})
+            # A resumed thread may set its trace function again on its way out of
+            # debugpy's suspend loop, after we untraced it: look again a little later.
+            now = time.monotonic()
+            self._rechecks = [now + d for d in RECHECK_S]
 
     def _thread_name(self, tid: int) -> str:
         if tid not in self._names:
@@ -316,6 +335,7 @@ class ProcDebugger:
                 self._reply(header, {"continued": False})
                 return
             self.client.request("continue", threadId=stop["dap_thread"], singleThread=True)
+            arming.wake(stop["ident"])
             self._resumed([stop["dap_thread"]])  # now, not when the event comes: a second continue is a no-op
             self._reply(header, {"continued": True})
             return
@@ -355,6 +375,7 @@ class ProcDebugger:
             self._steps[tid] = (header, time.monotonic() + float(header.get("wait_s", STEP_WAIT_S)))
             try:
                 self.client.request(command, threadId=tid, singleThread=True)
+                arming.wake(stop["ident"])
             except DapError:
                 self._steps.pop(tid, None)
                 raise
@@ -395,7 +416,32 @@ class ProcDebugger:
     def set_source_breakpoints(self, path: str) -> None:
         """Send debugpy every breakpoint in ``path``: the cluster's and each IDE's."""
         wanted = self.ours(path) + self.mux.breakpoints(path)
+        if wanted:
+            self.ensure_traced()
         self.client.request("setBreakpoints", source={"path": path}, breakpoints=wanted)
+
+    # tracing -----------------------------------------------------------------------------
+    def ensure_traced(self) -> None:
+        """Every thread traced again (breakpoints are only checked in traced threads)."""
+        with self._trace_lock:
+            if not self._traced:
+                arming.retrace_all()
+                self._traced = True
+
+    def _untrace_if_idle(self) -> None:
+        """Nothing to stop for (no paused thread, no step under way, no breakpoint of the
+        cluster or of an IDE, no breakpoint() about to stop): untrace every thread, so
+        that the proc runs at full speed (see ``arming.untrace_all``)."""
+        if not self.armed or self.stops or self._steps or self._applied or self.mux.sessions:
+            return
+        with self._trace_lock:
+            if self._stopping:
+                return
+            try:
+                arming.untrace_all()
+            except Exception:  # pydevd changed: stay traced (slower, still correct)
+                return
+            self._traced = False
 
     # replies and the hub ---------------------------------------------------------------
     def _reply(self, header: dict, value: dict) -> None:
