@@ -67,8 +67,9 @@ class Stop:
 
     def __str__(self) -> str:
         call = f" in {self.endpoint}()" if self.endpoint else ""
+        reason = f"{self.reason} ({self.text})" if self.text else self.reason
         return (f"{self.who} (pid {self.pid} on {self.host}) paused at {os.path.basename(self.file or '?')}:"
-                f"{self.line} {self.function}{call}, {self.reason}, for {time.time() - self.since:.1f} s")
+                f"{self.line} {self.function}{call}, {reason}, for {time.time() - self.since:.1f} s")
 
 
 @dataclass(frozen=True)
@@ -276,8 +277,9 @@ class Debugger:
         stops = self._targets(mesh, ranks, "eval")
         results = EvalResults(expression)
         for stop, answer in zip(stops, self._ask(stops, "eval", timeout, expression=expression)):
-            if "error" in answer:
-                results[(stop.mesh, stop.rank)] = f"<error> {answer['error']}"
+            if "error" in answer:  # debugpy sends the whole traceback; its last line says it
+                lines = [line for line in answer["error"].strip().splitlines() if line.strip()]
+                results[(stop.mesh, stop.rank)] = f"<error> {lines[-1] if lines else answer['error']}"
                 results.errors.add((stop.mesh, stop.rank))
             else:
                 results[(stop.mesh, stop.rank)] = answer["result"]
