@@ -262,10 +262,18 @@ def test_a_proc_dying_between_cells_is_shown_at_the_start_of_the_next_cell(kerne
                          "victim.pid.call_one().get()").strip().splitlines()[-1])
     os.kill(pid, signal.SIGKILL)
     assert wait_until(lambda: not pids_alive([pid]), 10)
-    msg_id = kernel.execute("victims.stop()")
-    assert kernel.finish(msg_id, timeout=30)["status"] == "ok"
-    notice = kernel.text(msg_id, "stderr")
-    assert "[monarch] unhandled failure: proc victims/0" in notice and "killed by SIGKILL" in notice
+    # The news reaches the kernel between cells: the first cell to start after it shows it.
+    cells = []
+
+    def noticed():
+        msg_id = kernel.execute("'next cell'")
+        assert kernel.finish(msg_id, timeout=30)["status"] == "ok"
+        cells.append(kernel.text(msg_id, "stderr"))
+        return "[monarch] unhandled failure" in cells[-1]
+
+    assert wait_until(noticed, 15)
+    assert "[monarch] unhandled failure: proc victims/0" in cells[-1] and "killed by SIGKILL" in cells[-1]
+    assert kernel.run("victims.stop()\n'stopped'", timeout=30)
 
 
 def test_ctrl_c_while_waiting_on_a_call_gives_one_keyboard_interrupt_and_later_calls_are_right(kernel, talkers):
