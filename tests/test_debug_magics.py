@@ -98,5 +98,16 @@ def test_paused_ranks_survive_a_kernel_restart(kernel):
     assert "4 paused" in out and out.count("halt") >= 4
     assert kernel.run("%monarch debug eval steppers y").split("\n")[:4] == [
         "[steppers 0] 5", "[steppers 1] 6", "[steppers 2] 7", "[steppers 3] 8"]
+    shown = kernel.execute("%monarch debug")  # the live list: a widget, with html and plain fallbacks
+    kernel.finish(shown)
+    bundle = next(m["content"]["data"] for m in kernel.outputs[shown] if m["msg_type"] == "display_data")
+    assert "application/vnd.jupyter.widget-view+json" in bundle and "<table>" in bundle["text/html"]
+    assert "4 paused" in bundle["text/plain"]
     assert "continued 4 paused thread(s)" in kernel.run("%monarch debug continue --all")
+
+    def widget_emptied():
+        return any(m["msg_type"] == "comm_msg" and "no paused ranks" in str(m["content"]["data"].get("state", {}))
+                   for msgs in kernel.outputs.values() for m in msgs)
+
+    assert kernel.wait_for(widget_emptied, 10)  # updated by the hub's event, no new cell needed
     assert "no paused ranks" in kernel.run("%monarch debug")
