@@ -232,10 +232,14 @@ class Debugger:
                 "op": "debug", "action": action, "dap_thread": stop.dap_thread, "port": port,
                 "reply": mailbox.address, **fields}))
 
+        # A stop that left the hub's list while we wait on an inspection means its proc
+        # died (a step or continue takes it off the list on purpose: wait for those).
+        vanish_ends = action in ("where", "locals", "eval")
+
         def settled() -> bool:
             with self._cond:
                 live = self._stops
-            return all(i in replies or (live is not None and s.key not in live and action != "continue")
+            return all(i in replies or (vanish_ends and live is not None and s.key not in live)
                        for i, s in enumerate(stops))
 
         try:
