@@ -31,7 +31,7 @@ STEPPER = textwrap.dedent("""\
             y = x + current_rank().rank
             breakpoint()
             return y
-    """)  # line 6 of this cell: `y = x * 10 + ...`; line 12: after breakpoint() in halt
+    """)  # line 6 of this cell: `y = x * 10 + ...`; line 13: after breakpoint() in halt
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -88,6 +88,53 @@ def test_mistakes_are_one_line_usage_errors(kernel):
         with pytest.raises(CellError) as e:
             kernel.run(line)
         assert e.value.ename == "UsageError" and message in e.value.evalue, (line, e.value.evalue)
+
+
+def _debug_request(kernel, command: str, **arguments) -> dict:
+    """A DAP request on the kernel's control channel, as JupyterLab's debugger sends it."""
+    kernel.seq = getattr(kernel, "seq", 0) + 1
+    msg = kernel.kc.session.msg("debug_request", {"seq": kernel.seq, "type": "request", "command": command,
+                                                  "arguments": arguments})
+    kernel.kc.control_channel.send(msg)
+    while True:
+        reply = kernel.kc.control_channel.get_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+            return reply["content"]
+
+
+def _debug_events(kernel, event: str) -> list[dict]:
+    return [m["content"] for msgs in list(kernel.outputs.values()) for m in msgs
+            if m["msg_type"] == "debug_event" and m["content"].get("event") == event]
+
+
+def test_jupyterlab_debugger_panel_drives_a_remote_rank(kernel):
+    kernel.run("steppers.slice(gpus=1).halt.broadcast(5)\nimport monarch_nb\n"
+               "monarch_nb.connect().debugger.wait_paused(1, 'steppers', timeout=60)")
+    out = kernel.run("%monarch debug attach steppers 1 --jupyterlab")
+    assert "this kernel's debugger now drives steppers rank 1" in out
+    info = _debug_request(kernel, "debugInfo")["body"]
+    assert info["isStarted"] and len(info["stoppedThreads"]) == 1
+    assert _debug_request(kernel, "initialize", adapterID="python", clientID="jupyterlab")["success"]
+    assert _debug_request(kernel, "attach")["success"]
+    assert _debug_request(kernel, "configurationDone")["success"]
+    assert kernel.wait_for(lambda: _debug_events(kernel, "stopped"), 10)  # the panel learns the rank is paused
+    tid = _debug_events(kernel, "stopped")[0]["body"]["threadId"]
+    frames = _debug_request(kernel, "stackTrace", threadId=tid)["body"]["stackFrames"]
+    assert frames[0]["name"] == "halt" and frames[0]["line"] == 13
+    assert _debug_request(kernel, "evaluate", expression="y * 2", frameId=frames[0]["id"],
+                          context="repl")["body"]["result"] == "12"
+    # A breakpoint from the panel in a cell: dumped here, written in the proc too.
+    path = _debug_request(kernel, "dumpCell", code=STEPPER)["body"]["sourcePath"]
+    bps = _debug_request(kernel, "setBreakpoints", source={"path": path}, breakpoints=[{"line": 6}])
+    assert bps["success"] and bps["body"]["breakpoints"][0]["verified"]
+    assert _debug_request(kernel, "continue", threadId=tid)["success"]
+    kernel.run("fut = steppers.slice(gpus=1).work.call_one(7)\n"
+               "monarch_nb.connect().debugger.wait_paused(1, 'steppers', timeout=60)")
+    assert kernel.wait_for(lambda: len(_debug_events(kernel, "stopped")) == 2, 10)
+    _debug_request(kernel, "continue", threadId=tid)
+    assert kernel.run("print(fut.get(timeout=30))").strip() == "72"
+    assert _debug_request(kernel, "disconnect")["success"]  # the panel's debugger off: breakpoints go
+    assert kernel.run("print(steppers.slice(gpus=1).work.call_one(1).get(timeout=30))").strip() == "12"
 
 
 def test_paused_ranks_survive_a_kernel_restart(kernel):

@@ -7,6 +7,7 @@ proc's own session (``session.ProcDebugger``); IDEs share it through ``mux``.
 
 from __future__ import annotations
 
+import linecache
 import os
 import socket
 import sys
@@ -124,6 +125,24 @@ def retrace_all() -> None:
     py_db.patch_threads()
     py_db.enable_tracing(py_db.trace_dispatch, apply_to_all_threads=True)
     py_db.set_tracing_for_untraced_contexts()
+
+
+def materialize(path: str, source: str) -> None:
+    """Write a notebook cell's ``source`` at its file name ``path`` (e.g.
+    ``/tmp/ipykernel_123/4567.py``) unless a file is there: debugpy sets breakpoints
+    only in files that exist, and tracebacks and ``where`` then show its lines. The
+    name is a hash of the text, so a file already there holds the same cell."""
+    if path.startswith("<") or os.path.exists(path):
+        return
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    except OSError as e:
+        print(f"monarch_nb: can't write {path} for its breakpoints: {e}", file=sys.stderr, flush=True)
+    linecache.checkcache(path)
 
 
 def install_hook(hook: Callable) -> None:

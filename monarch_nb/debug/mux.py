@@ -153,6 +153,8 @@ class Mux:
         if not path:
             self._respond(session, request, {"breakpoints": []})
             return
+        if (args.get("source") or {}).get("monarchText"):  # a notebook cell's text (see notebook.lab_debugger)
+            arming.materialize(path, args["source"]["monarchText"])
         mine = list(args.get("breakpoints") or [])
         session.breakpoints[path] = mine
         if not mine:

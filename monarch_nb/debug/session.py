@@ -60,24 +60,6 @@ def _condition(bp: dict) -> str | None:
     return " and ".join(parts) or None
 
 
-def _materialize(path: str, source: str) -> None:
-    """Write a notebook cell's ``source`` at its file name ``path`` (e.g.
-    ``/tmp/ipykernel_123/4567.py``) unless a file is there: debugpy sets breakpoints
-    only in files that exist, and tracebacks and ``where`` then show its lines. The
-    name is a hash of the text, so a file already there holds the same cell."""
-    if path.startswith("<") or os.path.exists(path):
-        return
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)
-    except OSError as e:
-        print(f"monarch_nb: can't write {path} for its breakpoints: {e}", file=sys.stderr, flush=True)
-    linecache.checkcache(path)
-
-
 class ProcDebugger:
     """The debugger of one proc (a singleton: see :func:`debugger`)."""
 
@@ -401,7 +383,7 @@ class ProcDebugger:
             if bp.get("mesh") is None or bp["mesh"] in meshes:
                 by_file.setdefault(bp["file"], []).append(bp)
                 if bp.get("source"):
-                    _materialize(bp["file"], bp["source"])
+                    arming.materialize(bp["file"], bp["source"])
         for path in set(by_file) | self._applied:
             self.set_source_breakpoints(path)
         self._applied = set(by_file)

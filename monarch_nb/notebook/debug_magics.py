@@ -32,7 +32,8 @@ HELP = """\
   %monarch debug where|locals MESH RANK                   stack with source / local variables
   %monarch debug eval MESH[RANKS] EXPR                    evaluate in every selected paused rank
   %monarch debug step|next|out|continue MESH[RANKS]       run the paused ranks on; continue --all
-  %monarch debug attach MESH RANK                         relay for VS Code (prints launch.json)
+  %monarch debug attach MESH RANK [--jupyterlab]          relay for VS Code (prints launch.json), or
+                                                          the JupyterLab debugger panel on that rank
   %monarch debug --post-mortem on|off                     pause ranks at unhandled endpoint errors"""
 
 _TARGET = re.compile(r"^(?P<mesh>[^\[\]\s]+)(?:\[(?P<ranks>[0-9,\- ]*)\])?$")
@@ -148,6 +149,8 @@ def _debug(magics, rest: str):
         return None
     if action in ("where", "locals", "attach"):
         parts = tail.split()
+        lab = action == "attach" and "--jupyterlab" in parts
+        parts = [p for p in parts if p != "--jupyterlab"]
         if len(parts) != 2 or not parts[1].isdigit():
             raise UsageError(f"%monarch debug {action} MESH RANK")
         mesh, rank = _mesh_name(magics, parts[0]), int(parts[1])
@@ -159,6 +162,19 @@ def _debug(magics, rest: str):
         elif action == "locals":
             for name, value in dbg.locals(mesh, rank).items():
                 print(f"{name} = {value}")
+        elif lab:
+            from . import lab_debugger
+
+            kernel = getattr(magics.shell, "kernel", None)
+            if kernel is None:
+                raise UsageError("%monarch debug attach --jupyterlab needs a Jupyter kernel")
+            try:
+                lab_debugger.attach(kernel, dbg, mesh, rank)
+            except RuntimeError as e:
+                raise UsageError(f"%monarch debug attach: {e}") from None
+            print(f"monarch: this kernel's debugger now drives {mesh} rank {rank}: open the JupyterLab debugger "
+                  "panel (the bug icon) to see its stack and variables and to step it; turning the panel's "
+                  "debugger off gives the kernel its own back")
         else:
             relay = dbg.attach(mesh, rank)
             _relays.append(relay)
