@@ -15,7 +15,7 @@ import pytest
 from monarch_nb.actor import ActorError, SupervisionError
 from monarch_nb.errors import InvalidRequest
 
-from conftest import wait_until
+from conftest import pids_alive, wait_until
 from debug_actors import BREAK_LINE, COMPUTE_LINE, Paused
 import debug_actors
 
@@ -254,3 +254,33 @@ def test_broadcast_breakpoint_stays_listed_and_an_ide_attaches_through_the_relay
     finally:
         relay.close()
     assert list(paused4.spin.call(3).get(timeout=30).values()) == [3] * 4
+
+
+def test_paused_ranks_are_listed_again_by_a_recovered_hub():
+    import monarch_nb
+    from monarch_nb import cluster_dir
+    from monarch_nb.client import cluster as cluster_mod
+
+    from conftest import cluster_processes
+
+    previous = cluster_mod._default
+    cluster = monarch_nb.Cluster.start("dbg-phoenix", grace_s=30)
+    try:
+        procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 2}, name="p")
+        mesh = procs.spawn("phoenix_actors", Paused)
+        mesh.work.broadcast(2)
+        assert len(cluster.debugger.wait_paused(2, "phoenix_actors", timeout=60)) == 2
+        os.kill(cluster._info["hub_pid"], signal.SIGKILL)
+        assert wait_until(lambda: not pids_alive([cluster._info["hub_pid"]]), 10)
+        again = monarch_nb.Cluster.recover("dbg-phoenix")
+        stops = again.debugger.paused("phoenix_actors")
+        assert [(s.rank, s.line) for s in stops] == [(0, BREAK_LINE), (1, BREAK_LINE)]
+        assert again.debugger.eval("y", "phoenix_actors").folded() == [("phoenix_actors", [0], "20"),
+                                                                      ("phoenix_actors", [1], "21")]
+        assert again.debugger.continue_all() == 2
+    finally:
+        path = cluster_dir.cluster_path("dbg-phoenix")
+        subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", "dbg-phoenix"],
+                       capture_output=True, timeout=60)
+        assert wait_until(lambda: not cluster_processes(path), 15)
+        cluster_mod._default = previous

@@ -155,6 +155,10 @@ class ProcDebugger:
         action = header.get("action", "")
         if action.startswith("relay_"):
             self.mux.handle(header)
+        elif action == "stops":  # a recovered hub asks what is paused here (header only: it never unpickles)
+            if "port" in header:
+                send_reply(self.server.outbox, self.server.cluster_id, (header["reply"], header["port"]), 0,
+                           extra={"stops": list(self.stops.values())})
         elif action == "config":
             self.config = header["config"]
             if self._relevant():

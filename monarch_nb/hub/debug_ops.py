@@ -14,7 +14,10 @@ one concerns an actor it hosts.
 
 Hygiene: a stop whose proc exited (or was replaced by a respawned one) leaves the
 list within ``SWEEP_S``; the registry lives as long as the hub, so after a kernel
-restart a client that connects sees the same paused ranks.
+restart a client that connects sees the same paused ranks. A recovered hub (the old
+one died) asks the re-adopted procs for their stops on the first listing; the
+breakpoints and post-mortem setting of the dead hub are not recovered (the procs
+keep applying theirs until the next change).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 from .errors import HubError
 
 CONFIG_TIMEOUT_S = 10.0  # how long setting a breakpoint waits for each proc to apply it (arming: ~0.3 s)
+SYNC_TIMEOUT_S = 2.0  # how long a recovered hub waits for each proc's list of stops
 SWEEP_S = 0.1  # how often stops of dead procs are looked for (only while there are stops or breakpoints)
 
 
@@ -40,6 +44,7 @@ class DebugState:
     next_id: int = 1
     configured: dict[str, tuple[int, int]] = field(default_factory=dict)  # proc id -> (pid, config version)
     version: int = 0
+    synced: bool = False  # a recovered hub asked the procs for their stops
     sweeper: "asyncio.Task | None" = None
 
     def config(self) -> dict:
@@ -83,6 +88,8 @@ class DebugOps:
     # from clients --------------------------------------------------------------------
     async def op_debug_paused(self, header, message):
         """Every paused thread, ordered by mesh and rank."""
+        if getattr(self, "saved", None) is not None and not self.debug.synced:
+            await self._debug_sync()
         if self._debug_sweep_once():
             await self._debug_changed()
         return {"stops": self._debug_list()}
@@ -158,6 +165,20 @@ class DebugOps:
         return {"debug": state.config()} if (state.breakpoints or state.post_mortem) else {}
 
     # internals -----------------------------------------------------------------------
+    async def _debug_sync(self) -> None:
+        """A recovered hub starts with an empty registry while procs it re-adopted may
+        hold paused threads: ask each live proc once (at most ``SYNC_TIMEOUT_S``)."""
+        state = self.debug
+        state.synced = True
+        live = [p for m in self.proc_meshes.values() for p in m.procs if p.exit_code is None]
+        replies = await asyncio.gather(*(self.net.request(p.address, {"op": "debug", "action": "stops"},
+                                                          timeout=SYNC_TIMEOUT_S) for p in live),
+                                       return_exceptions=True)
+        for reply in replies:
+            if not isinstance(reply, BaseException):
+                for stop in reply.header.get("stops", []):
+                    await self.op_debug_stopped({"stop": stop}, None)
+
     def _debug_proc(self, proc_id: str):
         for mesh in self.proc_meshes.values():
             for rank, proc in enumerate(mesh.procs):
