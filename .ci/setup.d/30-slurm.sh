@@ -14,8 +14,12 @@ slurm_run=/run/monarch-nb-slurm  # pid and log files of the daemons started here
 
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null \
         || ! command -v sbatch >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-        slurmctld slurmd slurm-client munge >/dev/null
+    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+            slurmctld slurmd slurm-client munge >/dev/null; then
+        apt-get update -q >/dev/null  # a fresh machine may have no package lists yet
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+            slurmctld slurmd slurm-client munge >/dev/null
+    fi
 fi
 mkdir -p "$slurm_run" /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
 
