@@ -19,34 +19,33 @@ def _text_outputs(nb) -> str:
     return "\n".join(out)
 
 
-def test_quickstart_runs_and_trains_above_threshold(tmp_path):
-    executed = run_notebook(NOTEBOOKS / "quickstart.ipynb", tmp_path / "quickstart.executed.ipynb", timeout=300)
+def _run_without_errors(name: str, tmp_path) -> tuple:
+    """Execute notebooks/NAME.ipynb; returns it executed and its text outputs, after
+    checking that no cell raised."""
+    executed = run_notebook(NOTEBOOKS / f"{name}.ipynb", tmp_path / f"{name}.executed.ipynb", timeout=300)
     nb = nbformat.read(executed, as_version=4)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert not errors
-    text = _text_outputs(nb)
+    assert not errors, errors
+    return nb, _text_outputs(nb)
+
+
+def test_quickstart_runs_and_trains_above_threshold(tmp_path):
+    nb, text = _run_without_errors("quickstart", tmp_path)
     assert "accuracy" in text.lower()
     assert "ValueError" in text  # the caught remote exception is shown
+    assert "killed by SIGKILL" in text and "restarted ranks: [5]" in text and "hello, again! from gpu 5" in text
 
 
 def test_magics_notebook_runs_in_the_monarch_kernel(tmp_path):
-    executed = run_notebook(NOTEBOOKS / "magics.ipynb", tmp_path / "magics.executed.ipynb", timeout=300)
-    nb = nbformat.read(executed, as_version=4)
+    nb, text = _run_without_errors("magics", tmp_path)
     assert nb.metadata.kernelspec.name == "monarch"
-    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert not errors
-    text = _text_outputs(nb)
     assert "[trainers 0-3] epoch 0 done" in text  # folded, under the calling cell
     assert "[workers.exec 0-3] hello from exec" in text
     assert "monarch: cluster 'magics-demo' stopped" in text
 
 
 def test_debugging_notebook_pauses_inspects_and_continues_ranks(tmp_path):
-    executed = run_notebook(NOTEBOOKS / "debugging.ipynb", tmp_path / "debugging.executed.ipynb", timeout=300)
-    nb = nbformat.read(executed, as_version=4)
-    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
-    assert not errors
-    text = _text_outputs(nb)
+    nb, text = _run_without_errors("debugging", tmp_path)
     assert "4 paused" in text and "4/4 procs healthy · 4 paused" in text
     assert "self.weight -= self.lr * loss" in text  # `where` shows the cell's own source
     assert "[trainers 0] 0.3\n[trainers 1] 0.4" in text and "[trainers 0-3] 1.0" in text  # side by side, folded
