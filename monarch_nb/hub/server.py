@@ -11,13 +11,17 @@ Requests and replies are signed messages (see ``wire.frames``); a request header
 has ``op``, ``port`` and ``reply``; the reply has ``ok`` and either the result
 fields or ``error`` (message) and ``error_type`` (``ValueError``, ``ClusterError``).
 User payloads (actor classes and arguments) pass through as opaque bytes.
+
+This module holds the lifecycle, heartbeats, events, clients and dispatch; the
+operations live in mixins beside it: ``mesh_ops`` (spawn, stop), ``log_ops``,
+``supervision`` (failures, restarts), ``allocation`` (hosts from the allocator) and
+``debug_ops`` (the debugger's registry).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import re
 import shutil
 import signal
 import socket
@@ -29,22 +33,22 @@ import psutil
 
 from .. import cluster_dir
 from ..allocators import base as allocators
-from ..mesh import Extent
 from ..wire.aio import AioEndpoint
 from . import health, state
-from .logstore import LogStore
-from .errors import HubError
-from .registry import ActorMeshRecord, ClientRecord, HostRecord, ProcMeshRecord, ProcRecord, exit_cause
-from .supervision import LOST_EXIT_CODE, SupervisionOps
 from .allocation import AllocationOps
 from .debug_ops import DebugOps
+from .errors import HubError
+from .log_ops import LogOps
+from .logstore import LogStore
+from .mesh_ops import MeshOps
+from .registry import ActorMeshRecord, ClientRecord, HostRecord, ProcMeshRecord, ProcRecord
+from .supervision import LOST_EXIT_CODE, SupervisionOps
 
 HEARTBEAT_S = 0.5
 ADOPT_TIMEOUT_S = 3.0  # how long a recovering hub waits for each host agent to answer
 CLIENT_TIMEOUT_S = 3.0  # a client silent this long is no longer counted as connected
 HOST_TIMEOUT_S = 3.0  # a host agent silent this long (it beats every 0.5 s) is lost, with its procs
-FLUSH_TIMEOUT_S = 2.0
-STATUS_TIMEOUT_S = 1.0  # a proc whose control loop does not answer within this is "unresponsive"  # how long a log flush waits for each host agent
+STATUS_TIMEOUT_S = 1.0  # a proc whose control loop does not answer within this is "unresponsive"
 EVENT_COALESCE_S = 0.1  # health_changed goes out at most this often
 
 
@@ -59,7 +63,7 @@ def _client_alive(client: ClientRecord) -> bool:
         return False
 
 
-class Hub(SupervisionOps, AllocationOps, DebugOps):
+class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
     """One cluster's hub. ``ephemeral``: lives and dies with the client that started
     it; otherwise retained (runs until stopped, or until no client has been connected
     for ``idle_timeout`` seconds). ``recover``: re-adopt the host agents and meshes of
@@ -305,45 +309,6 @@ class Hub(SupervisionOps, AllocationOps, DebugOps):
         up = [p[0] for p in self.spawning.values() if p[1] == header["spawn_id"]]
         return {"up": up[0] if up else None}
 
-    # logs ------------------------------------------------------------------------------
-    async def _log_lines(self, header) -> None:
-        """Store a batch from a host agent and pass each line on to the client whose call
-        caused it (origin ``CLIENT_ID:...``); lines nobody's call caused go to every client."""
-        records = self.logs.add(header["host_id"], header["lines"])
-        by_client: dict[str, list] = {}
-        for record in records:
-            origin = record[7]
-            owner = origin.partition(":")[0] if origin else None
-            if owner in self.clients and self.clients[owner].wants_lines:
-                targets = [owner]
-            else:
-                targets = [c for c, r in self.clients.items() if r.wants_lines]
-            for client_id in targets:
-                by_client.setdefault(client_id, []).append(record)
-        for client_id, batch in by_client.items():
-            client = self.clients[client_id]
-            if client.log_address:
-                client.log_seq += 1
-                await self.net.send(client.log_address, {"op": "log_lines", "cluster": self.info["cluster_id"],
-                                                         "seq": client.log_seq, "records": batch})
-
-    async def op_logs_flush(self, header, message):
-        """Every line written by any proc before this request has been forwarded when the
-        reply comes; it says how many batches this client has been sent."""
-        await asyncio.gather(*(self.net.request(h.address, {"op": "drain_logs"}, timeout=FLUSH_TIMEOUT_S)
-                               for h in self.hosts.values()), return_exceptions=True)
-        client = self.clients.get(header.get("client_id"))
-        return {"seq": client.log_seq if client else 0}
-
-    async def op_logs_query(self, header, message):
-        try:
-            records = self.logs.query(header.get("mesh"), header.get("ranks"), header.get("stream"),
-                                      header.get("since"), header.get("grep"), header.get("tail"),
-                                      header.get("after_seq", 0))
-        except re.error as e:
-            raise HubError(f"bad grep pattern {header.get('grep')!r}: {e}", "ValueError") from None
-        return {"records": records, "last_seq": self.logs.seq}
-
     # clients ---------------------------------------------------------------------------
     async def op_client_alive(self, header, message):
         client = self.clients.get(header["client_id"])
@@ -391,160 +356,3 @@ class Hub(SupervisionOps, AllocationOps, DebugOps):
     async def op_shutdown(self, header, message):
         self._shutdown_request = header
         self.stop_requested.set()
-
-    async def op_spawn_procs(self, header, message):
-        try:
-            per_host = Extent(header["per_host"])
-        except ValueError as e:
-            raise HubError(f"bad per_host: {e}", "ValueError") from None
-        if "hosts" in per_host:
-            raise HubError("per_host must not name the 'hosts' dimension; the host mesh provides it",
-                           "ValueError")
-        hosts = header.get("hosts") or self.host_order
-        extent = {"hosts": len(hosts), **per_host}
-        name = header.get("name")
-        if name is None:
-            self._mesh_counter += 1
-            name = f"procs{self._mesh_counter}"
-        existing = self.proc_meshes.get(name)
-        if existing is not None:
-            if header.get("replace"):
-                await self._stop_proc_mesh(existing)
-            elif existing.extent == extent:
-                return existing.public()
-            else:
-                raise HubError(f"a proc mesh named {name!r} exists with extent {existing.extent}, not "
-                               f"{extent}; choose another name, or pass replace=True to stop it first",
-                               "ValueError")
-        per = per_host.nelements
-        requests = []
-        for h, host_id in enumerate(hosts):
-            ids = [f"{name}/{h * per + i}" for i in range(per)]
-            requests.append(self.net.request(self.hosts[host_id].address, {
-                "op": "spawn_procs", "proc_ids": ids, "env": header.get("env", {}),
-                "cwd": header.get("cwd"), "python": header.get("python")}))
-        self.spawning[name] = [0, header.get("spawn_id")]
-        self.spawning_size[name] = len(hosts) * per
-        self._health_changed()
-        try:
-            replies = await asyncio.gather(*requests)
-        finally:
-            self.spawning.pop(name, None)
-            self.spawning_size.pop(name, None)
-        errors = [r.header["error"] for r in replies if not r.header["ok"]]
-        procs = [ProcRecord(**p) for r in replies if r.header["ok"] for p in r.header["procs"]]
-        if errors:
-            await self._stop_procs(procs)
-            raise HubError("; ".join(errors))
-        record = self.proc_meshes[name] = ProcMeshRecord(
-            name, extent, procs, owner=header.get("owner"),
-            launch={k: header.get(k) for k in ("env", "cwd", "python")})
-        self._save()
-        return record.public()
-
-    async def op_spawn_actors(self, header, message):
-        name = header["name"]
-        mesh = self.proc_meshes.get(header["proc_mesh"])
-        if mesh is None:
-            raise HubError(f"no proc mesh named {header['proc_mesh']!r}; it was stopped", "ValueError")
-        existing = self.actor_meshes.get(name)
-        if existing is not None:
-            same = (existing.proc_mesh == mesh.name and existing.proc_ranks == header["proc_ranks"]
-                    and existing.class_name == header["class_name"])
-            if header.get("replace"):
-                await self._stop_actor_mesh(existing)
-            elif same:
-                return self._actor_mesh_view(existing)
-            else:
-                raise HubError(f"an actor mesh named {name!r} exists ({existing.class_name} on "
-                               f"{existing.proc_mesh} {existing.extent}); choose another name, or pass "
-                               "replace=True to stop it first", "ValueError")
-        dead = [mesh.procs[r].proc_id for r in header["proc_ranks"] if mesh.procs[r].exit_code is not None]
-        if dead:
-            raise HubError(f"procs {', '.join(dead)} of {mesh.name!r} have exited; spawn a new proc mesh")
-        body = bytes(message.body)
-        buffers = [bytes(b) for b in message.buffers]
-        self._mesh_counter += 1
-        payload_id = f"a{self._mesh_counter}"
-        replies = await asyncio.gather(*(
-            self.net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
-                                                       "extent": header["extent"], "o": header.get("o"),
-                                                       "main_thread": header.get("main_thread", False),
-                                                       "owner": header.get("owner"), **self.debug_spawn_fields()},
-                             body, buffers)
-            for i, r in enumerate(header["proc_ranks"])))
-        addresses = [r.header["address"] for r in replies]
-        failures = {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}
-        record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
-                                 header["endpoints"], header.get("methods", []), addresses, payload_id,
-                                 owner=header.get("owner"))
-        if failures:
-            await self._stop_actor_mesh(record)
-            return {"failures": failures}
-        self.actor_meshes[name] = record
-        self.payloads[payload_id] = [body, *buffers]
-        if not self.ephemeral:
-            state.save_payload(self.path, payload_id, [body, *buffers])
-        self._save()
-        return self._actor_mesh_view(record)
-
-    async def op_stop_actors(self, header, message):
-        record = self.actor_meshes.get(header["name"])
-        if record is not None:
-            await self._stop_actor_mesh(record)
-        return {}
-
-    async def op_stop_procs(self, header, message):
-        record = self.proc_meshes.get(header["name"])
-        if record is not None:
-            await self._stop_proc_mesh(record)
-        return {}
-
-    # helpers ---------------------------------------------------------------------------
-    def _actor_mesh_view(self, record: ActorMeshRecord) -> dict:
-        """What clients are told of an actor mesh: the record, and ``dead`` (rank -> why)
-        for ranks whose proc is gone, so that calls to them fail at once."""
-        mesh = self.proc_meshes.get(record.proc_mesh)
-        dead = {}
-        for i, r in enumerate(record.proc_ranks):
-            proc = mesh.procs[r] if mesh is not None and r < len(mesh.procs) else None
-            if proc is None:
-                dead[str(i)] = "its proc mesh was stopped"
-            elif proc.exit_code is not None:
-                dead[str(i)] = f"proc {proc.proc_id} (pid {proc.pid}) {exit_cause(proc.exit_code)}"
-        return {**record.public(), "dead": dead}
-
-    async def _stop_actor_mesh(self, record: ActorMeshRecord) -> None:
-        self._forget_actor_mesh(record)
-        mesh = self.proc_meshes.get(record.proc_mesh)
-        if mesh is None:
-            return
-        live = [mesh.procs[r] for r in record.proc_ranks if mesh.procs[r].exit_code is None]
-        await asyncio.gather(*(
-            self.net.request(p.address, {"op": "stop_actor", "mesh": record.name}, timeout=5.0)
-            for p in live), return_exceptions=True)
-
-    async def _stop_proc_mesh(self, record: ProcMeshRecord) -> None:
-        for rank, proc in enumerate(record.procs):  # calls still waiting on its actors fail
-            if proc.exit_code is None:
-                await self._proc_died(record, rank, proc, expected=True)
-        for actor_mesh in [a for a in self.actor_meshes.values() if a.proc_mesh == record.name]:
-            self._forget_actor_mesh(actor_mesh)
-        self.proc_meshes.pop(record.name, None)
-        self._save()
-        await self._stop_procs(record.procs)
-
-    def _forget_actor_mesh(self, record: ActorMeshRecord) -> None:
-        if self.actor_meshes.get(record.name) is record:
-            del self.actor_meshes[record.name]
-            self.payloads.pop(record.payload_id, None)
-            state.drop_payload(self.path, record.payload_id)
-            self._save()
-
-    async def _stop_procs(self, procs: list[ProcRecord]) -> None:
-        by_host: dict[str, list[str]] = {}
-        for p in procs:
-            by_host.setdefault(p.host_id, []).append(p.proc_id)
-        await asyncio.gather(*(
-            self.net.request(self.hosts[h].address, {"op": "stop_procs", "proc_ids": ids}, timeout=10.0)
-            for h, ids in by_host.items() if h in self.hosts), return_exceptions=True)

@@ -1,0 +1,53 @@
+"""Log lines in the hub: stored (see ``logstore``), forwarded to the client whose call
+caused each, flushed and queried on request."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from .errors import HubError
+
+FLUSH_TIMEOUT_S = 2.0  # how long a log flush waits for each host agent
+
+
+class LogOps:
+    """Mixin of ``Hub``: the log operations."""
+
+    async def _log_lines(self, header) -> None:
+        """Store a batch from a host agent and pass each line on to the client whose call
+        caused it (origin ``CLIENT_ID:...``); lines nobody's call caused go to every client."""
+        records = self.logs.add(header["host_id"], header["lines"])
+        by_client: dict[str, list] = {}
+        for record in records:
+            origin = record[7]
+            owner = origin.partition(":")[0] if origin else None
+            if owner in self.clients and self.clients[owner].wants_lines:
+                targets = [owner]
+            else:
+                targets = [c for c, r in self.clients.items() if r.wants_lines]
+            for client_id in targets:
+                by_client.setdefault(client_id, []).append(record)
+        for client_id, batch in by_client.items():
+            client = self.clients[client_id]
+            if client.log_address:
+                client.log_seq += 1
+                await self.net.send(client.log_address, {"op": "log_lines", "cluster": self.info["cluster_id"],
+                                                         "seq": client.log_seq, "records": batch})
+
+    async def op_logs_flush(self, header, message):
+        """Every line written by any proc before this request has been forwarded when the
+        reply comes; it says how many batches this client has been sent."""
+        await asyncio.gather(*(self.net.request(h.address, {"op": "drain_logs"}, timeout=FLUSH_TIMEOUT_S)
+                               for h in self.hosts.values()), return_exceptions=True)
+        client = self.clients.get(header.get("client_id"))
+        return {"seq": client.log_seq if client else 0}
+
+    async def op_logs_query(self, header, message):
+        try:
+            records = self.logs.query(header.get("mesh"), header.get("ranks"), header.get("stream"),
+                                      header.get("since"), header.get("grep"), header.get("tail"),
+                                      header.get("after_seq", 0))
+        except re.error as e:
+            raise HubError(f"bad grep pattern {header.get('grep')!r}: {e}", "ValueError") from None
+        return {"records": records, "last_seq": self.logs.seq}
