@@ -5,7 +5,7 @@ live costs.
 
 1. SIGKILL of a proc -> the widget's model shows it ``failed`` (the ipywidgets state a
    frontend renders; no browser here). Baseline, same repetitions: SIGKILL -> the
-   hub's ``proc_failed`` event reaching this process (the floor for any display that
+   hub's ``actors_gone`` event reaching this process (the floor for any display that
    follows events). For comparison, in other repetitions: SIGKILL -> the first
    ``cluster.health()`` showing it failed, asked in a tight loop (a poller at its best).
 2. Refreshes per second of a displayed widget: idle (only the 1 s tick), and while
@@ -62,7 +62,7 @@ def main() -> int:
     cluster = cluster_mod._default
     widget_s, event_s, poll_s = [], [], []
     heard: list[float] = []
-    unsubscribe = events.subscribe(lambda h: heard.append(time.perf_counter()) if h["op"] == "proc_failed" else None)
+    unsubscribe = events.subscribe(lambda h: heard.append(time.perf_counter()) if h["op"] == "actors_gone" else None)
     try:
         widget = HealthWidget(cluster)
         for i in range(reps):
@@ -84,7 +84,7 @@ def main() -> int:
             procs.stop()
         w, e = statistics.median(widget_s), statistics.median(event_s)
         print(f"1. SIGKILL -> widget shows failed: median {w * 1e3:.1f} ms, max {max(widget_s) * 1e3:.0f} ms "
-              f"(n={len(widget_s)}); -> proc_failed event here: median {e * 1e3:.1f} ms (ratio {w / e:.1f}); "
+              f"(n={len(widget_s)}); -> actors_gone event here: median {e * 1e3:.1f} ms (ratio {w / e:.1f}); "
               f"tight health() polling: median {statistics.median(poll_s) * 1e3:.0f} ms (n={len(poll_s)}; "
               "health() waits up to 1 s for a dead proc's status until the hub has reaped it)", flush=True)
 

@@ -58,6 +58,18 @@ class BadInit(Actor):
         raise RuntimeError("no GPU here")
 
 
+class InitFailsIf(Actor):
+    """``__init__`` raises while the file ``flag`` exists."""
+
+    def __init__(self, flag: str):
+        if os.path.exists(flag):
+            raise RuntimeError(f"{flag} is there")
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
 @pytest.fixture
 def workers(host, request):
     procs = host.spawn_procs(per_host={"gpus": 4}, name=f"w{abs(hash(request.node.name)) % 10**6}")
@@ -236,3 +248,44 @@ def test_restarting_a_live_rank_fails_its_pending_call_and_serves_again(workers,
     assert mesh.slice(gpus=0).count.call_one().get(timeout=30) == ("t", 1)
     with pytest.raises(IndexError, match="ranks 0-3"):
         mesh.restart([4])
+
+
+def test_a_restart_whose_init_raises_again_reports_it_and_can_be_retried(workers, tmp_path):
+    procs, mesh, pids = workers
+    flag = tmp_path / "flag"
+    fussy = procs.spawn("fussy", InitFailsIf, str(flag))
+    flag.touch()
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(SupervisionError):
+        mesh.count.call().get(timeout=30)
+    with pytest.raises(ActorError, match="is there") as info:
+        procs.restart_failed()
+    assert [str(p) for p in info.value.points] == ["{hosts=0, gpus=1}"] and "restarting" in str(info.value)
+    # The proc stays failed (no actor of any mesh pretends to live there), calls fail at once.
+    tree = procs._hub().request("health", timeout=30)
+    [node] = [p for h in tree["hosts"] for p in h["procs"] if p["proc_mesh"] == procs._name and p["rank"] == 1]
+    assert node["state"] == "failed" and "__init__ raised when it was restarted" in node["cause"]
+    with pytest.raises(SupervisionError, match="workers rank 1"):
+        mesh.slice(gpus=1).count.call_one().get(timeout=30)
+    flag.unlink()
+    assert procs.restart_failed() == [1]
+    assert mesh.slice(gpus=1).count.call_one().get(timeout=30) == ("t", 1)
+    assert fussy.pid.call().get(timeout=30).values()[1] != pids[1]
+
+
+def test_calls_to_a_stopped_actor_mesh_fail_at_once(workers):
+    procs, mesh, pids = workers
+    other = procs.spawn("other", Worker)
+    other.stop()
+    with pytest.raises(SupervisionError, match="its actor mesh was stopped"):
+        other.count.call().get(timeout=30)
+    assert mesh.count.call().get(timeout=30).values() == [("t", 1)] * 4
+
+
+def test_a_call_to_a_stopped_proc_mesh_names_every_rank(host):
+    procs = host.spawn_procs(per_host={"gpus": 3}, name="stopall")
+    mesh = procs.spawn("stopall", Worker)
+    procs.stop()
+    with pytest.raises(SupervisionError, match="3 of 3 rank") as info:
+        mesh.count.call().get(timeout=30)
+    assert "was stopped" in str(info.value) and "its proc was stopped" not in str(info.value)

@@ -366,3 +366,20 @@ def test_hub_repairs_a_damaged_cluster_json_and_stops_when_its_directory_goes(cl
     everything = [p.pid for p in cluster_processes(cluster.path)]
     shutil.rmtree(cluster.path)
     assert wait_until(lambda: not pids_alive(everything), 15)
+
+
+def test_a_recovered_hub_keeps_procs_that_were_restarted(clusters):
+    clusters.append("reborn")
+    cluster, procs, counters = _spawn_counters("reborn", grace_s=30)
+    old = procs.pids
+    os.kill(old[0], signal.SIGKILL)
+    assert wait_until(lambda: cluster.health()["counts"]["failed"] == 1, 10)
+    assert procs.restart_failed() == [0]
+    restarted = cluster.proc_meshes["p"].pids
+    os.kill(cluster._info["hub_pid"], signal.SIGKILL)
+    cluster_mod._default = None
+    recovered = monarch_nb.Cluster.recover("reborn")
+    tree = recovered.health()
+    assert tree["counts"]["failed"] == 0 and tree["summary"].startswith("2/2 procs healthy"), tree["summary"]
+    assert recovered.proc_meshes["p"].pids == restarted and restarted[1] == old[1]
+    assert _state(recovered.actor_meshes["counters"]) == [3, 7]  # the restarted one from its arguments

@@ -10,8 +10,11 @@ import itertools
 import threading
 from typing import TYPE_CHECKING
 
-from ..mesh import Shape
+from ..errors import ActorError, RemoteFailure
+from ..mesh import Extent, Shape
+from ..wire import serialize
 from ..wire.mailbox import local_mailbox
+from ..wire.remote_error import unpack_exception
 from . import supervision
 from .endpoint import Endpoint
 from .mesh_handle import MeshHandle
@@ -141,4 +144,19 @@ def restart(hub, cluster_id: str, proc_mesh: str, proc_ranks: list[int] | None, 
     for name, record in reply["actor_meshes"].items():
         supervision.sync(name, record["addresses"], record["dead"])
         supervision.clear_pending(cluster_id, name)
+    if reply["failures"]:  # the first actor mesh's; the procs are stopped, so health shows them all
+        name, packed = sorted(reply["failures"].items())[0]
+        record = reply["actor_meshes"][name]
+        raise init_error(name, f"{record['class_name'].rpartition('.')[2]}.__init__ (restarting)", packed,
+                         Extent(record["extent"]))
     return reply
+
+
+def init_error(mesh: str, what: str, packed: dict, extent: Extent) -> ActorError:
+    """The :class:`ActorError` for actors whose ``__init__`` raised (``packed``: rank ->
+    the exception as the proc packed it)."""
+    failures = []
+    for rank, frames in sorted(packed.items()):
+        exc, tb = unpack_exception(serialize.loads(frames))
+        failures.append(RemoteFailure(extent.point(int(rank)), exc, tb))
+    return ActorError(mesh, what, failures, extent.nelements)

@@ -21,6 +21,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import cluster_dir
 from ..errors import ClusterError, ClusterNotFound, InvalidRequest
@@ -35,6 +36,9 @@ from .hub_client import HubClient, watch_hub
 from .launch import HUB_START_TIMEOUT_S, launch_hub
 from .presence import Presence
 from .proc_mesh import ProcMesh
+
+if TYPE_CHECKING:
+    from .debugger import Debugger
 
 STOP_TIMEOUT_S = 15.0
 DEFAULT_NAME = "default"

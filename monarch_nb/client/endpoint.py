@@ -86,6 +86,13 @@ class Endpoint:
             died = i in failures and message.header.get("supervision", False)
             if died:
                 dead_ranks.add(i)
+                # Ranks that died with it (a stopped mesh, a lost host) are named too.
+                for base, j in by_base.items():
+                    why = None if j in answered else supervision.why_dead(mesh._addresses[base])
+                    if why is not None:
+                        answered.add(j)
+                        failures[j] = RemoteFailure(mesh.extent.point(view_ranks[j]), SupervisionError(why), "")
+                        dead_ranks.add(j)
             if remaining[0] == 0 or died:  # a dead rank fails the call now, not after the others
                 remaining[0] = 0
                 mailbox.close_port(port)

@@ -1,6 +1,6 @@
 """A live feed of a cluster's health tree, for displays that keep it current.
 
-The hub announces registry changes (``health_changed``, ``proc_failed``); what changes
+The hub announces registry changes (``health_changed``, ``actors_gone``); what changes
 without an event (busy, paused, memory, CPU) is caught by a slow tick. Requests to
 the hub run on the feed's own thread, never on the event (log receiver) thread.
 """
@@ -15,7 +15,7 @@ from . import events
 
 TICK_S = 1.0  # refresh this often without events (busy/paused/memory change silently)
 MIN_INTERVAL_S = 0.25  # at most 4 refreshes a second, however many events arrive
-EVENT_OPS = ("health_changed", "proc_failed")
+EVENT_OPS = ("health_changed", "actors_gone")
 
 
 class HealthWatch:

@@ -170,8 +170,8 @@ class LogReceiver:
             return
         header = message.header
         if header.get("op") != "log_lines":
-            if header.get("op") == "proc_failed":
-                supervision.proc_failed(header)
+            if header.get("op") == "actors_gone":
+                supervision.actors_gone(header)
             elif header.get("op") == "supervision":
                 supervision.unhandled(header)
             events.publish(header)

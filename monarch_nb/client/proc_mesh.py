@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import inspect
 
-from ..errors import ActorError, RemoteFailure
 from ..mesh import Extent, Shape
 from ..proc.actor import Actor, endpoint_names, owner_of_new_meshes
 from ..wire import serialize
 from ..wire.mailbox import local_mailbox
-from ..wire.remote_error import unpack_exception
 from . import logs, supervision, torch_env
-from .actor_mesh import ActorMesh, restart
+from .actor_mesh import ActorMesh, init_error, restart
 from .mesh_handle import MeshHandle
 from .value_mesh import ValueMesh
 
@@ -69,11 +67,7 @@ class ProcMesh(MeshHandle):
         reply = self._spawn_request(name, class_name, endpoints, methods, body, [b.raw() for b in buffers],
                                     replace, main_thread=getattr(actor_class, "_monarch_main_thread", False))
         if "failures" in reply:
-            failures = []
-            for rank, packed in sorted(reply["failures"].items()):
-                exc, tb = unpack_exception(serialize.loads(packed))
-                failures.append(RemoteFailure(self.extent.point(rank), exc, tb))
-            raise ActorError(name, f"{actor_class.__name__}.__init__", failures, len(self))
+            raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
         supervision.sync(name, reply["addresses"], reply.get("dead", {}))  # this_proc: none
         return ActorMesh(self._cluster_id, self._hub_address, name, class_name, endpoints, methods,
                          Shape(Extent(reply["extent"])), reply["addresses"])

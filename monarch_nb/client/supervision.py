@@ -73,17 +73,23 @@ def fail(cluster_id: str, port: int, base_rank: int, why: str) -> None:
                                                              pack_exception(SupervisionError(why))))
 
 
-def proc_failed(event: dict) -> None:
-    """The hub's news that a proc died: fail what waits on its actors."""
-    why = event["why"]
+def actors_gone(event: dict) -> None:
+    """The hub's news that actors died with their proc or were stopped: fail what waits
+    on them, and drop calls still queued for them."""
     with _lock:
         pending = []
-        for address, (mesh, rank) in event["actors"].items():
+        for address, (mesh, rank, why) in event["actors"].items():
             _dead[address] = f"{mesh} rank {rank}: {why}"
             sockets.Outbox.discard(address)
             pending += [(port, cid, base, _dead[address]) for port, (cid, base) in _waiting.pop(address, {}).items()]
     for port, cluster_id, base_rank, reason in pending:
         fail(cluster_id, port, base_rank, reason)
+
+
+def why_dead(address: str) -> str | None:
+    """Why the actor at ``address`` is known gone, or ``None``."""
+    with _lock:
+        return _dead.get(address)
 
 
 def arm(cluster_id: str, failure: MeshFailure, owner: dict | None = None) -> None:

@@ -126,6 +126,7 @@ class HostAgent:
         env = {**os.environ, **request.get("env", {})}
         for proc_id in proc_ids:
             self.ready[proc_id] = loop.create_future()
+            self.exited.pop(proc_id, None)  # a restart reuses the id of a proc that exited
         try:
             for proc_id in proc_ids:
                 out, err = self.capture.pipes_for(proc_id)

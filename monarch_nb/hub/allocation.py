@@ -19,7 +19,6 @@ import sys
 import time
 
 from .registry import HostRecord
-from .supervision import LOST_EXIT_CODE
 
 ALLOCATION_POLL_S = 1.0  # how often the allocator is asked whether the allocation ended
 
@@ -27,7 +26,7 @@ ALLOCATION_POLL_S = 1.0  # how often the allocator is asked whether the allocati
 class AllocationOps:
     """Mixin of ``Hub``: uses its ``allocator``, ``path``, ``n_hosts``, ``hosts``,
     ``host_order``, ``net``, ``proc_meshes``, ``stop_requested``, ``_all_hosts_ready``,
-    ``_save()`` and (from supervision) ``_proc_died()``."""
+    ``_save()`` and (from supervision) ``_lose_procs_of()`` and ``_procs_died()``."""
 
     async def _acquire_hosts(self) -> bool:
         """Start host agents (unless re-adopted) and wait until all have reported.
@@ -103,10 +102,6 @@ class AllocationOps:
         host.cause = cause
         host.lost = True
         print(f"monarch_nb hub: host {host.host_id} ({host.node or host.hostname}) failed: {cause}", file=sys.stderr)
-        for mesh in self.proc_meshes.values():
-            for rank, proc in enumerate(mesh.procs):
-                if proc.host_id == host.host_id and proc.exit_code is None:
-                    proc.exit_code = LOST_EXIT_CODE
-                    await self._proc_died(mesh, rank, proc, False,
-                                          f"was lost with its host {host.node or host.hostname}: {cause}")
+        await self._procs_died(self._lose_procs_of(host), False,
+                               f"was lost with its host {host.node or host.hostname}: {cause}")
         self._save()

@@ -70,7 +70,7 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
                 if proc.exit_code == lost_code:
                     state, cause = "lost", "lost with its host"
                 elif proc.exit_code is not None:
-                    state, cause = "failed", exit_cause(proc.exit_code)
+                    state, cause = "failed", proc.cause or exit_cause(proc.exit_code)
                 elif status is None:
                     state = "unresponsive"
                 else:

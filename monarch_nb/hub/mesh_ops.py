@@ -136,11 +136,13 @@ class MeshOps:
             if proc is None:
                 dead[str(i)] = "its proc mesh was stopped"
             elif proc.exit_code is not None:
-                dead[str(i)] = f"proc {proc.proc_id} (pid {proc.pid}) {exit_cause(proc.exit_code)}"
+                dead[str(i)] = f"proc {proc.proc_id} (pid {proc.pid}) {proc.cause or exit_cause(proc.exit_code)}"
         return {**record.public(), "dead": dead}
 
     async def _stop_actor_mesh(self, record: ActorMeshRecord) -> None:
         self._forget_actor_mesh(record)
+        await self._announce({"op": "actors_gone", "actors": {  # calls to them fail, now and later
+            a: (record.name, i, "its actor mesh was stopped") for i, a in enumerate(record.addresses)}})
         mesh = self.proc_meshes.get(record.proc_mesh)
         if mesh is None:
             return
@@ -150,9 +152,8 @@ class MeshOps:
             for p in live), return_exceptions=True)
 
     async def _stop_proc_mesh(self, record: ProcMeshRecord) -> None:
-        for rank, proc in enumerate(record.procs):  # calls still waiting on its actors fail
-            if proc.exit_code is None:
-                await self._proc_died(record, rank, proc, expected=True)
+        await self._procs_died([(record, rank, proc) for rank, proc in enumerate(record.procs)  # waiting calls fail
+                                if proc.exit_code is None], expected=True)
         for actor_mesh in [a for a in self.actor_meshes.values() if a.proc_mesh == record.name]:
             self._forget_actor_mesh(actor_mesh)
         self.proc_meshes.pop(record.name, None)

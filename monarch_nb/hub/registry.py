@@ -43,6 +43,7 @@ class ProcRecord:
     address: str
     pid: int
     exit_code: int | None = None  # set when the proc has exited
+    cause: str | None = None  # why the hub stopped it, when that says more than the exit code
 
 
 @dataclass

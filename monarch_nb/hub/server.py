@@ -168,7 +168,7 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
                 continue
             self.hosts[host.host_id] = host
             live = set(reply.header["procs"])
-            exited.update(reply.header["exited"])
+            exited.update({p: code for p, code in reply.header["exited"].items() if p not in live})
             for mesh in self.proc_meshes.values():
                 for proc in mesh.procs:
                     if proc.host_id == host.host_id and proc.proc_id not in live:

@@ -6,7 +6,7 @@ exception in a ``broadcast`` endpoint (nobody to reply to; the actor reports it)
 
 For each failure the hub
 
-1. tells every client which actor addresses died (``proc_failed``), so that calls
+1. tells every client which actor addresses died (``actors_gone``), so that calls
    waiting on them fail at once with ``SupervisionError``;
 2. asks the mesh's owner, if an actor spawned it, to handle it: the owner's
    ``__supervise__(failure)`` runs in its message loop; a truthy return handles it;
@@ -54,46 +54,62 @@ class SupervisionOps:
                 if proc.proc_id == header["proc_id"] and proc.pid == header.get("pid", proc.pid):
                     proc.exit_code = header["returncode"]
                     self._save()
-                    await self._proc_died(mesh, rank, proc, header.get("expected", False))
+                    await self._procs_died([(mesh, rank, proc)], header.get("expected", False))
 
     async def _host_lost(self, host: HostRecord, silent_s: float) -> None:
         """A host agent fell silent: its procs (which die with it) are failed."""
         host.lost = True
         print(f"monarch_nb hub: host agent {host.host_id} (pid {host.pid}) silent for {silent_s:.1f} s; "
               "its procs are lost", file=sys.stderr)
+        await self._procs_died(self._lose_procs_of(host), False,
+                               f"was lost with its host {host.hostname} (agent pid {host.pid} silent for "
+                               f"{silent_s:.1f} s)")
+        self._save()
+
+    def _lose_procs_of(self, host: HostRecord) -> list[tuple[ProcMeshRecord, int, ProcRecord]]:
+        """Mark the live procs of ``host`` lost; returns them (mesh, rank, proc)."""
+        lost = []
         for mesh in self.proc_meshes.values():
             for rank, proc in enumerate(mesh.procs):
                 if proc.host_id == host.host_id and proc.exit_code is None:
                     proc.exit_code = LOST_EXIT_CODE
-                    await self._proc_died(
-                        mesh, rank, proc, False, f"was lost with its host {host.hostname} (agent pid {host.pid} "
-                                                 f"silent for {silent_s:.1f} s)")
-        self._save()
+                    lost.append((mesh, rank, proc))
+        return lost
 
-    async def _proc_died(self, mesh: ProcMeshRecord, rank: int, proc: ProcRecord,
-                         expected: bool, cause: str | None = None) -> None:
-        """Every client learns which actors died with ``proc`` and why, so that calls
-        waiting on them fail now (``SupervisionError``) instead of never; an unexpected
-        death then goes to the mesh's owner, or to the clients as unhandled."""
+    async def _procs_died(self, deaths: list[tuple[ProcMeshRecord, int, ProcRecord]], expected: bool,
+                          cause: str | None = None) -> None:
+        """Every client learns, in one event, which actors died with these procs and why,
+        so that calls waiting on them fail now (``SupervisionError``, naming every dead
+        rank) instead of never; each unexpected death then goes to its mesh's owner, or
+        to the clients as unhandled."""
+        actors: dict[str, tuple[str, int, str]] = {}
+        failures = []
+        for mesh, rank, proc in deaths:
+            why = self._death_cause(proc, expected, cause)
+            hit = []
+            for record in self.actor_meshes.values():
+                if record.proc_mesh == mesh.name and rank in record.proc_ranks:
+                    i = record.proc_ranks.index(rank)
+                    actors[record.addresses[i]] = (record.name, i, why)
+                    hit.append((record.name, i))
+            if not expected:
+                failures.append(({"kind": "proc_failed", "proc_mesh": mesh.name, "rank": rank,
+                                  "meshes": sorted({n for n, _ in hit}), "ranks": sorted({i for _, i in hit}),
+                                  "why": why, "endpoint": None}, mesh.owner))
+        await self._announce({"op": "actors_gone", "actors": actors})
+        for failure, owner in failures:
+            asyncio.ensure_future(self._escalate(failure, owner))
+
+    def _death_cause(self, proc: ProcRecord, expected: bool, cause: str | None) -> str:
+        """"proc P (pid N on HOST) CAUSE; last stderr: ..." """
         if cause is None:
-            cause = "its proc was stopped" if expected else exit_cause(proc.exit_code)
+            cause = proc.cause or ("was stopped" if expected else exit_cause(proc.exit_code))
             if proc.exit_code == -9 and not expected:  # SIGKILL: the usual sign of the OOM killer
                 cause += " (by a person or program, or by the kernel's out-of-memory killer: see dmesg)"
         last = [] if expected else last_words([r[8] for r in self.logs.last(proc.proc_id, "stderr", 80)])
         host = self.hosts.get(proc.host_id)
-        why = (f"proc {proc.proc_id} (pid {proc.pid} on {host.hostname if host else proc.host_id}) {cause}"
-               + (f"; last stderr: {' | '.join(last)}" if last else ""))
-        actors = {}
-        for record in self.actor_meshes.values():
-            if record.proc_mesh == mesh.name and rank in record.proc_ranks:
-                i = record.proc_ranks.index(rank)
-                actors[record.addresses[i]] = (record.name, i)
-        await self._announce({"op": "proc_failed", "why": why, "actors": actors})
-        if not expected:
-            meshes = sorted({name for name, _ in actors.values()})
-            failure = {"kind": "proc_failed", "proc_mesh": mesh.name, "rank": rank, "meshes": meshes,
-                       "ranks": sorted({i for _, i in actors.values()}), "why": why, "endpoint": None}
-            asyncio.ensure_future(self._escalate(failure, mesh.owner))
+        return (f"proc {proc.proc_id} (pid {proc.pid} on {host.hostname if host else proc.host_id}) {cause}"
+                + (f"; last stderr: {' | '.join(last)}" if last else ""))
 
     async def op_actor_failed(self, header, message):
         """An actor's ``broadcast`` endpoint raised (the actor lives on)."""
@@ -146,17 +162,20 @@ class SupervisionOps:
         lost = [r for r in ranks if mesh.procs[r].host_id not in self.hosts or self.hosts[mesh.procs[r].host_id].lost]
         if lost:
             raise HubError(f"ranks {lost} of {mesh.name!r} were on a lost host; spawn a new proc mesh")
-        if ranks:
-            await self._restart(mesh, sorted(set(ranks)))
-        return {"proc_mesh": mesh.public(), "restarted": ranks,
+        failures = await self._restart(mesh, sorted(set(ranks))) if ranks else {}
+        return {"proc_mesh": mesh.public(), "restarted": ranks, "failures": failures,
                 "actor_meshes": {n: self._actor_mesh_view(a) for n, a in self.actor_meshes.items()
                                  if a.proc_mesh == mesh.name}}
 
-    async def _restart(self, mesh: ProcMeshRecord, ranks: list[int]) -> None:
+    async def _restart(self, mesh: ProcMeshRecord, ranks: list[int]) -> dict:
+        """New procs for ``ranks``, then every actor that lived on them. A proc on which
+        an actor's ``__init__`` raises again is stopped (so it stays failed, and a later
+        restart tries again); returns those failures (actor mesh -> rank -> packed
+        exception, unpickled by the client only)."""
         live = [mesh.procs[r] for r in ranks if mesh.procs[r].exit_code is None]
         for proc in live:  # an explicit restart of a live rank: it is stopped, as expected
             proc.exit_code = 0
-            await self._proc_died(mesh, mesh.procs.index(proc), proc, expected=True, cause="was restarted")
+        await self._procs_died([(mesh, mesh.procs.index(p), p) for p in live], expected=True, cause="was restarted")
         await self._stop_procs(live)
         by_host: dict[str, list[int]] = {}
         for r in ranks:
@@ -174,13 +193,25 @@ class SupervisionOps:
         for r in ranks:
             mesh.procs[r] = new[mesh.procs[r].proc_id]
         self._save()
+        failures: dict[str, dict[int, bytes]] = {}
+        broken: set[int] = set()
         for record in [a for a in self.actor_meshes.values() if a.proc_mesh == mesh.name]:
-            await self._respawn_actors(mesh, record, [r for r in ranks if r in record.proc_ranks])
+            failed = await self._respawn_actors(mesh, record, [r for r in ranks if r in record.proc_ranks])
+            if failed:
+                failures[record.name] = failed
+                broken.update(record.proc_ranks[i] for i in failed)
+        if broken:
+            for r in sorted(broken):
+                mesh.procs[r].cause = "was stopped: an actor's __init__ raised when it was restarted"
+            await self._stop_procs([mesh.procs[r] for r in sorted(broken)])
+        return failures
 
-    async def _respawn_actors(self, mesh: ProcMeshRecord, record: ActorMeshRecord, proc_ranks: list[int]) -> None:
-        """Construct ``record``'s actors again on the new procs at ``proc_ranks``."""
+    async def _respawn_actors(self, mesh: ProcMeshRecord, record: ActorMeshRecord,
+                              proc_ranks: list[int]) -> dict[int, bytes]:
+        """Construct ``record``'s actors again on the new procs at ``proc_ranks``;
+        returns the ranks whose ``__init__`` raised (rank -> packed exception)."""
         if not proc_ranks:
-            return
+            return {}
         frames = self.payloads.get(record.payload_id) or state.load_payload(self.path, record.payload_id)
         if frames is None:
             raise HubError(f"the constructor arguments of {record.name!r} were not kept; spawn it again")
@@ -189,12 +220,10 @@ class SupervisionOps:
         replies = await asyncio.gather(*(
             self.net.request(mesh.procs[record.proc_ranks[i]].address, {
                 "op": "spawn_actor", "mesh": record.name, "rank": i, "extent": record.extent, "o": None,
-                "prefer": record.addresses[i], "owner": record.owner}, body, buffers)
+                "prefer": record.addresses[i], "owner": record.owner, **self.debug_spawn_fields()},
+                body, buffers)
             for i in indices))
-        failed = [f"rank {r.header['rank']}" for r in replies if not r.header["ok"]]
         for r in replies:
             record.addresses[r.header["rank"]] = r.header["address"]
         self._save()
-        if failed:
-            raise HubError(f"{record.name}: __init__ raised again on {', '.join(failed)} after the restart; "
-                           "see the proc's stderr (cluster.logs)")
+        return {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}
