@@ -289,3 +289,15 @@ def test_a_call_to_a_stopped_proc_mesh_names_every_rank(host):
     with pytest.raises(SupervisionError, match="3 of 3 rank") as info:
         mesh.count.call().get(timeout=30)
     assert "was stopped" in str(info.value) and "its proc was stopped" not in str(info.value)
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda h: h.spawn_procs(per_host={"gpus": 1}, name="a/b"), ValueError, "mesh name 'a/b'"),
+    (lambda h: h.spawn_procs(per_host={"gpus": 1}, name=123), ValueError, "mesh name 123"),
+    (lambda h: h.spawn_procs(per_host=[2]), TypeError, "per_host must be a dict"),
+    (lambda h: set_failure_hook(42), TypeError, "needs a function"),
+])
+def test_bad_supervision_and_spawn_arguments_are_refused_clearly(host, call, error, message):
+    with pytest.raises(error, match=message):
+        call(host)
+    assert host._hub().request("health", timeout=30)["counts"]["failed"] == 0

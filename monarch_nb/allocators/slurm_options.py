@@ -41,7 +41,7 @@ def allocator_from(args: argparse.Namespace):
         raise ValueError("--hosts is for local clusters; on Slurm give --nodes")
     from .slurm import SlurmAllocator
 
-    return SlurmAllocator(nodes=args.nodes or 1, partition=args.partition, time=args.time,
+    return SlurmAllocator(nodes=1 if args.nodes is None else args.nodes, partition=args.partition, time=args.time,
                           gpus_per_node=args.gpus_per_node, cpus_per_task=args.cpus_per_task,
                           account=args.account, qos=args.qos, extra_sbatch_args=args.sbatch_arg,
                           start_timeout=args.start_timeout, bind=args.bind)

@@ -119,7 +119,9 @@ class ActorMesh(MeshHandle):
             raise ValueError(f"actor mesh {self._name!r} was stopped; spawn it again")
         proc_ranks = None
         if ranks is not None:
-            bad = [r for r in ranks if not isinstance(r, int) or not 0 <= r < len(self)]
+            if isinstance(ranks, (str, bytes)) or not all(isinstance(r, int) for r in ranks):
+                raise TypeError(f"restart(ranks=...) takes a list of int ranks, not {ranks!r}")
+            bad = [r for r in ranks if not 0 <= r < len(self)]
             if bad:
                 raise IndexError(f"{self._name} has ranks 0-{len(self) - 1} in this view, not {bad}")
             proc_ranks = [record["proc_ranks"][self._shape.base_rank(r)] for r in ranks]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+from collections.abc import Mapping
 
 from ..mesh import Extent, Shape
 from ..proc.actor import owner_of_new_meshes
@@ -50,7 +51,11 @@ class HostMesh(MeshHandle):
         Raises ``ValueError`` for bad ``per_host`` (labels must be identifiers, sizes
         ints >= 1) and :class:`ClusterError` when procs could not start.
         """
-        per_host = dict(per_host or {"gpus": 1})
+        if per_host is None:
+            per_host = {"gpus": 1}
+        elif not isinstance(per_host, Mapping):
+            raise TypeError(f"per_host must be a dict of dimension sizes such as {{'gpus': 8}}, not {per_host!r}")
+        per_host = dict(per_host)  # {}: one proc per host, extent {"hosts": N}
         total = Extent(per_host).nelements * len(self._hosts)  # validates, with the user's frame on the stack
         spawn_id = secrets.token_hex(6)
         hub = self._hub()

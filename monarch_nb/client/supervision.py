@@ -109,6 +109,8 @@ def set_failure_hook(hook: Callable[[str, MeshFailure, dict | None], None] | Non
     restores the default. ``owner`` is the actor (``mesh``, ``rank``) whose child mesh
     failed, or ``None``. The hook runs on the event thread: it must not block."""
     global _hook
+    if hook is not None and not callable(hook):
+        raise TypeError(f"set_failure_hook needs a function (cluster_id, failure, owner) or None, not {hook!r}")
     _hook = hook or arm
 
 
@@ -123,6 +125,7 @@ def raise_armed(cluster_id: str, mesh: str) -> None:
     with _lock:
         failures = _armed.pop((cluster_id, mesh), None)
     if failures:
+        failures.sort(key=lambda f: f.ranks)
         error = SupervisionError(f"{mesh}: unhandled failure since the last call: "
                                  + "; ".join(str(f) for f in failures))
         error.events = failures

@@ -8,11 +8,23 @@ restarts and, in a retained cluster, under ``spawn/`` in the state directory).
 from __future__ import annotations
 
 import asyncio
+import re
 
 from ..mesh import Extent
 from . import state
 from .errors import HubError
 from .registry import ActorMeshRecord, ProcMeshRecord, ProcRecord, exit_cause
+
+
+_MESH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_mesh_name(name) -> None:
+    """Raise ``HubError`` (a ``ValueError`` for the client) for a name that can't be a
+    mesh's (it also makes proc ids ``NAME/RANK`` and file names)."""
+    if not isinstance(name, str) or not _MESH_NAME.fullmatch(name):
+        raise HubError(f"mesh name {name!r}: use 1-64 letters, digits, '_', '.' or '-', starting with a letter "
+                       "or digit", "ValueError")
 
 
 class MeshOps:
@@ -32,6 +44,7 @@ class MeshOps:
         if name is None:
             self._mesh_counter += 1
             name = f"procs{self._mesh_counter}"
+        check_mesh_name(name)
         existing = self.proc_meshes.get(name)
         if existing is not None:
             if header.get("replace"):
@@ -70,6 +83,7 @@ class MeshOps:
 
     async def op_spawn_actors(self, header, message):
         name = header["name"]
+        check_mesh_name(name)
         mesh = self.proc_meshes.get(header["proc_mesh"])
         if mesh is None:
             raise HubError(f"no proc mesh named {header['proc_mesh']!r}; it was stopped", "ValueError")

@@ -23,7 +23,7 @@ from ..client import logs
 from ..client.actor_mesh import ActorMesh
 from ..client.proc_mesh import ProcMesh
 from ..client.value_mesh import ValueMesh
-from ..errors import ActorError, MonarchNbError, RemoteFailure
+from ..errors import ActorError, MonarchNbError, RemoteFailure, SupervisionError
 from ..hub.logstore import FIELDS as LOG_FIELDS
 from ..mesh import Extent
 from ..mesh.ranks import format_ranks, parse_ranks
@@ -68,6 +68,9 @@ def _parser() -> MagicArgumentParser:
     log.add_argument("--follow", action="store_true", help="keep showing new lines until interrupted")
     log.add_argument("--fold", choices=("on", "off"), default=None, help="fold identical lines across ranks")
     verbs.add_parser("interrupt", help="KeyboardInterrupt into the endpoints running on a mesh").add_argument("mesh")
+    # Parsed by debug_magics on the raw line; listed here so that mistakes name them.
+    verbs.add_parser("break", help="breakpoints in actor code (see %monarch help)", add_help=False)
+    verbs.add_parser("debug", help="paused ranks: list, where, locals, eval, step, continue, attach", add_help=False)
     verbs.add_parser("help", help="this help")
     execute = verbs.add_parser("exec", help="(cell magic) run the cell in every proc of MESH")
     execute.add_argument("mesh")
@@ -138,7 +141,7 @@ class MonarchMagics(Magics):
         try:
             return getattr(self, f"_{args.verb}")(args, cell)
         except MonarchNbError as e:
-            if isinstance(e, (ActorError, ExecFailed)):
+            if isinstance(e, (ActorError, ExecFailed, SupervisionError)):  # not usage mistakes
                 raise
             raise UsageError(f"%monarch {args.verb}: {e}") from None
         except ValueError as e:
