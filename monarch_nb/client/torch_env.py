@@ -104,10 +104,16 @@ def _raise_if_exited(mesh: "ProcMesh", procs: list[dict], replies: dict) -> None
         record = mesh._hub().request("info", timeout=CHECK_S)["proc_meshes"].get(mesh.name, {})
     except ClusterError:
         return
-    exited = {(p["proc_id"], p["pid"]): p["exit_code"] for p in record.get("procs", [])
-              if p.get("exit_code") is not None}
-    gone = [f"rank {r} (proc {p['proc_id']}, pid {p['pid']}) {exit_cause(exited[p['proc_id'], p['pid']])}"
-            for r, p in enumerate(procs) if r not in replies and (p["proc_id"], p["pid"]) in exited]
+    known = {(p["proc_id"], p["pid"]): p["exit_code"] for p in record.get("procs", [])}
+    gone = []
+    for r, p in enumerate(procs):
+        if r in replies:
+            continue
+        key = (p["proc_id"], p["pid"])
+        if key not in known:  # the mesh was stopped (or stopped and spawned again)
+            gone.append(f"rank {r} (proc {p['proc_id']}, pid {p['pid']}) was stopped")
+        elif known[key] is not None:
+            gone.append(f"rank {r} (proc {p['proc_id']}, pid {p['pid']}) {exit_cause(known[key])}")
     if gone:
         raise SupervisionError(f"proc mesh {mesh.name!r}: {', '.join(gone)}; torch.distributed needs every "
                                "proc of the mesh: set it up on new procs, or on a slice without those ranks")
