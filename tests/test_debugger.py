@@ -158,6 +158,10 @@ def test_bad_breakpoints_and_requests_name_the_problem(dbg, paused4):
         dbg.set_breakpoint(FILE, COMPUTE_LINE, condition="rank ==")
     with pytest.raises(InvalidRequest, match="FILE:LINE"):
         dbg.set_breakpoint("debug_actors.py")
+    with pytest.raises(InvalidRequest, match="has lines 1-"):
+        dbg.set_breakpoint(FILE, 99999)
+    with pytest.raises(InvalidRequest, match="it spans lines"):  # a line outside the function
+        dbg.set_breakpoint(test_bad_breakpoints_and_requests_name_the_problem, 1)
     with pytest.raises(InvalidRequest, match="no rank of 'paused' is paused"):
         dbg.eval("1", "paused")
     with pytest.raises(InvalidRequest, match="no breakpoint with id 999"):

@@ -408,6 +408,9 @@ def _location(where, line: int | None) -> tuple[str, int]:
                                  "procs see it, or the function itself")
         if not os.path.exists(path) and linecache.getlines(where):
             path = where  # a notebook cell's file name: only in linecache
+        count = len(linecache.getlines(path))
+        if count and not 1 <= line <= count:
+            raise InvalidRequest(f"breakpoint {where}:{line}: {where} has lines 1-{count}")
         return path, line
     target = inspect.unwrap(where)
     target = getattr(target, "__func__", target)
@@ -421,7 +424,14 @@ def _location(where, line: int | None) -> tuple[str, int]:
         except (TypeError, OSError) as e:
             raise InvalidRequest(f"breakpoint in {where!r}: can't find its source ({e})") from None
     if line is None:
-        line = _first_body_line(file, first)
+        return file, _first_body_line(file, first)
+    try:
+        last = first + len(inspect.getsourcelines(target)[0]) - 1
+    except (TypeError, OSError):
+        return file, line
+    if not first <= line <= last:  # lines count in the file (a notebook cell), not in the function
+        raise InvalidRequest(f"breakpoint in {getattr(target, '__qualname__', where)} at line {line}: it spans "
+                             f"lines {first}-{last} of {file}; give one of those")
     return file, line
 
 
