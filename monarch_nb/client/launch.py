@@ -62,11 +62,13 @@ def launch_hub(path: Path, *, hosts: int, grace_s: float, ephemeral_parent: int 
             return hub
         hub.wait()  # the detaching parent; the hub itself runs on
         return None
+    timed_out = not ready
     if hub.poll() is None:
         hub.kill()
     hub.wait()
-    raise ClusterError(f"the hub of cluster {path.name} did not become ready (it failed, or took over {timeout:.0f} s)"
-                       f"{_log_tail(path)}")
+    # Else the pipe was closed unread: the hub (retained: its detached child) gave up.
+    why = f"did not become ready within {timeout:.0f} s" if timed_out else "could not start"
+    raise ClusterError(f"cluster {path.name} {why}{_log_tail(path)}")
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
