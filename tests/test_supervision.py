@@ -133,7 +133,8 @@ def test_health_tree_shows_a_busy_actor_with_its_endpoint_and_for_how_long(clust
     tree, node = wait_until(busy_node, 10)
     [actor] = node["actors"]
     assert actor["endpoint"] == "wait_in_steps" and 0 <= actor["busy_s"] < 60
-    assert "1 busy" in tree["summary"] and tree["counts"]["healthy"] == 3
+    assert "4/4 procs healthy · 1 busy" in tree["summary"] and tree["counts"]["healthy"] == 3
+    assert tree["counts"]["alive"] == 4  # the summary's "healthy": running, busy or not
     procs.interrupt()
     with pytest.raises(ActorError):
         pending.get(timeout=30)

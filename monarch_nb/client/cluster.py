@@ -201,8 +201,9 @@ class Cluster:
         / lost, ``cause``, ``pid``, ``rss_bytes``, ``cpu_s``, ``uptime_s``) -> ``actors``
         (mesh, rank, class, state; ``endpoint`` and ``busy_s`` when busy); the same
         actors per actor mesh in ``actor_meshes`` (alive/size); meshes being spawned in
-        ``starting``; ``summary`` ("8/8 procs healthy · 1 busy · 0 failed") and
-        ``counts``. See ``monarch_nb.hub.health``."""
+        ``starting``; ``summary`` ("8/8 procs healthy · 1 busy · 0 failed": healthy there
+        means running, busy or paused included) and ``counts`` (procs per state, and
+        ``alive``). See ``monarch_nb.hub.health``."""
         return self.hub.request("health", timeout=30.0)
 
     @property

@@ -104,7 +104,7 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
                                                              "healthy"),
                            "actors": [n for n in nodes if n]})
     total = sum(counts.values())
-    alive = counts["healthy"] + counts["busy"] + counts["paused"]
+    alive = counts["healthy"] + counts["busy"] + counts["paused"]  # running: what the summary calls healthy
     summary = f"{alive}/{total} procs healthy"
     for s in ("busy", "paused", "unresponsive"):
         if counts[s]:
@@ -113,6 +113,6 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
     if starting:
         summary += " · " + ", ".join(f"{n} starting ({up}/{of})" for n, (up, of) in starting.items())
     return {"cluster": name, "state": "healthy" if alive == total else "degraded", "summary": summary,
-            "counts": counts, "hosts": host_nodes, "actor_meshes": mesh_nodes,
+            "counts": {**counts, "alive": alive}, "hosts": host_nodes, "actor_meshes": mesh_nodes,
             "starting": [{"proc_mesh": n, "up": up, "total": of, "state": "starting"}
                          for n, (up, of) in starting.items()]}
