@@ -181,7 +181,7 @@ class MonarchMagics(Magics):
 
     @staticmethod
     def _print(*renderables) -> None:
-        console = Console()
+        console = Console(highlight=False)  # no guessing: "host(s)" is not a call
         for r in renderables:
             console.print(r)
 
