@@ -277,9 +277,9 @@ def test_a_proc_dying_between_cells_is_shown_at_the_start_of_the_next_cell(kerne
 
 
 def test_ctrl_c_while_waiting_on_a_call_gives_one_keyboard_interrupt_and_later_calls_are_right(kernel, talkers):
-    msg_id = kernel.execute("talkers.spin.call(2).get()")
-    assert kernel.wait_for(lambda: any(m["msg_type"] == "status" and m["content"]["execution_state"] == "busy"
-                                       for m in kernel.outputs[msg_id]), 10)
+    # Interrupted once the cell runs (a SIGINT before that is the kernel's own, not the cell's).
+    msg_id = kernel.execute("print('waiting', flush=True)\ntalkers.spin.call(5).get()")
+    assert kernel.wait_for(lambda: "waiting" in kernel.text(msg_id), 10)
     kernel.km.interrupt_kernel()
     reply = kernel.finish(msg_id, timeout=20)
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
