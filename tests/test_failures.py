@@ -14,7 +14,7 @@ import pytest
 
 from monarch_nb.actor import Actor, ActorError, MeshFailure, SupervisionError, endpoint, set_failure_hook, this_host
 
-from conftest import wait_until
+from conftest import pids_alive, wait_until
 
 BOUND_S = 5.0  # generous: the benchmark reports the real figure (milliseconds)
 
@@ -301,3 +301,18 @@ def test_bad_supervision_and_spawn_arguments_are_refused_clearly(host, call, err
     with pytest.raises(error, match=message):
         call(host)
     assert host._hub().request("health", timeout=30)["counts"]["failed"] == 0
+
+
+def test_meshes_an_actor_spawned_are_stopped_when_it_dies(host, unhandled):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="parent-procs")
+    try:
+        boss = procs.spawn("orphaner", Supervisor, "handle")
+        children = boss.start_children.call_one("orphans").get(timeout=60)
+        assert pids_alive(children) == children
+        os.kill(procs.pids[0], signal.SIGKILL)
+        # No owner is left to use or supervise them: they go too, with their processes.
+        assert wait_until(lambda: not pids_alive(children), BOUND_S + 5)
+        info = host._hub().request("info", timeout=30)
+        assert "orphans" not in info["proc_meshes"] and "orphans" not in info["actor_meshes"]
+    finally:
+        procs.stop()

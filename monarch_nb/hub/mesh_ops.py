@@ -157,6 +157,7 @@ class MeshOps:
         self._forget_actor_mesh(record)
         await self._announce({"op": "actors_gone", "actors": {  # calls to them fail, now and later
             a: (record.name, i, "its actor mesh was stopped") for i, a in enumerate(record.addresses)}})
+        self._stop_orphans(set(record.addresses))
         mesh = self.proc_meshes.get(record.proc_mesh)
         if mesh is None:
             return
@@ -166,6 +167,8 @@ class MeshOps:
             for p in live), return_exceptions=True)
 
     async def _stop_proc_mesh(self, record: ProcMeshRecord) -> None:
+        if self.proc_meshes.get(record.name) is not record:
+            return  # already stopped (e.g. as an orphan and by its owner at once)
         await self._procs_died([(record, rank, proc) for rank, proc in enumerate(record.procs)  # waiting calls fail
                                 if proc.exit_code is None], expected=True)
         for actor_mesh in [a for a in self.actor_meshes.values() if a.proc_mesh == record.name]:

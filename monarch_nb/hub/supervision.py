@@ -13,6 +13,9 @@ For each failure the hub
 3. otherwise announces it to clients as ``supervision`` (unhandled): a notebook shows
    it, and the next call on the affected mesh raises it (see ``client.supervision``).
 
+Meshes an actor spawned are stopped when that actor is gone (its proc died or was
+stopped, or its mesh was stopped): nobody is left to use them.
+
 Recovery: ``restart_procs`` starts new procs in place of failed ones (same host, same
 proc id) and re-creates every actor that lived on them from its saved constructor
 payload, at the same address when it is free.
@@ -99,6 +102,19 @@ class SupervisionOps:
         await self._announce({"op": "actors_gone", "actors": actors})
         for failure, owner in failures:
             asyncio.ensure_future(self._escalate(failure, owner))
+        self._stop_orphans(set(actors))
+
+    def _stop_orphans(self, gone: set[str]) -> None:
+        """Meshes spawned by the actors at addresses ``gone`` have no owner left to use or
+        supervise them: they are stopped (not left running, holding memory and GPUs)."""
+        for record in [m for m in self.proc_meshes.values() if (m.owner or {}).get("address") in gone]:
+            print(f"monarch_nb hub: stopping proc mesh {record.name!r}: its owner {record.owner['mesh']} rank "
+                  f"{record.owner['rank']} is gone", file=sys.stderr)
+            asyncio.ensure_future(self._stop_proc_mesh(record))
+        for record in [a for a in self.actor_meshes.values() if (a.owner or {}).get("address") in gone]:
+            print(f"monarch_nb hub: stopping actor mesh {record.name!r}: its owner {record.owner['mesh']} rank "
+                  f"{record.owner['rank']} is gone", file=sys.stderr)
+            asyncio.ensure_future(self._stop_actor_mesh(record))
 
     def _death_cause(self, proc: ProcRecord, expected: bool, cause: str | None) -> str:
         """"proc P (pid N on HOST) CAUSE; last stderr: ..." """
