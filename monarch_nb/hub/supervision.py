@@ -117,7 +117,7 @@ class SupervisionOps:
             asyncio.ensure_future(self._stop_actor_mesh(record))
 
     def _death_cause(self, proc: ProcRecord, expected: bool, cause: str | None) -> str:
-        """"proc P (pid N on HOST) CAUSE; last stderr: ..." """
+        """Why ``proc`` is gone, as ``proc P (pid N on HOST) CAUSE; last stderr: ...``."""
         if cause is None:
             cause = proc.cause or ("was stopped" if expected else exit_cause(proc.exit_code))
             if proc.exit_code == -9 and not expected:  # SIGKILL: the usual sign of the OOM killer
