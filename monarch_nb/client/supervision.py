@@ -1,10 +1,8 @@
 """Supervision in the client: calls to dead actors fail promptly, and failures nobody
 handled reach the user.
 
-Calls to actors whose proc has died fail promptly instead of waiting forever.
-
 The host agent sees its child exit at once and tells the hub, which tells every
-client which actor addresses died and why. Here, every call still waiting on one of
+client which actor addresses died (or were stopped) and why (``actors_gone``). Here, every call still waiting on one of
 those actors gets a failure reply for that rank (sent to this process's own mailbox,
 so it is dispatched like any reply), and later calls to them fail without being sent.
 The call then raises :class:`SupervisionError` naming mesh, rank, host, pid and cause.
