@@ -177,3 +177,23 @@ def test_two_host_mesh_gets_local_ranks_per_host_and_a_group_across_hosts():
     finally:
         cluster.stop()
     assert wait_until(lambda: not cluster_processes(cluster.path), 10), cluster_processes(cluster.path)
+
+
+def test_a_torch_mesh_with_a_dead_rank_is_restarted_whole_and_forms_a_new_group(host):
+    procs = _spawn_procs(host, "ddp-restart", 4)
+    try:
+        procs.setup_torch_distributed(backend="gloo")
+        workers = procs.spawn("collective-restart", Collective)  # init_process_group in __init__
+        assert workers.all_reduce.call(1.0).get(timeout=60).values() == [4.0] * 4
+        old = procs.pids
+        os.kill(old[2], signal.SIGKILL)
+        with pytest.raises(SupervisionError):
+            workers.all_reduce.call(1.0).get(timeout=60)
+        # The group is broken for everyone: restart every rank. The new procs start with
+        # the same torch variables, so each __init__ joins a new group.
+        assert workers.restart(ranks=list(range(4))) == [0, 1, 2, 3]
+        assert workers.all_reduce.call(2.0).get(timeout=60).values() == [8.0] * 4
+        assert not set(procs.pids) & set(old)  # this handle sees the new procs
+        assert procs.setup_torch_distributed(backend="gloo").values()[2]["RANK"] == "2"  # the same group
+    finally:
+        procs.stop()

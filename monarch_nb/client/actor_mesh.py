@@ -10,12 +10,7 @@ import itertools
 import threading
 from typing import TYPE_CHECKING
 
-from ..errors import ActorError, RemoteFailure
-from ..mesh import Extent, Shape
-from ..wire import serialize
-from ..wire.mailbox import local_mailbox
-from ..wire.remote_error import unpack_exception
-from . import supervision
+from ..mesh import Shape
 from .endpoint import Endpoint
 from .mesh_handle import MeshHandle
 
@@ -125,6 +120,8 @@ class ActorMesh(MeshHandle):
             if bad:
                 raise IndexError(f"{self._name} has ranks 0-{len(self) - 1} in this view, not {bad}")
             proc_ranks = [record["proc_ranks"][self._shape.base_rank(r)] for r in ranks]
+        from .proc_mesh import restart  # proc_mesh imports this module
+
         reply = restart(self._hub(), self._cluster_id, record["proc_mesh"], proc_ranks, timeout)
         self._addresses[:] = reply["actor_meshes"][self._name]["addresses"]  # this handle and its slices
         return reply["restarted"]
@@ -136,29 +133,3 @@ class ActorMesh(MeshHandle):
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._class_name} {dict(self.extent)}>"
-
-
-def restart(hub, cluster_id: str, proc_mesh: str, proc_ranks: list[int] | None, timeout: float) -> dict:
-    """Ask the hub to restart ``proc_ranks`` of ``proc_mesh`` (None: the failed ones);
-    returns its reply (``restarted`` ranks, ``actor_meshes`` records)."""
-    local_mailbox().outbox.drop_discarded()  # calls queued for the dead must not reach the new
-    reply = hub.request("restart_procs", timeout=timeout, name=proc_mesh, ranks=proc_ranks)
-    for name, record in reply["actor_meshes"].items():
-        supervision.sync(name, record["addresses"], record["dead"])
-        supervision.clear_pending(cluster_id, name)
-    if reply["failures"]:  # the first actor mesh's; the procs are stopped, so health shows them all
-        name, packed = sorted(reply["failures"].items())[0]
-        record = reply["actor_meshes"][name]
-        raise init_error(name, f"{record['class_name'].rpartition('.')[2]}.__init__ (restarting)", packed,
-                         Extent(record["extent"]))
-    return reply
-
-
-def init_error(mesh: str, what: str, packed: dict, extent: Extent) -> ActorError:
-    """The :class:`ActorError` for actors whose ``__init__`` raised (``packed``: rank ->
-    the exception as the proc packed it)."""
-    failures = []
-    for rank, frames in sorted(packed.items()):
-        exc, tb = unpack_exception(serialize.loads(frames))
-        failures.append(RemoteFailure(extent.point(int(rank)), exc, tb))
-    return ActorError(mesh, what, failures, extent.nelements)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import inspect
+import weakref
 
+from ..errors import ActorError, RemoteFailure
 from ..mesh import Extent, Shape
 from ..proc.actor import Actor, endpoint_names, owner_of_new_meshes
 from ..wire import serialize
 from ..wire.mailbox import local_mailbox
+from ..wire.remote_error import unpack_exception
 from . import logs, supervision, torch_env
-from .actor_mesh import ActorMesh, init_error, restart
+from .actor_mesh import ActorMesh
 from .mesh_handle import MeshHandle
 from .value_mesh import ValueMesh
 
@@ -25,6 +28,10 @@ def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
     return f"{cls.__module__}.{cls.__qualname__}", endpoints, methods
 
 
+# The handles of each proc mesh in this process, so that a restart updates all of them.
+_handles: dict[tuple[str, str], "weakref.WeakSet[ProcMesh]"] = {}
+
+
 class ProcMesh(MeshHandle):
     """Worker processes laid out over ``extent``, e.g. ``{"hosts": 1, "gpus": 8}``."""
 
@@ -34,6 +41,7 @@ class ProcMesh(MeshHandle):
         self._name = name
         self._shape = shape
         self._procs = procs  # base rank order: proc_id, address, pid, host_id
+        _handles.setdefault((cluster_id, name), weakref.WeakSet()).add(self)
 
     def __reduce__(self):
         return (ProcMesh, (self._cluster_id, self._hub_address, self._name, self._shape, self._procs))
@@ -119,6 +127,12 @@ class ProcMesh(MeshHandle):
         ``ValueError`` when the mesh was stopped."""
         return restart(self._hub(), self._cluster_id, self._name, None, timeout)["restarted"]
 
+    def _refresh(self) -> None:
+        """Take the hub's current procs of this mesh (a restart replaces some)."""
+        record = self._hub().request("info", timeout=30.0)["proc_meshes"].get(self._name)
+        if record is not None and len(record["procs"]) == len(self._procs):
+            self._procs[:] = record["procs"]
+
     def stop(self) -> None:
         """Stop every proc of this mesh (the whole mesh, also when called on a slice) and
         the actors on them. Blocks until the processes have exited."""
@@ -126,3 +140,31 @@ class ProcMesh(MeshHandle):
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._name!r} {dict(self.extent)}>"
+
+
+def restart(hub, cluster_id: str, proc_mesh: str, proc_ranks: list[int] | None, timeout: float) -> dict:
+    """Ask the hub to restart ``proc_ranks`` of ``proc_mesh`` (None: the failed ones);
+    returns its reply (``restarted`` ranks, ``actor_meshes`` records)."""
+    local_mailbox().outbox.drop_discarded()  # calls queued for the dead must not reach the new
+    reply = hub.request("restart_procs", timeout=timeout, name=proc_mesh, ranks=proc_ranks)
+    for name, record in reply["actor_meshes"].items():
+        supervision.sync(name, record["addresses"], record["dead"])
+        supervision.clear_pending(cluster_id, name)
+    for handle in list(_handles.get((cluster_id, proc_mesh), ())):  # every handle here sees the new procs
+        handle._procs[:] = reply["proc_mesh"]["procs"]
+    if reply["failures"]:  # the first actor mesh's; the procs are stopped, so health shows them all
+        name, packed = sorted(reply["failures"].items())[0]
+        record = reply["actor_meshes"][name]
+        raise init_error(name, f"{record['class_name'].rpartition('.')[2]}.__init__ (restarting)", packed,
+                         Extent(record["extent"]))
+    return reply
+
+
+def init_error(mesh: str, what: str, packed: dict, extent: Extent) -> ActorError:
+    """The :class:`ActorError` for actors whose ``__init__`` raised (``packed``: rank ->
+    the exception as the proc packed it)."""
+    failures = []
+    for rank, frames in sorted(packed.items()):
+        exc, tb = unpack_exception(serialize.loads(frames))
+        failures.append(RemoteFailure(extent.point(int(rank)), exc, tb))
+    return ActorError(mesh, what, failures, extent.nelements)

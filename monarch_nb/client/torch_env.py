@@ -98,7 +98,7 @@ def _ask(mesh: "ProcMesh", headers: list[dict], timeout: float) -> list[dict]:
 def _raise_if_exited(mesh: "ProcMesh", procs: list[dict], replies: dict) -> None:
     """:class:`SupervisionError` naming the procs without a reply that the hub's
     registry shows exited. (``this_proc()`` has no hub: nothing to ask.)"""
-    if mesh._hub_address == procs[0]["address"]:
+    if _is_this_proc(mesh):
         return
     try:
         record = mesh._hub().request("info", timeout=CHECK_S)["proc_meshes"].get(mesh.name, {})
@@ -151,6 +151,8 @@ def setup(mesh: "ProcMesh", backend: str | None = None, master_addr: str | None 
     if backend is not None:
         check_backend(backend)
     _check_master(master_addr, master_port)
+    if not _is_this_proc(mesh):
+        mesh._refresh()  # a restart may have replaced procs since this handle was made
     n = len(mesh)
     query = [{"op": "torch_env_query", "free_port": r == 0 and master_port is None} for r in range(n)]
     states = _ask(mesh, query, timeout)
@@ -163,4 +165,12 @@ def setup(mesh: "ProcMesh", backend: str | None = None, master_addr: str | None 
         ips = [host_of(mesh._procs[b]["address"]) for b in mesh._shape.base_ranks()]
         envs = [s["env"] for s in _ask(mesh, [{"op": "torch_env_set", "env": e, "ip": ip}
                                               for e, ip in zip(wanted, ips)], timeout)]
+        if not _is_this_proc(mesh):  # a restarted proc starts with the same variables
+            mesh._hub().request("set_rank_env", timeout=30.0, name=mesh._name,
+                                env={b: e for b, e in zip(mesh._shape.base_ranks(), envs)})
     return ValueMesh(mesh.extent, envs)
+
+
+def _is_this_proc(mesh: "ProcMesh") -> bool:
+    """``this_proc()``: the client itself, with no hub to ask."""
+    return mesh._hub_address == mesh._procs[0]["address"]

@@ -124,6 +124,7 @@ class HostAgent:
         proc_ids = request["proc_ids"]
         loop = asyncio.get_running_loop()
         env = {**os.environ, **request.get("env", {})}
+        env_by_proc = request.get("env_by_proc") or {}  # e.g. torch's RANK for a restarted proc
         for proc_id in proc_ids:
             self.ready[proc_id] = loop.create_future()
             self.exited.pop(proc_id, None)  # a restart reuses the id of a proc that exited
@@ -135,7 +136,8 @@ class HostAgent:
                         request.get("python") or sys.executable, "-m", "monarch_nb.proc",
                         "--cluster-dir", self.cluster_dir, "--agent", self.net.address,
                         "--proc-id", proc_id, "--ppid", str(os.getpid()),
-                        env=env, cwd=request.get("cwd") or None, stdin=asyncio.subprocess.DEVNULL,
+                        env={**env, **env_by_proc.get(proc_id, {})}, cwd=request.get("cwd") or None,
+                        stdin=asyncio.subprocess.DEVNULL,
                         stdout=out, stderr=err)
                 finally:
                     os.close(out)

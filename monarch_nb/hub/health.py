@@ -110,9 +110,13 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
         if counts[s]:
             summary += f" · {counts[s]} {s}"
     summary += f" · {counts['failed'] + counts['lost']} failed"
+    hosts_down = sum(1 for h in host_nodes if h["state"] != "healthy")
+    if hosts_down:
+        summary += f" · {hosts_down}/{len(host_nodes)} host(s) {'failed' if any(h['cause'] for h in host_nodes) else 'lost'}"
     if starting:
         summary += " · " + ", ".join(f"{n} starting ({up}/{of})" for n, (up, of) in starting.items())
-    return {"cluster": name, "state": "healthy" if alive == total else "degraded", "summary": summary,
+    return {"cluster": name, "state": "healthy" if alive == total and not hosts_down else "degraded",
+            "summary": summary,
             "counts": {**counts, "alive": alive}, "hosts": host_nodes, "actor_meshes": mesh_nodes,
             "starting": [{"proc_mesh": n, "up": up, "total": of, "state": "starting"}
                          for n, (up, of) in starting.items()]}

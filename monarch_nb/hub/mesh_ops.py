@@ -27,6 +27,9 @@ def check_mesh_name(name) -> None:
                        "or digit", "ValueError")
 
 
+SPAWN_TIMEOUT_S = 120.0  # an agent answers within its own 60 s proc start timeout, or is gone
+
+
 class MeshOps:
     """Mixin of ``Hub``: the mesh operations and their helpers."""
 
@@ -39,6 +42,11 @@ class MeshOps:
             raise HubError("per_host must not name the 'hosts' dimension; the host mesh provides it",
                            "ValueError")
         hosts = header.get("hosts") or self.host_order
+        gone = [h for h in hosts if h not in self.hosts or self.hosts[h].lost]
+        if gone:
+            causes = "; ".join(f"{h}: {self.hosts[h].cause or 'its agent fell silent'}" if h in self.hosts
+                               else f"{h}: unknown" for h in gone)
+            raise HubError(f"can't start procs on lost host(s) ({causes}); stop this cluster and start a new one")
         extent = {"hosts": len(hosts), **per_host}
         name = header.get("name")
         if name is None:
@@ -61,17 +69,20 @@ class MeshOps:
             ids = [f"{name}/{h * per + i}" for i in range(per)]
             requests.append(self.net.request(self.hosts[host_id].address, {
                 "op": "spawn_procs", "proc_ids": ids, "env": header.get("env", {}),
-                "cwd": header.get("cwd"), "python": header.get("python")}))
+                "cwd": header.get("cwd"), "python": header.get("python")}, timeout=SPAWN_TIMEOUT_S))
         self.spawning[name] = [0, header.get("spawn_id")]
         self.spawning_size[name] = len(hosts) * per
         self._health_changed()
         try:
-            replies = await asyncio.gather(*requests)
+            replies = await asyncio.gather(*requests, return_exceptions=True)
         finally:
             self.spawning.pop(name, None)
             self.spawning_size.pop(name, None)
-        errors = [r.header["error"] for r in replies if not r.header["ok"]]
-        procs = [ProcRecord(**p) for r in replies if r.header["ok"] for p in r.header["procs"]]
+        errors = [f"host agent {h} did not answer within {SPAWN_TIMEOUT_S:.0f} s" if isinstance(r, BaseException)
+                  else r.header["error"] for h, r in zip(hosts, replies)
+                  if isinstance(r, BaseException) or not r.header["ok"]]
+        procs = [ProcRecord(**p) for r in replies if not isinstance(r, BaseException) and r.header["ok"]
+                 for p in r.header["procs"]]
         if errors:
             await self._stop_procs(procs)
             raise HubError("; ".join(errors))

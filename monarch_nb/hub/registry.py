@@ -54,10 +54,12 @@ class ProcMeshRecord:
     created: float = field(default_factory=time.time)
     owner: dict | None = None  # the actor that spawned it (mesh, rank, address); None: a client
     launch: dict = field(default_factory=dict)  # env, cwd, python of the spawn: restarts reuse them
+    rank_env: dict = field(default_factory=dict)  # str(rank) -> env set in that proc since (torch's)
 
     def public(self) -> dict:
         return {"name": self.name, "extent": self.extent, "created": self.created,
-                "procs": [vars(p) for p in self.procs], "owner": self.owner, "launch": self.launch}
+                "procs": [vars(p) for p in self.procs], "owner": self.owner, "launch": self.launch,
+                "rank_env": self.rank_env}
 
     saved = public
 

@@ -53,7 +53,8 @@ def load(path: Path) -> dict | None:
         "allocator": data.get("allocator"),
         "hosts": {h["host_id"]: HostRecord(**h) for h in data["hosts"]},
         "proc_meshes": {m["name"]: ProcMeshRecord(m["name"], m["extent"], [ProcRecord(**p) for p in m["procs"]],
-                                                   m["created"], m.get("owner"), m.get("launch", {})) for m in data["proc_meshes"]},
+                                                   m["created"], m.get("owner"), m.get("launch", {}),
+                                                   m.get("rank_env", {})) for m in data["proc_meshes"]},
         "actor_meshes": {m["name"]: ActorMeshRecord(**m) for m in data["actor_meshes"]},
     }
 

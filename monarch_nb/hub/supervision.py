@@ -183,6 +183,16 @@ class SupervisionOps:
                 "actor_meshes": {n: self._actor_mesh_view(a) for n, a in self.actor_meshes.items()
                                  if a.proc_mesh == mesh.name}}
 
+    async def op_set_rank_env(self, header, message):
+        """Remember variables set in procs of a mesh since their start (``env``: rank ->
+        variables), so that a restarted proc starts with them (torch's RANK, ...)."""
+        mesh = self.proc_meshes.get(header["name"])
+        if mesh is None:
+            raise HubError(f"no proc mesh named {header['name']!r}; it was stopped", "ValueError")
+        mesh.rank_env.update({str(r): env for r, env in header["env"].items()})
+        self._save()
+        return {}
+
     async def _restart(self, mesh: ProcMeshRecord, ranks: list[int]) -> dict:
         """New procs for ``ranks``, then every actor that lived on them. A proc on which
         an actor's ``__init__`` raises again is stopped (so it stays failed, and a later
@@ -200,7 +210,8 @@ class SupervisionOps:
             self.net.request(self.hosts[h].address, {
                 "op": "spawn_procs", "proc_ids": [mesh.procs[r].proc_id for r in rs],
                 "env": mesh.launch.get("env") or {}, "cwd": mesh.launch.get("cwd"),
-                "python": mesh.launch.get("python")})
+                "python": mesh.launch.get("python"),
+                "env_by_proc": {mesh.procs[r].proc_id: mesh.rank_env[str(r)] for r in rs if str(r) in mesh.rank_env}})
             for h, rs in by_host.items()))
         errors = [r.header["error"] for r in replies if not r.header["ok"]]
         if errors:
