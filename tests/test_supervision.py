@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from monarch_nb.actor import Actor, ActorError, SupervisionError, endpoint
+from monarch_nb.actor import Actor, ActorError, ClusterError, SupervisionError, endpoint
 from monarch_nb.client.cluster import Cluster
 
 from conftest import cluster_processes, wait_until
@@ -98,6 +98,10 @@ def test_a_host_whose_agent_dies_is_lost_with_its_procs_within_the_heartbeat_bou
         os.kill(agent, signal.SIGKILL)  # its procs die with it; nobody reports their exit
         with pytest.raises(SupervisionError, match="lost with its host"):
             pending.get(timeout=30)
+        # The lost host takes no new procs: refused at once, not a hang.
+        with pytest.raises(ClusterError, match="can't start procs on lost host"):
+            cluster.host_mesh().spawn_procs(per_host={"gpus": 1}, name="after")
+        assert "1/1 host(s)" in cluster.health()["summary"]
     finally:
         cluster.stop()
     assert wait_until(lambda: not cluster_processes(cluster.path), 15)
