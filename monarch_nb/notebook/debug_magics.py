@@ -205,7 +205,9 @@ def _debug(magics, rest: str):
         moved = {"step": dbg.step, "next": dbg.next, "out": dbg.step_out}[action](mesh, ranks)
         for rank, stop in sorted(moved.items()):
             print(f"[{mesh} {rank}] " + (f"at {os.path.basename(stop.file or '?')}:{stop.line} in {stop.function}"
-                                         if stop is not None else "running"))
+                                         if stop is not None else
+                                         f"running: the {action} is still pending and pauses this rank at the "
+                                         "next line of user code it runs (a later call's, if this one ended)"))
         return None
     raise UsageError(f"%monarch debug: unknown action {action!r}\n{HELP}")
 
