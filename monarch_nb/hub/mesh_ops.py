@@ -15,7 +15,7 @@ from . import state
 from .errors import HubError
 from .registry import ActorMeshRecord, ProcMeshRecord, ProcRecord, exit_cause
 
-
+SPAWN_TIMEOUT_S = 120.0  # an agent answers within its own 60 s proc start timeout, or is gone
 _MESH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -26,8 +26,6 @@ def check_mesh_name(name) -> None:
         raise HubError(f"mesh name {name!r}: use 1-64 letters, digits, '_', '.' or '-', starting with a letter "
                        "or digit", "ValueError")
 
-
-SPAWN_TIMEOUT_S = 120.0  # an agent answers within its own 60 s proc start timeout, or is gone
 
 
 class MeshOps:
