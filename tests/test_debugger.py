@@ -56,6 +56,8 @@ def test_breakpoint_pauses_every_rank_eval_in_all_then_continue_returns(dbg, pau
     results = dbg.eval("y", "paused")
     assert {rank: text for (_, rank), text in results.items()} == {0: "40", 1: "41", 2: "42", 3: "43"}
     assert dbg.eval("x", paused4).folded() == [("paused", [0, 1, 2, 3], "4")]  # equal results fold
+    with pytest.raises(TimeoutError, match=r"paused rank\(s\) 0, 1, 2, 3 are paused in the debugger"):
+        future.get(timeout=0.5)  # a call that waits on paused ranks says so
     assert sorted(dbg.continue_("paused")) == [0, 1, 2, 3]
     assert list(future.get(timeout=30).values()) == [41, 42, 43, 44]
     assert wait_until(lambda: not dbg.paused(), 10)

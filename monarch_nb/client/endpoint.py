@@ -115,6 +115,7 @@ class Endpoint:
             supervision.fail(mesh._cluster_id, port, targets[address], why)
         mesh._track(view_ranks, future)
         future._ranks = len(view_ranks)
+        future._why_slow = lambda: _paused_ranks_hint(mesh, by_base)
         future._answered = lambda: len(view_ranks) - remaining[0]
         return future
 
@@ -184,3 +185,17 @@ class Endpoint:
         """Send to every actor without waiting for or returning results (fire and
         forget). An exception in the endpoint is printed to that proc's stderr."""
         self._send(list(range(len(self._mesh))), args, kwargs)
+
+
+def _paused_ranks_hint(mesh: "ActorMesh", by_base: dict[int, int]) -> str:
+    """For a call that timed out: which of its actors are paused in the debugger (one
+    hub request, at most a second), or "" (none, or no hub to ask)."""
+    try:
+        stops = mesh._hub().request("debug_paused", timeout=1.0)["stops"]
+    except Exception:  # noqa: BLE001 - only a hint: no hub (this_proc), or it is slow
+        return ""
+    paused = sorted({s["rank"] for s in stops if s.get("mesh") == mesh._name and s.get("rank") in by_base})
+    if not paused:
+        return ""
+    return (f"; {mesh._name} rank(s) {', '.join(map(str, paused))} are paused in the debugger "
+            f"(%monarch debug, or cluster.debugger.paused({mesh._name!r}))")

@@ -31,6 +31,7 @@ class Future(Generic[R]):
         self._callbacks: list[Callable[["Future"], None]] = []
         self._ranks = 1  # how many ranks answer this call, and how many have (for progress)
         self._answered: Callable[[], int] = lambda: int(self._done)
+        self._why_slow: Callable[[], str] = lambda: ""  # appended to the TimeoutError (e.g. paused ranks)
 
     # completion (called from the thread dispatching replies) ---------------------------
     def _resolve(self, value: Any = None, error: BaseException | None = None) -> None:
@@ -56,7 +57,7 @@ class Future(Generic[R]):
         """
         if not self._done and not progress.wait(self._mailbox, lambda: self._done, timeout, self._description,
                                                 self._ranks, self._answered):
-            raise TimeoutError(f"{self._description} did not finish within {timeout} s")
+            raise TimeoutError(f"{self._description} did not finish within {timeout} s{self._why_slow()}")
         if self._error is not None:
             raise self._error
         return self._value
