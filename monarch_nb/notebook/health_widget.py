@@ -67,14 +67,7 @@ class _NodeView:
                 self._sync_children()
 
     def _sync_children(self) -> None:
-        kept: dict[str, _NodeView] = {}
-        for child in self._node.children:
-            view = self._children.pop(child.key, None) or _NodeView(child, self._lock)
-            view.update(child)
-            kept[child.key] = view
-        for gone in self._children.values():
-            gone.close()
-        self._children = kept
+        kept = self._children = _reconcile(self._children, self._node.children, self._lock)
         widgets = tuple(v.widget for v in kept.values())
         if self.body.children != widgets:
             self.body.children = widgets
@@ -114,6 +107,19 @@ class _NodeView:
                 w.close()
 
 
+def _reconcile(views: dict[str, _NodeView], nodes, lock: threading.RLock) -> dict[str, _NodeView]:
+    """Views for ``nodes`` by key: existing ones updated in place (so what the user
+    opened stays open), new ones made, those of vanished nodes closed."""
+    kept: dict[str, _NodeView] = {}
+    for node in nodes:
+        view = views.pop(node.key, None) or _NodeView(node, lock)
+        view.update(node)
+        kept[node.key] = view
+    for gone in views.values():
+        gone.close()
+    return kept
+
+
 class HealthWidget(VBox):
     """A cluster's health tree as a live widget. ``tree``: the latest health tree shown
     (``None`` before the first); ``ended``: why live updates stopped (``None`` while
@@ -150,14 +156,7 @@ class HealthWidget(VBox):
             summary = health_view.summary_html(tree, note)
             if self._summary.value != summary:
                 self._summary.value = summary
-            kept: dict[str, _NodeView] = {}
-            for node in health_view.nodes(tree, self._previous):
-                view = self._views.pop(node.key, None) or _NodeView(node, self._lock)
-                view.update(node)
-                kept[node.key] = view
-            for gone in self._views.values():
-                gone.close()
-            self._views = kept
+            kept = self._views = _reconcile(self._views, health_view.nodes(tree, self._previous), self._lock)
             children = (self._summary, *(v.widget for v in kept.values()))
             if self.children != children:
                 self.children = children
