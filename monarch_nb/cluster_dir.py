@@ -27,6 +27,13 @@ def clusters_root() -> Path:
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+NAME_RULE = "use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+
+
+def is_valid_name(name) -> bool:
+    """True for a name usable for a cluster or a mesh (also a file name, and a proc id
+    prefix ``NAME/RANK``)."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
 
 
 def cluster_path(name: str) -> Path:
@@ -34,9 +41,8 @@ def cluster_path(name: str) -> Path:
     1-64 letters, digits, ``_``, ``.`` or ``-`` starting with a letter or digit."""
     if not isinstance(name, str):
         raise TypeError(f"a cluster name is a string, not {type(name).__name__}")
-    if not _NAME.fullmatch(name):
-        raise ValueError(f"bad cluster name {name!r}: use 1-64 letters, digits, '_', '.' or '-', "
-                         "starting with a letter or digit (e.g. 'default', 'exp-1')")
+    if not is_valid_name(name):
+        raise ValueError(f"bad cluster name {name!r}: {NAME_RULE} (e.g. 'default', 'exp-1')")
     return clusters_root() / name
 
 

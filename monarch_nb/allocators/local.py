@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import signal
 import subprocess
 import sys
 
 import psutil
+
+from ..hub.registry import exit_cause
 
 
 class LocalAllocator:
@@ -59,8 +60,7 @@ class LocalAllocator:
             if isinstance(agent, subprocess.Popen):
                 code = agent.poll()
                 if code is not None:
-                    how = f"killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
-                    ended[host_id] = f"its host agent (pid {agent.pid}) {how}"
+                    ended[host_id] = f"its host agent (pid {agent.pid}) {exit_cause(code)}"
             elif not _running(agent):
                 ended[host_id] = f"its host agent (pid {agent.pid}) exited"
         return ended
@@ -100,13 +100,6 @@ class LocalAllocator:
             host_id = f"host{next(self._ids)}"
             if host_id not in self.agents:
                 return host_id
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def _running(process: psutil.Process) -> bool:

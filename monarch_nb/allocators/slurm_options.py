@@ -48,7 +48,7 @@ def allocator_from(args: argparse.Namespace):
 
 
 def describe(info: dict) -> str:
-    """``"Slurm job 12 on n[1-2]"`` for a cluster's ``cluster.json``; ``""`` if not on Slurm."""
+    """``"Slurm job 12 (2 node(s))"`` for a cluster's ``cluster.json``; ``""`` if not on Slurm."""
     spec = info.get("allocator") or {}
     if spec.get("kind") != "slurm":
         return ""

@@ -26,7 +26,7 @@ class LocalProcMesh(ProcMesh):
     def __init__(self):
         cluster_id = f"local-{os.getpid()}-{secrets.token_hex(4)}"
         wire_frames.register_key(cluster_id, secrets.token_bytes(32))
-        self._server = ProcServer(cluster_id, "local")
+        self._server = ProcServer(cluster_id, "local", has_hub=False)
         threading.Thread(target=self._server.serve, name="monarch-nb-local-proc", daemon=True).start()
         super().__init__(cluster_id, self._server.address, "local", Shape(Extent({})),
                          [{"proc_id": "local", "address": self._server.address, "pid": os.getpid(),

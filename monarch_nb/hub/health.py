@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 
-from .registry import ActorMeshRecord, HostRecord, ProcMeshRecord, exit_cause
+from .registry import LOST_EXIT_CODE, ActorMeshRecord, HostRecord, ProcMeshRecord, exit_cause
 
 PROC_ORDER = ("failed", "lost", "unresponsive", "paused", "busy", "healthy")
 
@@ -40,12 +40,12 @@ def _actor_node(record: ActorMeshRecord, rank: int, proc_state: str, status: dic
 
 
 def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshRecord],
-         actor_meshes: dict[str, ActorMeshRecord], lost_code: int, statuses: dict[str, dict | None],
+         actor_meshes: dict[str, ActorMeshRecord], statuses: dict[str, dict | None],
          starting: dict[str, tuple[int, int]]) -> dict:
     """The health tree.
 
-    ``lost_code``: the exit code the hub records for lost procs. ``statuses``: proc id ->
-    its answer to ``status`` (None: no answer); procs not in it are not asked (dead).
+    ``statuses``: proc id -> its answer to ``status`` (None: no answer); procs not in
+    it are not asked (dead).
     ``starting``: proc mesh being spawned -> (procs up, procs asked for).
     """
     now = time.time()
@@ -67,7 +67,7 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
                     continue
                 status = statuses.get(proc.proc_id)
                 cause = None
-                if proc.exit_code == lost_code:
+                if proc.exit_code == LOST_EXIT_CODE:
                     state, cause = "lost", "lost with its host"
                 elif proc.exit_code is not None:
                     state, cause = "failed", proc.cause or exit_cause(proc.exit_code)

@@ -8,24 +8,21 @@ restarts and, in a retained cluster, under ``spawn/`` in the state directory).
 from __future__ import annotations
 
 import asyncio
-import re
 
+from .. import cluster_dir
 from ..mesh import Extent
 from . import state
 from .errors import HubError
 from .registry import ActorMeshRecord, ProcMeshRecord, ProcRecord, exit_cause
 
 SPAWN_TIMEOUT_S = 120.0  # an agent answers within its own 60 s proc start timeout, or is gone
-_MESH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 def check_mesh_name(name) -> None:
     """Raise ``HubError`` (a ``ValueError`` for the client) for a name that can't be a
-    mesh's (it also makes proc ids ``NAME/RANK`` and file names)."""
-    if not isinstance(name, str) or not _MESH_NAME.fullmatch(name):
-        raise HubError(f"mesh name {name!r}: use 1-64 letters, digits, '_', '.' or '-', starting with a letter "
-                       "or digit", "ValueError")
-
+    mesh's (it also makes proc ids ``NAME/RANK``)."""
+    if not cluster_dir.is_valid_name(name):
+        raise HubError(f"mesh name {name!r}: {cluster_dir.NAME_RULE}", "ValueError")
 
 
 class MeshOps:
@@ -62,31 +59,16 @@ class MeshOps:
                                f"{extent}; choose another name, or pass replace=True to stop it first",
                                "ValueError")
         per = per_host.nelements
-        requests = []
-        for h, host_id in enumerate(hosts):
-            ids = [f"{name}/{h * per + i}" for i in range(per)]
-            requests.append(self.net.request(self.hosts[host_id].address, {
-                "op": "spawn_procs", "proc_ids": ids, "env": header.get("env", {}),
-                "cwd": header.get("cwd"), "python": header.get("python")}, timeout=SPAWN_TIMEOUT_S))
-        self.spawning[name] = [0, header.get("spawn_id")]
-        self.spawning_size[name] = len(hosts) * per
+        launch = {k: header.get(k) for k in ("env", "cwd", "python")}
+        self.spawning[name] = [0, header.get("spawn_id"), len(hosts) * per]
         self._health_changed()
         try:
-            replies = await asyncio.gather(*requests, return_exceptions=True)
+            procs = await self._start_procs(
+                {host_id: [f"{name}/{h * per + i}" for i in range(per)] for h, host_id in enumerate(hosts)}, launch)
         finally:
             self.spawning.pop(name, None)
-            self.spawning_size.pop(name, None)
-        errors = [f"host agent {h} did not answer within {SPAWN_TIMEOUT_S:.0f} s" if isinstance(r, BaseException)
-                  else r.header["error"] for h, r in zip(hosts, replies)
-                  if isinstance(r, BaseException) or not r.header["ok"]]
-        procs = [ProcRecord(**p) for r in replies if not isinstance(r, BaseException) and r.header["ok"]
-                 for p in r.header["procs"]]
-        if errors:
-            await self._stop_procs(procs)
-            raise HubError("; ".join(errors))
-        record = self.proc_meshes[name] = ProcMeshRecord(
-            name, extent, procs, owner=header.get("owner"),
-            launch={k: header.get(k) for k in ("env", "cwd", "python")})
+        record = self.proc_meshes[name] = ProcMeshRecord(name, extent, procs, owner=header.get("owner"),
+                                                         launch=launch)
         self._save()
         return record.public()
 
@@ -162,6 +144,30 @@ class MeshOps:
                 dead[str(i)] = f"proc {proc.proc_id} (pid {proc.pid}) {proc.cause or exit_cause(proc.exit_code)}"
         return {**record.public(), "dead": dead}
 
+    async def _start_procs(self, ids_by_host: dict[str, list[str]], launch: dict,
+                           env_by_proc: dict[str, dict] | None = None) -> list[ProcRecord]:
+        """Have each host's agent start the procs ``ids_by_host[host]``, all at once;
+        returns them in that order. If any host fails (or is silent for
+        ``SPAWN_TIMEOUT_S``), the procs that did start are stopped and ``HubError`` says
+        why."""
+        hosts = list(ids_by_host)
+        replies = await asyncio.gather(*(
+            self.net.request(self.hosts[h].address, {
+                "op": "spawn_procs", "proc_ids": ids_by_host[h], "env": launch.get("env") or {},
+                "cwd": launch.get("cwd"), "python": launch.get("python"),
+                "env_by_proc": {p: env_by_proc[p] for p in ids_by_host[h] if p in (env_by_proc or {})}},
+                timeout=SPAWN_TIMEOUT_S)
+            for h in hosts), return_exceptions=True)
+        errors = [f"host agent {h} did not answer within {SPAWN_TIMEOUT_S:.0f} s" if isinstance(r, BaseException)
+                  else r.header["error"] for h, r in zip(hosts, replies)
+                  if isinstance(r, BaseException) or not r.header["ok"]]
+        procs = [ProcRecord(**p) for r in replies if not isinstance(r, BaseException) and r.header["ok"]
+                 for p in r.header["procs"]]
+        if errors:
+            await self._stop_procs(procs)
+            raise HubError("; ".join(errors))
+        return procs
+
     async def _stop_actor_mesh(self, record: ActorMeshRecord) -> None:
         self._forget_actor_mesh(record)
         await self._announce({"op": "actors_gone", "actors": {  # calls to them fail, now and later
@@ -178,11 +184,11 @@ class MeshOps:
     async def _stop_proc_mesh(self, record: ProcMeshRecord) -> None:
         if self.proc_meshes.get(record.name) is not record:
             return  # already stopped (e.g. as an orphan and by its owner at once)
+        del self.proc_meshes[record.name]  # before any await: a second stop returns above
         await self._procs_died([(record, rank, proc) for rank, proc in enumerate(record.procs)  # waiting calls fail
                                 if proc.exit_code is None], expected=True)
         for actor_mesh in [a for a in self.actor_meshes.values() if a.proc_mesh == record.name]:
             self._forget_actor_mesh(actor_mesh)
-        self.proc_meshes.pop(record.name, None)
         self._save()
         await self._stop_procs(record.procs)
 

@@ -10,6 +10,9 @@ import time
 from dataclasses import asdict, dataclass, field
 
 
+LOST_EXIT_CODE = -255  # exit code recorded for a proc lost with its host or while no hub watched
+
+
 def exit_cause(code: int | None) -> str:
     """``-9`` -> ``"killed by SIGKILL"``, ``3`` -> ``"exited with code 3"``."""
     if code is not None and code < 0:

@@ -41,8 +41,8 @@ from .errors import HubError
 from .log_ops import LogOps
 from .logstore import LogStore
 from .mesh_ops import MeshOps
-from .registry import ActorMeshRecord, ClientRecord, HostRecord, ProcMeshRecord, ProcRecord
-from .supervision import LOST_EXIT_CODE, SupervisionOps
+from .registry import LOST_EXIT_CODE, ActorMeshRecord, ClientRecord, HostRecord, ProcMeshRecord, ProcRecord
+from .supervision import SupervisionOps
 
 HEARTBEAT_S = 0.5
 ADOPT_TIMEOUT_S = 3.0  # how long a recovering hub waits for each host agent to answer
@@ -96,8 +96,7 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
         self.clients: dict[str, ClientRecord] = {}
         self.logs = LogStore(path)
         self.payloads: dict[str, list[bytes]] = {}  # actor mesh constructor frames, for restarts
-        self.spawning: dict[str, list] = {}  # proc mesh being spawned -> [procs up, spawn id]
-        self.spawning_size: dict[str, int] = {}  # proc mesh being spawned -> procs asked for
+        self.spawning: dict[str, list] = {}  # proc mesh being spawned -> [procs up, spawn id, procs asked for]
         self.started = self.saved["started"] if self.saved else time.time()
         self.hub_started = time.time()
         self.idle_since = time.monotonic()
@@ -135,10 +134,10 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
                       file=sys.stderr)
                 self.stop_requested.set()
             os.close(ready_fd)
-        heartbeat = asyncio.ensure_future(self._heartbeat())
-        asyncio.ensure_future(self._watch_allocation())
+        background = [asyncio.ensure_future(self._heartbeat()), asyncio.ensure_future(self._watch_allocation())]
         await self.stop_requested.wait()
-        heartbeat.cancel()
+        for task in background:
+            task.cancel()
         await self._shutdown_hosts()
         serve.cancel()
         # Everything has stopped: nothing is left to recover, so no runtime file stays.
@@ -338,9 +337,9 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
         live = [p for m in self.proc_meshes.values() for p in m.procs if p.exit_code is None]
         replies = await asyncio.gather(*(self._proc_status(p) for p in live))
         statuses = {p.proc_id: r for p, r in zip(live, replies) if r is not False}
-        starting = {name: (up, self.spawning_size.get(name, 0)) for name, (up, _) in self.spawning.items()}
+        starting = {name: (up, size) for name, (up, _, size) in self.spawning.items()}
         return health.tree(self.info["name"], [self.hosts[h] for h in self.host_order if h in self.hosts],
-                           self.proc_meshes, self.actor_meshes, LOST_EXIT_CODE, statuses, starting)
+                           self.proc_meshes, self.actor_meshes, statuses, starting)
 
     async def _proc_status(self, proc: ProcRecord) -> dict | None | bool:
         """The proc's answer to ``status``; ``None`` if it did not answer in time;

@@ -28,9 +28,8 @@ import sys
 
 from . import state
 from .errors import HubError
-from .registry import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord, exit_cause
+from .registry import LOST_EXIT_CODE, ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord, exit_cause
 
-LOST_EXIT_CODE = -255  # exit code recorded for a proc lost with its host or while no hub watched
 SUPERVISE_TIMEOUT_S = 10.0  # an owner busy longer than this leaves the failure unhandled
 
 
@@ -55,6 +54,8 @@ class SupervisionOps:
                 # The pid too: a late report about a stopped mesh's proc must not hit the
                 # new proc of the same id in a mesh spawned again under that name.
                 if proc.proc_id == header["proc_id"] and proc.pid == header.get("pid", proc.pid):
+                    if proc.exit_code is not None:
+                        return  # already failed (lost with its host, or stopped for a restart)
                     proc.exit_code = header["returncode"]
                     self._save()
                     await self._procs_died([(mesh, rank, proc)], header.get("expected", False))
@@ -203,20 +204,15 @@ class SupervisionOps:
             proc.exit_code = 0
         await self._procs_died([(mesh, mesh.procs.index(p), p) for p in live], expected=True, cause="was restarted")
         await self._stop_procs(live)
-        by_host: dict[str, list[int]] = {}
+        by_host: dict[str, list[str]] = {}
         for r in ranks:
-            by_host.setdefault(mesh.procs[r].host_id, []).append(r)
-        replies = await asyncio.gather(*(
-            self.net.request(self.hosts[h].address, {
-                "op": "spawn_procs", "proc_ids": [mesh.procs[r].proc_id for r in rs],
-                "env": mesh.launch.get("env") or {}, "cwd": mesh.launch.get("cwd"),
-                "python": mesh.launch.get("python"),
-                "env_by_proc": {mesh.procs[r].proc_id: mesh.rank_env[str(r)] for r in rs if str(r) in mesh.rank_env}})
-            for h, rs in by_host.items()))
-        errors = [r.header["error"] for r in replies if not r.header["ok"]]
-        if errors:
-            raise HubError("; ".join(errors))
-        new = {p["proc_id"]: ProcRecord(**p) for r in replies for p in r.header["procs"]}
+            by_host.setdefault(mesh.procs[r].host_id, []).append(mesh.procs[r].proc_id)
+        new = {p.proc_id: p for p in await self._start_procs(
+            by_host, mesh.launch, {mesh.procs[r].proc_id: mesh.rank_env[str(r)] for r in ranks
+                                   if str(r) in mesh.rank_env})}
+        if self.proc_meshes.get(mesh.name) is not mesh:  # stopped meanwhile
+            await self._stop_procs(list(new.values()))
+            raise HubError(f"proc mesh {mesh.name!r} was stopped during the restart", "ValueError")
         for r in ranks:
             mesh.procs[r] = new[mesh.procs[r].proc_id]
         self._save()

@@ -24,9 +24,11 @@ from . import torch_env
 class ProcServer:
     """Serves one proc's control inbox until told to exit."""
 
-    def __init__(self, cluster_id: str, proc_id: str, main_work: queue.Queue | None = None):
+    def __init__(self, cluster_id: str, proc_id: str, main_work: queue.Queue | None = None,
+                 has_hub: bool = True):
         self.cluster_id = cluster_id
         self.proc_id = proc_id
+        self.has_hub = has_hub  # False for this_proc(): spawn requests then come from the client
         self.main_work = main_work  # where actors that run on the main thread go (None: nowhere)
         self.outbox = sockets.Outbox()
         self.inbox, self.address = sockets.bind_inbox()
@@ -79,7 +81,7 @@ class ProcServer:
                 a.on_main_thread for a in self.actors.values())
             actor = ActorThread(self.cluster_id, header["mesh"], point, self.proc_id, message,
                                 (header["reply"], header["port"]), self.outbox, main_thread=main,
-                                hub=header["reply"])
+                                hub=header["reply"] if self.has_hub else None)
             debug_session.on_spawn(self, header)  # the cluster's breakpoints first
             self.actors[header["mesh"]] = actor
             if main:
