@@ -98,7 +98,7 @@ class SupervisionError(MonarchNbError):
         self.events: list = []
 
     def __reduce__(self):
-        return (SupervisionError, (str(self), self.failures))
+        return (_supervision_error, (str(self), self.failures, self.events))
 
 
 @dataclass(frozen=True)
@@ -149,3 +149,10 @@ class MessageTooLarge(MonarchNbError, ValueError):
 
 class SerializationError(MonarchNbError, TypeError):
     """An argument or return value could not be pickled."""
+
+
+def _supervision_error(message: str, failures, events) -> SupervisionError:
+    """Unpickle a :class:`SupervisionError` with its ``events``."""
+    error = SupervisionError(message, failures)
+    error.events = list(events)
+    return error

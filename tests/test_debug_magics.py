@@ -43,10 +43,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def kernel():
     assert _cli("cluster", "start", NAME).returncode == 0
     k = Kernel("python3")
-    k.run(f"%load_ext monarch_nb\n%monarch connect {NAME}")
-    yield k
-    k.shutdown()
-    _cli("cluster", "stop", NAME)
+    try:
+        k.run(f"%load_ext monarch_nb\n%monarch connect {NAME}")
+        yield k
+    finally:
+        k.shutdown()
+        _cli("cluster", "stop", NAME)
     path = cluster_dir.cluster_path(NAME)
     assert wait_until(lambda: not cluster_processes(path), 15)
 

@@ -298,8 +298,11 @@ def test_a_call_to_a_stopped_proc_mesh_names_every_rank(host):
     (lambda h: set_failure_hook(42), TypeError, "needs a function"),
 ])
 def test_bad_supervision_and_spawn_arguments_are_refused_clearly(host, call, error, message):
-    with pytest.raises(error, match=message):
-        call(host)
+    try:
+        with pytest.raises(error, match=message):
+            call(host)
+    finally:
+        set_failure_hook(None)
     assert host._hub().request("health", timeout=30)["counts"]["failed"] == 0
 
 

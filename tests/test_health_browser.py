@@ -88,7 +88,7 @@ def lab():
         [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
          f"--ServerApp.token={token}", f"--ServerApp.root_dir={root / 'notebooks'}",
          "--LabApp.expose_app_in_browser=True", "--ServerApp.port_retries=0"],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(root / "lab.log", "w"))
+        env=env, stdout=subprocess.DEVNULL, stderr=(lab_log := open(root / "lab.log", "w")))
     url = f"http://127.0.0.1:{port}"
 
     def api(path: str, method: str = "GET"):
@@ -118,6 +118,7 @@ def lab():
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        lab_log.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -141,13 +141,18 @@ def test_widget_stops_updating_when_its_cluster_stops():
     try:
         cluster.host_mesh().spawn_procs(per_host={"gpus": 1}, name="brief")
         w = HealthWidget(cluster, tick_s=0.2)
-        assert wait_until(lambda: w.state_of("proc:brief/0") == "healthy", 10)
+        try:
+            assert wait_until(lambda: w.state_of("proc:brief/0") == "healthy", 10)
+        finally:
+            cluster.stop()
+        assert wait_until(lambda: w.ended == "cluster stopped", 10)
+        assert not w._watch.running
+        assert w.state_of("proc:brief/0") == "stopped" and 'data-mnb-state="stopped"' in w._summary.value
     finally:
-        cluster.stop()
-    assert wait_until(lambda: w.ended == "cluster stopped", 10)
-    assert not w._watch.running
-    assert w.state_of("proc:brief/0") == "stopped" and 'data-mnb-state="stopped"' in w._summary.value
-    w.close()
+        if not cluster._stopped:
+            cluster.stop()
+        if "w" in locals():
+            w.close()
     assert wait_until(lambda: not cluster_processes(cluster.path), 10)
 
 

@@ -243,7 +243,6 @@ def test_help_lists_every_subcommand(kernel, talkers):
         assert usage in out
 
 
-# Last: it restarts the module's kernel.
 def test_a_broadcast_failure_shows_in_the_running_cell_and_the_next_call_raises_it(kernel, talkers):
     msg_id = kernel.execute("talkers.slice(gpus=2).fail.broadcast()\ntalkers.spin.call(3).get()")
     assert kernel.wait_for(lambda: "[monarch] unhandled failure" in kernel.text(msg_id, "stderr"), 10)

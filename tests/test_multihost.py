@@ -62,8 +62,15 @@ def test_two_namespaced_host_agents_form_one_cluster_and_drop_unsigned_frames(ne
     name = f"multihost-{os.getpid()}"
     root, (a, b), (ns_a, ns_b) = network["root"], network["hosts"], network["spaces"]
     env = {k: v for k, v in os.environ.items() if k != "MONARCH_NB_BIND"}
-    out = subprocess.run([sys.executable, str(TESTS / "multihost_client.py"), name, root, ns_a, ns_b],
-                         capture_output=True, text=True, timeout=240, cwd=TESTS, env=env)
+    path = cluster_dir.cluster_path(name)
+    try:
+        out = subprocess.run([sys.executable, str(TESTS / "multihost_client.py"), name, root, ns_a, ns_b],
+                             capture_output=True, text=True, timeout=240, cwd=TESTS, env=env)
+    finally:  # a client that crashed or hung before its stop() must not leave the cluster running
+        if path.exists():
+            subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", name],
+                           capture_output=True, timeout=60)
+        assert wait_until(lambda: not cluster_processes(path), 10), cluster_processes(path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -82,7 +89,5 @@ def test_two_namespaced_host_agents_form_one_cluster_and_drop_unsigned_frames(ne
     assert seen["dropped"] == 3 and not seen["unpickled"]
     assert seen["after"] == [15, 15]
 
-    # cluster.stop() in the client ended every process in every namespace.
-    path = cluster_dir.cluster_path(name)
-    assert wait_until(lambda: not cluster_processes(path), 10), cluster_processes(path)
+    # cluster.stop() in the client ended every process in every namespace (checked above).
     assert not path.exists()

@@ -62,6 +62,8 @@ class Cluster:
         watch_hub(info["hub"], self._check_hub)
         self._presence: Presence | None = None
         self._stopped = False
+        self._debugger: "Debugger | None" = None  # made on first use
+        self._debugger_lock = threading.Lock()
 
     def _check_hub(self) -> None:
         """Raise :class:`ClusterError` when this cluster's hub is known dead (checked on
@@ -195,7 +197,8 @@ class Cluster:
         return self.hub.request("info", timeout=30.0)
 
     def health(self) -> dict:
-        """The cluster's health tree as data (blocks for one hub round trip, at most ~1 s).
+        """The cluster's health tree as data (blocks for one hub round trip: ~3 ms, and at
+        most ~1 s more when a proc does not answer; ``ClusterError`` after 30 s).
 
         ``hosts`` -> ``procs`` (``state`` healthy / busy / paused / unresponsive / failed
         / lost, ``cause``, ``pid``, ``rss_bytes``, ``cpu_s``, ``uptime_s``) -> ``actors``
@@ -210,11 +213,12 @@ class Cluster:
     def debugger(self) -> "Debugger":
         """Paused ranks, breakpoints, post-mortem and IDE relays of this cluster (see
         ``monarch_nb.client.debugger``)."""
-        if getattr(self, "_debugger", None) is None:
-            from .debugger import Debugger
+        with self._debugger_lock:
+            if self._debugger is None:
+                from .debugger import Debugger
 
-            self._debugger = Debugger(self)
-        return self._debugger
+                self._debugger = Debugger(self)
+            return self._debugger
 
     def host_mesh(self) -> HostMesh:
         """The cluster's hosts, extent ``{"hosts": N}``."""
@@ -278,6 +282,8 @@ class Cluster:
         """Stop counting this process as a client (the cluster runs on). Idempotent."""
         if self._presence is not None:
             self._presence.close()
+        if self._debugger is not None:
+            self._debugger.close()  # no more debug events for it
 
     def stop(self) -> None:
         """Stop every proc, host agent and the hub, and remove the cluster's runtime

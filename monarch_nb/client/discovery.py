@@ -180,8 +180,10 @@ def remove_stale(path: Path, timeout: float = 5.0) -> None:
     psutil.wait_procs(alive, timeout=timeout)
     try:  # an allocation elsewhere (a Slurm job) ends too
         with open(path / "state.json") as f:
-            allocators.release_leftovers(str(path), json.load(f).get("allocator"))
-    except (OSError, ValueError, AttributeError):
+            saved = json.load(f)
+        if isinstance(saved, dict):
+            allocators.release_leftovers(str(path), saved.get("allocator"))
+    except (OSError, ValueError):  # no state, or a damaged one: nothing known to release
         pass
     if path.parent == cluster_dir.clusters_root() and os.path.isdir(path):
         shutil.rmtree(path, ignore_errors=True)

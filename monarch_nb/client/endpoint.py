@@ -190,6 +190,10 @@ class Endpoint:
 def _paused_ranks_hint(mesh: "ActorMesh", by_base: dict[int, int]) -> str:
     """For a call that timed out: which of its actors are paused in the debugger (one
     hub request, at most a second), or "" (none, or no hub to ask)."""
+    from .local_proc import is_this_proc  # local_proc imports this module
+
+    if is_this_proc(mesh._cluster_id):  # no hub to ask
+        return ""
     try:
         stops = mesh._hub().request("debug_paused", timeout=1.0)["stops"]
     except Exception:  # noqa: BLE001 - only a hint: no hub (this_proc), or it is slow

@@ -3,7 +3,8 @@
 The hub sends events (besides log lines) to each client's log inbox (see
 ``logs.LogReceiver``): ``health_changed`` when the registry changes (a mesh spawned,
 stopped or restarted, a proc or host failed), ``actors_gone`` when actors died with
-their proc or were stopped (address -> mesh, rank, why), and
+their proc or were stopped (address -> mesh, rank, why), ``debug_changed`` when the
+debugger's list of paused ranks changed, and
 ``supervision`` when an actor failure was not handled by an owning actor. Every
 event header carries ``cluster`` (the cluster id) and ``op``.
 

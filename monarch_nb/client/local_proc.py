@@ -20,11 +20,19 @@ _local: "LocalProcMesh | None" = None
 _lock = threading.Lock()
 
 
+_LOCAL_PREFIX = "local-"  # the cluster id of this_proc(): no hub, no cluster directory
+
+
+def is_this_proc(cluster_id: str) -> bool:
+    """True for handles of this_proc() meshes (and their actors)."""
+    return cluster_id.startswith(_LOCAL_PREFIX)
+
+
 class LocalProcMesh(ProcMesh):
     """This process as a proc mesh of extent ``{}`` (one proc)."""
 
     def __init__(self):
-        cluster_id = f"local-{os.getpid()}-{secrets.token_hex(4)}"
+        cluster_id = f"{_LOCAL_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         wire_frames.register_key(cluster_id, secrets.token_bytes(32))
         self._server = ProcServer(cluster_id, "local", has_hub=False)
         threading.Thread(target=self._server.serve, name="monarch-nb-local-proc", daemon=True).start()

@@ -173,4 +173,6 @@ def setup(mesh: "ProcMesh", backend: str | None = None, master_addr: str | None 
 
 def _is_this_proc(mesh: "ProcMesh") -> bool:
     """``this_proc()``: the client itself, with no hub to ask."""
-    return mesh._hub_address == mesh._procs[0]["address"]
+    from .local_proc import is_this_proc  # local_proc imports proc_mesh, which imports this module
+
+    return is_this_proc(mesh._cluster_id)

@@ -22,6 +22,7 @@ from IPython.display import display
 from ..client.actor_mesh import ActorMesh
 from ..client.debugger import Stop
 from ..mesh.ranks import format_ranks
+from .health_widget import widgets_render
 
 HELP = """\
   %monarch break FILE:LINE [MESH] [--ranks 0-3] [--condition EXPR]
@@ -243,12 +244,6 @@ def to_html(stops: list[Stop]) -> str:
             f"<tbody>{body}</tbody></table></div>")
 
 
-def _widgets_render() -> bool:
-    from IPython import get_ipython
-
-    return getattr(get_ipython(), "kernel", None) is not None
-
-
 class PausedView:
     """What ``%monarch debug`` shows: the paused ranks as an ipywidgets table that
     follows the hub's ``debug_changed`` events (in a kernel), with ``text/html`` and
@@ -270,7 +265,7 @@ class PausedView:
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         bundle = {"text/plain": to_plain(self.stops), "text/html": to_html(self.stops)}
-        if _widgets_render():
+        if widgets_render():
             import ipywidgets
 
             self.widget = ipywidgets.HTML(value=to_html(self.stops))

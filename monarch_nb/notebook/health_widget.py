@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import html
 import threading
-import weakref
 
 from ipywidgets import HTML, Button, HBox, Layout, VBox
 
@@ -203,21 +202,20 @@ class HealthWidget(VBox):
             super().close()
 
 
-_widgets: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # cluster -> its HealthWidget
 _widgets_lock = threading.Lock()
 
 
 def widget_for(cluster, initial: dict | None = None) -> HealthWidget:
     """The live health widget of ``cluster``, made on first use (and anew once the old
     one was closed or its live updates ended, e.g. after its hub was recovered)."""
-    with _widgets_lock:
-        widget = _widgets.get(cluster)
+    with _widgets_lock:  # kept on the cluster object: it lives (and goes) with it
+        widget = getattr(cluster, "_health_widget", None)
         if widget is None or widget.comm is None or widget.ended is not None:
-            widget = _widgets[cluster] = HealthWidget(cluster, initial)
+            widget = cluster._health_widget = HealthWidget(cluster, initial)
         return widget
 
 
-def _widgets_render() -> bool:
+def widgets_render() -> bool:
     """True in a kernel with a frontend (where a widget can show), not in a terminal."""
     from IPython import get_ipython
 
@@ -234,7 +232,7 @@ def mimebundle(cluster) -> dict:
     except MonarchNbError as e:
         return {"text/plain": f"{cluster!r}: no health tree: {e}"}
     bundle = {"text/plain": health_view.to_plain(tree), "text/html": health_view.to_html(tree)}
-    if _widgets_render():
+    if widgets_render():
         view = widget_for(cluster, tree)._repr_mimebundle_()
         bundle["application/vnd.jupyter.widget-view+json"] = view["application/vnd.jupyter.widget-view+json"]
     return bundle

@@ -123,9 +123,7 @@ class MonarchMagics(Magics):
         if verb in ("break", "debug") and cell is None:  # raw: `debug eval` takes Python as typed
             try:
                 return debug_magics.run(self, verb, raw)
-            except MonarchNbError as e:
-                raise UsageError(f"%monarch {verb}: {e}") from None
-            except (ValueError, TimeoutError) as e:
+            except (MonarchNbError, ValueError, TimeoutError) as e:
                 raise UsageError(f"%monarch {verb}: {e}") from None
         # What follows " -- " is Python call arguments (spawn's constructor arguments).
         line, _, rest = f" {line} ".partition(" -- ")
