@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 
+from ..proc.stdio import RECORD_FD_ENV
 from ..wire.aio import AioEndpoint
 from .capture import Capture
 
@@ -130,18 +131,19 @@ class HostAgent:
             self.exited.pop(proc_id, None)  # a restart reuses the id of a proc that exited
         try:
             for proc_id in proc_ids:
-                out, err = self.capture.pipes_for(proc_id)
+                out, err, records = self.capture.pipes_for(proc_id)
                 try:
                     proc = await asyncio.create_subprocess_exec(
                         request.get("python") or sys.executable, "-m", "monarch_nb.proc",
                         "--cluster-dir", self.cluster_dir, "--agent", self.net.address,
                         "--proc-id", proc_id, "--ppid", str(os.getpid()),
-                        env={**env, **env_by_proc.get(proc_id, {})}, cwd=request.get("cwd") or None,
-                        stdin=asyncio.subprocess.DEVNULL,
-                        stdout=out, stderr=err)
+                        env={**env, **env_by_proc.get(proc_id, {}), RECORD_FD_ENV: str(records)},
+                        cwd=request.get("cwd") or None, stdin=asyncio.subprocess.DEVNULL,
+                        stdout=out, stderr=err, pass_fds=(records,))
                 finally:
                     os.close(out)
                     os.close(err)
+                    os.close(records)
                 self.procs[proc_id] = proc
                 asyncio.ensure_future(self._watch(proc_id, proc))
             reports = await asyncio.wait_for(
