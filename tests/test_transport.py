@@ -19,7 +19,7 @@ _MiB = 1 << 20
 def test_tampered_or_resplit_frames_are_rejected():
     frames.register_key("t", b"k" * 32)
     good = frames.encode("t", {"a": 1}, b"body", [b"buffer"])
-    assert frames.decode(good).header == {"a": 1}
+    assert frames.decode(good, frames.ReplayGuard()).header == {"a": 1}
     before = frames.dropped()
     tampered = list(good)
     tampered[2] = b"bodY"
@@ -27,8 +27,49 @@ def test_tampered_or_resplit_frames_are_rejected():
     forged = [b"MNB1" + b"\0" * 32 + b"t", *good[1:]]
     for bad in (tampered, resplit, forged, [b"MNB1t", *good[1:]]):
         with pytest.raises(frames.BadMessage):
-            frames.decode(bad)
+            frames.decode(bad, frames.ReplayGuard())
     assert frames.dropped() == before + 4
+
+
+def test_a_replayed_frame_set_is_refused_by_the_inbox_that_saw_it():
+    frames.register_key("t", b"k" * 32)
+    guard = frames.ReplayGuard()
+    first, second = frames.encode("t", {"n": 1}), frames.encode("t", {"n": 2})
+    # Out of order within the window is fine; each is accepted once, by each inbox.
+    assert frames.decode(second, guard).header == {"n": 2}
+    assert frames.decode(first, guard).header == {"n": 1}
+    assert frames.decode(first, frames.ReplayGuard()).header == {"n": 1}
+    before = frames.dropped()
+    for replay in (first, second, first):
+        with pytest.raises(frames.BadMessage, match="replayed"):
+            frames.decode(replay, guard)
+    assert frames.dropped() == before + 3
+
+
+def test_frames_too_far_behind_their_sender_or_older_than_the_inbox_are_refused(monkeypatch):
+    frames.register_key("t", b"k" * 32)
+    guard = frames.ReplayGuard()
+    old = frames.encode("t", {"n": 0})
+    for _ in range(frames.REPLAY_WINDOW):
+        frames.decode(frames.encode("t", {}), guard)
+    with pytest.raises(frames.BadMessage, match="replayed"):
+        frames.decode(old, guard)  # never seen, but too far behind to tell
+    # An inbox that did not exist when a frame set was made (a restarted actor at the
+    # same address) refuses it: it can only be a capture.
+    captured = frames.encode("t", {"n": 1})
+    monkeypatch.setattr(frames.time, "time", lambda: 1e10)
+    with pytest.raises(frames.BadMessage, match="replayed"):
+        frames.decode(captured, frames.ReplayGuard())
+
+
+def test_a_signed_header_that_is_not_a_dict_is_dropped_and_counted():
+    frames.register_key("t", b"k" * 32)
+    before = frames.dropped()
+    for header in (["op"], None):
+        bad = frames.encode("t", header)
+        with pytest.raises(frames.BadMessage):
+            frames.decode(bad, frames.ReplayGuard())
+    assert frames.dropped() == before + 2
 
 
 def test_numpy_and_torch_travel_out_of_band():

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from ..errors import ActorError, RemoteFailure, SupervisionError
 from ..wire import frames as wire_frames
+from ..wire.interrupts import protected
 from ..wire.mailbox import local_mailbox
 from ..wire.remote_error import unpack_exception
 from . import logs, supervision
@@ -37,7 +38,9 @@ class Endpoint:
             f"endpoint {self._name!r} is not called directly; use .call(...) for every actor, "
             f".call_one(...) for a single actor, .choose(...), .stream(...) or .broadcast(...)")
 
-    # sending ---------------------------------------------------------------------------
+    # sending: protected, so that Ctrl-C never sends a call to only some of its ranks,
+    # or sends one whose reply has no port yet (``wire.interrupts``) --------------------
+    @protected
     def _send(self, view_ranks: list[int], args: tuple, kwargs: dict, port: int | None = None) -> None:
         """Pickle and sign the arguments once; send them to every actor in ``view_ranks``,
         with replies to ``port`` of this process's mailbox (none for broadcast)."""
@@ -52,6 +55,7 @@ class Endpoint:
         for r in view_ranks:
             mailbox.send(mesh._addresses[mesh._shape.base_rank(r)], frames)
 
+    @protected
     def _gather(self, view_ranks: list[int], args, kwargs, finish) -> Future:
         """Send to ``view_ranks``; once all replied, ``finish(results, failures, dead)`` gives the
         future's ``(value, error)``."""
@@ -67,6 +71,7 @@ class Endpoint:
         dead_ranks: set[int] = set()  # failed by supervision (not an endpoint that raised)
         targets = {mesh._addresses[b]: b for b in by_base}
 
+        @protected
         def on_reply(message: wire_frames.Message) -> None:
             i = by_base.get(message.header["rank"])
             if i is None or i in answered:  # a reply and a supervision failure may both come
@@ -79,7 +84,7 @@ class Endpoint:
                 else:
                     exc, tb = unpack_exception(value)
                     failures[i] = RemoteFailure(mesh.extent.point(view_ranks[i]), exc, tb)
-            except Exception as e:  # a value we can't unpickle here
+            except BaseException as e:  # noqa: BLE001 - a value we can't unpickle here (even SystemExit)
                 failures[i] = RemoteFailure(mesh.extent.point(view_ranks[i]), e,
                                             f"could not unpickle the reply: {e!r}\n")
             remaining[0] -= 1
@@ -171,15 +176,18 @@ class Endpoint:
     def stream(self, *args, **kwargs) -> Iterator[Future]:
         """Call every actor; yield one done future per actor, in the order replies
         arrive. A failed rank's future raises :class:`ActorError` from ``get()``."""
-        mesh = self._mesh
         mailbox = local_mailbox()
-        ranks = list(range(len(mesh)))
+        ranks = list(range(len(self._mesh)))
         arrived: collections.deque = collections.deque()
-        for r in ranks:
-            self._one(r, args, kwargs).add_done_callback(arrived.append)
+        self._call_each(ranks, args, kwargs, arrived.append)
         for _ in ranks:
             mailbox.wait(lambda: bool(arrived))
             yield arrived.popleft()
+
+    @protected
+    def _call_each(self, ranks: list[int], args, kwargs, on_done) -> None:
+        for r in ranks:
+            self._one(r, args, kwargs).add_done_callback(on_done)
 
     def broadcast(self, *args, **kwargs) -> None:
         """Send to every actor without waiting for or returning results (fire and

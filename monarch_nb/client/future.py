@@ -6,6 +6,7 @@ import asyncio
 import threading
 from typing import Any, Callable, Generic, TypeVar
 
+from ..wire.interrupts import protected
 from ..wire.mailbox import Mailbox
 from . import progress
 
@@ -34,6 +35,7 @@ class Future(Generic[R]):
         self._why_slow: Callable[[], str] = lambda: ""  # appended to the TimeoutError (e.g. paused ranks)
 
     # completion (called from the thread dispatching replies) ---------------------------
+    @protected
     def _resolve(self, value: Any = None, error: BaseException | None = None) -> None:
         with self._lock:
             if self._done:
@@ -75,6 +77,7 @@ class Future(Generic[R]):
             pass
         return self._error
 
+    @protected
     def add_done_callback(self, fn: Callable[["Future"], None]) -> None:
         """Call ``fn(self)`` once done (at once if already done), on the thread that
         dispatches the reply; keep it short."""

@@ -145,6 +145,7 @@ class LogReceiver:
 
     def __init__(self):
         self._sock, self.address = sockets.bind_inbox()
+        self._guard = wire_frames.ReplayGuard()
         self.folder = Folder()
         self.sink: Callable[[list[Folded]], None] = print_sink
         self._seq: dict[str, int] = {}  # cluster id -> last batch number received
@@ -165,7 +166,7 @@ class LogReceiver:
 
     def _receive(self, frames) -> None:
         try:
-            message = wire_frames.decode(frames)
+            message = wire_frames.decode(frames, self._guard)
         except wire_frames.BadMessage:
             return
         header = message.header

@@ -55,6 +55,7 @@ class Relay:
         conn: socket.socket | None = None
         session = ""
         last_alive = 0.0
+        guard = wire_frames.ReplayGuard()
         try:
             while not self._closed.is_set():
                 ready = dict(poller.poll(int(ALIVE_S * 1000 / 2)))
@@ -85,7 +86,7 @@ class Relay:
                 if self._inbox in ready:
                     while self._inbox.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                         try:
-                            message = wire_frames.decode(sockets.recv_frames(self._inbox, zmq.NOBLOCK))
+                            message = wire_frames.decode(sockets.recv_frames(self._inbox, zmq.NOBLOCK), guard)
                         except wire_frames.BadMessage:
                             continue
                         if conn is not None and message.header.get("session") == session:

@@ -39,7 +39,7 @@ def main() -> None:
     main_work: queue.Queue = queue.Queue()
     server = ProcServer(cluster_id, args.proc_id, main_work)
     debug_session.install(server)  # breakpoint() pauses under debugpy, armed on first use
-    signal.signal(signal.SIGINT, lambda *_: server.interrupt())
+    signal.signal(signal.SIGINT, lambda _, frame: server.interrupt(frame))
     server.outbox.send(args.agent, wire_frames.encode(
         cluster_id, {"op": "proc_ready", "proc_id": args.proc_id, "address": server.address, "pid": os.getpid()}))
 

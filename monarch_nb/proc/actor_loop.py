@@ -4,6 +4,16 @@ Messages to an actor go straight to its socket (no hand-off through the proc), a
 are handled one at a time in arrival order. ``async def`` endpoints run to
 completion on the actor's own event loop before the next message is taken.
 Replies go straight to the caller's mailbox.
+
+Interrupts (``%monarch interrupt``, Ctrl-C in the notebook) land only in the actor's
+own code: its ``__init__`` and its endpoints. Each actor holds a *gate* lock while it
+runs the runtime's code and opens it only around user code; the interrupter injects
+``KeyboardInterrupt`` only while it holds the open gate and the actor's stack allows it
+(``wire.interrupts``: user code may call back into the runtime, e.g. to call another
+mesh). An injected interrupt lands at the actor's next bytecode, at the latest right
+after it takes the gate back, which is still inside the ``try`` that catches it. A
+message the loop can't act on (a header missing a key) is dropped and counted; no
+failure ends the actor's thread except a stop.
 """
 
 from __future__ import annotations
@@ -17,13 +27,14 @@ import sys
 import threading
 import time
 import traceback
+from typing import Any, Callable
 
 import zmq
 
 from ..errors import MeshFailure
 from ..mesh import Point
 from ..wire import frames as wire_frames
-from ..wire import sockets
+from ..wire import interrupts, sockets
 from ..wire.remote_error import pack_exception
 from . import activity
 from .actor import Actor, ActorInstance, Context, _set_current, is_endpoint
@@ -42,12 +53,17 @@ def send_reply(outbox: sockets.Outbox, cluster_id: str, reply_to: tuple[str, int
     header = {"port": port, "rank": rank, **(extra or {})}
     if error is None:
         try:
-            frames = wire_frames.encode_value(cluster_id, {**header, "ok": True}, value, what)
+            frames = wire_frames.encode_value(cluster_id, {"ok": True, **header}, value, what)
         except Exception as e:  # SerializationError, MessageTooLarge
             error = e
     if error is not None:
         frames = wire_frames.encode_value(cluster_id, {**header, "ok": False}, pack_exception(error, 1))
     outbox.send(address, frames)
+
+
+def _landing() -> None:
+    """An interrupt injected while user code ran lands here at the latest (a call is
+    a point where Python checks for one)."""
 
 
 class ActorThread:
@@ -67,6 +83,10 @@ class ActorThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.address: str | None = None
         self.busy = False  # handling a message (an interrupt is delivered only then)
+        self.calls = 0  # endpoint calls begun: tells an interrupt meant for one call from the next
+        # Held by the actor's thread except while user code runs: see the module docstring.
+        self._gate = threading.Lock()
+        self._gate.acquire()
         self.current: tuple[str, float] | None = None  # endpoint running, since (wall clock, s)
         # An actor on the proc's main thread (``%%monarch exec``) can be interrupted even
         # in a blocking call such as time.sleep: SIGINT interrupts the main thread only.
@@ -86,13 +106,41 @@ class ActorThread:
         self._run()
 
     def interrupt_thread(self) -> bool:
-        """Raise ``KeyboardInterrupt`` in the endpoint this thread actor is running, if
-        any. It lands at the next Python bytecode: a blocking C call finishes first."""
-        if not self.busy or self.on_main_thread or self.thread.ident is None:
+        """Raise ``KeyboardInterrupt`` in the user code this thread actor is running, if
+        it is running some now. It lands at the next Python bytecode: a blocking C call
+        finishes first. False when the actor is not in user code at this instant (the
+        caller may try again)."""
+        ident = self.thread.ident
+        if self.on_main_thread or ident is None or not self._gate.acquire(blocking=False):
             return False
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.thread.ident),
-                                                   ctypes.py_object(KeyboardInterrupt))
-        return True
+        try:
+            if not interrupts.allows(sys._current_frames().get(ident)):
+                return False  # user code called into the runtime (e.g. another mesh's get())
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+            return True
+        finally:
+            self._gate.release()
+
+    def in_user_code(self, frame) -> bool:
+        """For the main-thread actor, in its own SIGINT handler: whether ``frame`` (where
+        the signal arrived) is user code the interrupt may land in."""
+        return not self._gate.locked() and interrupts.allows(frame)
+
+    @interrupts.checkpoint
+    def _call_user(self, fn: Callable, *args, **kwargs) -> tuple[Any, BaseException | None]:
+        """``fn(*args, **kwargs)`` with the gate open; returns ``(result, None)`` or
+        ``(None, the exception)``. Never raises."""
+        gate = self._gate
+        try:
+            gate.release()
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                gate.acquire()
+                _landing()
+            return result, None
+        except BaseException as e:  # noqa: BLE001 - the caller reports it
+            return None, e
 
     def status(self) -> dict:
         """``state`` idle, busy (``endpoint``, ``since``) or paused (where, since)."""
@@ -107,12 +155,6 @@ class ActorThread:
     def _context(self) -> Context:
         return Context(self._instance_info, self.point)
 
-    def _construct(self):
-        cls, args, kwargs = self._spawn.value()
-        if not (isinstance(cls, type) and issubclass(cls, Actor)):
-            raise TypeError(f"{cls!r} is not an Actor subclass")
-        return cls(*args, **kwargs)
-
     def _run(self) -> None:
         # A restarted actor takes its predecessor's address when free: handles keep working.
         inbox, self.address = sockets.bind_inbox(prefer=self._spawn.header.get("prefer"))
@@ -120,14 +162,24 @@ class ActorThread:
         _set_current(self._context())
         set_call_origin(self._spawn.header.get("o"))  # what __init__ prints goes to the spawner
         try:
-            instance = self._construct()
-        except BaseException as e:
-            send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank, error=e,
+            cls, args, kwargs = self._spawn.value()
+        except BaseException as e:  # noqa: BLE001 - e.g. the class can't be imported here
+            instance, error = None, e
+        else:
+            if isinstance(cls, type) and issubclass(cls, Actor):
+                self.current = ("__init__", time.time())
+                self.busy = True
+                instance, error = self._call_user(cls, *args, **kwargs)
+                self.busy = False
+                self.current = None
+            else:
+                instance, error = None, TypeError(f"{cls!r} is not an Actor subclass")
+        self._spawn = None  # drop the class/argument buffers
+        if error is not None:
+            send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank, error=error,
                        extra={"address": self.address})
             inbox.close(0)
             return
-        finally:
-            self._spawn = None  # drop the class/argument buffers
         set_call_origin(None)
         send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank,
                    value=None, extra={"address": self.address})
@@ -139,22 +191,38 @@ class ActorThread:
                 self._loop.close()
 
     def _serve(self, inbox: zmq.Socket, instance) -> None:
+        guard = wire_frames.ReplayGuard()
         while True:
             try:
-                message = wire_frames.decode(sockets.recv_frames(inbox))
+                message = wire_frames.decode(sockets.recv_frames(inbox), guard)
             except wire_frames.BadMessage:
                 continue
-            header = message.header
-            reply_to = (header["reply"], header["port"]) if "port" in header else None
-            if header["k"] == "stop":
-                send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank)
-                return
-            if header["k"] == "supervise":
-                self._supervise(instance, header["failure"], reply_to)
-                continue
+            try:
+                if self._serve_one(instance, message) == "stop":
+                    return
+            except BaseException:  # noqa: BLE001 - a bad message must not end the actor
+                wire_frames.count_dropped()
+                print(f"monarch_nb: actor {self.mesh_name}/{self.point.rank} dropped a message it could "
+                      "not handle:", file=sys.stderr)
+                traceback.print_exc()
+            finally:
+                set_call_origin(None)
+
+    def _serve_one(self, instance, message: wire_frames.Message) -> str | None:
+        header = message.header
+        reply_to = (header["reply"], header["port"]) if "port" in header else None
+        kind = header["k"]
+        if kind == "stop":
+            send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank)
+            return "stop"
+        if kind == "supervise":
+            self._supervise(instance, header["failure"], reply_to)
+        elif kind == "call":
             set_call_origin(header.get("o"))
             self._handle(instance, header["ep"], message, reply_to)
-            set_call_origin(None)
+        else:
+            raise ValueError(f"unknown message kind {kind!r}")
+        return None
 
     def _supervise(self, instance, failure: dict, reply_to) -> None:
         """A mesh this actor spawned failed: ``__supervise__(failure)`` decides (truthy:
@@ -162,48 +230,60 @@ class ActorThread:
         handler = getattr(instance, "__supervise__", None)
         handled, error = False, None
         if handler is not None:
-            try:
-                handled = bool(handler(MeshFailure.from_event(failure)))
-            except Exception as e:  # noqa: BLE001 - reported with the failure
-                error = f"__supervise__ raised {type(e).__name__}: {e}"
-                traceback.print_exc()
+            verdict, e = self._call_user(lambda: bool(handler(MeshFailure.from_event(failure))))
+            if e is None:
+                handled = verdict
+            else:
+                type_name, text, tb, _ = pack_exception(e)
+                error = f"__supervise__ raised {type_name.rsplit('.', 1)[-1]}: {text}"
+                print(tb, file=sys.stderr, end="")
         send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
                    extra={"handled": handled, "error": error})
 
     def _handle(self, instance, name: str, message: wire_frames.Message, reply_to) -> None:
-        try:
-            method = getattr(instance, name, None)
-            if not is_endpoint(method):
-                raise AttributeError(f"{type(instance).__name__}.{name} is not an endpoint")
-            args, kwargs = message.value()
-            self.current = (name, time.time())
-            self.busy = True  # interrupts land only while user code runs
+        result, error = None, None
+        method = getattr(instance, name, None)
+        if not is_endpoint(method):
+            error = AttributeError(f"{type(instance).__name__}.{name} is not an endpoint")
+        else:
             try:
-                result = method(*args, **kwargs)
-                if inspect.isawaitable(result):
-                    if self._loop is None:
-                        self._loop = asyncio.new_event_loop()
-                    result = self._loop.run_until_complete(result)
-            except BaseException as e:
-                from ..debug import session as debug_session  # here: imports actor_loop itself
-
-                debug_session.endpoint_failed(e, name)  # with post-mortem on: paused here first
-                raise
-            finally:
+                args, kwargs = message.value()
+            except BaseException as e:  # noqa: BLE001 - e.g. an argument's class is not importable here
+                error = e
+            else:
+                self.current = (name, time.time())
+                self.calls += 1
+                self.busy = True  # interrupts land only while user code runs
+                result, error = self._call_user(self._run_endpoint, method, name, args, kwargs)
                 self.busy = False
                 self.current = None
                 end_of_call()  # a last line without newline goes out before the reply
-        except BaseException as e:  # noqa: BLE001 - every failure goes to the caller
-            if reply_to is None:  # nobody to reply to: a supervision event
-                print(f"broadcast {name} raised:", file=sys.stderr)  # tagged with mesh and rank
-                sys.excepthook(type(e), e, e.__traceback__)
-                if self.hub is not None:
-                    self.outbox.send(self.hub, wire_frames.encode(self.cluster_id, {
-                        "op": "actor_failed", "mesh": self.mesh_name, "rank": self.point.rank, "endpoint": name,
-                        "error": f"{type(e).__name__}: {e}",
-                        "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__))}))
-                return
-            send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, error=e)
-            return
-        send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, value=result,
-                   what=f"return value of {self.mesh_name}.{name}")
+        if error is None:
+            send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, value=result,
+                       what=f"return value of {self.mesh_name}.{name}")
+        elif reply_to is not None:
+            send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, error=error)
+        else:  # nobody to reply to: a supervision event
+            self._report_broadcast_failure(name, error)
+
+    def _run_endpoint(self, method, name: str, args, kwargs):
+        try:
+            result = method(*args, **kwargs)
+            if inspect.isawaitable(result):  # run to completion before the next message
+                if self._loop is None:
+                    self._loop = asyncio.new_event_loop()
+                result = self._loop.run_until_complete(result)
+        except BaseException as e:
+            from ..debug import session as debug_session  # here: imports actor_loop itself
+
+            debug_session.endpoint_failed(e, name)  # with post-mortem on: paused here first
+            raise
+        return result
+
+    def _report_broadcast_failure(self, name: str, error: BaseException) -> None:
+        type_name, text, tb, _ = pack_exception(error)
+        print(f"broadcast {name} raised:\n{tb}", file=sys.stderr, end="")  # tagged with mesh and rank
+        if self.hub is not None:
+            self.outbox.send(self.hub, wire_frames.encode(self.cluster_id, {
+                "op": "actor_failed", "mesh": self.mesh_name, "rank": self.point.rank, "endpoint": name,
+                "error": f"{type_name.rsplit('.', 1)[-1]}: {text}", "traceback": tb}))

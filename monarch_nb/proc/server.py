@@ -6,19 +6,26 @@ pass through here: each actor has its own socket (see ``actor_loop``).
 
 from __future__ import annotations
 
+import _thread
 import os
 import queue
 import signal
+import sys
+import threading
 import time
 
 import psutil
 
 from ..mesh import Extent
 from ..wire import frames as wire_frames
-from ..wire import sockets
+from ..wire import interrupts, sockets
 from .actor_loop import ActorThread, send_reply
 from ..debug import session as debug_session
 from . import torch_env
+
+
+INTERRUPT_RETRY_S = 0.001  # how often an interrupt that can't land yet is tried again
+INTERRUPT_FOR_S = 5.0  # how long it is tried (while the same call runs)
 
 
 class ProcServer:
@@ -32,19 +39,45 @@ class ProcServer:
         self.main_work = main_work  # where actors that run on the main thread go (None: nowhere)
         self.outbox = sockets.Outbox()
         self.inbox, self.address = sockets.bind_inbox()
+        self.guard = wire_frames.ReplayGuard()
         self.actors: dict[str, ActorThread] = {}
+        self._main_redelivery = False  # the next SIGINT is our own retry for the main-thread actor
 
-    def interrupt(self) -> None:
-        """SIGINT handler (main thread): KeyboardInterrupt into every actor busy with a
-        message, the one running on this main thread last (by raising it here)."""
-        on_main = None
-        for actor in list(self.actors.values()):
-            if actor.on_main_thread:
-                on_main = actor
-            else:
-                actor.interrupt_thread()
-        if on_main is not None and on_main.busy:
+    @interrupts.protected
+    def interrupt(self, frame) -> None:
+        """SIGINT handler (main thread; ``frame`` is where it arrived): KeyboardInterrupt
+        into the user code of every actor busy with a message, landing only there (see
+        ``actor_loop``); an actor momentarily in the runtime's code gets it as soon as
+        it is back in its own, while the same call runs."""
+        redelivery, self._main_redelivery = self._main_redelivery, False
+        actors = list(self.actors.values())
+        on_main = next((a for a in actors if a.on_main_thread), None)
+        if not redelivery:
+            targets = [(a, a.calls) for a in actors if not a.on_main_thread and a.busy]
+            if targets:
+                threading.Thread(target=self._interrupt_threads, args=(targets,), daemon=True,
+                                 name="monarch-nb-interrupt").start()
+        if on_main is None or not on_main.busy:
+            return
+        if on_main.in_user_code(frame):
             raise KeyboardInterrupt
+        calls = on_main.calls
+
+        def retry() -> None:
+            if on_main.busy and on_main.calls == calls:
+                self._main_redelivery = True
+                _thread.interrupt_main(signal.SIGINT)
+
+        threading.Timer(interrupts.REDELIVER_S, retry).start()
+
+    @staticmethod
+    def _interrupt_threads(targets: list) -> None:
+        deadline = time.monotonic() + INTERRUPT_FOR_S
+        while targets and time.monotonic() < deadline:
+            targets = [(a, calls) for a, calls in targets
+                       if a.busy and a.calls == calls and not a.interrupt_thread()]
+            if targets:
+                time.sleep(INTERRUPT_RETRY_S)
 
     def status(self) -> dict:
         """What each actor is doing (see ``ActorThread.status``) and this proc's usage."""
@@ -61,11 +94,22 @@ class ProcServer:
     def serve(self) -> None:
         while True:
             try:
-                message = wire_frames.decode(sockets.recv_frames(self.inbox))
+                message = wire_frames.decode(sockets.recv_frames(self.inbox), self.guard)
             except wire_frames.BadMessage:
                 continue
-            if self.handle(message) == "exit":
-                return
+            try:
+                if self.handle(message) == "exit":
+                    return
+            except Exception as e:  # noqa: BLE001 - a bad request must not end the control loop
+                wire_frames.count_dropped()
+                print(f"monarch_nb proc {self.proc_id}: dropped a control message it could not handle "
+                      f"({type(e).__name__}: {e})", file=sys.stderr)
+                header = message.header
+                if "reply" in header and "port" in header:
+                    try:
+                        self._reply(header, ok=False, error=f"{type(e).__name__}: {e}")
+                    except Exception:  # noqa: BLE001 - the reply address itself is bad
+                        pass
 
     def _reply(self, header: dict, value=None, **extra) -> None:
         send_reply(self.outbox, self.cluster_id, (header["reply"], header["port"]),

@@ -24,6 +24,7 @@ class AioEndpoint:
         self.cluster_id = cluster_id
         self.ctx = zmq.asyncio.Context()
         self.inbox, self.address = sockets.bind_inbox(self.ctx, prefer)
+        self.guard = wire_frames.ReplayGuard()
         self._out: dict[str, zmq.asyncio.Socket] = {}
         self._pending: dict[int, asyncio.Future] = {}
         self._ports = itertools.count(1)
@@ -33,7 +34,7 @@ class AioEndpoint:
         while True:
             frames = await self.inbox.recv_multipart(copy=False)
             try:
-                return wire_frames.decode(frames)
+                return wire_frames.decode(frames, self.guard)
             except wire_frames.BadMessage:
                 continue
 

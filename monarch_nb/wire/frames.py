@@ -2,14 +2,23 @@
 
 A message is a list of zmq frames::
 
-    [b"MNB1" + signature + cluster_id, header, body, *buffers]
+    [b"MNB1" + signature + stamp + cluster_id, header, body, *buffers]
 
 ``header`` is a small dict pickled with the standard library (routing: kind, port,
 reply address); ``body`` is a cloudpickle stream whose out-of-band buffers follow as
 their own frames. ``signature`` (32 bytes) is HMAC-SHA256 (RFC 2104) with the cluster's key
-over every frame after it, each prefixed by its 8-byte length so frames can't be
-re-split. A receiver verifies the signature before unpickling anything; frame sets
-that fail are dropped and counted (:func:`dropped`), never unpickled.
+over the stamp and every frame after it, each prefixed by its 8-byte length so frames
+can't be re-split. A receiver verifies the signature before unpickling anything; frame
+sets that fail are dropped and counted (:func:`dropped`), never unpickled.
+
+The ``stamp`` (24 bytes) stops replays: the sender's id (8 random bytes per process
+and thread), a sequence number counting that sender's messages, and its wall-clock
+time. Each inbox keeps a :class:`ReplayGuard`: a stamp seen before, one too far
+behind its sender's newest, or one from an unknown sender sent before the guard
+existed (minus ``CLOCK_SKEW_S``), is dropped and counted like a bad signature. As in
+jupyter_client's ``Session.digest_history``, the check runs after the signature's
+(only signed stamps count) and before anything is unpickled. A frame set encoded once
+may go to many inboxes (a call to every actor of a mesh); each accepts it once.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import os
 import pickle
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,9 +37,17 @@ from ..errors import MessageTooLarge
 from . import serialize
 
 MAGIC = b"MNB1"
-FIXED_FRAMES = 3  # magic + signature + cluster id, header, body; out-of-band buffers follow
+FIXED_FRAMES = 3  # magic + signature + stamp + cluster id, header, body; out-of-band buffers follow
 _SIG = slice(len(MAGIC), len(MAGIC) + 32)
+_STAMP = struct.Struct("<8sQd")  # sender id, sequence number, sent at (Unix time, s)
+_STAMP_AT = slice(_SIG.stop, _SIG.stop + _STAMP.size)
 _LEN = struct.Struct("<Q")
+
+# How far a sender's messages may arrive out of order at one inbox (several sockets of
+# one thread, asyncio sends) before the older ones count as replays; and how far the
+# clocks of two hosts may disagree (seconds).
+REPLAY_WINDOW = 4096
+CLOCK_SKEW_S = 30.0
 
 _keys: dict[bytes, "hmac.HMAC"] = {}  # cluster id -> keyed HMAC to copy() per message
 _dropped = 0
@@ -56,6 +74,51 @@ class BadMessage(Exception):
     """A frame set failed verification; it was not unpickled."""
 
 
+class ReplayGuard:
+    """The stamps one inbox has accepted; see the module docstring. Used by one thread
+    at a time (the inbox's)."""
+
+    def __init__(self):
+        self.started = time.time()
+        self._senders: dict[bytes, list[int]] = {}  # sender -> [newest seq, bitmap of the window below it]
+
+    def accept(self, sender: bytes, seq: int, sent_at: float) -> bool:
+        """Record the stamp; False when it is a replay (or too stale to tell)."""
+        state = self._senders.get(sender)
+        if state is None:
+            if sent_at < self.started - CLOCK_SKEW_S:
+                return False
+            self._senders[sender] = [seq, 1]
+            return True
+        newest, seen = state
+        if seq > newest:
+            state[0], state[1] = seq, ((seen << (seq - newest)) | 1) & _WINDOW_MASK
+            return True
+        behind = newest - seq
+        if behind >= REPLAY_WINDOW or (seen >> behind) & 1:
+            return False
+        state[1] = seen | (1 << behind)
+        return True
+
+
+_WINDOW_MASK = (1 << REPLAY_WINDOW) - 1
+
+
+class _Sender(threading.local):
+    """This thread's sender id and sequence numbers (new ids after a fork)."""
+
+    pid = -1
+
+    def stamp(self) -> bytes:
+        if self.pid != os.getpid():
+            self.pid, self.id, self.seq = os.getpid(), os.urandom(8), 0
+        self.seq += 1
+        return _STAMP.pack(self.id, self.seq, time.time())
+
+
+_sender = _Sender()
+
+
 @dataclass
 class Message:
     header: dict
@@ -67,8 +130,9 @@ class Message:
         return serialize.loads(self.body, self.buffers) if self.body is not None else None
 
 
-def _mac(keyed: "hmac.HMAC", parts) -> bytes:
+def _mac(keyed: "hmac.HMAC", stamp: bytes, parts) -> bytes:
     mac = keyed.copy()
+    mac.update(stamp)
     for part in parts:
         view = memoryview(part)
         mac.update(_LEN.pack(view.nbytes))
@@ -91,7 +155,8 @@ def encode(cluster_id: str, header: dict, body: bytes | None = None, buffers=())
             f"message of {size} bytes is over the {limit}-byte limit; send large data in "
             "smaller pieces, or raise MONARCH_NB_MAX_MESSAGE_BYTES in the client and every proc"
         )
-    return [MAGIC + _mac(_keys[cid], parts) + cid, *parts]
+    stamp = _sender.stamp()
+    return [MAGIC + _mac(_keys[cid], stamp, parts) + stamp + cid, *parts]
 
 
 def encode_value(cluster_id: str, header: dict, value: Any, what: str = "value") -> list:
@@ -100,24 +165,41 @@ def encode_value(cluster_id: str, header: dict, value: Any, what: str = "value")
     return encode(cluster_id, header, body, [b.raw() for b in buffers])
 
 
-def decode(frames: list) -> Message:
-    """Verify and parse frames; raises :class:`BadMessage` (and counts a drop) on any
-    missing or bad signature. Only the header is unpickled here."""
+def decode(frames: list, guard: ReplayGuard | None) -> Message:
+    """Verify and parse frames; raises :class:`BadMessage` (and counts a drop) on a
+    missing or bad signature, a replay (``guard``: the receiving inbox's; ``None`` only
+    where one frame set may legitimately arrive twice) or a header that is not a dict.
+    Only the header is unpickled here (with the standard library's pickle)."""
     global _dropped
     try:
         prefix = bytes(frames[0])
-        if len(frames) < FIXED_FRAMES or not prefix.startswith(MAGIC):
+        if len(frames) < FIXED_FRAMES or not prefix.startswith(MAGIC) or len(prefix) < _STAMP_AT.stop:
             raise BadMessage("not a monarch_nb frame set")
-        key = _keys.get(prefix[_SIG.stop:])
+        key = _keys.get(prefix[_STAMP_AT.stop:])
         if key is None:
             raise BadMessage("unknown cluster id")
+        stamp = prefix[_STAMP_AT]
         parts = frames[1:]
-        if not hmac.compare_digest(_mac(key, parts), prefix[_SIG]):
+        if not hmac.compare_digest(_mac(key, stamp, parts), prefix[_SIG]):
             raise BadMessage("bad signature")
+        if guard is not None and not guard.accept(*_STAMP.unpack(stamp)):
+            raise BadMessage("replayed")
+        try:
+            header = pickle.loads(parts[0])
+        except Exception as e:  # signed, so not hostile, but not ours to act on
+            raise BadMessage(f"unreadable header: {e!r}") from None
+        if not isinstance(header, dict):
+            raise BadMessage("header is not a dict")
     except BadMessage:
         with _dropped_lock:
             _dropped += 1
         raise
-    header = pickle.loads(parts[0])
     body = parts[1] if memoryview(parts[1]).nbytes else None
     return Message(header, body, [memoryview(b) for b in parts[2:]])
+
+
+def count_dropped() -> None:
+    """Count a verified message that no handler could act on (a header missing a key)."""
+    global _dropped
+    with _dropped_lock:
+        _dropped += 1

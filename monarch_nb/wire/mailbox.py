@@ -3,13 +3,18 @@
 A caller opens a *port* (a callback), sends requests naming ``(address, port)`` as
 the reply-to, and waits. Waiting drives the I/O itself: the first waiting thread
 takes the inbox and dispatches every arriving message to its port while the others
-sleep on a condition, so a blocking ``get()`` costs no thread hand-off. A pump thread
-takes over only while something waits asynchronously (``await`` on an asyncio loop,
-done-callbacks). Both run the same dispatch code.
+sleep on a waiter lock of their own, so a blocking ``get()`` costs no thread hand-off.
+A pump thread takes over only while something waits asynchronously (``await`` on an
+asyncio loop, done-callbacks). Both run the same dispatch code.
+
+Ctrl-C lands only in the blocking poll or sleep of a wait (see ``wire.interrupts``):
+never between the frames of a send, inside the dispatch of a reply or in the middle of
+the lock bookkeeping, so an interrupted wait leaves the mailbox as it was.
 """
 
 from __future__ import annotations
 
+import _thread
 import itertools
 import os
 import threading
@@ -21,6 +26,7 @@ import zmq
 
 from . import frames as wire_frames
 from . import sockets
+from .interrupts import checkpoint, guard_main_thread, protected
 
 # Plain ints: pyzmq's enum arithmetic is a measurable part of a round trip.
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
@@ -34,15 +40,21 @@ class Mailbox:
     def __init__(self):
         self.outbox = sockets.Outbox()
         self._inbox, self.address = sockets.bind_inbox()
+        self.guard = wire_frames.ReplayGuard()
         self._ports: dict[int, Callable[[wire_frames.Message], None]] = {}
         self._next_port = itertools.count(1)
         self._io_lock = threading.Lock()
-        self._cond = threading.Condition()
+        # One lock per sleeping thread, released to wake it: a bare lock's acquire is
+        # either interrupted before it takes the lock or not at all, unlike
+        # Condition.wait, whose bookkeeping an interrupt can tear.
+        self._sleepers: set = set()
+        self._async_lock = threading.Lock()
         self._async_waiters = 0
         self._pump_wanted = threading.Event()
         self._pump: threading.Thread | None = None
 
     # ports -----------------------------------------------------------------------
+    @protected
     def open_port(self, callback: Callable[[wire_frames.Message], None]) -> int:
         """Register ``callback`` for replies; it runs on the dispatching thread and
         must be quick. Returns the port number to put in requests."""
@@ -56,13 +68,16 @@ class Mailbox:
     def send(self, address: str, frames: list) -> None:
         self.outbox.send(address, frames)
 
+    @protected
     def request(self, address: str, cluster_id: str, header: dict, body: bytes | None = None,
                 buffers=(), timeout: float | None = None,
                 check: Callable[[], None] | None = None) -> wire_frames.Message | None:
         """Send ``header`` (plus a pickled ``body``) with this mailbox as reply-to and wait
         for the one reply; ``None`` when none came within ``timeout`` seconds.
         ``check`` runs every ``CHECK_S`` seconds while waiting and may raise to give up
-        (e.g. when the peer is known dead)."""
+        (e.g. when the peer is known dead). A KeyboardInterrupt ends the wait (the
+        request was sent whole; its late reply is dropped)."""
+        guard_main_thread()
         replies: list[wire_frames.Message] = []
         port = self.open_port(replies.append)
         try:
@@ -80,11 +95,13 @@ class Mailbox:
         return replies[0] if replies else None
 
     # waiting ---------------------------------------------------------------------
+    @protected
     def wait(self, done: Callable[[], bool], timeout: float | None = None) -> bool:
         """Block until ``done()`` is true or ``timeout`` seconds pass; returns ``done()``.
 
-        Interruptible by KeyboardInterrupt (the port stays open, so a late reply is
-        still routed)."""
+        Interruptible by KeyboardInterrupt, which leaves the mailbox consistent (the
+        port stays open, so a late reply is still routed)."""
+        guard_main_thread()
         deadline = None if timeout is None else time.monotonic() + timeout
         while not done():
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -95,13 +112,27 @@ class Mailbox:
                     self._drive(done, deadline)
                 finally:
                     self._io_lock.release()
-                    with self._cond:
-                        self._cond.notify_all()
+                    self._wake_sleepers()  # one of them takes over the inbox
             else:
-                with self._cond:
-                    if not done():
-                        self._cond.wait(_CHUNK_S if remaining is None else min(remaining, _CHUNK_S))
+                self._sleep(done, _CHUNK_S if remaining is None else min(remaining, _CHUNK_S))
         return True
+
+    def _sleep(self, done: Callable[[], bool], seconds: float) -> None:
+        waiter = _thread.allocate_lock()
+        waiter.acquire()
+        self._sleepers.add(waiter)
+        try:
+            if not done() and self._io_lock.locked():
+                _block(waiter, seconds)
+        finally:
+            self._sleepers.discard(waiter)
+
+    def _wake_sleepers(self) -> None:
+        for waiter in list(self._sleepers):
+            try:
+                waiter.release()
+            except RuntimeError:  # already woken
+                pass
 
     def _drive(self, done: Callable[[], bool], deadline: float | None) -> None:
         inbox = self._inbox
@@ -113,7 +144,7 @@ class Mailbox:
                 if remaining <= 0:
                     return
                 poll_ms = max(1, min(int(remaining * 1000), int(_CHUNK_S * 1000)))
-            if not inbox.poll(poll_ms):
+            if not _poll(inbox, poll_ms):
                 continue
             # Drain what is queued; checking EVENTS is cheaper than a failing recv.
             while inbox.getsockopt(_EVENTS) & _POLLIN:
@@ -121,17 +152,16 @@ class Mailbox:
 
     def _dispatch(self, frames: list) -> None:
         try:
-            message = wire_frames.decode(frames)
+            message = wire_frames.decode(frames, self.guard)
         except wire_frames.BadMessage:
             return
         callback = self._ports.get(message.header.get("port"))
         if callback is not None:
             try:
                 callback(message)
-            except Exception:  # a broken callback must not take the dispatching thread down
+            except BaseException:  # noqa: BLE001 - a broken callback must not take the dispatching thread down
                 traceback.print_exc()
-        with self._cond:
-            self._cond.notify_all()
+        self._wake_sleepers()
 
     # asynchronous waiting ---------------------------------------------------------
     def async_waiter(self) -> "_AsyncWaiter":
@@ -141,20 +171,34 @@ class Mailbox:
     def _pump_loop(self) -> None:
         while True:
             self._pump_wanted.wait()
-            self.wait(lambda: self._async_waiters == 0, timeout=_CHUNK_S)
+            try:
+                self.wait(lambda: self._async_waiters == 0, timeout=_CHUNK_S)
+            except BaseException:  # noqa: BLE001 - every later await in this process needs the pump
+                traceback.print_exc()
             if self._async_waiters == 0:
                 self._pump_wanted.clear()
                 if self._async_waiters:  # raced with a new waiter
                     self._pump_wanted.set()
 
 
+@checkpoint
+def _poll(inbox: zmq.Socket, timeout_ms: int) -> int:
+    return inbox.poll(timeout_ms)
+
+
+@checkpoint
+def _block(waiter, seconds: float) -> None:
+    waiter.acquire(True, seconds)  # an interrupt here leaves only this private lock behind
+
+
 class _AsyncWaiter:
     def __init__(self, mailbox: Mailbox):
         self._mailbox = mailbox
 
+    @protected
     def __enter__(self):
         mb = self._mailbox
-        with mb._cond:
+        with mb._async_lock:
             mb._async_waiters += 1
             if mb._pump is None:
                 mb._pump = threading.Thread(target=mb._pump_loop, name="monarch-nb-pump", daemon=True)
@@ -162,9 +206,10 @@ class _AsyncWaiter:
         mb._pump_wanted.set()
         return self
 
+    @protected
     def __exit__(self, *exc):
         mb = self._mailbox
-        with mb._cond:
+        with mb._async_lock:
             mb._async_waiters -= 1
 
 
@@ -173,6 +218,7 @@ _local_pid: int | None = None
 _local_lock = threading.Lock()
 
 
+@protected
 def local_mailbox() -> Mailbox:
     """This process's mailbox, created on first use (and anew after a fork)."""
     global _local, _local_pid

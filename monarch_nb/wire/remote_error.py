@@ -18,18 +18,27 @@ def pack_exception(exc: BaseException, skip_frames: int = 0) -> tuple:
     """``(type_name, message, traceback_text, pickled_exception_or_None)`` for ``exc``.
 
     ``skip_frames`` drops that many outermost frames (the runtime's own) from the text.
+    Never raises: an exception whose ``__str__`` or ``__reduce__`` raises is described
+    by what can be read of it.
     """
     tb = exc.__traceback__
     for _ in range(skip_frames):
         if tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
-    text = "".join(tb_module.format_exception(type(exc), exc, tb))
     name = f"{type(exc).__module__}.{type(exc).__qualname__}"
     try:
+        message = str(exc)
+    except BaseException as e:  # noqa: BLE001 - user code: its failure is part of the report
+        message = f"<str() of the exception raised {type(e).__name__}>"
+    try:
+        text = "".join(tb_module.format_exception(type(exc), exc, tb))
+    except BaseException:  # noqa: BLE001
+        text = "".join(tb_module.format_list(tb_module.extract_tb(tb))) + f"{name}: {message}\n"
+    try:
         pickled = cloudpickle.dumps(exc.with_traceback(None))
-    except Exception:
+    except BaseException:  # noqa: BLE001 - sent as its type name and message instead
         pickled = None
-    return (name, str(exc), text, pickled)
+    return (name, message, text, pickled)
 
 
 def unpack_exception(packed: tuple) -> tuple[BaseException, str]:
@@ -38,6 +47,6 @@ def unpack_exception(packed: tuple) -> tuple[BaseException, str]:
     if pickled is not None:
         try:
             return cloudpickle.loads(pickled), text
-        except Exception:
+        except BaseException:  # noqa: BLE001 - e.g. a __setstate__ raising SystemExit
             pass
     return RemoteException(name, message), text

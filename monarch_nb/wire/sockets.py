@@ -16,6 +16,7 @@ import zmq
 
 from ..errors import ClusterError
 from . import frames as wire_frames
+from .interrupts import protected
 
 # How long a closed sending socket keeps trying to deliver what it has queued (ms).
 # Not 0: a thread that sends a reply and then exits (an actor whose __init__ failed,
@@ -112,21 +113,29 @@ class Outbox:
                 local.sockets.pop(idle).close()
         return sock
 
+    @protected
     def send(self, address: str, frames: list) -> None:
-        """Send ``frames`` to ``address``. When the message carries large buffers, wait
-        until they have left this process so the caller may reuse them.
+        """Send ``frames`` to ``address``, whole: never interrupted between two frames
+        (``wire.interrupts``); a send that fails half way closes its socket, so that
+        the torn message is never completed by the next one. When the message carries
+        large buffers, wait until they have left this process so the caller may reuse
+        them.
 
         Raises :class:`ClusterError` when they can't leave within
         ``SEND_DRAIN_TIMEOUT_S`` (the peer is gone or not reading)."""
         sock = self._socket(address)
         buffers = frames[wire_frames.FIXED_FRAMES:]
-        if sum(memoryview(f).nbytes for f in buffers) < zmq.COPY_THRESHOLD:
-            # send_multipart's per-frame enum arithmetic costs more than a small send.
-            for frame in frames[:-1]:
-                sock.send(frame, _SNDMORE)
-            sock.send(frames[-1])
-            return
-        tracker = sock.send_multipart(frames, copy=False, track=True)
+        try:
+            if sum(memoryview(f).nbytes for f in buffers) < zmq.COPY_THRESHOLD:
+                # send_multipart's per-frame enum arithmetic costs more than a small send.
+                for frame in frames[:-1]:
+                    sock.send(frame, _SNDMORE)
+                sock.send(frames[-1])
+                return
+            tracker = sock.send_multipart(frames, copy=False, track=True)
+        except BaseException:
+            self.forget(address)
+            raise
         try:
             tracker.wait(SEND_DRAIN_TIMEOUT_S)
         except zmq.NotDone:

@@ -1,0 +1,135 @@
+"""Keeping ``KeyboardInterrupt`` out of the runtime's critical sections.
+
+Ctrl-C in a notebook or a script raises ``KeyboardInterrupt`` on the main thread at
+whatever bytecode it happens to be running. Landing between two frames of a multipart
+send tears the message (the next one on that socket is appended to it); landing inside
+``threading.Condition.wait`` leaves its lock half released ("cannot release un-acquired
+lock"); landing between sending a call and registering its reply port loses the reply.
+
+As trio does (``trio/_core/_ki.py``), the runtime marks its code instead of trying to
+be correct at every bytecode:
+
+- :func:`protected` marks a function whose frames must not be interrupted: the sends,
+  the reply dispatch, the port and lock bookkeeping. Code it calls (a done-callback,
+  say) is protected too.
+- :func:`checkpoint` marks a function where an interrupt may land although a protected
+  caller is on the stack: the blocking waits (a zmq poll, a waiter's lock), which leave
+  nothing half done when interrupted. Code it calls is interruptible.
+
+:func:`allows` walks a stack from the innermost frame out; the first marked frame
+decides, unmarked stacks (user code) are interruptible. On the main thread, SIGINT's
+handler (installed by :func:`guard_main_thread` over Python's default one) defers an
+interrupt that arrives inside protected code: it is re-delivered every
+``REDELIVER_S`` seconds until it lands outside, so it is late by at most the length of
+the critical section and is never lost or doubled. A proc applies the same marks to
+interrupts aimed at its actor threads (``proc.actor_loop``).
+
+Marks cost nothing at run time: they are looked up only when an interrupt arrives.
+"""
+
+from __future__ import annotations
+
+import _thread
+import signal
+import threading
+import time
+import types
+from typing import Callable, TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+REDELIVER_S = 0.002  # how soon a deferred interrupt is tried again (seconds)
+
+_marks: dict[types.CodeType, bool] = {}  # code -> True: protected, False: checkpoint
+_main_ident = threading.main_thread().ident
+
+
+def protected(fn: F) -> F:
+    """Mark ``fn``: an interrupt arriving while it (or anything it calls) runs waits
+    until it has returned."""
+    _marks[fn.__code__] = True
+    return fn
+
+
+def checkpoint(fn: F) -> F:
+    """Mark ``fn`` as a place where an interrupt may land even under protected callers:
+    it blocks, and being interrupted leaves nothing half done."""
+    _marks[fn.__code__] = False
+    return fn
+
+
+def allows(frame: types.FrameType | None) -> bool:
+    """Whether an interrupt may land in ``frame`` (and the stack it was called from)."""
+    while frame is not None:
+        mark = _marks.get(frame.f_code)
+        if mark is not None:
+            return not mark
+        frame = frame.f_back
+    return True
+
+
+# main thread: a SIGINT handler that defers ------------------------------------------
+_pending = False  # an interrupt arrived in protected code and waits to be delivered
+_wanted = threading.Event()  # wakes the re-delivering thread
+_redeliverer: threading.Thread | None = None
+_start_lock = threading.Lock()
+
+
+@protected
+def _on_sigint(signum, frame) -> None:
+    global _pending
+    if not allows(frame):
+        _pending = True
+        _wake_redeliverer()
+        return
+    _pending = False
+    raise KeyboardInterrupt
+
+
+def _wake_redeliverer() -> None:
+    global _redeliverer
+    if _redeliverer is None:
+        with _start_lock:
+            if _redeliverer is None:
+                _redeliverer = threading.Thread(target=_redeliver, name="monarch-nb-interrupts", daemon=True)
+                _redeliverer.start()
+    _wanted.set()
+
+
+def _redeliver() -> None:
+    while True:
+        _wanted.wait()
+        time.sleep(REDELIVER_S)
+        if not _pending:
+            _wanted.clear()
+            if not _pending:  # else: deferred again between the check and the clear
+                continue
+            _wanted.set()
+        if signal.getsignal(signal.SIGINT) is _on_sigint:
+            _thread.interrupt_main(signal.SIGINT)  # runs _on_sigint again on the main thread
+        else:  # the handler was replaced (e.g. the kernel's cell ended): that Ctrl-C is over
+            _clear_pending()
+
+
+def _clear_pending() -> None:
+    global _pending
+    _pending = False
+
+
+def guard_main_thread() -> None:
+    """On the main thread, put the deferring handler in place of Python's default
+    SIGINT handler (``signal.default_int_handler``, which ipykernel also sets for each
+    cell). A handler of the user's own is left alone. Cheap: call it before every
+    critical section that may run on the main thread."""
+    if threading.get_ident() != _main_ident:
+        return
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        try:
+            signal.signal(signal.SIGINT, _on_sigint)
+        except ValueError:  # not the main interpreter
+            pass
+
+
+def deferred() -> bool:
+    """Whether a Ctrl-C is waiting for the main thread to leave protected code."""
+    return _pending
