@@ -30,6 +30,7 @@ Marks cost nothing at run time: they are looked up only when an interrupt arrive
 from __future__ import annotations
 
 import _thread
+import os
 import signal
 import threading
 import time
@@ -69,51 +70,58 @@ def allows(frame: types.FrameType | None) -> bool:
 
 
 # main thread: a SIGINT handler that defers ------------------------------------------
+# The handler takes no lock (it may run inside any lock's acquire, its own included):
+# it wakes the re-delivering thread through a pipe.
 _pending = False  # an interrupt arrived in protected code and waits to be delivered
-_wanted = threading.Event()  # wakes the re-delivering thread
+_wake_r, _wake_w = -1, -1
 _redeliverer: threading.Thread | None = None
-_start_lock = threading.Lock()
 
 
 @protected
 def _on_sigint(signum, frame) -> None:
     global _pending
     if not allows(frame):
-        _pending = True
-        _wake_redeliverer()
+        if not _pending:
+            _pending = True
+            try:
+                os.write(_wake_w, b"!")
+            except OSError:  # full (it is already awake) or closed
+                pass
         return
     _pending = False
     raise KeyboardInterrupt
 
 
-def _wake_redeliverer() -> None:
-    global _redeliverer
-    if _redeliverer is None:
-        with _start_lock:
-            if _redeliverer is None:
-                _redeliverer = threading.Thread(target=_redeliver, name="monarch-nb-interrupts", daemon=True)
-                _redeliverer.start()
-    _wanted.set()
-
-
 def _redeliver() -> None:
-    while True:
-        _wanted.wait()
-        time.sleep(REDELIVER_S)
-        if not _pending:
-            _wanted.clear()
-            if not _pending:  # else: deferred again between the check and the clear
-                continue
-            _wanted.set()
-        if signal.getsignal(signal.SIGINT) is _on_sigint:
-            _thread.interrupt_main(signal.SIGINT)  # runs _on_sigint again on the main thread
-        else:  # the handler was replaced (e.g. the kernel's cell ended): that Ctrl-C is over
-            _clear_pending()
-
-
-def _clear_pending() -> None:
     global _pending
-    _pending = False
+    while True:
+        os.read(_wake_r, 4096)
+        while True:
+            time.sleep(REDELIVER_S)
+            if not _pending:
+                break
+            if signal.getsignal(signal.SIGINT) is not _on_sigint:
+                _pending = False  # replaced (e.g. the kernel's cell ended): that Ctrl-C is over
+                break
+            _thread.interrupt_main(signal.SIGINT)  # runs _on_sigint again on the main thread
+
+
+def _start_redeliverer() -> None:
+    global _redeliverer, _wake_r, _wake_w
+    if _redeliverer is None or _wake_pid != os.getpid():
+        _set_pid()
+        _wake_r, _wake_w = os.pipe()
+        os.set_blocking(_wake_w, False)
+        _redeliverer = threading.Thread(target=_redeliver, name="monarch-nb-interrupts", daemon=True)
+        _redeliverer.start()
+
+
+_wake_pid = -1
+
+
+def _set_pid() -> None:
+    global _wake_pid
+    _wake_pid = os.getpid()
 
 
 def guard_main_thread() -> None:
@@ -124,6 +132,7 @@ def guard_main_thread() -> None:
     if threading.get_ident() != _main_ident:
         return
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        _start_redeliverer()
         try:
             signal.signal(signal.SIGINT, _on_sigint)
         except ValueError:  # not the main interpreter

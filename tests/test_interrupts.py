@@ -1,0 +1,70 @@
+"""Ctrl-C at any instant: a client interrupted at random while it calls, and actors
+interrupted while busy, lose no call, tear no message and leave nothing wedged."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import cluster_processes, wait_until
+
+HERE = Path(__file__).parent
+INTERRUPTS = 1000
+
+
+def _client(mode: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(HERE / "interrupt_client.py"), mode, *args], cwd=HERE,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(HERE)})
+
+
+def _finish(client: subprocess.Popen, timeout: float) -> dict:
+    try:
+        out, _ = client.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        client.kill()
+        client.communicate()
+        raise AssertionError(f"the client hung (no report within {timeout} s)") from None
+    assert client.returncode == 0, f"client exited with {client.returncode}: {out[-3000:]}"
+    report = json.loads(out.strip().splitlines()[-1])
+    assert wait_until(lambda: not cluster_processes(report["path"]), 15), "cluster processes left behind"
+    return report
+
+
+def _assert_healthy_after(report: dict) -> None:
+    assert report["other_errors"] == [], report["other_errors"][0]
+    assert report["wrong"] == 0, "a checked call after the interrupts returned a wrong value"
+    assert report["duplicates"] == 0, "a call ran twice"
+    assert report["dropped_client"] == 0 and report["dropped_procs"] == [0, 0], "frames were dropped as bad"
+    assert all(names for names in report["threads_alive"]), "an actor thread died"
+
+
+def test_random_ctrl_c_while_calling_loses_no_call_and_wedges_nothing():
+    client = _client("storm")
+    try:
+        line = client.stdout.readline()
+        assert line.startswith("READY"), line
+        rng = random.Random(12)
+        for _ in range(INTERRUPTS):
+            time.sleep(rng.uniform(0.001, 0.015))  # the gaps between Ctrl-Cs, not synchronisation
+            client.send_signal(signal.SIGINT)
+        client.send_signal(signal.SIGUSR1)
+        report = _finish(client, 120)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    _assert_healthy_after(report)
+    assert report["lost"] == [], f"calls whose future the client got never ran: {report['lost']}"
+    assert report["interrupts"] > INTERRUPTS // 10  # they did land (many coalesce or come between calls)
+
+
+def test_interrupting_busy_actors_over_and_over_leaves_them_answering():
+    report = _finish(_client("hammer", "300"), 120)
+    _assert_healthy_after(report)
+    assert not report["caller_hung"]
+    assert report["interrupted"] > 0, "no interrupt reached a busy endpoint"
