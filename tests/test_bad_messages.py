@@ -1,0 +1,88 @@
+"""Bad messages and replays: a message nobody can act on is refused or dropped and
+counted, a replayed one is never acted on, and no thread dies of either."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import zmq
+
+from monarch_nb.errors import ActorError
+from monarch_nb.wire import frames
+from bad_actors import Target
+from conftest import wait_until
+
+
+@pytest.fixture(scope="module")
+def target(host):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="badmsg")
+    yield procs.spawn("target", Target)
+    procs.stop()
+
+
+def _raw_send(address: str, *frame_sets: list, times: int = 1) -> None:
+    """Send on one new connection, in order (a receiver keeps one connection's order)."""
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.connect(address)
+    for frame_set in frame_sets:
+        for _ in range(times):
+            sock.send_multipart(frame_set)
+    sock.close(linger=5000)
+
+
+def test_an_exception_whose_str_raises_still_fails_the_call_and_the_actor_lives_on(target):
+    with pytest.raises(ActorError) as info:
+        target.raise_unprintable.call_one().get(timeout=30)
+    assert "Unprintable" in str(info.value)
+    assert target.note.call_one(1).get(timeout=30) == 1
+
+
+def test_a_reply_that_raises_systemexit_when_unpickled_fails_only_its_call(target):
+    with pytest.raises(ActorError) as info:
+        target.return_exiting.call_one().get(timeout=30)
+    assert isinstance(info.value.failures[0].exception, SystemExit)
+
+    async def twice():
+        with pytest.raises(ActorError):
+            await target.return_exiting.call_one()
+        return await target.note.call_one(2)  # the pump that serves awaits is still there
+
+    assert asyncio.run(twice()) == 2
+
+
+def test_signed_calls_missing_keys_are_dropped_and_counted_and_the_actor_serves_on(target):
+    before = target.dropped.call_one().get(timeout=30)
+    address = target._addresses[0]
+    for header in ({"ep": "note"}, {"k": "call"}, {"k": "nonsense"}):
+        _raw_send(address, frames.encode_value(target._cluster_id, header, ((9,), {})))
+    assert wait_until(lambda: target.dropped.call_one().get(timeout=30) == before + 3, 30)
+    assert target.note.call_one(3).get(timeout=30) == 3
+    assert 9 not in target.notes_seen.call_one().get(timeout=30)
+
+
+def test_a_captured_call_replayed_runs_once(target):
+    before = target.dropped.call_one().get(timeout=30)
+    captured = frames.encode_value(target._cluster_id, {"k": "call", "ep": "note", "o": None}, (("once",), {}))
+    _raw_send(target._addresses[0], captured, times=6)
+    assert wait_until(lambda: target.dropped.call_one().get(timeout=30) == before + 5, 30)
+    assert target.notes_seen.call_one().get(timeout=30).count("once") == 1
+
+
+def test_a_replayed_stop_does_not_stop_a_new_mesh_of_the_same_name(cluster, host):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="replay")
+    try:
+        first = procs.spawn("again", Target)
+        stop = frames.encode(first._cluster_id, {"op": "stop_actors", "name": "again"})
+        _raw_send(cluster._info["hub"], stop)
+        assert wait_until(lambda: "again" not in cluster.actor_meshes, 30)  # the first one was real
+        second = procs.spawn("again", Target)
+        procs.spawn("marker", Target)
+        # The replay, then a fresh stop of another mesh: once that one is gone, the hub
+        # has handled the replay too.
+        _raw_send(cluster._info["hub"], stop, frames.encode(first._cluster_id, {"op": "stop_actors", "name": "marker"}))
+        assert wait_until(lambda: "marker" not in cluster.actor_meshes, 30)
+        assert "again" in cluster.actor_meshes
+        assert second.note.call_one(1).get(timeout=30) == 1
+    finally:
+        procs.stop()
