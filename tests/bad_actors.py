@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
 
 from monarch_nb.actor import Actor, endpoint
 from monarch_nb.wire import frames
@@ -44,3 +46,24 @@ class Target(Actor):
     @endpoint
     def dropped(self) -> int:
         return frames.dropped()
+
+
+class Busy(Actor):
+    """Endpoints that keep their actor busy: interruptible Python work, or a blocking
+    call that an interrupt can't end."""
+
+    @endpoint
+    def spin(self, seconds: float) -> str:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            sum(range(100))
+        return "done"
+
+    @endpoint
+    def stubborn(self, seconds: float) -> str:
+        time.sleep(seconds)  # one blocking C call: an interrupt lands only after it
+        return "done"
+
+    @endpoint
+    def actor_threads(self) -> list[str]:
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("actor-"))

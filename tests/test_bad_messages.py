@@ -4,13 +4,15 @@ counted, a replayed one is never acted on, and no thread dies of either."""
 from __future__ import annotations
 
 import asyncio
+import time
+import warnings
 
 import pytest
 import zmq
 
 from monarch_nb.errors import ActorError
 from monarch_nb.wire import frames
-from bad_actors import Target
+from bad_actors import Busy, Target
 from conftest import wait_until
 
 
@@ -86,3 +88,50 @@ def test_a_replayed_stop_does_not_stop_a_new_mesh_of_the_same_name(cluster, host
         assert second.note.call_one(1).get(timeout=30) == 1
     finally:
         procs.stop()
+
+
+def test_stopping_a_busy_mesh_interrupts_its_endpoint_and_ends_its_thread(host):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="stopbusy")
+    try:
+        watcher = procs.spawn("watcher", Busy)
+        busy = procs.spawn("busy", Busy)
+        running = busy.spin.call_one(600)
+        assert wait_until(lambda: _state_of(procs, "busy") == "busy", 30)
+        started = time.monotonic()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "did not stop" warning
+            busy.stop()
+        assert time.monotonic() - started < 30
+        with pytest.raises(Exception):
+            running.get(timeout=30)
+        assert wait_until(lambda: "actor-busy-0" not in watcher.actor_threads.call_one().get(timeout=30), 30)
+        # Replacing a busy mesh ends the old actor's thread too.
+        again = procs.spawn("again", Busy)
+        again.spin.call_one(600)
+        assert wait_until(lambda: _state_of(procs, "again") == "busy", 30)
+        replaced = procs.spawn("again", Busy, replace=True)
+        assert replaced.actor_threads.call_one().get(timeout=30).count("actor-again-0") == 1
+    finally:
+        procs.stop()
+
+
+def test_a_mesh_that_will_not_stop_is_reported(host):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="stubborn")
+    try:
+        mesh = procs.spawn("stubborn", Busy)
+        mesh.stubborn.call_one(20)
+        assert wait_until(lambda: _state_of(procs, "stubborn") == "busy", 30)
+        with pytest.warns(RuntimeWarning, match=r"rank 0 in stubborn did not return"):
+            mesh.stop()
+    finally:
+        procs.stop()
+
+
+def _state_of(procs, mesh: str) -> str | None:
+    """What the hub's health says actor ``mesh`` (rank 0) is doing."""
+    for host in procs._hub().request("health")["hosts"]:
+        for proc in host["procs"]:
+            for actor in proc.get("actors", []):
+                if actor.get("mesh") == mesh:
+                    return actor.get("state")
+    return None

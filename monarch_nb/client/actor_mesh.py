@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import warnings
 from typing import TYPE_CHECKING
 
 from ..mesh import Shape
@@ -127,9 +128,20 @@ class ActorMesh(MeshHandle):
         return reply["restarted"]
 
     def stop(self) -> None:
-        """Stop every actor of this mesh (the whole mesh, also when called on a slice);
-        each finishes the message it is handling first. Blocks until done."""
-        self._hub().request("stop_actors", name=self._name)
+        """Stop every actor of this mesh (the whole mesh, also when called on a slice).
+        Calls still queued are not run; one running is interrupted (KeyboardInterrupt at
+        its next Python line). Blocks until done; warns (``RuntimeWarning``) naming the
+        ranks still running an endpoint about 2 s later (a blocking C call, or code that
+        catches KeyboardInterrupt): their threads end with the proc mesh."""
+        reply = self._hub().request("stop_actors", name=self._name)
+        stuck = reply.get("stuck")
+        if stuck is None and reply.get("stopped") is False:  # this_proc(): the proc answers itself
+            stuck = [{"rank": 0, "running": reply.get("running")}]
+        if stuck:
+            running = ", ".join(f"rank {s['rank']} in {s['running'] or 'its __init__'}" for s in stuck)
+            warnings.warn(f"actor mesh {self._name!r} was stopped, but {running} did not return after an "
+                          "interrupt (a blocking call, or code that catches KeyboardInterrupt); its thread "
+                          "ends when its proc mesh stops", RuntimeWarning, stacklevel=2)
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._class_name} {dict(self.extent)}>"

@@ -121,9 +121,9 @@ class MeshOps:
 
     async def op_stop_actors(self, header, message):
         record = self.actor_meshes.get(header["name"])
-        if record is not None:
-            await self._stop_actor_mesh(record)
-        return {}
+        if record is None:
+            return {"stuck": []}
+        return {"stuck": await self._stop_actor_mesh(record)}
 
     async def op_stop_procs(self, header, message):
         record = self.proc_meshes.get(header["name"])
@@ -168,18 +168,22 @@ class MeshOps:
             raise HubError("; ".join(errors))
         return procs
 
-    async def _stop_actor_mesh(self, record: ActorMeshRecord) -> None:
+    async def _stop_actor_mesh(self, record: ActorMeshRecord) -> list[dict]:
+        """Stop the actors of ``record``; returns those that did not stop within the
+        procs' wait (``rank``, ``running``: the endpoint they are still in)."""
         self._forget_actor_mesh(record)
         await self._announce({"op": "actors_gone", "actors": {  # calls to them fail, now and later
             a: (record.name, i, "its actor mesh was stopped") for i, a in enumerate(record.addresses)}})
         self._stop_orphans(set(record.addresses))
         mesh = self.proc_meshes.get(record.proc_mesh)
         if mesh is None:
-            return
-        live = [mesh.procs[r] for r in record.proc_ranks if mesh.procs[r].exit_code is None]
-        await asyncio.gather(*(
+            return []
+        live = [(i, mesh.procs[r]) for i, r in enumerate(record.proc_ranks) if mesh.procs[r].exit_code is None]
+        replies = await asyncio.gather(*(
             self.net.request(p.address, {"op": "stop_actor", "mesh": record.name}, timeout=5.0)
-            for p in live), return_exceptions=True)
+            for _, p in live), return_exceptions=True)
+        return [{"rank": i, "running": r.header.get("running")} for (i, _), r in zip(live, replies)
+                if not isinstance(r, BaseException) and r.header.get("stopped") is False]
 
     async def _stop_proc_mesh(self, record: ProcMeshRecord) -> None:
         if self.proc_meshes.get(record.name) is not record:

@@ -84,6 +84,8 @@ class ActorThread:
         self.address: str | None = None
         self.busy = False  # handling a message (an interrupt is delivered only then)
         self.calls = 0  # endpoint calls begun: tells an interrupt meant for one call from the next
+        self.stopping = False  # set by the proc's stop: calls still queued are refused, not run
+        self.finished = threading.Event()  # its loop has ended (the thread is done with user code)
         # Held by the actor's thread except while user code runs: see the module docstring.
         self._gate = threading.Lock()
         self._gate.acquire()
@@ -156,6 +158,12 @@ class ActorThread:
         return Context(self._instance_info, self.point)
 
     def _run(self) -> None:
+        try:
+            self._construct_and_serve()
+        finally:
+            self.finished.set()
+
+    def _construct_and_serve(self) -> None:
         # A restarted actor takes its predecessor's address when free: handles keep working.
         inbox, self.address = sockets.bind_inbox(prefer=self._spawn.header.get("prefer"))
         self._instance_info = dataclasses.replace(self._instance_info, address=self.address)
@@ -183,6 +191,9 @@ class ActorThread:
         set_call_origin(None)
         send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank,
                    value=None, extra={"address": self.address})
+        if self.stopping:  # stopped while __init__ ran: its stop message had nowhere to go
+            inbox.close(0)
+            return
         try:
             self._serve(inbox, instance)
         finally:
@@ -217,6 +228,9 @@ class ActorThread:
             return "stop"
         if kind == "supervise":
             self._supervise(instance, header["failure"], reply_to)
+        elif kind == "call" and self.stopping:
+            send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
+                       error=RuntimeError(f"actor mesh {self.mesh_name} was stopped before this call ran"))
         elif kind == "call":
             set_call_origin(header.get("o"))
             self._handle(instance, header["ep"], message, reply_to)

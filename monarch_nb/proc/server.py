@@ -26,6 +26,7 @@ from . import torch_env
 
 INTERRUPT_RETRY_S = 0.001  # how often an interrupt that can't land yet is tried again
 INTERRUPT_FOR_S = 5.0  # how long it is tried (while the same call runs)
+STOP_WAIT_S = 2.0  # how long a stop waits for an interrupted actor to end before reporting it
 
 
 class ProcServer:
@@ -69,6 +70,25 @@ class ProcServer:
                 _thread.interrupt_main(signal.SIGINT)
 
         threading.Timer(interrupts.REDELIVER_S, retry).start()
+
+    def _stop_actor(self, actor: ActorThread, header: dict) -> None:
+        """Stop ``actor``: calls still queued are refused, the one running (or its
+        ``__init__``) is interrupted, and the reply says whether its thread ended within
+        ``STOP_WAIT_S`` (``stopped``) and, if not, what it is still running."""
+        actor.stopping = True
+        if actor.address is not None:
+            self.outbox.send(actor.address, wire_frames.encode(self.cluster_id, {"k": "stop"}))
+        if actor.busy:
+            if actor.on_main_thread:
+                self._main_redelivery = True  # only the main thread's actor, not every actor
+                _thread.interrupt_main(signal.SIGINT)
+            else:
+                threading.Thread(target=self._interrupt_threads, args=([(actor, actor.calls)],), daemon=True,
+                                 name="monarch-nb-interrupt").start()
+        stopped = actor.finished.wait(STOP_WAIT_S)
+        current = actor.current
+        self._reply(header, stopped=stopped, running=None if stopped or current is None else current[0])
+        self.outbox.close_thread_sockets()  # this thread ends
 
     @staticmethod
     def _interrupt_threads(targets: list) -> None:
@@ -133,10 +153,11 @@ class ProcServer:
             actor.start()  # the actor replies once constructed
         elif op in ("stop_actor", "stop_actors"):  # stop_actors: this_proc() acting as its own hub
             actor = self.actors.pop(header.get("mesh") or header.get("name"), None)
-            if actor is not None and actor.address is not None and actor.thread.is_alive():
-                # Queued behind whatever the actor is doing: it stops after that.
-                self.outbox.send(actor.address, wire_frames.encode(self.cluster_id, {"k": "stop"}))
-            self._reply(header)
+            if actor is None or actor.finished.is_set():
+                self._reply(header, stopped=True)
+            else:
+                threading.Thread(target=self._stop_actor, args=(actor, header), daemon=True,
+                                 name="monarch-nb-stop").start()
         elif op == "interrupt":
             os.kill(os.getpid(), signal.SIGINT)  # handled on the main thread: see interrupt()
             self._reply(header)

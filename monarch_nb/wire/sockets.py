@@ -160,6 +160,13 @@ class Outbox:
                 local.sockets.pop(address).close(0)
                 local.used.pop(address, None)
 
+    def close_thread_sockets(self) -> None:
+        """Close this thread's sockets, delivering what they hold (a thread about to end)."""
+        local = self._local
+        for sock in getattr(local, "sockets", {}).values():
+            sock.close()
+        local.sockets, local.used, local.generations = {}, {}, {}
+
     def forget(self, address: str) -> None:
         """Close this thread's socket to ``address`` (dropping anything queued)."""
         getattr(self._local, "used", {}).pop(address, None)
