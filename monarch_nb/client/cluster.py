@@ -17,6 +17,7 @@ import atexit
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -193,7 +194,14 @@ class Cluster:
 
     # what is in it -------------------------------------------------------------------
     def info(self) -> dict:
-        """Hosts, clients, proc meshes and actor meshes as the hub knows them."""
+        """Hosts, clients, proc meshes and actor meshes as the hub knows them.
+
+        ``hosts``: each with ``dropped_frames`` (frame sets its host agent dropped: bad
+        signature, replay, or a message it could not act on), ``lost`` and ``cause``;
+        ``hub_stats``: the hub's own ``dropped_frames``, ``malformed`` (messages it
+        could not act on), ``stalls`` (times it found itself stopped or blocked),
+        ``sockets`` (open sending sockets) and ``log_store`` (``ok`` False while the
+        disk fails; ``error``, ``unwritten``, ``lost``)."""
         return self.hub.request("info", timeout=30.0)
 
     def health(self) -> dict:
@@ -306,7 +314,13 @@ class Cluster:
                 self._hub_process.kill()
                 self._hub_process.wait()
         else:
-            discovery.end_hub(self._info, STOP_TIMEOUT_S)
+            # Exited is enough: a detached hub is reaped by whoever adopted it, which
+            # may take seconds (end_hub would wait for that).
+            deadline = time.monotonic() + STOP_TIMEOUT_S
+            local = self._info.get("hostname") == socket.gethostname()
+            while local and not discovery.hub_process_problem(self._info) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            discovery.end_hub(self._info)  # killed if it is still running
         discovery.remove_stale(self.path)
         global _default
         with _default_lock:

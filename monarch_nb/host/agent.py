@@ -3,6 +3,10 @@ everything when the hub is gone for longer than the grace period.
 
 Procs are this process's children and die with it (``PR_SET_PDEATHSIG``), so a host
 agent that exits takes its procs along.
+
+The grace period counts only time this agent was itself running and reading its
+inbox: a hub stopped for less than the grace period (SIGSTOP, a suspended laptop)
+finds everything still running, and so does a hub after this agent was stalled.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import sys
 import time
 
 from ..proc.stdio import RECORD_FD_ENV
+from ..wire import frames as wire_frames
 from ..wire.aio import AioEndpoint
 from .capture import Capture
 
@@ -22,6 +27,8 @@ HEARTBEAT_S = 0.5
 PROC_READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this many seconds
 EXIT_REPORT_TIMEOUT_S = 1.0  # how long a signalled agent waits for the hub to take note
+STALL_S = 1.0  # a heartbeat this much later than due: this agent was stopped or blocked
+MALFORMED_LOGGED = 10  # stderr names the first this many messages no handler could act on
 
 
 class HostAgent:
@@ -42,6 +49,7 @@ class HostAgent:
         self.done = asyncio.Event()
         self.leaving: asyncio.Future | None = None  # set when a signal from outside stops this agent
         self.hub_told = False  # the hub acknowledged that: it has failed this host's procs
+        self.malformed = 0  # verified messages no handler could act on
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -80,45 +88,77 @@ class HostAgent:
         self.done.set()
 
     async def _heartbeat(self) -> None:
+        due = time.monotonic()
         while True:
-            if time.monotonic() - self.hub_seen > self.grace_s:
+            now = time.monotonic()
+            if now - due > STALL_S:  # this agent did not run: the hub was not silent, we were deaf
+                self.hub_seen = max(self.hub_seen, now)
+            if self.net.caught_up() - self.hub_seen > self.grace_s:
                 print(f"monarch_nb host agent {self.host_id}: hub silent for {self.grace_s} s; "
                       "stopping every proc", file=sys.stderr)
                 self.done.set()
                 return
-            await self.net.send(self.hub, {"op": "agent_alive", "host_id": self.host_id})
+            await self.net.send(self.hub, {"op": "agent_alive", "host_id": self.host_id,
+                                           "dropped": wire_frames.dropped()})
+            due = time.monotonic() + HEARTBEAT_S
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _serve(self) -> None:
+        """The receive loop: a message no handler can act on (a field missing) gets an
+        error reply if it asked for one, or is dropped; either way it is counted and the
+        loop goes on."""
         while True:
             message = await self.net.recv()
-            if self.net.deliver_reply(message):
-                continue
-            header = message.header
+            await self._contained(self._dispatch(message), message.header)
+            await asyncio.sleep(0)  # queued messages are received without yielding: let others run
+
+    async def _contained(self, work, header: dict) -> None:
+        """Await ``work`` (handling the message ``header``); if it raises, count the
+        message as malformed, say so on stderr (the first few) and answer with the
+        error if it asked for a reply."""
+        try:
+            await work
+        except Exception as e:
+            self.malformed += 1
+            wire_frames.count_dropped()
             op = header.get("op")
-            if op in ("hub_alive", "spawn_procs", "stop_procs", "shutdown", "adopt", "drain_logs"):
-                self.hub_seen = time.monotonic()
-            if op == "adopt":
-                # A restarted hub takes over (perhaps at a new address).
-                self.hub = header["hub"]
-                await self.net.reply(header, ok=True, procs=sorted(self.procs), exited=self.exited)
-            elif op == "proc_ready":
-                future = self.ready.get(header["proc_id"])
-                if future is not None and not future.done():
-                    future.set_result(header)
-                    await self.net.send(self.hub, {"op": "proc_up", "proc_id": header["proc_id"]})  # progress
-            elif op == "spawn_procs":
-                asyncio.ensure_future(self._spawn(header))
-            elif op == "stop_procs":
-                asyncio.ensure_future(self._stop_and_reply(header))
-            elif op == "shutdown":
-                await self.net.reply(header, ok=True)
-                self.done.set()
-            elif op == "drain_logs":
-                # Every line written before this request goes to the hub before the reply.
-                self.capture.drain()
-                await self._send_lines_now()
-                await self.net.reply(header, ok=True)
+            if self.malformed <= MALFORMED_LOGGED:
+                print(f"monarch_nb host agent {self.host_id}: failed on a {op!r} message: {type(e).__name__}: {e}",
+                      file=sys.stderr)
+            try:
+                await self.net.reply(header, ok=False,
+                                     error=f"host agent {self.host_id} failed on {op}: {type(e).__name__}: {e}")
+            except Exception:
+                pass  # no usable reply address: dropped, and counted above
+
+    async def _dispatch(self, message) -> None:
+        if self.net.deliver_reply(message):
+            return
+        header = message.header
+        op = header.get("op")
+        if op in ("hub_alive", "spawn_procs", "stop_procs", "shutdown", "adopt", "drain_logs"):
+            self.hub_seen = time.monotonic()
+        if op == "adopt":
+            # A restarted hub takes over (perhaps at a new address).
+            self.hub = header["hub"]
+            await self.net.reply(header, ok=True, procs=sorted(self.procs), exited=self.exited)
+        elif op == "proc_ready":
+            future = self.ready.get(header["proc_id"])
+            if future is not None and not future.done():
+                future.set_result(header)
+                await self.net.send(self.hub, {"op": "proc_up", "proc_id": header["proc_id"]})  # progress
+        elif op == "spawn_procs":
+            asyncio.ensure_future(self._contained(self._spawn(header), header))
+        elif op == "stop_procs":
+            asyncio.ensure_future(self._contained(self._stop_and_reply(header), header))
+        elif op == "shutdown":
+            await self.net.reply(header, ok=True)
+            self.done.set()
+        elif op == "drain_logs":
+            # Every line written before this request goes to the hub before the reply.
+            self.capture.drain()
+            await self._send_lines_now()
+            await self.net.reply(header, ok=True)
 
     async def _spawn(self, request: dict) -> None:
         """Start every requested proc at once, then wait for each to report its address."""

@@ -101,6 +101,7 @@ class AllocationOps:
         live procs are failed (calls waiting on them raise ``SupervisionError``)."""
         host.cause = cause
         host.lost = True
+        self.net.forget(host.address)  # gone for good: nothing queued for it may hold the hub's exit
         print(f"monarch_nb hub: host {host.host_id} ({host.node or host.hostname}) failed: {cause}", file=sys.stderr)
         await self._procs_died(self._lose_procs_of(host), False,
                                f"was lost with its host {host.node or host.hostname}: {cause}")

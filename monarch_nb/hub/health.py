@@ -92,7 +92,7 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
                 procs.append(node)
         host_nodes.append({"host_id": host.host_id, "hostname": host.hostname, "node": host.node, "pid": host.pid,
                            "state": "failed" if host.cause else "lost" if host.lost else "healthy",
-                           "cause": host.cause or None, "procs": procs})
+                           "cause": host.cause or None, "dropped_frames": host.dropped_frames, "procs": procs})
     mesh_nodes = []
     for record in actor_meshes.values():
         nodes = [actor_nodes.get(record.name, {}).get(i) for i in range(len(record.proc_ranks))]

@@ -4,6 +4,7 @@ caused each, flushed and queried on request."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 
 from .errors import HubError
@@ -39,15 +40,20 @@ class LogOps:
         """Every line written by any proc before this request has been forwarded when the
         reply comes; it says how many batches this client has been sent."""
         await asyncio.gather(*(self.net.request(h.address, {"op": "drain_logs"}, timeout=FLUSH_TIMEOUT_S)
-                               for h in self.hosts.values()), return_exceptions=True)
+                               for h in self.hosts.values() if not h.lost),  # a lost one would only time out
+                             return_exceptions=True)
         client = self.clients.get(header.get("client_id"))
         return {"seq": client.log_seq if client else 0}
 
     async def op_logs_query(self, header, message):
+        """Records matching the filters (see ``LogStore.query``). The query runs in a
+        worker thread: reading a store past its ring from disk takes seconds, and the
+        event loop must go on hearing host agents meanwhile."""
+        query = functools.partial(self.logs.query, header.get("mesh"), header.get("ranks"), header.get("stream"),
+                                  header.get("since"), header.get("grep"), header.get("tail"),
+                                  header.get("after_seq", 0))
         try:
-            records = self.logs.query(header.get("mesh"), header.get("ranks"), header.get("stream"),
-                                      header.get("since"), header.get("grep"), header.get("tail"),
-                                      header.get("after_seq", 0))
+            records = await asyncio.get_running_loop().run_in_executor(None, query)
         except re.error as e:
             raise HubError(f"bad grep pattern {header.get('grep')!r}: {e}", "ValueError") from None
         return {"records": records, "last_seq": self.logs.seq}

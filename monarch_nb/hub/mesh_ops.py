@@ -175,6 +175,8 @@ class MeshOps:
         await self._announce({"op": "actors_gone", "actors": {  # calls to them fail, now and later
             a: (record.name, i, "its actor mesh was stopped") for i, a in enumerate(record.addresses)}})
         self._stop_orphans(set(record.addresses))
+        for address in record.addresses:
+            self.net.forget(address)
         mesh = self.proc_meshes.get(record.proc_mesh)
         if mesh is None:
             return []

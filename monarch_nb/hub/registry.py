@@ -33,6 +33,12 @@ class HostRecord:
     lost: bool = False  # fell silent: its procs were failed
     node: str = ""  # the allocator's name for it (a Slurm node); hostnames may repeat
     cause: str = ""  # why it failed, when its allocation ended (a cancelled Slurm job)
+    dropped_frames: int = 0  # frame sets its agent dropped (bad signature, replay, malformed), as it last said
+    heartbeats: int = 0  # heartbeats heard from its agent by this hub
+
+    def public(self) -> dict:
+        return {**self.saved(), "lost": self.lost, "cause": self.cause, "heartbeats": self.heartbeats,
+                "silent_s": round(time.monotonic() - self.last_seen, 3), "dropped_frames": self.dropped_frames}
 
     def saved(self) -> dict:
         return {"host_id": self.host_id, "address": self.address, "pid": self.pid, "hostname": self.hostname,

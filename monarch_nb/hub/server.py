@@ -33,6 +33,7 @@ import psutil
 
 from .. import cluster_dir
 from ..allocators import base as allocators
+from ..wire import frames as wire_frames
 from ..wire.aio import AioEndpoint
 from . import health, state
 from .allocation import AllocationOps
@@ -48,6 +49,10 @@ HEARTBEAT_S = 0.5
 ADOPT_TIMEOUT_S = 3.0  # how long a recovering hub waits for each host agent to answer
 CLIENT_TIMEOUT_S = 3.0  # a client silent this long is no longer counted as connected
 HOST_TIMEOUT_S = 3.0  # a host agent silent this long (it beats every 0.5 s) is lost, with its procs
+# A heartbeat this much later than due means the hub itself was stopped (SIGSTOP, a
+# suspended laptop) or its event loop blocked: nobody's silence is counted across it.
+STALL_S = 1.0
+MALFORMED_LOGGED = 10  # hub.log names the first this many messages no handler could act on
 STATUS_TIMEOUT_S = 1.0  # a proc whose control loop does not answer within this is "unresponsive"
 EVENT_COALESCE_S = 0.1  # health_changed goes out at most this often
 
@@ -105,6 +110,9 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
         self._mesh_counter = self.saved["mesh_counter"] if self.saved else 0
         self._shutdown_request: dict | None = None  # answered once everything has stopped
         self._health_pending = False
+        self._rejoining: set[str] = set()  # lost hosts being taken back (see supervision._host_back)
+        self.stalls = 0  # times this hub found its own event loop stalled (see _heartbeat)
+        self.malformed = 0  # verified messages no handler could act on (dropped, or answered with an error)
 
     # lifecycle ---------------------------------------------------------------------
     async def run(self, ready_fd: int | None) -> None:
@@ -189,28 +197,59 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
                 del self.proc_meshes[mesh.name]
 
     async def _shutdown_hosts(self) -> None:
-        await asyncio.gather(*(self.net.send(h.address, {"op": "shutdown"}) for h in self.hosts.values()),
-                             return_exceptions=True)
+        # Lost hosts are not told: a message queued for a dead agent would hold this
+        # hub's exit for the sockets' linger time; the allocator stops what is left.
+        await asyncio.gather(*(self.net.send(h.address, {"op": "shutdown"}) for h in self.hosts.values()
+                               if not h.lost), return_exceptions=True)
         await asyncio.get_running_loop().run_in_executor(None, self.allocator.stop, 5.0)
+        # They have all exited: a heartbeat still queued for one must not hold this
+        # hub's exit for the sockets' linger time.
+        for address in [h.address for h in self.hosts.values()] + [
+                p.address for m in self.proc_meshes.values() for p in m.procs]:
+            self.net.forget(address)
 
     async def _heartbeat(self) -> None:
+        """Every ``HEARTBEAT_S``: tell the host agents this hub is alive, fail hosts and
+        forget clients that fell silent, and stop when idle for ``idle_timeout``.
+
+        Silence is only counted over time this hub was itself listening: up to when it
+        last read everything in its inbox (a backlog is this hub's, not its peers'), and
+        never across a stall of this hub (stopped, suspended, event loop blocked), after
+        which every peer gets a fresh window to be heard."""
+        due = time.monotonic()
         while True:
-            for host in list(self.hosts.values()):
-                await self.net.send(host.address, {"op": "hub_alive"})
             now = time.monotonic()
+            if now - due > STALL_S:
+                self._stalled(now - due + HEARTBEAT_S, now)
+            for host in [h for h in self.hosts.values() if not h.lost]:  # a lost one must speak first
+                await self.net.send(host.address, {"op": "hub_alive"})
+            heard_up_to = self.net.caught_up()
             for host in list(self.hosts.values()):
-                if not host.lost and now - host.last_seen > HOST_TIMEOUT_S:
-                    await self._host_lost(host, now - host.last_seen)
+                if not host.lost and heard_up_to - host.last_seen > HOST_TIMEOUT_S:
+                    await self._host_lost(host, heard_up_to - host.last_seen)
             for client_id, client in list(self.clients.items()):
-                if now - client.last_seen > CLIENT_TIMEOUT_S or not _client_alive(client):
+                if heard_up_to - client.last_seen > CLIENT_TIMEOUT_S or not _client_alive(client):
                     del self.clients[client_id]
+                    if client.log_address:
+                        self.net.forget(client.log_address)
                     if not self.clients:
                         self.idle_since = client.last_seen
             if self.idle_timeout is not None and not self.clients and now - self.idle_since > self.idle_timeout:
                 print(f"monarch_nb hub: no client for {self.idle_timeout} s; stopping the cluster", file=sys.stderr)
                 self.stop_requested.set()
             self._check_cluster_file()
+            due = time.monotonic() + HEARTBEAT_S
             await asyncio.sleep(HEARTBEAT_S)
+
+    def _stalled(self, stall_s: float, now: float) -> None:
+        """This hub did not run for ``stall_s`` seconds: its peers were not silent, it
+        was deaf. Give every host agent and client a fresh window to be heard."""
+        self.stalls += 1
+        print(f"monarch_nb hub: this hub was stalled for {stall_s:.1f} s (stopped, suspended or blocked); "
+              f"host agents and clients get a fresh {HOST_TIMEOUT_S:.0f} s to be heard", file=sys.stderr)
+        for peer in [*self.hosts.values(), *self.clients.values()]:
+            peer.last_seen = max(peer.last_seen, now)
+        self.idle_since = max(self.idle_since, now) if not self.clients else self.idle_since
 
     def _check_cluster_file(self) -> None:
         """Clients find this hub through cluster.json: rewrite it if it was damaged, and
@@ -255,36 +294,66 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
                 await self.net.send(client.log_address, event)
 
     async def _serve(self) -> None:
+        """The receive loop. Nothing a message holds may end it: a message no handler
+        can act on (a field missing) gets an error reply if it asked for one, or is
+        dropped, and either way is counted (``malformed``, and ``frames.dropped``)."""
         while True:
             message = await self.net.recv()
-            if self.net.deliver_reply(message):
-                continue
-            if message.header.get("op") == "log_lines":
-                await self._log_lines(message.header)  # in arrival order, before later replies
-                await asyncio.sleep(0)  # a flood of lines must not starve the heartbeats
-                continue
-            asyncio.ensure_future(self._handle(message))
+            try:
+                if self.net.deliver_reply(message):
+                    pass
+                elif message.header.get("op") == "log_lines":
+                    await self._log_lines(message.header)  # in arrival order, before later replies
+                else:
+                    asyncio.ensure_future(self._handle(message))
+            except Exception as e:
+                await self._malformed(message.header, e)
+            # A flood of messages must not starve the heartbeats: a message that is
+            # already queued is received without yielding to the event loop.
+            await asyncio.sleep(0)
 
     async def _handle(self, message) -> None:
         header = message.header
         op = header.get("op")
         if op is None:
             return  # a reply that came after its request gave up
-        handler = getattr(self, f"op_{op}", None)
-        if handler is None:
-            await self.net.reply(header, ok=False, error=f"unknown hub operation {op!r}",
-                                 error_type="ClusterError")
-            return
+        handler = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
         try:
+            if handler is None:
+                raise HubError(f"unknown hub operation {op!r}")
             result = await handler(header, message)
         except HubError as e:
-            await self.net.reply(header, ok=False, error=str(e), error_type=e.error_type)
-        except Exception as e:  # a bug in the hub: report it rather than hang the client
-            await self.net.reply(header, ok=False, error=f"hub failed on {op}: {type(e).__name__}: {e}",
-                                 error_type="ClusterError")
+            await self._reply(header, ok=False, error=str(e), error_type=e.error_type)
+        except Exception as e:  # a field missing, or a bug in the hub: report it rather than hang the client
+            await self._malformed(header, e)
         else:
             if result is not None:
-                await self.net.reply(header, ok=True, **result)
+                await self._reply(header, ok=True, **result)
+
+    async def _malformed(self, header: dict, error: Exception) -> None:
+        """A verified message this hub could not act on (a field missing or of the
+        wrong type, or a bug): count it, say so in hub.log (the first few), and answer
+        with the error if it asked for a reply."""
+        self.malformed += 1
+        wire_frames.count_dropped()
+        op = header.get("op")
+        if self.malformed <= MALFORMED_LOGGED:
+            print(f"monarch_nb hub: failed on a {op!r} message: {type(error).__name__}: {error} "
+                  f"({self.malformed} so far)", file=sys.stderr)
+        await self._reply(header, ok=False, error=f"hub failed on {op}: {type(error).__name__}: {error}",
+                          error_type="ClusterError")
+
+    async def _reply(self, header: dict, **fields) -> None:
+        """``net.reply`` that never raises: a reply that can't be sent (a bad reply
+        address, a result that can't be pickled) is reported in hub.log."""
+        try:
+            await self.net.reply(header, **fields)
+        except Exception as e:
+            print(f"monarch_nb hub: could not reply to {header.get('op')!r}: {type(e).__name__}: {e}",
+                  file=sys.stderr)
+            if fields.get("ok"):  # tell the caller at least that it failed
+                await self._reply(header, ok=False, error=f"hub could not send its reply: {type(e).__name__}: {e}",
+                                  error_type="ClusterError")
 
     # host agents ---------------------------------------------------------------------
     async def op_agent_ready(self, header, message):
@@ -297,6 +366,10 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
         host = self.hosts.get(header["host_id"])
         if host is not None:
             host.last_seen = time.monotonic()
+            host.heartbeats += 1
+            host.dropped_frames = header.get("dropped", host.dropped_frames)
+            if host.lost and not host.cause:  # declared lost for its silence, yet alive
+                await self._host_back(host)
 
     async def op_proc_up(self, header, message):
         progress = self.spawning.get(header["proc_id"].rpartition("/")[0])
@@ -318,18 +391,29 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
         client.last_seen = time.monotonic()
 
     async def op_client_bye(self, header, message):
-        if self.clients.pop(header["client_id"], None) is not None and not self.clients:
-            self.idle_since = time.monotonic()
+        client = self.clients.pop(header["client_id"], None)
+        if client is not None:
+            if client.log_address:
+                self.net.forget(client.log_address)
+            if not self.clients:
+                self.idle_since = time.monotonic()
 
     # client requests -------------------------------------------------------------------
     async def op_info(self, header, message):
         return {"name": self.info["name"], "started": self.started, "hub_started": self.hub_started,
                 "hub_pid": os.getpid(), "ephemeral": self.ephemeral, "grace_s": self.grace_s,
                 "idle_timeout": self.idle_timeout, "allocator": self.allocator.spec(),
-                "hosts": [vars(self.hosts[h]) for h in self.host_order],
+                "hosts": [self.hosts[h].public() for h in self.host_order],
+                "hub_stats": self._stats(),
                 "clients": [c.public() for c in self.clients.values()],
                 "proc_meshes": {n: m.public() for n, m in self.proc_meshes.items()},
                 "actor_meshes": {n: self._actor_mesh_view(m) for n, m in self.actor_meshes.items()}}
+
+    def _stats(self) -> dict:
+        """Counters of this hub's own health: frame sets dropped (bad signature, replay,
+        malformed), its stalls, its open sending sockets and the log store's state."""
+        return {"dropped_frames": wire_frames.dropped(), "malformed": self.malformed, "stalls": self.stalls,
+                "sockets": self.net.open_sockets(), "log_store": self.logs.writing()}
 
     async def op_health(self, header, message):
         """The health tree (see ``health.tree``); every live proc is asked what its
@@ -338,8 +422,9 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
         replies = await asyncio.gather(*(self._proc_status(p) for p in live))
         statuses = {p.proc_id: r for p, r in zip(live, replies) if r is not False}
         starting = {name: (up, size) for name, (up, _, size) in self.spawning.items()}
-        return health.tree(self.info["name"], [self.hosts[h] for h in self.host_order if h in self.hosts],
-                           self.proc_meshes, self.actor_meshes, statuses, starting)
+        return {**health.tree(self.info["name"], [self.hosts[h] for h in self.host_order if h in self.hosts],
+                              self.proc_meshes, self.actor_meshes, statuses, starting),
+                "hub": self._stats()}
 
     async def _proc_status(self, proc: ProcRecord) -> dict | None | bool:
         """The proc's answer to ``status``; ``None`` if it did not answer in time;

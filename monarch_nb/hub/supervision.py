@@ -4,6 +4,10 @@ A failure is a proc that exited or was killed (its host agent reports the exit a
 once), a proc lost with its host (agent silent for ``HOST_TIMEOUT_S``), or an
 exception in a ``broadcast`` endpoint (nobody to reply to; the actor reports it).
 
+A host lost for its silence whose agent is heard from again (the network or the
+agent was stalled) is taken back: its procs that still run are live again, those
+that exited meanwhile are failed with their exit code.
+
 For each failure the hub
 
 1. tells every client which actor addresses died (``actors_gone``), so that calls
@@ -31,6 +35,7 @@ from .errors import HubError
 from .registry import LOST_EXIT_CODE, ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord, exit_cause
 
 SUPERVISE_TIMEOUT_S = 10.0  # an owner busy longer than this leaves the failure unhandled
+REJOIN_TIMEOUT_S = 3.0  # how long a lost host's agent, heard again, has to say which procs still run
 
 
 def last_words(lines: list[str]) -> list[str]:
@@ -63,12 +68,53 @@ class SupervisionOps:
     async def _host_lost(self, host: HostRecord, silent_s: float) -> None:
         """A host agent fell silent: its procs (which die with it) are failed."""
         host.lost = True
+        self.net.forget(host.address)  # what is queued for it is moot; _host_back talks to it again
         print(f"monarch_nb hub: host agent {host.host_id} (pid {host.pid}) silent for {silent_s:.1f} s; "
               "its procs are lost", file=sys.stderr)
         await self._procs_died(self._lose_procs_of(host), False,
                                f"was lost with its host {host.hostname} (agent pid {host.pid} silent for "
                                f"{silent_s:.1f} s)")
         self._save()
+
+    async def _host_back(self, host: HostRecord) -> None:
+        """The agent of ``host``, lost for its silence, is heard from again: ask it which
+        procs still run (as a recovering hub does) and take the host back with them.
+        Clients learn it from ``health_changed`` and ``actors_back`` (addresses of the
+        actors live again); handles made from the registry since see them live."""
+        if host.host_id in self._rejoining:
+            return
+        self._rejoining.add(host.host_id)
+        try:
+            reply = await self.net.request(host.address, {"op": "adopt", "hub": self.net.address},
+                                           timeout=REJOIN_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return  # still lost; tried again at its next heartbeat
+        finally:
+            self._rejoining.discard(host.host_id)
+        if not host.lost or host.cause:
+            return  # failed for good meanwhile (its allocation ended)
+        live, exited = set(reply.header["procs"]), reply.header["exited"]
+        host.lost = False
+        back: dict[str, tuple[str, int]] = {}
+        died = []
+        for mesh in self.proc_meshes.values():
+            for rank, proc in enumerate(mesh.procs):
+                if proc.host_id != host.host_id or proc.exit_code != LOST_EXIT_CODE:
+                    continue
+                if proc.proc_id in live:
+                    proc.exit_code = None
+                    for record in self.actor_meshes.values():
+                        if record.proc_mesh == mesh.name and rank in record.proc_ranks:
+                            i = record.proc_ranks.index(rank)
+                            back[record.addresses[i]] = (record.name, i)
+                else:
+                    proc.exit_code = exited.get(proc.proc_id, LOST_EXIT_CODE)
+                    died.append(proc.proc_id)
+        print(f"monarch_nb hub: host agent {host.host_id} (pid {host.pid}) is heard from again; taking it back"
+              f" with {len(back)} live actor(s)" + (f"; procs {', '.join(died)} exited meanwhile" if died else ""),
+              file=sys.stderr)
+        self._save()
+        await self._announce({"op": "actors_back", "actors": back})
 
     def _lose_procs_of(self, host: HostRecord) -> list[tuple[ProcMeshRecord, int, ProcRecord]]:
         """Mark the live procs of ``host`` lost; returns them (mesh, rank, proc)."""
@@ -101,6 +147,10 @@ class SupervisionOps:
                                   "meshes": sorted({n for n, _ in hit}), "ranks": sorted({i for _, i in hit}),
                                   "why": why, "endpoint": None}, mesh.owner))
         await self._announce({"op": "actors_gone", "actors": actors})
+        for _, _, proc in deaths:  # no more sockets to them (a host taken back makes new ones)
+            self.net.forget(proc.address)
+        for address in actors:
+            self.net.forget(address)
         for failure, owner in failures:
             asyncio.ensure_future(self._escalate(failure, owner))
         self._stop_orphans(set(actors))

@@ -2,12 +2,20 @@
 
 Both are single-threaded asyncio daemons: one PULL inbox, PUSH sockets per peer,
 and a table of ports for replies to the requests they send.
+
+Sending never blocks the event loop: a peer that is stopped or not reading (a client
+under SIGSTOP) gets an unbounded queue rather than a hub that waits on it. Sockets to
+peers known gone (``forget``) are closed at once, and those unused for
+``sockets.IDLE_SOCKET_S`` at the next send after that: a long-running hub that
+spawns and stops thousands of procs keeps a flat number of file descriptors, and
+libzmq does not keep reconnecting to addresses nobody listens on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from typing import Any
 
 import zmq
@@ -25,22 +33,42 @@ class AioEndpoint:
         self.ctx = zmq.asyncio.Context()
         self.inbox, self.address = sockets.bind_inbox(self.ctx, prefer)
         self.guard = wire_frames.ReplayGuard()
+        self._drained_at = time.monotonic()  # when recv last found the inbox empty
+        self._idle = False  # recv is waiting on an empty inbox
         self._out: dict[str, zmq.asyncio.Socket] = {}
+        self._used: dict[str, float] = {}  # address -> when last sent to (monotonic)
+        self._next_sweep = time.monotonic() + sockets.IDLE_SOCKET_S
         self._pending: dict[int, asyncio.Future] = {}
         self._ports = itertools.count(1)
 
     async def recv(self) -> wire_frames.Message:
         """Next verified message; bad frame sets are dropped (and counted)."""
         while True:
-            frames = await self.inbox.recv_multipart(copy=False)
+            try:
+                frames = await self.inbox.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                self._drained_at = time.monotonic()
+                self._idle = True
+                try:
+                    frames = await self.inbox.recv_multipart(copy=False)
+                finally:
+                    self._idle = False
             try:
                 return wire_frames.decode(frames, self.guard)
             except wire_frames.BadMessage:
                 continue
 
+    def caught_up(self) -> float:
+        """Up to when (monotonic seconds) everything sent to this endpoint has been
+        read: now while ``recv`` waits on an empty inbox, else when it last found it
+        empty. A liveness check counts a peer's silence only up to then, so that a
+        backlog of this daemon's own is not blamed on its peers."""
+        return time.monotonic() if self._idle else self._drained_at
+
     def deliver_reply(self, message: wire_frames.Message) -> bool:
         """Route a reply to the request waiting for it; False if it is not a reply."""
-        future = self._pending.get(message.header.get("port"))
+        port = message.header.get("port")
+        future = self._pending.get(port) if isinstance(port, int) else None
         if future is None or "op" in message.header:
             return False
         if not future.done():
@@ -48,13 +76,39 @@ class AioEndpoint:
         return True
 
     async def send(self, address: str, header: dict, body: Any = None, buffers=()) -> None:
+        """Queue a message for ``address`` (never waits for the peer)."""
+        now = time.monotonic()
         sock = self._out.get(address)
         if sock is None:
             sock = self._out[address] = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, sockets.SEND_LINGER_MS)
+            sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, sockets.RECONNECT_IVL_MAX_MS)
             sock.connect(address)
+        self._used[address] = now
+        if now > self._next_sweep:
+            self._sweep(now)
         await sock.send_multipart(wire_frames.encode(self.cluster_id, header, body, buffers), copy=False)
+
+    def _sweep(self, now: float) -> None:
+        """Close sockets unused for ``IDLE_SOCKET_S`` (after they deliver what they hold)."""
+        self._next_sweep = now + sockets.IDLE_SOCKET_S
+        for address in [a for a, t in self._used.items() if now - t > sockets.IDLE_SOCKET_S]:
+            self._used.pop(address)
+            self._out.pop(address).close()
+
+    def forget(self, address: str) -> None:
+        """The peer at ``address`` is gone (a proc that exited, a client that left):
+        close the socket to it now, dropping what it still queues (a proc restarted
+        at the same address must not get it)."""
+        self._used.pop(address, None)
+        sock = self._out.pop(address, None)
+        if sock is not None:
+            sock.close(0)
+
+    def open_sockets(self) -> int:
+        """How many sending sockets are open (one per peer recently sent to)."""
+        return len(self._out)
 
     async def request(self, address: str, header: dict, body: Any = None, buffers=(),
                       timeout: float | None = None) -> wire_frames.Message:
@@ -68,8 +122,9 @@ class AioEndpoint:
             self._pending.pop(port, None)
 
     async def reply(self, request: dict, **fields) -> None:
-        """Answer a request message's header (no-op if it asked for no reply)."""
-        if "port" in request:
+        """Answer a request message's header (no-op if it asked for no reply, or gave
+        no address to reply to)."""
+        if "port" in request and isinstance(request.get("reply"), str):
             await self.send(request["reply"], {"port": request["port"], **fields})
 
     def close(self) -> None:
