@@ -139,6 +139,10 @@ class ClusterError(MonarchNbError, RuntimeError):
     """The cluster (hub, host agents) could not do what was asked."""
 
 
+class HubTimeout(ClusterError, TimeoutError):
+    """The hub did not answer a control request within its timeout."""
+
+
 class InvalidRequest(ClusterError, ValueError):
     """The hub refused a control request as bad input (e.g. a name taken by another mesh)."""
 

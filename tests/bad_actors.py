@@ -67,3 +67,12 @@ class Busy(Actor):
     @endpoint
     def actor_threads(self) -> list[str]:
         return sorted(t.name for t in threading.enumerate() if t.name.startswith("actor-"))
+
+
+class SlowInit(Actor):
+    """An ``__init__`` that does not return for ``seconds`` (interruptible Python work)."""
+
+    def __init__(self, seconds: float):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            sum(range(100))

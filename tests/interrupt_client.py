@@ -71,6 +71,7 @@ def storm(mesh, procs, report) -> None:
             report["interrupts"] += 1
         except BaseException as e:  # noqa: BLE001 - the test fails on any of these
             report["other_errors"].append("".join(traceback.format_exception(type(e), e, e.__traceback__))[-2000:])
+    report["loop_calls"] = i
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C still deferred is over: the checks follow
 
 

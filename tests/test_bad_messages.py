@@ -4,6 +4,7 @@ counted, a replayed one is never acted on, and no thread dies of either."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import warnings
 
@@ -12,7 +13,7 @@ import zmq
 
 from monarch_nb.errors import ActorError
 from monarch_nb.wire import frames
-from bad_actors import Busy, Target
+from bad_actors import Busy, SlowInit, Target
 from conftest import wait_until
 
 
@@ -135,3 +136,52 @@ def _state_of(procs, mesh: str) -> str | None:
                 if actor.get("mesh") == mesh:
                     return actor.get("state")
     return None
+
+
+def test_a_spawn_whose_init_does_not_return_times_out_and_leaves_the_procs_usable(host):
+    procs = host.spawn_procs(per_host={"gpus": 2}, name="slowinit")
+    try:
+        with pytest.raises(TimeoutError, match=r"SlowInit.__init__ did not return within 1.0 s"):
+            procs.spawn("slow", SlowInit, 600, init_timeout=1.0)
+        watcher = procs.spawn("watcher2", Busy)
+        assert wait_until(lambda: not any("actor-slow-" in name for names in
+                                          watcher.actor_threads.call().get(timeout=30).values() for name in names), 30)
+        fast = procs.spawn("slow", Busy)  # the name is free again
+        assert fast.spin.call(0).get(timeout=30).values() == ["done", "done"]
+    finally:
+        procs.stop()
+
+
+def test_a_spawn_waiting_when_its_cluster_is_stopped_says_so():
+    from monarch_nb.client.cluster import Cluster
+    from monarch_nb.errors import ClusterError
+    from conftest import cluster_processes
+
+    own = Cluster.start_ephemeral()
+    outcome: list[BaseException] = []
+    try:
+        procs = own.host_mesh().spawn_procs(per_host={"gpus": 1}, name="p")
+
+        def spawn() -> None:
+            try:
+                procs.spawn("slow", SlowInit, 600)
+            except BaseException as e:  # noqa: BLE001 - inspected below
+                outcome.append(e)
+
+        waiter = threading.Thread(target=spawn)
+        waiter.start()
+        assert wait_until(lambda: _proc_status(procs)["actors"].get("slow", {}).get("state") == "busy", 30)
+    finally:
+        own.stop()
+    waiter.join(30)
+    assert not waiter.is_alive(), "the spawn still waits after its cluster stopped"
+    assert isinstance(outcome[0], ClusterError) and "was stopped" in str(outcome[0]), outcome
+    assert wait_until(lambda: not cluster_processes(own.path), 15)
+
+
+def _proc_status(procs) -> dict:
+    """What rank 0's proc says its actors are doing (also those still constructing)."""
+    from monarch_nb.wire.mailbox import local_mailbox
+
+    reply = local_mailbox().request(procs._procs[0]["address"], procs._cluster_id, {"op": "status"}, timeout=10)
+    return reply.header

@@ -72,6 +72,8 @@ class Cluster:
         problem = discovery.hub_process_problem(self._info)
         if not problem:
             return
+        if self._stopped or not self.path.exists():  # stopped on purpose, here or by another client
+            raise ClusterError(f"cluster {self.name!r} was stopped while this request waited")
         try:  # recovered meanwhile, at the same address?
             current = cluster_dir.read_info(self.path)
             if current.get("hub") == self._info["hub"] and not discovery.hub_process_problem(current):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..errors import ClusterError, InvalidRequest
+from ..errors import ClusterError, HubTimeout, InvalidRequest
 from ..wire.mailbox import local_mailbox
 
 # The hub names the kind of error; the client raises the matching type.
@@ -32,8 +32,9 @@ class HubClient:
 
         The reply header's routing fields (``port``, ``ok``) are removed.
         Raises :class:`InvalidRequest` (a ``ValueError``) for a request the hub refused
-        as bad input, :class:`ClusterError` when the hub failed, died (known within
-        about a second for a hub on this machine) or did not answer within ``timeout``
+        as bad input, :class:`ClusterError` when the hub failed or died (known within
+        about a second for a hub on this machine), :class:`HubTimeout` (a
+        ``ClusterError`` and ``TimeoutError``) when it did not answer within ``timeout``
         seconds (``None``: no limit). ``while_waiting`` runs about twice a second until
         the reply comes (progress)."""
         alive = _liveness.get(self.address)
@@ -47,7 +48,7 @@ class HubClient:
         reply = local_mailbox().request(self.address, self.cluster_id, {"op": op, **fields}, body,
                                         buffers, timeout, check=check)
         if reply is None:
-            raise ClusterError(f"the hub at {self.address} did not answer {op!r} within {timeout} s; "
+            raise HubTimeout(f"the hub at {self.address} did not answer {op!r} within {timeout} s; "
                                "is the cluster still running?")
         header = reply.header
         if not header.get("ok"):

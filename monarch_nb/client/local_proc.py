@@ -10,6 +10,7 @@ import os
 import secrets
 import threading
 
+from ..errors import HubTimeout
 from ..mesh import Extent, Shape
 from ..proc.server import ProcServer
 from ..wire import frames as wire_frames
@@ -43,9 +44,13 @@ class LocalProcMesh(ProcMesh):
     def __reduce__(self):
         raise TypeError("this_proc() of a client can't be sent to other processes")
 
-    def _spawn_request(self, name, class_name, endpoints, methods, body, buffers, replace, main_thread) -> dict:
+    def _spawn_request(self, name, class_name, endpoints, methods, body, buffers, replace, main_thread,
+                       timeout, while_waiting) -> dict:
         header = {"op": "spawn_actor", "mesh": name, "rank": 0, "extent": {}}
-        reply = local_mailbox().request(self._server.address, self._cluster_id, header, body, buffers)
+        reply = local_mailbox().request(self._server.address, self._cluster_id, header, body, buffers,
+                                        timeout=timeout, check=while_waiting)
+        if reply is None:
+            raise HubTimeout(f"{name}: this_proc() did not construct the actor within {timeout} s")
         if not reply.header["ok"]:
             return {"failures": {0: bytes(reply.body)}}
         return {"extent": {}, "addresses": [reply.header["address"]]}

@@ -5,13 +5,13 @@ from __future__ import annotations
 import inspect
 import weakref
 
-from ..errors import ActorError, RemoteFailure
+from ..errors import ActorError, ClusterError, HubTimeout, RemoteFailure
 from ..mesh import Extent, Shape
 from ..proc.actor import Actor, endpoint_names, owner_of_new_meshes
 from ..wire import serialize
 from ..wire.mailbox import local_mailbox
 from ..wire.remote_error import unpack_exception
-from . import logs, supervision, torch_env
+from . import logs, progress, supervision, torch_env
 from .actor_mesh import ActorMesh
 from .mesh_handle import MeshHandle
 from .value_mesh import ValueMesh
@@ -55,10 +55,15 @@ class ProcMesh(MeshHandle):
         """OS process ids of this mesh's procs, in rank order."""
         return [self._procs[r]["pid"] for r in self._shape.base_ranks()]
 
-    def spawn(self, name: str, actor_class: type, *args, replace: bool = False, **kwargs) -> ActorMesh:
+    def spawn(self, name: str, actor_class: type, *args, replace: bool = False,
+              init_timeout: float | None = None, **kwargs) -> ActorMesh:
         """Create one ``actor_class(*args, **kwargs)`` in every proc of this mesh; returns
         an :class:`ActorMesh` over the same extent. Blocks until every actor's
-        ``__init__`` has returned.
+        ``__init__`` has returned, showing progress after a second (a bar in a notebook
+        or terminal). ``init_timeout`` (seconds, ``None``: no limit): past it the
+        constructors still running are interrupted, the mesh is stopped and
+        ``TimeoutError`` is raised. Ctrl-C while waiting does the same, raising
+        ``KeyboardInterrupt``.
 
         Spawning a ``name`` that exists returns the live mesh when class and procs match
         (re-running a cell works); otherwise it raises ``ValueError``, unless
@@ -72,20 +77,42 @@ class ProcMesh(MeshHandle):
         class_name, endpoints, methods = _actor_class_info(actor_class)
         body, buffers = serialize.dumps((actor_class, args, kwargs),
                                         f"{actor_class.__name__} or its constructor arguments")
-        reply = self._spawn_request(name, class_name, endpoints, methods, body, [b.raw() for b in buffers],
-                                    replace, main_thread=getattr(actor_class, "_monarch_main_thread", False))
+        bar = progress.Later(f"{name}: {actor_class.__name__}.__init__", len(self), lambda: None)
+        try:
+            reply = self._spawn_request(name, class_name, endpoints, methods, body, [b.raw() for b in buffers],
+                                        replace, getattr(actor_class, "_monarch_main_thread", False),
+                                        init_timeout, bar.tick)
+        except HubTimeout:
+            self._abandon_spawn(name)
+            raise TimeoutError(f"{actor_class.__name__}.__init__ did not return within {init_timeout} s on every "
+                               f"rank of {name!r}; the actors were interrupted and the mesh stopped") from None
+        except KeyboardInterrupt:
+            self._abandon_spawn(name)
+            raise
+        finally:
+            bar.close(None)
         if "failures" in reply:
             raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
         supervision.sync(name, reply["addresses"], reply.get("dead", {}))  # this_proc: none
         return ActorMesh(self._cluster_id, self._hub_address, name, class_name, endpoints, methods,
                          Shape(Extent(reply["extent"])), reply["addresses"])
 
-    def _spawn_request(self, name, class_name, endpoints, methods, body, buffers, replace, main_thread) -> dict:
+    def _spawn_request(self, name, class_name, endpoints, methods, body, buffers, replace, main_thread,
+                       timeout, while_waiting) -> dict:
         return self._hub().request(
-            "spawn_actors", body, buffers, timeout=None, name=name, proc_mesh=self._name,
+            "spawn_actors", body, buffers, timeout=timeout, while_waiting=while_waiting, name=name,
+            proc_mesh=self._name,
             proc_ranks=self._shape.base_ranks(), extent=dict(self.extent), class_name=class_name,
             endpoints=endpoints, methods=methods, replace=replace, o=logs.origin(), main_thread=main_thread,
             owner=owner_of_new_meshes())
+
+    def _abandon_spawn(self, name: str) -> None:
+        """Stop actor mesh ``name`` whose spawn this client gave up on (the hub interrupts
+        constructors still running)."""
+        try:
+            self._hub().request("stop_actors", name=name, timeout=30.0)
+        except ClusterError:  # the cluster itself is gone: nothing left to stop
+            pass
 
     def interrupt(self, timeout: float = 5.0) -> None:
         """Raise ``KeyboardInterrupt`` in every endpoint running in this mesh's procs (or

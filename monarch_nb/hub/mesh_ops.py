@@ -97,13 +97,18 @@ class MeshOps:
         buffers = [bytes(b) for b in message.buffers]
         self._mesh_counter += 1
         payload_id = f"a{self._mesh_counter}"
-        replies = await asyncio.gather(*(
-            self.net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
-                                                       "extent": header["extent"], "o": header.get("o"),
-                                                       "main_thread": header.get("main_thread", False),
-                                                       "owner": header.get("owner"), **self.debug_spawn_fields()},
-                             body, buffers)
-            for i, r in enumerate(header["proc_ranks"])))
+        constructing = self.spawning_actors[name] = [mesh.procs[r] for r in header["proc_ranks"]]
+        try:
+            replies = await asyncio.gather(*(
+                self.net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
+                                                           "extent": header["extent"], "o": header.get("o"),
+                                                           "main_thread": header.get("main_thread", False),
+                                                           "owner": header.get("owner"), **self.debug_spawn_fields()},
+                                 body, buffers)
+                for i, r in enumerate(header["proc_ranks"])))
+        finally:
+            if self.spawning_actors.get(name) is constructing:
+                del self.spawning_actors[name]
         addresses = [r.header["address"] for r in replies]
         failures = {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}
         record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
@@ -121,9 +126,16 @@ class MeshOps:
 
     async def op_stop_actors(self, header, message):
         record = self.actor_meshes.get(header["name"])
-        if record is None:
-            return {"stuck": []}
-        return {"stuck": await self._stop_actor_mesh(record)}
+        if record is not None:
+            return {"stuck": await self._stop_actor_mesh(record)}
+        # Still being spawned (its client gave up waiting): interrupt the constructors;
+        # the spawn then fails and stops what was made.
+        constructing = self.spawning_actors.get(header["name"], [])
+        replies = await asyncio.gather(*(
+            self.net.request(p.address, {"op": "stop_actor", "mesh": header["name"]}, timeout=5.0)
+            for p in constructing if p.exit_code is None), return_exceptions=True)
+        return {"stuck": [{"rank": i, "running": r.header.get("running")} for i, r in enumerate(replies)
+                          if not isinstance(r, BaseException) and r.header.get("stopped") is False]}
 
     async def op_stop_procs(self, header, message):
         record = self.proc_meshes.get(header["name"])

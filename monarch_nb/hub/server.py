@@ -102,6 +102,7 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
         self.logs = LogStore(path)
         self.payloads: dict[str, list[bytes]] = {}  # actor mesh constructor frames, for restarts
         self.spawning: dict[str, list] = {}  # proc mesh being spawned -> [procs up, spawn id, procs asked for]
+        self.spawning_actors: dict[str, list[ProcRecord]] = {}  # actor mesh being constructed -> its procs
         self.started = self.saved["started"] if self.saved else time.time()
         self.hub_started = time.time()
         self.idle_since = time.monotonic()
