@@ -51,9 +51,11 @@ LINE_CAP = 1 << 20  # bytes of one line kept, its truncation marker included
 MAX_TAG = 1024  # longer tags (absurd names) lose the end of their origin
 _MARKER_ROOM = 64  # bytes LINE_CAP keeps free for the marker
 _SPLIT_FIELD = b"\x01"
+_SMALL = 4096  # partial lines up to this many bytes are kept as bytes
 
 _calls = threading.local()  # the origin of the call an actor thread is handling
 _write_lock = threading.Lock()
+_pid = os.getpid()  # the writer named in frames: this process, or a forked child
 
 
 def set_call_origin(origin: str | None) -> None:
@@ -150,41 +152,58 @@ class LineCutter:
 
     def feed(self, key, data: bytes) -> list[bytes]:
         """The lines ``data`` ends (none if it holds no newline); its tail waits."""
+        pending = self._partial.pop(key, None)
         end = data.rfind(b"\n")
         if end < 0:
-            if data:
-                self._hold(key, data)
+            self._hold(key, pending, data)
             return []
-        lines = data[:end].split(b"\n")
-        pending = self._partial.pop(key, None)
+        lines = data[:end].split(b"\n") if end else [b""]
         if pending is not None:
-            pending.add(lines[0])
-            lines[0] = pending.line()
-        if end > self._limit:
+            if type(pending) is bytes:
+                lines[0] = pending + lines[0]
+            else:
+                pending.add(lines[0])
+                lines[0] = pending.line()
+        if end + _SMALL > self._limit:
             lines = [cap(line, self._limit) for line in lines]
         if end + 1 < len(data):
-            self._hold(key, data[end + 1:])
+            self._hold(key, None, data[end + 1:])
         return lines
 
     def rest(self, key, shown_after_cr: bool = False) -> bytes | None:
         """The unfinished line of ``key`` (``None`` when there is none), and forget it;
         ``shown_after_cr``: only what a terminal shows, the text after its last ``\\r``."""
         pending = self._partial.pop(key, None)
+        if type(pending) is bytes:
+            return pending.rpartition(b"\r")[2] if shown_after_cr else pending
         return None if pending is None else pending.line(shown_after_cr)
 
     def keys(self) -> list:
         return list(self._partial)
 
-    def _hold(self, key, data: bytes) -> None:
-        pending = self._partial.get(key)
+    def _hold(self, key, pending, data: bytes) -> None:
+        # Short partial lines stay bytes (the usual print: text, then "\n"); longer ones
+        # grow in place, so a line written a character at a time costs linear time.
         if pending is None:
-            pending = self._partial[key] = _Pending(self._limit)
+            if data:
+                self._partial[key] = data if len(data) <= _SMALL else self._long(b"", data)
+        elif type(pending) is bytes:
+            joined = len(pending) + len(data)
+            self._partial[key] = pending + data if joined <= _SMALL else self._long(pending, data)
+        else:
+            pending.add(data)
+            self._partial[key] = pending
+
+    def _long(self, start: bytes, data: bytes) -> _Pending:
+        pending = _Pending(self._limit)
+        pending.add(start)
         pending.add(data)
+        return pending
 
 
 def frames(stream: int, pid: int, tag: bytes, lines: list[bytes]) -> list[bytes]:
     """Frames carrying ``lines`` (without their newlines), each at most ``FRAME_BYTES``."""
-    text = b"\n".join(lines) + b"\n"
+    text = lines[0] + b"\n" if len(lines) == 1 else b"\n".join(lines) + b"\n"
     room = FRAME_BYTES - HEADER.size - len(tag)
     if len(text) <= room:
         return [HEADER.pack(stream, pid, len(tag), len(text)) + tag + text]
@@ -251,7 +270,7 @@ class TaggedStream(io.TextIOBase):
         if self._records_fd is None:
             fd, chunks = self._fd, [b"\n".join(lines) + b"\n"]
         else:
-            fd, chunks = self._records_fd, frames(self._stream, os.getpid(), _actor_tag(), lines)
+            fd, chunks = self._records_fd, frames(self._stream, _pid, _actor_tag(), lines)
         with _write_lock:  # the lines of concurrent threads never interleave
             for chunk in chunks:
                 if not _write_all(fd, chunk):
@@ -259,7 +278,15 @@ class TaggedStream(io.TextIOBase):
 
 
 def _write_all(fd: int, data: bytes) -> bool:
-    view = memoryview(data)
+    try:
+        written = os.write(fd, data)
+    except InterruptedError:
+        written = 0
+    except OSError:
+        return False  # the agent is gone; nothing to write to
+    if written == len(data):
+        return True
+    view = memoryview(data)[written:]  # a signal or a long write: write the rest
     while view:
         try:
             written = os.write(fd, view)
@@ -287,8 +314,9 @@ def install() -> None:
 def _after_fork() -> None:
     """A forked child (a DataLoader worker) writes its own lines: not a lock another
     thread of the parent held at the fork, nor the parent's unfinished lines."""
-    global _write_lock
+    global _write_lock, _pid
     _write_lock = threading.Lock()
+    _pid = os.getpid()
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, TaggedStream):
             stream._lines = LineCutter()
