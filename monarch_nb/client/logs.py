@@ -12,6 +12,7 @@ cell that made the call.
 
 from __future__ import annotations
 
+import _thread
 import secrets
 import sys
 import threading
@@ -25,6 +26,7 @@ from ..proc import stdio
 from . import events, supervision
 from ..wire import frames as wire_frames
 from ..wire import sockets
+from ..wire.interrupts import protected, sleep_on
 
 FOLD_WINDOW_S = 0.1
 
@@ -149,7 +151,8 @@ class LogReceiver:
         self.folder = Folder()
         self.sink: Callable[[list[Folded]], None] = print_sink
         self._seq: dict[str, int] = {}  # cluster id -> last batch number received
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # guards folder and _seq
+        self._waiters: set = set()  # wait_for's private locks, released when a batch arrives
         self._emit_lock = threading.Lock()
         threading.Thread(target=self._run, name="monarch-nb-logs", daemon=True).start()
 
@@ -160,7 +163,7 @@ class LogReceiver:
             if self._sock.poll(timeout):
                 while self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                     self._receive(sockets.recv_frames(self._sock, zmq.NOBLOCK))
-            with self._cond:
+            with self._lock:
                 lines = self.folder.take(time.time())
             self._emit(lines)
 
@@ -178,11 +181,15 @@ class LogReceiver:
             events.publish(header)
             return
         now = time.time()
-        with self._cond:
+        with self._lock:
             for record in header["records"]:
                 self.folder.add(record, now)
             self._seq[header["cluster"]] = header["seq"]
-            self._cond.notify_all()
+            for waiter in list(self._waiters):
+                try:
+                    waiter.release()
+                except RuntimeError:  # already woken
+                    pass
 
     def _emit(self, lines: list[Folded]) -> None:
         if lines:
@@ -194,18 +201,26 @@ class LogReceiver:
 
                     traceback.print_exc()
 
+    @protected
     def wait_for(self, cluster_id: str, seq: int, timeout: float) -> bool:
         """Wait until batch ``seq`` of ``cluster_id`` has arrived, then show everything
-        pending (folded as far as it got). Returns False on timeout."""
+        pending (folded as far as it got). Returns False on timeout. Ctrl-C ends the
+        wait with nothing shown twice or lost (what is pending shows later)."""
         deadline = time.monotonic() + timeout
-        with self._cond:
-            while self._seq.get(cluster_id, 0) < seq:
+        while True:
+            waiter = _thread.allocate_lock()
+            waiter.acquire()
+            with self._lock:
+                arrived = self._seq.get(cluster_id, 0) >= seq
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if arrived or left <= 0:
+                    lines = self.folder.take()
                     break
-                self._cond.wait(left)
-            arrived = self._seq.get(cluster_id, 0) >= seq
-            lines = self.folder.take()
+                self._waiters.add(waiter)
+            try:
+                sleep_on(waiter, left)
+            finally:
+                self._waiters.discard(waiter)
         self._emit(lines)
         return arrived
 

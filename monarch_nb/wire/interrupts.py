@@ -59,6 +59,16 @@ def checkpoint(fn: F) -> F:
     return fn
 
 
+@checkpoint
+def sleep_on(waiter: "_thread.LockType", seconds: float) -> None:
+    """Block until ``waiter`` (a lock the caller holds, private to this wait) is
+    released by whoever wakes the caller, or ``seconds`` pass. A bare lock's acquire is
+    either interrupted before it takes the lock or not at all, so Ctrl-C here leaves
+    only that private lock behind (unlike ``Condition.wait``, whose bookkeeping an
+    interrupt can tear)."""
+    waiter.acquire(True, seconds)
+
+
 def allows(frame: types.FrameType | None) -> bool:
     """Whether an interrupt may land in ``frame`` (and the stack it was called from)."""
     while frame is not None:

@@ -26,7 +26,7 @@ import zmq
 
 from . import frames as wire_frames
 from . import sockets
-from .interrupts import checkpoint, guard_main_thread, protected
+from .interrupts import checkpoint, guard_main_thread, protected, sleep_on
 
 # Plain ints: pyzmq's enum arithmetic is a measurable part of a round trip.
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
@@ -44,10 +44,7 @@ class Mailbox:
         self._ports: dict[int, Callable[[wire_frames.Message], None]] = {}
         self._next_port = itertools.count(1)
         self._io_lock = threading.Lock()
-        # One lock per sleeping thread, released to wake it: a bare lock's acquire is
-        # either interrupted before it takes the lock or not at all, unlike
-        # Condition.wait, whose bookkeeping an interrupt can tear.
-        self._sleepers: set = set()
+        self._sleepers: set = set()  # one lock per sleeping thread, released to wake it (interrupts.sleep_on)
         self._async_lock = threading.Lock()
         self._async_waiters = 0
         self._pump_wanted = threading.Event()
@@ -123,7 +120,7 @@ class Mailbox:
         self._sleepers.add(waiter)
         try:
             if not done() and self._io_lock.locked():
-                _block(waiter, seconds)
+                sleep_on(waiter, seconds)
         finally:
             self._sleepers.discard(waiter)
 
@@ -184,11 +181,6 @@ class Mailbox:
 @checkpoint
 def _poll(inbox: zmq.Socket, timeout_ms: int) -> int:
     return inbox.poll(timeout_ms)
-
-
-@checkpoint
-def _block(waiter, seconds: float) -> None:
-    waiter.acquire(True, seconds)  # an interrupt here leaves only this private lock behind
 
 
 class _AsyncWaiter:
