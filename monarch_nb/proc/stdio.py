@@ -112,7 +112,7 @@ def cap(line: bytes, limit: int = LINE_CAP) -> bytes:
 
 
 class _Pending:
-    """The start of a line not yet ended by a newline: at most ``LINE_CAP`` bytes kept,
+    """The start of a long line not yet ended by a newline: at most ``limit`` bytes kept,
     the rest counted, so a line of any length costs bounded memory."""
 
     __slots__ = ("kept", "dropped", "room")
