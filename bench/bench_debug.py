@@ -59,9 +59,9 @@ class Target(Actor):
         """Put Nagle's algorithm back on (or off) on pydevd's socket (benchmark only)."""
         import socket
 
-        from _pydevd_bundle.pydevd_constants import get_global_debugger
+        from monarch_nb.debug import pydevd_adapter
 
-        sock = get_global_debugger().writer.sock
+        sock = pydevd_adapter.dap_socket()
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0 if on else 1)
         return on
 

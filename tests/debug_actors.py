@@ -38,9 +38,13 @@ class Paused(Actor):
 
     @endpoint
     def traced(self) -> bool:
+        """Does a debugger see this thread: a trace function (3.11), or a tool holding
+        sys.monitoring's debugger id (3.12+: pydevd sets no trace function there)?"""
         import sys
 
-        return sys.gettrace() is not None
+        monitoring = getattr(sys, "monitoring", None)
+        return sys.gettrace() is not None or (
+            monitoring is not None and monitoring.get_tool(monitoring.DEBUGGER_ID) is not None)
 
     @endpoint
     def nap(self, seconds: float) -> float:

@@ -13,6 +13,8 @@ import socket
 import threading
 from typing import Callable
 
+from . import pydevd_adapter
+
 _HEADER_END = b"\r\n\r\n"
 
 
@@ -77,8 +79,7 @@ class DapClient:
         self.closed = False
         self.thread = threading.Thread(target=self._read, name=name, daemon=True)
         # debugpy must neither trace nor suspend this thread, nor list it to IDEs.
-        self.thread.pydev_do_not_trace = True
-        self.thread.is_pydev_daemon_thread = True
+        pydevd_adapter.hide_thread(self.thread)
         self.thread.start()
 
     @classmethod

@@ -26,7 +26,7 @@ import threading
 import time
 
 from ..wire import frames as wire_frames
-from . import arming
+from . import arming, pydevd_adapter
 from .dap import Parser, encode
 
 SESSION_TIMEOUT_S = 5.0  # relays send relay_alive every second
@@ -144,7 +144,7 @@ class Mux:
             self._respond(session, request, response.get("body"), bool(response.get("success")),
                           response.get("message"))
             for ident in resumed:
-                arming.wake(ident)
+                pydevd_adapter.wake(ident)
 
         self.debugger.client.request_async(request["command"], request.get("arguments") or {}, done)
 

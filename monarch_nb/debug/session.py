@@ -31,7 +31,7 @@ from ..proc import activity
 from ..proc.actor import current_context, proc_identity
 from ..proc.actor_loop import send_reply
 from ..wire import frames as wire_frames
-from . import arming
+from . import arming, pydevd_adapter
 from .dap import DapClient, DapError
 from .mux import Mux
 
@@ -82,8 +82,7 @@ class ProcDebugger:
         self._rechecks: list[float] = []  # when to untrace again after a resume (monotonic s)
         self._work: queue.Queue = queue.Queue()
         worker = threading.Thread(target=self._worker, name="monarch-nb-debug", daemon=True)
-        worker.pydev_do_not_trace = True
-        worker.is_pydev_daemon_thread = True
+        pydevd_adapter.hide_thread(worker)
         worker.start()
 
     # arming ------------------------------------------------------------------------
@@ -100,17 +99,17 @@ class ProcDebugger:
             if self._arm_error is not None:
                 raise RuntimeError(self._arm_error)
             try:
-                host, port = arming.listen()
+                host, port = pydevd_adapter.listen()
                 client = DapClient.connect(host, port, self._on_message, name="monarch-nb-dap")
-                arming.fix_nodelay()
+                pydevd_adapter.fix_nodelay()
                 self.capabilities = client.request("initialize", clientID="monarch_nb", adapterID="debugpy",
                                                    pathFormat="path", linesStartAt1=True, columnsStartAt1=True)
                 client.request("attach", justMyCode=True, stopAllThreadsOnSuspend=False,
                                steppingResumesAllThreads=False, redirectOutput=False, subProcess=False,
                                rules=[{"path": arming.RUNTIME_DIR, "include": False}])
                 client.request("configurationDone")
-            except ImportError:
-                self._arm_error = ("debugpy is not installed in this proc's Python; "
+            except ImportError as e:
+                self._arm_error = (f"debugpy can't be imported in this proc's Python ({e}); "
                                    "install it (pip install debugpy) to debug actors")
                 raise RuntimeError(self._arm_error) from None
             except (OSError, DapError, RuntimeError) as e:
@@ -131,7 +130,7 @@ class ProcDebugger:
             return
         with self._trace_lock:  # not untraced between here and the stop (see _untrace_if_idle)
             self._stopping.add(threading.get_ident())
-        arming.stop_here(frame)
+        pydevd_adapter.stop_here(frame)
 
     def endpoint_failed(self, exc: BaseException, endpoint: str) -> None:
         """Post-mortem: with it on, pause this thread in the frame that raised ``exc``
@@ -146,7 +145,7 @@ class ProcDebugger:
         ident = threading.get_ident()
         self._pm_endpoint[ident] = endpoint
         try:
-            arming.post_mortem(exc)
+            pydevd_adapter.post_mortem(exc)
         finally:
             self._pm_endpoint.pop(ident, None)
 
@@ -321,7 +320,7 @@ class ProcDebugger:
                 self._reply(header, {"continued": False})
                 return
             self.client.request("continue", threadId=stop["dap_thread"], singleThread=True)
-            arming.wake(stop["ident"])
+            pydevd_adapter.wake(stop["ident"])
             self._resumed([stop["dap_thread"]])  # now, not when the event comes: a second continue is a no-op
             self._reply(header, {"continued": True})
             return
@@ -361,7 +360,7 @@ class ProcDebugger:
             self._steps[tid] = (header, time.monotonic() + float(header.get("wait_s", STEP_WAIT_S)))
             try:
                 self.client.request(command, threadId=tid, singleThread=True)
-                arming.wake(stop["ident"])
+                pydevd_adapter.wake(stop["ident"])
             except DapError:
                 self._steps.pop(tid, None)
                 raise
@@ -411,23 +410,20 @@ class ProcDebugger:
         """Every thread traced again (breakpoints are only checked in traced threads)."""
         with self._trace_lock:
             if not self._traced:
-                arming.retrace_all()
-                self._traced = True
+                self._traced = pydevd_adapter.retrace_all()
 
     def _untrace_if_idle(self) -> None:
         """Nothing to stop for (no paused thread, no step under way, no breakpoint of the
         cluster or of an IDE, no breakpoint() about to stop): untrace every thread, so
-        that the proc runs at full speed (see ``arming.untrace_all``)."""
+        that the proc runs at full speed (see ``pydevd_adapter.untrace_all``)."""
         if not self.armed or self.stops or self._steps or self._applied or self.mux.sessions:
             return
         with self._trace_lock:
             if self._stopping:
                 return
-            try:
-                arming.untrace_all()
-            except Exception:  # pydevd changed: stay traced (slower, still correct)
-                return
-            self._traced = False
+            # False (reported once by the adapter): pydevd changed, the proc stays traced.
+            if pydevd_adapter.untrace_all():
+                self._traced = False
 
     # replies and the hub ---------------------------------------------------------------
     def _reply(self, header: dict, value: dict) -> None:
