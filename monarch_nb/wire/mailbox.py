@@ -63,6 +63,7 @@ class Mailbox:
         self._ports.pop(port, None)
 
     def send(self, address: str, frames: list) -> None:
+        guard_main_thread()  # a script's first act may be a broadcast: no wait has guarded it yet
         self.outbox.send(address, frames)
 
     @protected
