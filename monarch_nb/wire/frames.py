@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import os
 import pickle
 import struct
@@ -46,7 +47,7 @@ _LEN = struct.Struct("<Q")
 # How far a sender's messages may arrive out of order at one inbox (several sockets of
 # one thread, asyncio sends) before the older ones count as replays; and how far the
 # clocks of two hosts may disagree (seconds).
-REPLAY_WINDOW = 4096
+REPLAY_WINDOW = 1024
 CLOCK_SKEW_S = 30.0
 
 _keys: dict[bytes, "hmac.HMAC"] = {}  # cluster id -> keyed HMAC to copy() per message
@@ -91,6 +92,9 @@ class ReplayGuard:
             self._senders[sender] = [seq, 1]
             return True
         newest, seen = state
+        if seq == newest + 1:  # the usual case: in order
+            state[0], state[1] = seq, ((seen << 1) | 1) & _WINDOW_MASK
+            return True
         if seq > newest:
             state[0], state[1] = seq, ((seen << (seq - newest)) | 1) & _WINDOW_MASK
             return True
@@ -104,19 +108,26 @@ class ReplayGuard:
 _WINDOW_MASK = (1 << REPLAY_WINDOW) - 1
 
 
-class _Sender(threading.local):
-    """This thread's sender id and sequence numbers (new ids after a fork)."""
-
-    pid = -1
-
-    def stamp(self) -> bytes:
-        if self.pid != os.getpid():
-            self.pid, self.id, self.seq = os.getpid(), os.urandom(8), 0
-        self.seq += 1
-        return _STAMP.pack(self.id, self.seq, time.time())
+_senders = threading.local()  # .id, .seq: this thread's sender id and sequence numbers
+_pack_stamp, _now = _STAMP.pack, time.time
 
 
-_sender = _Sender()
+def _stamp() -> bytes:
+    try:
+        sender_id, seq = _senders.id, next(_senders.seq)
+    except AttributeError:
+        sender_id = _senders.id = os.urandom(8)
+        _senders.seq = itertools.count(1)
+        seq = next(_senders.seq)
+    return _pack_stamp(sender_id, seq, _now())
+
+
+def _new_senders_after_fork() -> None:
+    global _senders
+    _senders = threading.local()  # a forked child must not reuse its parent's ids
+
+
+os.register_at_fork(after_in_child=_new_senders_after_fork)
 
 
 @dataclass
@@ -155,7 +166,7 @@ def encode(cluster_id: str, header: dict, body: bytes | None = None, buffers=())
             f"message of {size} bytes is over the {limit}-byte limit; send large data in "
             "smaller pieces, or raise MONARCH_NB_MAX_MESSAGE_BYTES in the client and every proc"
         )
-    stamp = _sender.stamp()
+    stamp = _stamp()
     return [MAGIC + _mac(_keys[cid], stamp, parts) + stamp + cid, *parts]
 
 
