@@ -74,7 +74,12 @@ class AllocationOps:
         loop = asyncio.get_running_loop()
         while not self.stop_requested.is_set():
             await asyncio.sleep(ALLOCATION_POLL_S)
-            ended = await loop.run_in_executor(None, self.allocator.check)
+            try:
+                ended = await loop.run_in_executor(None, self.allocator.check)
+            except Exception as e:  # squeue failing for a while: the heartbeats still watch every host
+                print(f"monarch_nb hub: could not ask the {self.allocator.kind} allocator about its hosts: {e}",
+                      file=sys.stderr)
+                continue
             if self.stop_requested.is_set():
                 return  # our own shutdown ends the allocation
             for host_id, why in ended.items():

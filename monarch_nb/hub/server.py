@@ -112,6 +112,7 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
         self._shutdown_request: dict | None = None  # answered once everything has stopped
         self._health_pending = False
         self._rejoining: set[str] = set()  # lost hosts being taken back (see supervision._host_back)
+        self._state_failing = False  # the last state file write failed (said once in hub.log)
         self.stalls = 0  # times this hub found its own event loop stalled (see _heartbeat)
         self.malformed = 0  # verified messages no handler could act on (dropped, or answered with an error)
 
@@ -219,28 +220,34 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
         which every peer gets a fresh window to be heard."""
         due = time.monotonic()
         while True:
-            now = time.monotonic()
-            if now - due > STALL_S:
-                self._stalled(now - due + HEARTBEAT_S, now)
-            for host in [h for h in self.hosts.values() if not h.lost]:  # a lost one must speak first
-                await self.net.send(host.address, {"op": "hub_alive"})
-            heard_up_to = self.net.caught_up()
-            for host in list(self.hosts.values()):
-                if not host.lost and heard_up_to - host.last_seen > HOST_TIMEOUT_S:
-                    await self._host_lost(host, heard_up_to - host.last_seen)
-            for client_id, client in list(self.clients.items()):
-                if heard_up_to - client.last_seen > CLIENT_TIMEOUT_S or not _client_alive(client):
-                    del self.clients[client_id]
-                    if client.log_address:
-                        self.net.forget(client.log_address)
-                    if not self.clients:
-                        self.idle_since = client.last_seen
-            if self.idle_timeout is not None and not self.clients and now - self.idle_since > self.idle_timeout:
-                print(f"monarch_nb hub: no client for {self.idle_timeout} s; stopping the cluster", file=sys.stderr)
-                self.stop_requested.set()
-            self._check_cluster_file()
+            try:
+                await self._beat(due)
+            except Exception as e:  # a bug must not end liveness (agents would stop every proc)
+                print(f"monarch_nb hub: heartbeat failed: {type(e).__name__}: {e}", file=sys.stderr)
             due = time.monotonic() + HEARTBEAT_S
             await asyncio.sleep(HEARTBEAT_S)
+
+    async def _beat(self, due: float) -> None:
+        now = time.monotonic()
+        if now - due > STALL_S:
+            self._stalled(now - due + HEARTBEAT_S, now)
+        for host in [h for h in self.hosts.values() if not h.lost]:  # a lost one must speak first
+            await self.net.send(host.address, {"op": "hub_alive"})
+        heard_up_to = self.net.caught_up()
+        for host in list(self.hosts.values()):
+            if not host.lost and heard_up_to - host.last_seen > HOST_TIMEOUT_S:
+                await self._host_lost(host, heard_up_to - host.last_seen)
+        for client_id, client in list(self.clients.items()):
+            if heard_up_to - client.last_seen > CLIENT_TIMEOUT_S or not _client_alive(client):
+                del self.clients[client_id]
+                if client.log_address:
+                    self.net.forget(client.log_address)
+                if not self.clients:
+                    self.idle_since = client.last_seen
+        if self.idle_timeout is not None and not self.clients and now - self.idle_since > self.idle_timeout:
+            print(f"monarch_nb hub: no client for {self.idle_timeout} s; stopping the cluster", file=sys.stderr)
+            self.stop_requested.set()
+        self._check_cluster_file()
 
     def _stalled(self, stall_s: float, now: float) -> None:
         """This hub did not run for ``stall_s`` seconds: its peers were not silent, it
@@ -250,7 +257,8 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
               f"host agents and clients get a fresh {HOST_TIMEOUT_S:.0f} s to be heard", file=sys.stderr)
         for peer in [*self.hosts.values(), *self.clients.values()]:
             peer.last_seen = max(peer.last_seen, now)
-        self.idle_since = max(self.idle_since, now) if not self.clients else self.idle_since
+        if not self.clients:  # nor is the idle timeout counted across it
+            self.idle_since = max(self.idle_since, now)
 
     def _check_cluster_file(self) -> None:
         """Clients find this hub through cluster.json: rewrite it if it was damaged, and
@@ -266,14 +274,30 @@ class Hub(MeshOps, LogOps, SupervisionOps, AllocationOps, DebugOps):
         except (OSError, ValueError):
             pass
         print(f"monarch_nb hub: {target} was changed or damaged; writing it again", file=sys.stderr)
-        cluster_dir.write_json(target, self.public_info)
+        try:
+            cluster_dir.write_json(target, self.public_info)
+        except OSError as e:  # a full disk: tried again at the next heartbeat
+            print(f"monarch_nb hub: could not write {target}: {e}", file=sys.stderr)
 
     def _save(self) -> None:
         """The registry changed: write the state file and tell clients (coalesced)."""
         self._health_changed()
-        if not self.ephemeral:
+        if self.ephemeral:
+            return
+        # On the event loop, not in a thread: a reply sent after this promises that a
+        # recovering hub finds the change. A full disk only costs recoverability.
+        try:
             state.save(self.path, self.started, self.hosts, self.host_order, self._mesh_counter,
                        self.proc_meshes, self.actor_meshes, allocator=self.allocator.spec())
+        except OSError as e:
+            if not self._state_failing:
+                print(f"monarch_nb hub: could not write the state file ({e}); the cluster runs on, but a hub "
+                      "recovered after this one dies may miss the latest changes", file=sys.stderr)
+            self._state_failing = True
+        else:
+            if self._state_failing:
+                print("monarch_nb hub: writing the state file again", file=sys.stderr)
+            self._state_failing = False
 
     def _health_changed(self) -> None:
         """Announce ``health_changed`` once per ``EVENT_COALESCE_S``, however many changes."""
