@@ -74,8 +74,11 @@ def retained():
 
 
 def _all_healthy(c: Cluster) -> bool:
+    """Every host healthy and no proc failed or lost (on a loaded machine a proc may
+    briefly show "unresponsive": its status answer took over a second)."""
     tree = c.health()
-    return tree["state"] == "healthy" and all(h["state"] == "healthy" for h in tree["hosts"])
+    return (all(h["state"] == "healthy" for h in tree["hosts"])
+            and tree["counts"]["failed"] + tree["counts"]["lost"] == 0)
 
 
 def _hub_log(c: Cluster) -> str:
@@ -158,11 +161,14 @@ def test_a_long_log_query_from_disk_does_not_make_the_host_lost(retained):
     query.start()
     answered = 0
     try:
-        # While the hub reads the file it keeps serving: health answers, the host stays.
+        # While the hub reads the file it keeps serving: requests that only the hub
+        # answers come back (health also waits up to 1 s on each proc's status, which
+        # on a loaded machine would count the procs' speed, not the hub's), and the
+        # host is never declared lost.
         while query.is_alive():
-            assert _all_healthy(c), c.health()["summary"]
+            assert not any(h["lost"] for h in c.info()["hosts"])
             answered += query.is_alive()
-            query.join(0.1)
+            query.join(0.05)
     finally:
         query.join()
     assert [r["seq"] for r in result["lines"]] == list(range(1000, seeded + 1, 1000))
@@ -259,12 +265,13 @@ def test_spawn_stop_cycles_leave_the_hub_with_a_flat_number_of_fds():
             procs.spawn("echo", Echo).pid.call().get(timeout=60)
             procs.stop()
 
-        for i in range(3):  # warm-up: sockets to the client and agent, caches, the ring
+        for i in range(2):  # warm-up: sockets to the client and agent, caches, the ring
             cycle(i)
         fds0, rss0 = _hub_usage(hub_pid)
-        deadline = time.monotonic() + 40
+        # As many as fit in ~30 s, at least 8: a socket kept per dead proc would be 32 fds.
+        deadline = time.monotonic() + 30
         cycles = 0
-        while cycles < 10 or (time.monotonic() < deadline and cycles < 60):
+        while cycles < 8 or (time.monotonic() < deadline and cycles < 40):
             cycle(cycles)
             cycles += 1
         # Sockets closed with a linger may take a moment to let go of their fds.
