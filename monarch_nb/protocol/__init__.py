@@ -1,0 +1,15 @@
+"""The wire vocabulary: every message kind, op name, header key, record layout and
+exit cause that crosses a process boundary, in one leaf package.
+
+Hub, host agent, proc, client and debug import these names; nothing else spells wire
+vocabulary as a bare string. This package imports nothing of monarch_nb (it is below
+``wire/``, which frames and signs what these names describe).
+
+- ``hub_ops``: the ops the hub answers (from clients and host agents).
+- ``events``: what the hub sends to clients' event inboxes (health, logs, debug,
+  supervision).
+- ``records``: the log record layout, exit causes.
+- ``agent_ops``: the ops a host agent answers.
+- ``proc_ops``: a proc's control ops and the kinds and header keys of actor messages.
+- ``debug``: the debug channel's message kinds.
+"""
