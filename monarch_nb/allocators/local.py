@@ -8,7 +8,7 @@ import sys
 
 import psutil
 
-from ..hub.registry import exit_cause
+from ..protocol.records import exit_cause
 
 
 class LocalAllocator:

@@ -29,7 +29,7 @@ from ..errors import ClusterError, ClusterNotFound, InvalidRequest
 from ..mesh import Extent, Shape
 from ..proc.actor import proc_identity
 from ..wire import frames as wire_frames
-from ..hub.logstore import FIELDS as LOG_FIELDS
+from ..protocol.records import LOG_FIELDS
 from . import binding, discovery, logs, supervision
 from .actor_mesh import ActorMesh
 from .host_mesh import HostMesh

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..errors import ClusterError, SupervisionError
-from ..hub.registry import exit_cause
+from ..protocol.records import exit_cause
 from ..mesh import Extent
 from ..wire import frames as wire_frames
 from ..wire.interfaces import host_of

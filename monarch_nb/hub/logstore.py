@@ -3,10 +3,7 @@ append-only file of the cluster directory (``logs/lines.jsonl``, one JSON array 
 line), so nothing is lost when no client is connected and queries work after a
 kernel restart.
 
-A record is ``(seq, time, host, proc, stream, mesh, rank, origin, text, size)``:
-``seq`` counts from 1 in arrival order; ``mesh``/``rank`` name the actor that printed
-(``size``: its mesh's number of actors), or the proc mesh and proc rank for output not
-written by an actor (``size`` then ``None``).
+A record is a tuple laid out as ``protocol.records.LOG_FIELDS``.
 
 The hub's event loop only appends to the ring and hands records to the store's
 writer thread: a slow disk never stalls the hub's heartbeats, and a full one
@@ -29,7 +26,6 @@ import time
 from pathlib import Path
 
 RING_LINES = 200_000
-FIELDS = ("seq", "time", "host", "proc", "stream", "mesh", "rank", "origin", "text", "size")
 RETRY_S = 2.0  # how often writes are tried again after the disk failed
 CHUNK_RECORDS = 2_000  # records per write(2)
 

@@ -5,22 +5,10 @@
 
 from __future__ import annotations
 
-import signal
 import time
 from dataclasses import asdict, dataclass, field
 
-
-LOST_EXIT_CODE = -255  # exit code recorded for a proc lost with its host or while no hub watched
-
-
-def exit_cause(code: int | None) -> str:
-    """``-9`` -> ``"killed by SIGKILL"``, ``3`` -> ``"exited with code 3"``."""
-    if code is not None and code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
+from ..protocol.records import LOST_EXIT_CODE, exit_cause  # noqa: F401 (the hub's modules take them from here)
 
 
 @dataclass

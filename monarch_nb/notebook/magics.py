@@ -24,7 +24,7 @@ from ..client.actor_mesh import ActorMesh
 from ..client.proc_mesh import ProcMesh
 from ..client.value_mesh import ValueMesh
 from ..errors import ActorError, MonarchNbError, RemoteFailure, SupervisionError
-from ..hub.logstore import FIELDS as LOG_FIELDS
+from ..protocol.records import LOG_FIELDS
 from ..mesh import Extent
 from ..mesh.ranks import format_ranks, parse_ranks
 from ..proc.exec_actor import Exec
