@@ -244,7 +244,10 @@ def test_help_lists_every_subcommand(kernel, talkers):
 
 
 def test_a_broadcast_failure_shows_in_the_running_cell_and_the_next_call_raises_it(kernel, talkers):
-    msg_id = kernel.execute("talkers.slice(gpus=2).fail.broadcast()\ntalkers.spin.call(3).get()")
+    # The waiting call is made first, on ranks the failure spares: made after it, on a
+    # loaded machine the failure could already be known and that call would raise it.
+    msg_id = kernel.execute("busy = talkers.slice(gpus=slice(0, 2)).spin.call(3)\n"
+                            "talkers.slice(gpus=2).fail.broadcast()\nbusy.get()")
     assert kernel.wait_for(lambda: "[monarch] unhandled failure" in kernel.text(msg_id, "stderr"), 10)
     assert kernel.finish(msg_id)["status"] == "ok"
     notice = kernel.text(msg_id, "stderr")
