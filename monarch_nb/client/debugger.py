@@ -297,6 +297,7 @@ class Debugger:
             if "error" in answer and not answer.get("not_paused"):
                 raise InvalidRequest(f"{action} {stop.who}: {answer['error']}")
             out[stop.rank] = Stop.from_entry(answer["stop"]) if "stop" in answer else None
+        self._wait_listed([s for s in out.values() if s is not None])
         return out
 
     def step(self, mesh, ranks=None, wait_s: float = 2.0) -> dict[int, Stop | None]:
@@ -328,6 +329,15 @@ class Debugger:
         answers = self._ask(stops, "continue")
         self._wait_gone(stops)
         return sum(bool(a.get("continued")) for a in answers)
+
+    def _wait_listed(self, stops: list[Stop], timeout: float = 2.0) -> None:
+        """Until the hub's list holds ``stops`` (where a step just paused: the proc tells
+        the hub on its own path), so that an inspection right after a step finds them."""
+        keys = {s.key for s in stops}
+        deadline = time.monotonic() + timeout
+        while keys - {s.key for s in self.paused()} and time.monotonic() < deadline:
+            with self._cond:
+                self._cond.wait(0.02)
 
     def _wait_gone(self, stops: list[Stop], timeout: float = 2.0) -> None:
         """Until the hub's list no longer holds ``stops`` (procs tell it on their own
