@@ -9,6 +9,8 @@ timeout. Once running, the same check finds allocations ended from outside (a
 cancelled or timed-out job): their hosts are marked failed with that cause and every
 call waiting on their procs fails with ``SupervisionError``. An agent stopped by a
 signal says so first (``agent_exiting``), which is faster still.
+
+A recovering hub adopts the host agents of its predecessor instead (``adopt``).
 """
 
 from __future__ import annotations
@@ -17,35 +19,106 @@ import asyncio
 import os
 import sys
 import time
+from pathlib import Path
 
-from .registry import HostRecord
+from ..protocol.records import LOST_EXIT_CODE
+from ..wire.aio import AioEndpoint
+from .mesh_ops import MeshOps
+from .records import HostRecord
+from .registry import Registry
+from .supervision import Supervision
 
 ALLOCATION_POLL_S = 1.0  # how often the allocator is asked whether the allocation ended
+ADOPT_TIMEOUT_S = 3.0  # how long a recovering hub waits for each host agent to answer
 
 
-class AllocationOps:
-    """Mixin of ``Hub``: uses its ``allocator``, ``path``, ``n_hosts``, ``hosts``,
-    ``host_order``, ``net``, ``proc_meshes``, ``stop_requested``, ``_all_hosts_ready``,
-    ``_save()`` and (from supervision) ``_lose_procs_of()`` and ``_procs_died()``."""
+class Allocation:
+    """The hosts of ``registry``: ``n_hosts`` from ``allocator`` (whose waits end
+    early when ``stop_requested`` is set or the cluster directory ``path`` is removed),
+    or adopted from a previous hub. A host whose allocation ended is failed through
+    ``supervision``; meshes whose procs all vanished while no hub watched are
+    forgotten through ``meshes``."""
 
-    async def _acquire_hosts(self) -> bool:
+    def __init__(self, allocator, n_hosts: int, path: Path, registry: Registry, net: AioEndpoint,
+                 supervision: Supervision, meshes: MeshOps, stop_requested: asyncio.Event):
+        self.allocator = allocator
+        self._n_hosts = n_hosts
+        self._path = path
+        self._registry = registry
+        self._net = net
+        self._supervision = supervision
+        self._meshes = meshes
+        self._stop_requested = stop_requested
+        self._all_hosts_ready = asyncio.Event()
+
+    async def agent_ready(self, header, message):
+        registry = self._registry
+        registry.hosts[header["host_id"]] = HostRecord(header["host_id"], header["address"], header["pid"],
+                                                       header["hostname"], node=header.get("node", ""))
+        if registry.host_order and all(h in registry.hosts for h in registry.host_order):
+            self._all_hosts_ready.set()
+
+    async def adopt(self, saved: dict) -> None:
+        """Take over the host agents and meshes of a previous hub of this cluster.
+
+        Agents that answer are told this hub's address and report which procs are still
+        running; procs that exited meanwhile are marked so, and hosts that don't answer
+        within ``ADOPT_TIMEOUT_S`` are dropped with their procs."""
+        registry = self._registry
+        hosts: dict[str, HostRecord] = saved["hosts"]
+        registry.proc_meshes, registry.actor_meshes = saved["proc_meshes"], saved["actor_meshes"]
+        replies = await asyncio.gather(*(
+            self._net.request(h.address, {"op": "adopt", "hub": self._net.address}, timeout=ADOPT_TIMEOUT_S)
+            for h in hosts.values()), return_exceptions=True)
+        exited: dict[str, int] = {}
+        for host, reply in zip(hosts.values(), replies):
+            if isinstance(reply, BaseException):
+                print(f"monarch_nb hub: host agent {host.host_id} (pid {host.pid}) did not answer; "
+                      "dropping its procs", file=sys.stderr)
+                continue
+            registry.hosts[host.host_id] = host
+            live = set(reply.header["procs"])
+            exited.update({p: code for p, code in reply.header["exited"].items() if p not in live})
+            for mesh in registry.proc_meshes.values():
+                for proc in mesh.procs:
+                    if proc.host_id == host.host_id and proc.proc_id not in live:
+                        exited.setdefault(proc.proc_id, LOST_EXIT_CODE)
+        registry.host_order = [h for h in saved["host_order"] if h in registry.hosts]
+        self.allocator.adopt({h.host_id: h.pid for h in registry.hosts.values()})
+        for mesh in registry.proc_meshes.values():
+            for proc in mesh.procs:
+                if proc.host_id not in registry.hosts:
+                    exited.setdefault(proc.proc_id, LOST_EXIT_CODE)
+                if proc.proc_id in exited and proc.exit_code is None:
+                    proc.exit_code = exited[proc.proc_id]
+        for mesh in list(registry.proc_meshes.values()):
+            if all(p.exit_code is not None for p in mesh.procs):
+                print(f"monarch_nb hub: every proc of {mesh.name!r} is gone; forgetting it and its actors",
+                      file=sys.stderr)
+                for actors in [a for a in registry.actor_meshes.values() if a.proc_mesh == mesh.name]:
+                    self._meshes.forget_actor_mesh(actors)
+                del registry.proc_meshes[mesh.name]
+
+    async def acquire_hosts(self) -> bool:
         """Start host agents (unless re-adopted) and wait until all have reported.
         Returns False, after saying why on stderr, when they don't within the
         allocator's ``start_timeout_s`` or its allocation ends first."""
-        if self.hosts:
+        registry = self._registry
+        if registry.hosts:
             self._all_hosts_ready.set()
             return True
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         try:
-            self.host_order = await loop.run_in_executor(None, self.allocator.start, self.net.address, self.n_hosts)
+            registry.host_order = await loop.run_in_executor(None, self.allocator.start, self._net.address,
+                                                             self._n_hosts)
         except Exception as e:  # sbatch refused the job, or the like
             print(f"monarch_nb hub: could not get hosts from the {self.allocator.kind} allocator: {e}",
                   file=sys.stderr)
             return False
-        if all(h in self.hosts for h in self.host_order):  # they reported while start() returned
+        if all(h in registry.hosts for h in registry.host_order):  # they reported while start() returned
             self._all_hosts_ready.set()
-        self._save()  # the allocation (e.g. the job id) is in the state file from now on
+        registry.save()  # the allocation (e.g. the job id) is in the state file from now on
         timeout = self.allocator.start_timeout_s
         while not self._all_hosts_ready.is_set():
             try:
@@ -53,26 +126,26 @@ class AllocationOps:
                 break
             except asyncio.TimeoutError:
                 pass
-            if self.stop_requested.is_set() or not self.path.is_dir():
+            if self._stop_requested.is_set() or not self._path.is_dir():
                 print("monarch_nb hub: stopped (or the cluster directory was removed) while waiting "
                       "for host agents", file=sys.stderr)
                 return False
-            os.utime(self.path)  # a long queue wait: clients see a starting cluster, not a stale one
+            os.utime(self._path)  # a long queue wait: clients see a starting cluster, not a stale one
             ended = await loop.run_in_executor(None, self.allocator.check)
             waited = time.monotonic() - t0
             if ended or waited > timeout:
                 why = await loop.run_in_executor(None, self.allocator.waiting_for)
-                missing = [h for h in self.host_order if h not in self.hosts]
+                missing = [h for h in registry.host_order if h not in registry.hosts]
                 print(f"monarch_nb hub: host agents {', '.join(missing)} did not report within {waited:.0f} s"
                       f"{' (the allocation ended)' if ended else f' (start timeout {timeout:.0f} s)'}"
                       f"{'; ' + why if why else ''}", file=sys.stderr)
                 return False
         return True
 
-    async def _watch_allocation(self) -> None:
+    async def watch(self) -> None:
         """Fail the hosts whose allocation ended while the cluster runs."""
         loop = asyncio.get_running_loop()
-        while not self.stop_requested.is_set():
+        while not self._stop_requested.is_set():
             await asyncio.sleep(ALLOCATION_POLL_S)
             try:
                 ended = await loop.run_in_executor(None, self.allocator.check)
@@ -80,34 +153,24 @@ class AllocationOps:
                 print(f"monarch_nb hub: could not ask the {self.allocator.kind} allocator about its hosts: {e}",
                       file=sys.stderr)
                 continue
-            if self.stop_requested.is_set():
+            if self._stop_requested.is_set():
                 return  # our own shutdown ends the allocation
             for host_id, why in ended.items():
-                host = self.hosts.get(host_id)
+                host = self._registry.hosts.get(host_id)
                 if host is None or host.cause == why:
                     continue
                 if host.cause:  # failed on its agent's word; now the allocator says why
                     host.cause = why
-                    self._save()
+                    self._registry.save()
                 else:
-                    await self._host_failed(host, why)
+                    await self._supervision.host_failed(host, why)
 
-    async def op_agent_exiting(self, header, message):
+    async def agent_exiting(self, header, message):
         """An agent is stopping on a signal that did not come from this hub: fail its
         host (and procs) before replying."""
-        host = self.hosts.get(header["host_id"])
-        if host is not None and not host.cause and not self.stop_requested.is_set():
+        host = self._registry.hosts.get(header["host_id"])
+        if host is not None and not host.cause and not self._stop_requested.is_set():
             ended = await asyncio.get_running_loop().run_in_executor(None, self.allocator.check)
-            await self._host_failed(host, ended.get(host.host_id) or header.get("why", "its host agent is exiting"))
+            why = ended.get(host.host_id) or header.get("why", "its host agent is exiting")
+            await self._supervision.host_failed(host, why)
         return {}  # the agent holds its procs' exit reports until this reply
-
-    async def _host_failed(self, host: HostRecord, cause: str) -> None:
-        """``host`` is gone for ``cause``: it shows as failed in the health tree, and its
-        live procs are failed (calls waiting on them raise ``SupervisionError``)."""
-        host.cause = cause
-        host.lost = True
-        self.net.forget(host.address)  # gone for good: nothing queued for it may hold the hub's exit
-        print(f"monarch_nb hub: host {host.host_id} ({host.node or host.hostname}) failed: {cause}", file=sys.stderr)
-        await self._procs_died(self._lose_procs_of(host), False,
-                               f"was lost with its host {host.node or host.hostname}: {cause}")
-        self._save()

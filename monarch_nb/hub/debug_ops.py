@@ -25,7 +25,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from ..protocol import events
+from ..wire.aio import AioEndpoint
+from .announce import Announcer
 from .errors import HubError
+from .registry import Registry
 
 CONFIG_TIMEOUT_S = 10.0  # how long setting a breakpoint waits for each proc to apply it (arming: ~0.3 s)
 SYNC_TIMEOUT_S = 2.0  # how long a recovered hub waits for each proc's list of stops
@@ -54,47 +58,49 @@ class DebugState:
         return bool(self.stops or self.breakpoints or self.post_mortem)
 
 
-class DebugOps:
-    """Debug operations of the hub (mixed into ``Hub``)."""
+class DebugRegistry:
+    """The debug registry over the procs of ``registry``; clients hear of changes
+    through ``announcer``. ``recovered``: this hub took over from a dead one (it asks
+    the procs for their stops on the first listing)."""
 
-    @property
-    def debug(self) -> DebugState:
-        state = getattr(self, "_debug_state", None)
-        if state is None:
-            state = self._debug_state = DebugState()
-        return state
+    def __init__(self, registry: Registry, net: AioEndpoint, announcer: Announcer, recovered: bool):
+        self._registry = registry
+        self._net = net
+        self._announcer = announcer
+        self._recovered = recovered
+        self.state = DebugState()
 
     # from procs ----------------------------------------------------------------------
-    async def op_debug_stopped(self, header, message):
+    async def debug_stopped(self, header, message):
         stop = dict(header["stop"])
-        found = self._debug_proc(stop["proc_id"])
+        found = self._registry.find_proc(stop["proc_id"])
         if found is None or found[2].exit_code is not None or found[2].pid != stop["pid"]:
             return None  # a proc the registry no longer holds
         mesh, rank, proc = found
-        host = self.hosts.get(proc.host_id)
+        host = self._registry.hosts.get(proc.host_id)
         stop.update(proc_mesh=mesh.name, proc_rank=rank, host_id=proc.host_id,
                     host=host.hostname if host is not None else stop.get("host"))
-        self.debug.stops[stop["key"]] = stop
-        await self._debug_changed()
-        self._debug_sweep_start()
+        self.state.stops[stop["key"]] = stop
+        await self._changed()
+        self._sweep_start()
         return None
 
-    async def op_debug_resumed(self, header, message):
-        gone = [self.debug.stops.pop(k, None) for k in header["keys"]]
+    async def debug_resumed(self, header, message):
+        gone = [self.state.stops.pop(k, None) for k in header["keys"]]
         if any(gone):
-            await self._debug_changed()
+            await self._changed()
         return None
 
     # from clients --------------------------------------------------------------------
-    async def op_debug_paused(self, header, message):
+    async def debug_paused(self, header, message):
         """Every paused thread, ordered by mesh and rank."""
-        if getattr(self, "saved", None) is not None and not self.debug.synced:
-            await self._debug_sync()
-        if self._debug_sweep_once():
-            await self._debug_changed()
-        return {"stops": self._debug_list()}
+        if self._recovered and not self.state.synced:
+            await self._sync()
+        if self._sweep_once():
+            await self._changed()
+        return {"stops": self._list()}
 
-    async def op_debug_set_breakpoint(self, header, message):
+    async def debug_set_breakpoint(self, header, message):
         """Add a breakpoint at ``file``:``line`` (absolute path as the procs see it),
         for every actor of ``mesh`` (``None``: any code in any proc) or only ``ranks`` of
         it, stopping only where ``condition`` (a Python expression) is true."""
@@ -106,9 +112,9 @@ class DebugOps:
         if ranks is not None and mesh is None:
             raise HubError("ranks need a mesh: name the actor mesh whose ranks should stop", "ValueError")
         if mesh is not None:
-            record = self.actor_meshes.get(mesh)
+            record = self._registry.actor_meshes.get(mesh)
             if record is None:
-                known = ", ".join(sorted(self.actor_meshes)) or "none"
+                known = ", ".join(sorted(self._registry.actor_meshes)) or "none"
                 raise HubError(f"no actor mesh {mesh!r} (actor meshes: {known})", "ValueError")
             size = len(record.proc_ranks)
             bad = [r for r in ranks or [] if not 0 <= r < size]
@@ -120,22 +126,22 @@ class DebugOps:
                 compile(condition, "<condition>", "eval")
             except SyntaxError as e:
                 raise HubError(f"condition {condition!r} is not a Python expression: {e.msg}", "ValueError") from None
-        state = self.debug
+        state = self.state
         bp = {"id": state.next_id, "file": file, "line": line, "mesh": mesh,
               "ranks": sorted(set(ranks)) if ranks is not None else None, "condition": condition or None}
         if header.get("source"):  # a notebook cell's text: procs write it under its file name
             bp["source"] = header["source"]
         state.next_id += 1
         state.breakpoints.append(bp)
-        await self._debug_push()
+        await self._push()
         return {"breakpoint": _public(bp)}
 
-    async def op_debug_breakpoints(self, header, message):
-        return {"breakpoints": [_public(b) for b in self.debug.breakpoints], "post_mortem": self.debug.post_mortem}
+    async def debug_breakpoints(self, header, message):
+        return {"breakpoints": [_public(b) for b in self.state.breakpoints], "post_mortem": self.state.post_mortem}
 
-    async def op_debug_clear_breakpoints(self, header, message):
+    async def debug_clear_breakpoints(self, header, message):
         """Remove the breakpoints ``ids`` (``None``: all); unknown ids are an error."""
-        state = self.debug
+        state = self.state
         ids = header.get("ids")
         if ids is None:
             cleared, state.breakpoints = state.breakpoints, []
@@ -147,97 +153,89 @@ class DebugOps:
                                f"(breakpoints: {', '.join(str(i) for i in sorted(known)) or 'none'})", "ValueError")
             cleared = [b for b in state.breakpoints if b["id"] in ids]
             state.breakpoints = [b for b in state.breakpoints if b["id"] not in ids]
-        await self._debug_push()
+        await self._push()
         return {"cleared": len(cleared)}
 
-    async def op_debug_post_mortem(self, header, message):
+    async def debug_post_mortem(self, header, message):
         """Post-mortem on (``on: true``): a rank whose endpoint raises pauses in the
         raising frame before the error goes back to the caller."""
-        self.debug.post_mortem = bool(header["on"])
-        await self._debug_push()
-        return {"post_mortem": self.debug.post_mortem}
+        self.state.post_mortem = bool(header["on"])
+        await self._push()
+        return {"post_mortem": self.state.post_mortem}
 
     # for spawn -----------------------------------------------------------------------
-    def debug_spawn_fields(self) -> dict:
+    def spawn_fields(self) -> dict:
         """Fields for a ``spawn_actor`` request: the cluster's debug configuration,
         when there is any (a proc applies it before the actor starts)."""
-        state = self.debug
+        state = self.state
         return {"debug": state.config()} if (state.breakpoints or state.post_mortem) else {}
 
     # internals -----------------------------------------------------------------------
-    async def _debug_sync(self) -> None:
+    async def _sync(self) -> None:
         """A recovered hub starts with an empty registry while procs it re-adopted may
         hold paused threads: ask each live proc once (at most ``SYNC_TIMEOUT_S``)."""
-        state = self.debug
+        state = self.state
         state.synced = True
-        live = [p for m in self.proc_meshes.values() for p in m.procs if p.exit_code is None]
-        replies = await asyncio.gather(*(self.net.request(p.address, {"op": "debug", "action": "stops"},
-                                                          timeout=SYNC_TIMEOUT_S) for p in live),
-                                       return_exceptions=True)
+        replies = await asyncio.gather(*(
+            self._net.request(p.address, {"op": "debug", "action": "stops"}, timeout=SYNC_TIMEOUT_S)
+            for p in self._registry.live_procs()), return_exceptions=True)
         for reply in replies:
             if not isinstance(reply, BaseException):
                 for stop in reply.header.get("stops", []):
-                    await self.op_debug_stopped({"stop": stop}, None)
+                    await self.debug_stopped({"stop": stop}, None)
 
-    def _debug_proc(self, proc_id: str):
-        for mesh in self.proc_meshes.values():
-            for rank, proc in enumerate(mesh.procs):
-                if proc.proc_id == proc_id:
-                    return mesh, rank, proc
-        return None
-
-    def _debug_list(self) -> list[dict]:
-        return sorted(self.debug.stops.values(),
+    def _list(self) -> list[dict]:
+        return sorted(self.state.stops.values(),
                       key=lambda s: (s.get("mesh") or "", s.get("rank") if s.get("rank") is not None else -1,
                                      s["proc_id"], s["dap_thread"]))
 
-    async def _debug_changed(self) -> None:
-        await self._announce({"op": "debug_changed", "stops": self._debug_list()})
+    async def _changed(self) -> None:
+        await self._announcer.announce({"op": events.DEBUG_CHANGED, "stops": self._list()})
 
-    async def _debug_push(self) -> None:
+    async def _push(self) -> None:
         """Send the configuration to every live proc and wait (at most ``CONFIG_TIMEOUT_S``)
         until each has applied it, so that a call made right after a breakpoint was set
         stops there."""
-        state = self.debug
+        state = self.state
         state.version += 1
-        await asyncio.gather(*(self._debug_configure(p, wait=True) for m in self.proc_meshes.values()
-                               for p in m.procs if p.exit_code is None), return_exceptions=True)
-        self._debug_sweep_start()
+        await asyncio.gather(*(self._configure(p, wait=True) for p in self._registry.live_procs()),
+                             return_exceptions=True)
+        self._sweep_start()
 
-    async def _debug_configure(self, proc, wait: bool = False) -> None:
-        state = self.debug
+    async def _configure(self, proc, wait: bool = False) -> None:
+        state = self.state
         state.configured[proc.proc_id] = (proc.pid, state.version)
         request = {"op": "debug", "action": "config", "config": state.config()}
         if wait:
-            await self.net.request(proc.address, request, timeout=CONFIG_TIMEOUT_S)
+            await self._net.request(proc.address, request, timeout=CONFIG_TIMEOUT_S)
         else:
-            await self.net.send(proc.address, request)
+            await self._net.send(proc.address, request)
 
-    def _debug_sweep_once(self) -> bool:
+    def _sweep_once(self) -> bool:
         """Drop stops of procs that are gone; True if any was dropped."""
-        state = self.debug
+        state = self.state
         dead = []
         for key, stop in state.stops.items():
-            found = self._debug_proc(stop["proc_id"])
+            found = self._registry.find_proc(stop["proc_id"])
             if found is None or found[2].exit_code is not None or found[2].pid != stop["pid"]:
                 dead.append(key)
         for key in dead:
             del state.stops[key]
         return bool(dead)
 
-    def _debug_sweep_start(self) -> None:
-        state = self.debug
+    def _sweep_start(self) -> None:
+        state = self.state
         if state.sweeper is None or state.sweeper.done():
-            state.sweeper = asyncio.ensure_future(self._debug_sweep())
+            state.sweeper = asyncio.ensure_future(self._sweep())
 
-    async def _debug_sweep(self) -> None:
-        state = self.debug
+    async def _sweep(self) -> None:
+        state = self.state
         while state.active():
-            if self._debug_sweep_once():
-                await self._debug_changed()
+            if self._sweep_once():
+                await self._changed()
             if state.breakpoints or state.post_mortem:  # procs that started since (respawned) get the set too
-                for mesh in self.proc_meshes.values():
+                for mesh in self._registry.proc_meshes.values():
                     for proc in mesh.procs:
                         if proc.exit_code is None and state.configured.get(proc.proc_id) != (proc.pid, state.version):
-                            await self._debug_configure(proc)
+                            await self._configure(proc)
             await asyncio.sleep(SWEEP_S)

@@ -14,16 +14,24 @@ States, worst first:
   allocator's name for it (a Slurm node).
 
 Memory, CPU time and uptime of each proc come from the proc itself (psutil), so they
-are known on every host.
+are known on every host. ``Health`` answers the ``health`` op: it asks every live proc
+for its ``status`` and builds the tree with :func:`tree`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import Callable
 
-from .registry import LOST_EXIT_CODE, ActorMeshRecord, HostRecord, ProcMeshRecord, exit_cause
+from ..protocol.records import LOST_EXIT_CODE, exit_cause
+from ..wire.aio import AioEndpoint
+from .mesh_ops import MeshOps
+from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
+from .registry import Registry
 
 PROC_ORDER = ("failed", "lost", "unresponsive", "paused", "busy", "healthy")
+STATUS_TIMEOUT_S = 1.0  # a proc whose control loop does not answer within this is "unresponsive"
 
 
 def _actor_node(record: ActorMeshRecord, rank: int, proc_state: str, status: dict | None, now: float) -> dict:
@@ -120,3 +128,40 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
             "counts": {**counts, "alive": alive}, "hosts": host_nodes, "actor_meshes": mesh_nodes,
             "starting": [{"proc_mesh": n, "up": up, "total": of, "state": "starting"}
                          for n, (up, of) in starting.items()]}
+
+
+class Health:
+    """Answers ``health`` for the cluster ``name``: the meshes of ``registry`` (those
+    being spawned from ``meshes``), asking the live procs; ``hub_stats`` gives the hub's
+    own counters."""
+
+    def __init__(self, name: str, registry: Registry, net: AioEndpoint, meshes: MeshOps,
+                 hub_stats: Callable[[], dict]):
+        self._name = name
+        self._registry = registry
+        self._net = net
+        self._meshes = meshes
+        self._hub_stats = hub_stats
+
+    async def health(self, header, message):
+        """The health tree (see ``tree``); every live proc is asked what its actors are
+        doing, in parallel, waiting at most ``STATUS_TIMEOUT_S``."""
+        registry = self._registry
+        live = registry.live_procs()
+        replies = await asyncio.gather(*(self._proc_status(p) for p in live))
+        statuses = {p.proc_id: r for p, r in zip(live, replies) if r is not False}
+        hosts = [registry.hosts[h] for h in registry.host_order if h in registry.hosts]
+        return {**tree(self._name, hosts, registry.proc_meshes, registry.actor_meshes, statuses,
+                       self._meshes.starting()),
+                "hub": self._hub_stats()}
+
+    async def _proc_status(self, proc: ProcRecord) -> dict | None | bool:
+        """The proc's answer to ``status``; ``None`` if it did not answer in time;
+        ``False`` if its exit was reported meanwhile (a dead proc is not waited for)."""
+        request = asyncio.ensure_future(self._net.request(proc.address, {"op": "status"}, timeout=STATUS_TIMEOUT_S))
+        while not request.done():
+            await asyncio.wait([request], timeout=0.02)
+            if proc.exit_code is not None:
+                request.cancel()
+                return False
+        return None if request.exception() is not None else request.result().header

@@ -7,53 +7,67 @@ import asyncio
 import functools
 import re
 
+from ..protocol import events
+from ..wire.aio import AioEndpoint
+from .clients import Clients
 from .errors import HubError
+from .logstore import LogStore
+from .registry import Registry
 
 FLUSH_TIMEOUT_S = 2.0  # how long a log flush waits for each host agent
 
 
 class LogOps:
-    """Mixin of ``Hub``: the log operations."""
+    """The log operations over the hub's ``store``: lines come from the host agents of
+    ``registry`` and go to the clients of ``clients``."""
 
-    async def _log_lines(self, header) -> None:
+    def __init__(self, store: LogStore, registry: Registry, clients: Clients, net: AioEndpoint, cluster_id: str):
+        self.store = store
+        self._registry = registry
+        self._clients = clients
+        self._net = net
+        self._cluster_id = cluster_id
+
+    async def log_lines(self, header, message) -> None:
         """Store a batch from a host agent and pass each line on to the client whose call
         caused it (origin ``CLIENT_ID:...``); lines nobody's call caused go to every client."""
-        records = self.logs.add(header["host_id"], header["lines"])
+        records = self.store.add(header["host_id"], header["lines"])
+        clients = self._clients.table
         by_client: dict[str, list] = {}
         for record in records:
             origin = record[7]
             owner = origin.partition(":")[0] if origin else None
-            if owner in self.clients and self.clients[owner].wants_lines:
+            if owner in clients and clients[owner].wants_lines:
                 targets = [owner]
             else:
-                targets = [c for c, r in self.clients.items() if r.wants_lines]
+                targets = [c for c, r in clients.items() if r.wants_lines]
             for client_id in targets:
                 by_client.setdefault(client_id, []).append(record)
         for client_id, batch in by_client.items():
-            client = self.clients[client_id]
+            client = clients[client_id]
             if client.log_address:
                 client.log_seq += 1
-                await self.net.send(client.log_address, {"op": "log_lines", "cluster": self.info["cluster_id"],
-                                                         "seq": client.log_seq, "records": batch})
+                await self._net.send(client.log_address, {"op": events.LOG_LINES, "cluster": self._cluster_id,
+                                                          "seq": client.log_seq, "records": batch})
 
-    async def op_logs_flush(self, header, message):
+    async def logs_flush(self, header, message):
         """Every line written by any proc before this request has been forwarded when the
         reply comes; it says how many batches this client has been sent."""
-        await asyncio.gather(*(self.net.request(h.address, {"op": "drain_logs"}, timeout=FLUSH_TIMEOUT_S)
-                               for h in self.hosts.values() if not h.lost),  # a lost one would only time out
+        await asyncio.gather(*(self._net.request(h.address, {"op": "drain_logs"}, timeout=FLUSH_TIMEOUT_S)
+                               for h in self._registry.hosts.values() if not h.lost),  # a lost one would only time out
                              return_exceptions=True)
-        client = self.clients.get(header.get("client_id"))
+        client = self._clients.table.get(header.get("client_id"))
         return {"seq": client.log_seq if client else 0}
 
-    async def op_logs_query(self, header, message):
+    async def logs_query(self, header, message):
         """Records matching the filters (see ``LogStore.query``). The query runs in a
         worker thread: reading a store past its ring from disk takes seconds, and the
         event loop must go on hearing host agents meanwhile."""
-        query = functools.partial(self.logs.query, header.get("mesh"), header.get("ranks"), header.get("stream"),
+        query = functools.partial(self.store.query, header.get("mesh"), header.get("ranks"), header.get("stream"),
                                   header.get("since"), header.get("grep"), header.get("tail"),
                                   header.get("after_seq", 0))
         try:
             records = await asyncio.get_running_loop().run_in_executor(None, query)
         except re.error as e:
             raise HubError(f"bad grep pattern {header.get('grep')!r}: {e}", "ValueError") from None
-        return {"records": records, "last_seq": self.logs.seq}
+        return {"records": records, "last_seq": self.store.seq}

@@ -1,21 +1,32 @@
 """Proc meshes and actor meshes in the hub: spawn, stop and describe them.
 
-Procs are started by the host agents (all at once, per host); actors by their procs,
-from the constructor payload that passes through as opaque bytes (also kept for
-restarts and, in a retained cluster, under ``spawn/`` in the state directory).
+Procs are started by the host agents (all at once, per host, see ``launcher``);
+actors by their procs, from the constructor payload that passes through as opaque
+bytes (also kept for restarts, see ``Registry.keep_payload``).
+
+Stopping a mesh is also how supervision ends meshes whose owner is gone: meshes an
+actor spawned are stopped when that actor is gone (its proc died or was stopped, or
+its mesh was stopped): nobody is left to use them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 
 from .. import cluster_dir
 from ..mesh import Extent
-from . import state
+from ..protocol import events
+from ..protocol.records import exit_cause
+from ..wire.aio import AioEndpoint
+from .announce import Announcer
+from .debug_ops import DebugRegistry
 from .errors import HubError
-from .registry import ActorMeshRecord, ProcMeshRecord, ProcRecord, exit_cause
+from .launcher import ProcLauncher
+from .records import ActorMeshRecord, ProcMeshRecord, ProcRecord
+from .registry import Registry
 
-SPAWN_TIMEOUT_S = 120.0  # an agent answers within its own 60 s proc start timeout, or is gone
+STOP_ACTOR_TIMEOUT_S = 5.0  # how long stopping an actor mesh waits for each of its procs
 
 
 def check_mesh_name(name) -> None:
@@ -26,9 +37,21 @@ def check_mesh_name(name) -> None:
 
 
 class MeshOps:
-    """Mixin of ``Hub``: the mesh operations and their helpers."""
+    """Spawns and stops the meshes of ``registry``: procs through ``launcher``, actors
+    by asking their procs (with ``debug``'s configuration); clients hear of actors
+    gone through ``announcer``."""
 
-    async def op_spawn_procs(self, header, message):
+    def __init__(self, registry: Registry, net: AioEndpoint, announcer: Announcer, launcher: ProcLauncher,
+                 debug: DebugRegistry):
+        self._registry = registry
+        self._net = net
+        self._announcer = announcer
+        self._launcher = launcher
+        self._debug = debug
+        self._spawning: dict[str, list] = {}  # proc mesh being spawned -> [procs up, spawn id, procs asked for]
+        self._spawning_actors: dict[str, list[ProcRecord]] = {}  # actor mesh being constructed -> its procs
+
+    async def spawn_procs(self, header, message):
         try:
             per_host = Extent(header["per_host"])
         except ValueError as e:
@@ -36,22 +59,22 @@ class MeshOps:
         if "hosts" in per_host:
             raise HubError("per_host must not name the 'hosts' dimension; the host mesh provides it",
                            "ValueError")
-        hosts = header.get("hosts") or self.host_order
-        gone = [h for h in hosts if h not in self.hosts or self.hosts[h].lost]
+        known = self._registry.hosts
+        hosts = header.get("hosts") or self._registry.host_order
+        gone = [h for h in hosts if h not in known or known[h].lost]
         if gone:
-            causes = "; ".join(f"{h}: {self.hosts[h].cause or 'its agent fell silent'}" if h in self.hosts
+            causes = "; ".join(f"{h}: {known[h].cause or 'its agent fell silent'}" if h in known
                                else f"{h}: unknown" for h in gone)
             raise HubError(f"can't start procs on lost host(s) ({causes}); stop this cluster and start a new one")
         extent = {"hosts": len(hosts), **per_host}
         name = header.get("name")
         if name is None:
-            self._mesh_counter += 1
-            name = f"procs{self._mesh_counter}"
+            name = f"procs{self._registry.next_number()}"
         check_mesh_name(name)
-        existing = self.proc_meshes.get(name)
+        existing = self._registry.proc_meshes.get(name)
         if existing is not None:
             if header.get("replace"):
-                await self._stop_proc_mesh(existing)
+                await self.stop_proc_mesh(existing)
             elif existing.extent == extent:
                 return existing.public()
             else:
@@ -60,32 +83,32 @@ class MeshOps:
                                "ValueError")
         per = per_host.nelements
         launch = {k: header.get(k) for k in ("env", "cwd", "python")}
-        self.spawning[name] = [0, header.get("spawn_id"), len(hosts) * per]
-        self._health_changed()
+        self._spawning[name] = [0, header.get("spawn_id"), len(hosts) * per]
+        self._announcer.health_changed()
         try:
-            procs = await self._start_procs(
+            procs = await self._launcher.start(
                 {host_id: [f"{name}/{h * per + i}" for i in range(per)] for h, host_id in enumerate(hosts)}, launch)
         finally:
-            self.spawning.pop(name, None)
-        record = self.proc_meshes[name] = ProcMeshRecord(name, extent, procs, owner=header.get("owner"),
-                                                         launch=launch)
-        self._save()
+            self._spawning.pop(name, None)
+        record = self._registry.proc_meshes[name] = ProcMeshRecord(name, extent, procs, owner=header.get("owner"),
+                                                                   launch=launch)
+        self._registry.save()
         return record.public()
 
-    async def op_spawn_actors(self, header, message):
+    async def spawn_actors(self, header, message):
         name = header["name"]
         check_mesh_name(name)
-        mesh = self.proc_meshes.get(header["proc_mesh"])
+        mesh = self._registry.proc_meshes.get(header["proc_mesh"])
         if mesh is None:
             raise HubError(f"no proc mesh named {header['proc_mesh']!r}; it was stopped", "ValueError")
-        existing = self.actor_meshes.get(name)
+        existing = self._registry.actor_meshes.get(name)
         if existing is not None:
             same = (existing.proc_mesh == mesh.name and existing.proc_ranks == header["proc_ranks"]
                     and existing.class_name == header["class_name"])
             if header.get("replace"):
-                await self._stop_actor_mesh(existing)
+                await self.stop_actor_mesh(existing)
             elif same:
-                return self._actor_mesh_view(existing)
+                return self.actor_mesh_view(existing)
             else:
                 raise HubError(f"an actor mesh named {name!r} exists ({existing.class_name} on "
                                f"{existing.proc_mesh} {existing.extent}); choose another name, or pass "
@@ -95,58 +118,69 @@ class MeshOps:
             raise HubError(f"procs {', '.join(dead)} of {mesh.name!r} have exited; spawn a new proc mesh")
         body = bytes(message.body)
         buffers = [bytes(b) for b in message.buffers]
-        self._mesh_counter += 1
-        payload_id = f"a{self._mesh_counter}"
-        constructing = self.spawning_actors[name] = [mesh.procs[r] for r in header["proc_ranks"]]
+        payload_id = f"a{self._registry.next_number()}"
+        constructing = self._spawning_actors[name] = [mesh.procs[r] for r in header["proc_ranks"]]
         try:
             replies = await asyncio.gather(*(
-                self.net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
+                self._net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
                                                            "extent": header["extent"], "o": header.get("o"),
                                                            "main_thread": header.get("main_thread", False),
-                                                           "owner": header.get("owner"), **self.debug_spawn_fields()},
+                                                           "owner": header.get("owner"), **self._debug.spawn_fields()},
                                  body, buffers)
                 for i, r in enumerate(header["proc_ranks"])))
         finally:
-            if self.spawning_actors.get(name) is constructing:
-                del self.spawning_actors[name]
+            if self._spawning_actors.get(name) is constructing:
+                del self._spawning_actors[name]
         addresses = [r.header["address"] for r in replies]
         failures = {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}
         record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
                                  header["endpoints"], header.get("methods", []), addresses, payload_id,
                                  owner=header.get("owner"))
         if failures:
-            await self._stop_actor_mesh(record)
+            await self.stop_actor_mesh(record)
             return {"failures": failures}
-        self.actor_meshes[name] = record
-        self.payloads[payload_id] = [body, *buffers]
-        if not self.ephemeral:
-            state.save_payload(self.path, payload_id, [body, *buffers])
-        self._save()
-        return self._actor_mesh_view(record)
+        self._registry.actor_meshes[name] = record
+        self._registry.keep_payload(payload_id, [body, *buffers])
+        self._registry.save()
+        return self.actor_mesh_view(record)
 
-    async def op_stop_actors(self, header, message):
-        record = self.actor_meshes.get(header["name"])
+    async def stop_actors(self, header, message):
+        record = self._registry.actor_meshes.get(header["name"])
         if record is not None:
-            return {"stuck": await self._stop_actor_mesh(record)}
+            return {"stuck": await self.stop_actor_mesh(record)}
         # Still being spawned (its client gave up waiting): interrupt the constructors;
         # the spawn then fails and stops what was made.
-        constructing = self.spawning_actors.get(header["name"], [])
+        constructing = self._spawning_actors.get(header["name"], [])
         replies = await asyncio.gather(*(
-            self.net.request(p.address, {"op": "stop_actor", "mesh": header["name"]}, timeout=5.0)
+            self._net.request(p.address, {"op": "stop_actor", "mesh": header["name"]}, timeout=STOP_ACTOR_TIMEOUT_S)
             for p in constructing if p.exit_code is None), return_exceptions=True)
         return {"stuck": [{"rank": i, "running": r.header.get("running")} for i, r in enumerate(replies)
                           if not isinstance(r, BaseException) and r.header.get("stopped") is False]}
 
-    async def op_stop_procs(self, header, message):
-        record = self.proc_meshes.get(header["name"])
+    async def proc_up(self, header, message):
+        progress = self._spawning.get(header["proc_id"].rpartition("/")[0])
+        if progress is not None:
+            progress[0] += 1
+
+    async def spawn_progress(self, header, message):
+        """How many procs of the spawn ``spawn_id`` have started so far."""
+        up = [p[0] for p in self._spawning.values() if p[1] == header["spawn_id"]]
+        return {"up": up[0] if up else None}
+
+    def starting(self) -> dict[str, tuple[int, int]]:
+        """Proc meshes being spawned: name -> (procs up, procs asked for)."""
+        return {name: (up, size) for name, (up, _, size) in self._spawning.items()}
+
+    async def stop_procs(self, header, message):
+        record = self._registry.proc_meshes.get(header["name"])
         if record is not None:
-            await self._stop_proc_mesh(record)
+            await self.stop_proc_mesh(record)
         return {}
 
-    def _actor_mesh_view(self, record: ActorMeshRecord) -> dict:
+    def actor_mesh_view(self, record: ActorMeshRecord) -> dict:
         """What clients are told of an actor mesh: the record, and ``dead`` (rank -> why)
         for ranks whose proc is gone, so that calls to them fail at once."""
-        mesh = self.proc_meshes.get(record.proc_mesh)
+        mesh = self._registry.proc_meshes.get(record.proc_mesh)
         dead = {}
         for i, r in enumerate(record.proc_ranks):
             proc = mesh.procs[r] if mesh is not None and r < len(mesh.procs) else None
@@ -156,71 +190,68 @@ class MeshOps:
                 dead[str(i)] = f"proc {proc.proc_id} (pid {proc.pid}) {proc.cause or exit_cause(proc.exit_code)}"
         return {**record.public(), "dead": dead}
 
-    async def _start_procs(self, ids_by_host: dict[str, list[str]], launch: dict,
-                           env_by_proc: dict[str, dict] | None = None) -> list[ProcRecord]:
-        """Have each host's agent start the procs ``ids_by_host[host]``, all at once;
-        returns them in that order. If any host fails (or is silent for
-        ``SPAWN_TIMEOUT_S``), the procs that did start are stopped and ``HubError`` says
-        why."""
-        hosts = list(ids_by_host)
-        replies = await asyncio.gather(*(
-            self.net.request(self.hosts[h].address, {
-                "op": "spawn_procs", "proc_ids": ids_by_host[h], "env": launch.get("env") or {},
-                "cwd": launch.get("cwd"), "python": launch.get("python"),
-                "env_by_proc": {p: env_by_proc[p] for p in ids_by_host[h] if p in (env_by_proc or {})}},
-                timeout=SPAWN_TIMEOUT_S)
-            for h in hosts), return_exceptions=True)
-        errors = [f"host agent {h} did not answer within {SPAWN_TIMEOUT_S:.0f} s" if isinstance(r, BaseException)
-                  else r.header["error"] for h, r in zip(hosts, replies)
-                  if isinstance(r, BaseException) or not r.header["ok"]]
-        procs = [ProcRecord(**p) for r in replies if not isinstance(r, BaseException) and r.header["ok"]
-                 for p in r.header["procs"]]
-        if errors:
-            await self._stop_procs(procs)
-            raise HubError("; ".join(errors))
-        return procs
-
-    async def _stop_actor_mesh(self, record: ActorMeshRecord) -> list[dict]:
+    async def stop_actor_mesh(self, record: ActorMeshRecord) -> list[dict]:
         """Stop the actors of ``record``; returns those that did not stop within the
         procs' wait (``rank``, ``running``: the endpoint they are still in)."""
-        self._forget_actor_mesh(record)
-        await self._announce({"op": "actors_gone", "actors": {  # calls to them fail, now and later
+        self.forget_actor_mesh(record)
+        await self._announcer.announce({"op": events.ACTORS_GONE, "actors": {  # calls to them fail, now and later
             a: (record.name, i, "its actor mesh was stopped") for i, a in enumerate(record.addresses)}})
-        self._stop_orphans(set(record.addresses))
+        self.stop_orphans(set(record.addresses))
         for address in record.addresses:
-            self.net.forget(address)
-        mesh = self.proc_meshes.get(record.proc_mesh)
+            self._net.forget(address)
+        mesh = self._registry.proc_meshes.get(record.proc_mesh)
         if mesh is None:
             return []
         live = [(i, mesh.procs[r]) for i, r in enumerate(record.proc_ranks) if mesh.procs[r].exit_code is None]
         replies = await asyncio.gather(*(
-            self.net.request(p.address, {"op": "stop_actor", "mesh": record.name}, timeout=5.0)
+            self._net.request(p.address, {"op": "stop_actor", "mesh": record.name}, timeout=STOP_ACTOR_TIMEOUT_S)
             for _, p in live), return_exceptions=True)
         return [{"rank": i, "running": r.header.get("running")} for (i, _), r in zip(live, replies)
                 if not isinstance(r, BaseException) and r.header.get("stopped") is False]
 
-    async def _stop_proc_mesh(self, record: ProcMeshRecord) -> None:
-        if self.proc_meshes.get(record.name) is not record:
+    async def stop_proc_mesh(self, record: ProcMeshRecord) -> None:
+        if self._registry.proc_meshes.get(record.name) is not record:
             return  # already stopped (e.g. as an orphan and by its owner at once)
-        del self.proc_meshes[record.name]  # before any await: a second stop returns above
-        await self._procs_died([(record, rank, proc) for rank, proc in enumerate(record.procs)  # waiting calls fail
-                                if proc.exit_code is None], expected=True)
-        for actor_mesh in [a for a in self.actor_meshes.values() if a.proc_mesh == record.name]:
-            self._forget_actor_mesh(actor_mesh)
-        self._save()
-        await self._stop_procs(record.procs)
+        del self._registry.proc_meshes[record.name]  # before any await: a second stop returns above
+        describe = self._registry.describe
+        gone = await self.actors_gone([(record, rank, proc, f"{describe(proc)} {proc.cause or 'was stopped'}")
+                                       for rank, proc in enumerate(record.procs) if proc.exit_code is None])
+        self.stop_orphans(gone)  # (waiting calls failed above)
+        for actor_mesh in [a for a in self._registry.actor_meshes.values() if a.proc_mesh == record.name]:
+            self.forget_actor_mesh(actor_mesh)
+        self._registry.save()
+        await self._launcher.stop(record.procs)
 
-    def _forget_actor_mesh(self, record: ActorMeshRecord) -> None:
-        if self.actor_meshes.get(record.name) is record:
-            del self.actor_meshes[record.name]
-            self.payloads.pop(record.payload_id, None)
-            state.drop_payload(self.path, record.payload_id)
-            self._save()
+    def forget_actor_mesh(self, record: ActorMeshRecord) -> None:
+        if self._registry.actor_meshes.get(record.name) is record:
+            del self._registry.actor_meshes[record.name]
+            self._registry.drop_payload(record.payload_id)
+            self._registry.save()
 
-    async def _stop_procs(self, procs: list[ProcRecord]) -> None:
-        by_host: dict[str, list[str]] = {}
-        for p in procs:
-            by_host.setdefault(p.host_id, []).append(p.proc_id)
-        await asyncio.gather(*(
-            self.net.request(self.hosts[h].address, {"op": "stop_procs", "proc_ids": ids}, timeout=10.0)
-            for h, ids in by_host.items() if h in self.hosts), return_exceptions=True)
+    async def actors_gone(self, deaths: list[tuple[ProcMeshRecord, int, ProcRecord, str]]) -> set[str]:
+        """These procs died (mesh, rank, proc, why): every client learns, in one event,
+        which actors died with them and why, so that calls waiting on them fail now
+        (``SupervisionError``, naming every dead rank) instead of never. Returns the
+        addresses of those actors (whose orphans the caller stops)."""
+        actors: dict[str, tuple[str, int, str]] = {}
+        for mesh, rank, _, why in deaths:
+            for record, i in self._registry.actors_on(mesh.name, rank):
+                actors[record.addresses[i]] = (record.name, i, why)
+        await self._announcer.announce({"op": events.ACTORS_GONE, "actors": actors})
+        for _, _, proc, _ in deaths:  # no more sockets to them (a host taken back makes new ones)
+            self._net.forget(proc.address)
+        for address in actors:
+            self._net.forget(address)
+        return set(actors)
+
+    def stop_orphans(self, gone: set[str]) -> None:
+        """Meshes spawned by the actors at addresses ``gone`` have no owner left to use or
+        supervise them: they are stopped (not left running, holding memory and GPUs)."""
+        for record in [m for m in self._registry.proc_meshes.values() if (m.owner or {}).get("address") in gone]:
+            print(f"monarch_nb hub: stopping proc mesh {record.name!r}: its owner {record.owner['mesh']} rank "
+                  f"{record.owner['rank']} is gone", file=sys.stderr)
+            asyncio.ensure_future(self.stop_proc_mesh(record))
+        for record in [a for a in self._registry.actor_meshes.values() if (a.owner or {}).get("address") in gone]:
+            print(f"monarch_nb hub: stopping actor mesh {record.name!r}: its owner {record.owner['mesh']} rank "
+                  f"{record.owner['rank']} is gone", file=sys.stderr)
+            asyncio.ensure_future(self.stop_actor_mesh(record))

@@ -1,98 +1,100 @@
-"""What the hub knows: hosts, proc meshes, actor meshes and clients (plain records).
+"""The registry: the hosts, proc meshes and actor meshes of the cluster, and the state
+file that keeps them for a recovering hub (see ``state``).
 
-``public()`` is what clients are told; ``saved()`` what goes into the state file.
+Every service that changes the registry calls :meth:`Registry.save` afterwards: it
+writes the state file (a retained cluster's) and announces ``health_changed``.
 """
 
 from __future__ import annotations
 
+import sys
 import time
-from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-from ..protocol.records import LOST_EXIT_CODE, exit_cause  # noqa: F401 (the hub's modules take them from here)
-
-
-@dataclass
-class HostRecord:
-    host_id: str
-    address: str
-    pid: int
-    hostname: str
-    last_seen: float = field(default_factory=time.monotonic)  # monotonic: not saved
-    lost: bool = False  # fell silent: its procs were failed
-    node: str = ""  # the allocator's name for it (a Slurm node); hostnames may repeat
-    cause: str = ""  # why it failed, when its allocation ended (a cancelled Slurm job)
-    dropped_frames: int = 0  # frame sets its agent dropped (bad signature, replay, malformed), as it last said
-    heartbeats: int = 0  # heartbeats heard from its agent by this hub
-
-    def public(self) -> dict:
-        return {**self.saved(), "lost": self.lost, "cause": self.cause, "heartbeats": self.heartbeats,
-                "silent_s": round(time.monotonic() - self.last_seen, 3), "dropped_frames": self.dropped_frames}
-
-    def saved(self) -> dict:
-        return {"host_id": self.host_id, "address": self.address, "pid": self.pid, "hostname": self.hostname,
-                "node": self.node}
+from . import state
+from .announce import Announcer
+from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
 
 
-@dataclass
-class ProcRecord:
-    proc_id: str
-    host_id: str
-    address: str
-    pid: int
-    exit_code: int | None = None  # set when the proc has exited
-    cause: str | None = None  # why the hub stopped it, when that says more than the exit code
+class Registry:
+    """What the hub knows, in memory and (unless ``ephemeral``) on disk under ``path``.
 
+    ``allocator`` is asked for its spec (with its live allocation, e.g. a Slurm job id)
+    on every save; ``saved``: a recovering hub's loaded state file, whose start time
+    and mesh counter carry on (its hosts and meshes are taken over by adoption)."""
 
-@dataclass
-class ProcMeshRecord:
-    name: str
-    extent: dict[str, int]
-    procs: list[ProcRecord]  # in rank order
-    created: float = field(default_factory=time.time)
-    owner: dict | None = None  # the actor that spawned it (mesh, rank, address); None: a client
-    launch: dict = field(default_factory=dict)  # env, cwd, python of the spawn: restarts reuse them
-    rank_env: dict = field(default_factory=dict)  # str(rank) -> env set in that proc since (torch's)
+    def __init__(self, path: Path, ephemeral: bool, allocator, announcer: Announcer, saved: dict | None):
+        self.path = path
+        self.ephemeral = ephemeral
+        self._allocator = allocator
+        self._announcer = announcer
+        self.hosts: dict[str, HostRecord] = {}
+        self.host_order: list[str] = []
+        self.proc_meshes: dict[str, ProcMeshRecord] = {}
+        self.actor_meshes: dict[str, ActorMeshRecord] = {}
+        self.started = saved["started"] if saved else time.time()
+        self.mesh_counter = saved["mesh_counter"] if saved else 0
+        self._payloads: dict[str, list[bytes]] = {}  # actor mesh constructor frames, for restarts
+        self._state_failing = False  # the last state file write failed (said once in hub.log)
 
-    def public(self) -> dict:
-        return {"name": self.name, "extent": self.extent, "created": self.created,
-                "procs": [vars(p) for p in self.procs], "owner": self.owner, "launch": self.launch,
-                "rank_env": self.rank_env}
+    def save(self) -> None:
+        """The registry changed: write the state file and tell clients (coalesced)."""
+        self._announcer.health_changed()
+        if self.ephemeral:
+            return
+        # On the event loop, not in a thread: a reply sent after this promises that a
+        # recovering hub finds the change. A full disk only costs recoverability.
+        try:
+            state.save(self.path, self.started, self.hosts, self.host_order, self.mesh_counter,
+                       self.proc_meshes, self.actor_meshes, allocator=self._allocator.spec())
+        except OSError as e:
+            if not self._state_failing:
+                print(f"monarch_nb hub: could not write the state file ({e}); the cluster runs on, but a hub "
+                      "recovered after this one dies may miss the latest changes", file=sys.stderr)
+            self._state_failing = True
+        else:
+            if self._state_failing:
+                print("monarch_nb hub: writing the state file again", file=sys.stderr)
+            self._state_failing = False
 
-    saved = public
+    def next_number(self) -> int:
+        """A number never given before in this cluster (for generated names and ids)."""
+        self.mesh_counter += 1
+        return self.mesh_counter
 
+    # constructor payloads ----------------------------------------------------------------
+    def keep_payload(self, payload_id: str, frames: list[bytes]) -> None:
+        """Keep an actor mesh's constructor frames for its restarts (a retained
+        cluster's also in the state directory, for a recovering hub)."""
+        self._payloads[payload_id] = frames
+        if not self.ephemeral:
+            state.save_payload(self.path, payload_id, frames)
 
-@dataclass
-class ActorMeshRecord:
-    name: str
-    proc_mesh: str
-    proc_ranks: list[int]  # base rank in the proc mesh of each actor, in actor rank order
-    extent: dict[str, int]
-    class_name: str
-    endpoints: dict[str, bool]
-    methods: list[str]  # public non-endpoint methods, for the "not an endpoint" hint
-    addresses: list[str]
-    payload_id: str  # the constructor payload is kept in the state dir under this id
-    created: float = field(default_factory=time.time)
-    owner: dict | None = None  # the actor that spawned it (mesh, rank, address); None: a client
+    def payload(self, payload_id: str) -> list[bytes] | None:
+        return self._payloads.get(payload_id) or state.load_payload(self.path, payload_id)
 
-    def public(self) -> dict:
-        return asdict(self)
+    def drop_payload(self, payload_id: str) -> None:
+        self._payloads.pop(payload_id, None)
+        state.drop_payload(self.path, payload_id)
 
-    saved = public
+    # queries -----------------------------------------------------------------------------
+    def live_procs(self) -> list[ProcRecord]:
+        return [p for m in self.proc_meshes.values() for p in m.procs if p.exit_code is None]
 
+    def find_proc(self, proc_id: str) -> tuple[ProcMeshRecord, int, ProcRecord] | None:
+        """The proc mesh, rank and record of the proc ``proc_id``, if the registry holds it."""
+        for mesh in self.proc_meshes.values():
+            for rank, proc in enumerate(mesh.procs):
+                if proc.proc_id == proc_id:
+                    return mesh, rank, proc
+        return None
 
-@dataclass
-class ClientRecord:
-    client_id: str
-    pid: int
-    hostname: str
-    label: str  # e.g. the script or kernel it runs in
-    log_address: str | None = None  # where this client wants the lines its calls caused
-    log_seq: int = 0  # batches of lines forwarded to it so far
-    wants_lines: bool = True  # False for a proc acting as a client: it gets events only
-    connected: float = field(default_factory=time.time)
-    last_seen: float = field(default_factory=time.monotonic)
+    def actors_on(self, proc_mesh: str, rank: int) -> list[tuple[ActorMeshRecord, int]]:
+        """The actors living on rank ``rank`` of ``proc_mesh``: (actor mesh, actor rank)."""
+        return [(record, record.proc_ranks.index(rank)) for record in self.actor_meshes.values()
+                if record.proc_mesh == proc_mesh and rank in record.proc_ranks]
 
-    def public(self) -> dict:
-        return {"client_id": self.client_id, "pid": self.pid, "hostname": self.hostname, "label": self.label,
-                "connected": self.connected}
+    def describe(self, proc: ProcRecord) -> str:
+        """``proc P (pid N on HOST)``, as failures name a proc."""
+        host = self.hosts.get(proc.host_id)
+        return f"proc {proc.proc_id} (pid {proc.pid} on {host.hostname if host else proc.host_id})"

@@ -17,7 +17,7 @@ import struct
 from pathlib import Path
 
 from .. import cluster_dir
-from .registry import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
+from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
 
 STATE_FILE = "state.json"
 VERSION = 1

@@ -1,0 +1,40 @@
+"""Events from the hub to every client's event inbox (see ``protocol.events``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..protocol import events
+from ..wire.aio import AioEndpoint
+from .clients import Clients
+
+EVENT_COALESCE_S = 0.1  # health_changed goes out at most this often
+
+
+class Announcer:
+    """Sends events, stamped with ``cluster_id``, to the clients of ``clients``."""
+
+    def __init__(self, net: AioEndpoint, cluster_id: str, clients: Clients):
+        self._net = net
+        self._cluster_id = cluster_id
+        self._clients = clients
+        self._health_pending = False
+
+    async def announce(self, event: dict) -> None:
+        """Send ``event`` to every client's event inbox (its log receiver)."""
+        event = {**event, "cluster": self._cluster_id}
+        for client in list(self._clients.table.values()):
+            if client.log_address:
+                await self._net.send(client.log_address, event)
+
+    def health_changed(self) -> None:
+        """Announce ``health_changed`` once per ``EVENT_COALESCE_S``, however many changes."""
+        if self._health_pending:
+            return
+        self._health_pending = True
+
+        def announce():
+            self._health_pending = False
+            asyncio.ensure_future(self.announce({"op": events.HEALTH_CHANGED}))
+
+        asyncio.get_running_loop().call_later(EVENT_COALESCE_S, announce)

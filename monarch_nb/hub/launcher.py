@@ -1,0 +1,55 @@
+"""Starting and stopping procs through their host agents, all of a host's at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..wire.aio import AioEndpoint
+from .errors import HubError
+from .records import ProcRecord
+from .registry import Registry
+
+SPAWN_TIMEOUT_S = 120.0  # an agent answers within its own 60 s proc start timeout, or is gone
+STOP_TIMEOUT_S = 10.0  # how long stopping procs waits for each host agent
+
+
+class ProcLauncher:
+    """Asks the host agents of ``registry`` to start and stop procs."""
+
+    def __init__(self, registry: Registry, net: AioEndpoint):
+        self._registry = registry
+        self._net = net
+
+    async def start(self, ids_by_host: dict[str, list[str]], launch: dict,
+                    env_by_proc: dict[str, dict] | None = None) -> list[ProcRecord]:
+        """Have each host's agent start the procs ``ids_by_host[host]``, all at once;
+        returns them in that order. If any host fails (or is silent for
+        ``SPAWN_TIMEOUT_S``), the procs that did start are stopped and ``HubError`` says
+        why."""
+        hosts = list(ids_by_host)
+        replies = await asyncio.gather(*(
+            self._net.request(self._registry.hosts[h].address, {
+                "op": "spawn_procs", "proc_ids": ids_by_host[h], "env": launch.get("env") or {},
+                "cwd": launch.get("cwd"), "python": launch.get("python"),
+                "env_by_proc": {p: env_by_proc[p] for p in ids_by_host[h] if p in (env_by_proc or {})}},
+                timeout=SPAWN_TIMEOUT_S)
+            for h in hosts), return_exceptions=True)
+        errors = [f"host agent {h} did not answer within {SPAWN_TIMEOUT_S:.0f} s" if isinstance(r, BaseException)
+                  else r.header["error"] for h, r in zip(hosts, replies)
+                  if isinstance(r, BaseException) or not r.header["ok"]]
+        procs = [ProcRecord(**p) for r in replies if not isinstance(r, BaseException) and r.header["ok"]
+                 for p in r.header["procs"]]
+        if errors:
+            await self.stop(procs)
+            raise HubError("; ".join(errors))
+        return procs
+
+    async def stop(self, procs: list[ProcRecord]) -> None:
+        """Have the host agents stop ``procs`` (those of hosts the registry still holds)."""
+        hosts = self._registry.hosts
+        by_host: dict[str, list[str]] = {}
+        for p in procs:
+            by_host.setdefault(p.host_id, []).append(p.proc_id)
+        await asyncio.gather(*(
+            self._net.request(hosts[h].address, {"op": "stop_procs", "proc_ids": ids}, timeout=STOP_TIMEOUT_S)
+            for h, ids in by_host.items() if h in hosts), return_exceptions=True)

@@ -1,0 +1,96 @@
+"""The records of what the hub knows: hosts, proc meshes, actor meshes and clients.
+
+``public()`` is what clients are told; ``saved()`` what goes into the state file.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class HostRecord:
+    host_id: str
+    address: str
+    pid: int
+    hostname: str
+    last_seen: float = field(default_factory=time.monotonic)  # monotonic: not saved
+    lost: bool = False  # fell silent: its procs were failed
+    node: str = ""  # the allocator's name for it (a Slurm node); hostnames may repeat
+    cause: str = ""  # why it failed, when its allocation ended (a cancelled Slurm job)
+    dropped_frames: int = 0  # frame sets its agent dropped (bad signature, replay, malformed), as it last said
+    heartbeats: int = 0  # heartbeats heard from its agent by this hub
+
+    def public(self) -> dict:
+        return {**self.saved(), "lost": self.lost, "cause": self.cause, "heartbeats": self.heartbeats,
+                "silent_s": round(time.monotonic() - self.last_seen, 3), "dropped_frames": self.dropped_frames}
+
+    def saved(self) -> dict:
+        return {"host_id": self.host_id, "address": self.address, "pid": self.pid, "hostname": self.hostname,
+                "node": self.node}
+
+
+@dataclass
+class ProcRecord:
+    proc_id: str
+    host_id: str
+    address: str
+    pid: int
+    exit_code: int | None = None  # set when the proc has exited
+    cause: str | None = None  # why the hub stopped it, when that says more than the exit code
+
+
+@dataclass
+class ProcMeshRecord:
+    name: str
+    extent: dict[str, int]
+    procs: list[ProcRecord]  # in rank order
+    created: float = field(default_factory=time.time)
+    owner: dict | None = None  # the actor that spawned it (mesh, rank, address); None: a client
+    launch: dict = field(default_factory=dict)  # env, cwd, python of the spawn: restarts reuse them
+    rank_env: dict = field(default_factory=dict)  # str(rank) -> env set in that proc since (torch's)
+
+    def public(self) -> dict:
+        return {"name": self.name, "extent": self.extent, "created": self.created,
+                "procs": [vars(p) for p in self.procs], "owner": self.owner, "launch": self.launch,
+                "rank_env": self.rank_env}
+
+    saved = public
+
+
+@dataclass
+class ActorMeshRecord:
+    name: str
+    proc_mesh: str
+    proc_ranks: list[int]  # base rank in the proc mesh of each actor, in actor rank order
+    extent: dict[str, int]
+    class_name: str
+    endpoints: dict[str, bool]
+    methods: list[str]  # public non-endpoint methods, for the "not an endpoint" hint
+    addresses: list[str]
+    payload_id: str  # the constructor payload is kept in the state dir under this id
+    created: float = field(default_factory=time.time)
+    owner: dict | None = None  # the actor that spawned it (mesh, rank, address); None: a client
+
+    def public(self) -> dict:
+        return asdict(self)
+
+    saved = public
+
+
+@dataclass
+class ClientRecord:
+    client_id: str
+    pid: int
+    hostname: str
+    label: str  # e.g. the script or kernel it runs in
+    log_address: str | None = None  # where this client wants the lines its calls caused
+    log_seq: int = 0  # batches of lines forwarded to it so far
+    wants_lines: bool = True  # False for a proc acting as a client: it gets events only
+    connected: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.monotonic)
+
+    def public(self) -> dict:
+        return {"client_id": self.client_id, "pid": self.pid, "hostname": self.hostname, "label": self.label,
+                "connected": self.connected}

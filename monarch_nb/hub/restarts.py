@@ -1,0 +1,125 @@
+"""Recovery from failures: ``restart_procs`` starts new procs in place of failed ones
+(same host, same proc id) and re-creates every actor that lived on them from its saved
+constructor payload, at the same address when it is free.
+
+Variables set in procs since their start (``set_rank_env``: torch's ``RANK`` and the
+like) are kept per rank, so a restarted proc starts with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..wire.aio import AioEndpoint
+from .debug_ops import DebugRegistry
+from .errors import HubError
+from .launcher import ProcLauncher
+from .mesh_ops import MeshOps
+from .records import ActorMeshRecord, ProcMeshRecord
+from .registry import Registry
+from .supervision import Supervision
+
+
+class Restarts:
+    """Restarts procs of ``registry``'s meshes through ``launcher``; the procs replaced
+    are stopped as expected deaths (``supervision``), actors re-created with
+    ``debug``'s configuration, and described as ``meshes`` describes them."""
+
+    def __init__(self, registry: Registry, net: AioEndpoint, launcher: ProcLauncher, supervision: Supervision,
+                 meshes: MeshOps, debug: DebugRegistry):
+        self._registry = registry
+        self._net = net
+        self._launcher = launcher
+        self._supervision = supervision
+        self._meshes = meshes
+        self._debug = debug
+
+    async def restart_procs(self, header, message):
+        """Start new procs for ``ranks`` of proc mesh ``name`` (default: the failed ones;
+        live ones named are stopped first) and re-create their actors. Replies with the
+        mesh and every actor mesh on it (addresses may have changed)."""
+        mesh = self._registry.proc_meshes.get(header["name"])
+        if mesh is None:
+            raise HubError(f"no proc mesh named {header['name']!r}; it was stopped", "ValueError")
+        ranks = header.get("ranks")
+        if ranks is None:
+            ranks = [r for r, p in enumerate(mesh.procs) if p.exit_code is not None]
+        bad = [r for r in ranks if not 0 <= r < len(mesh.procs)]
+        if bad:
+            raise HubError(f"{mesh.name!r} has ranks 0-{len(mesh.procs) - 1}, not {bad}", "ValueError")
+        hosts = self._registry.hosts
+        lost = [r for r in ranks if mesh.procs[r].host_id not in hosts or hosts[mesh.procs[r].host_id].lost]
+        if lost:
+            raise HubError(f"ranks {lost} of {mesh.name!r} were on a lost host; spawn a new proc mesh")
+        failures = await self._restart(mesh, sorted(set(ranks))) if ranks else {}
+        return {"proc_mesh": mesh.public(), "restarted": ranks, "failures": failures,
+                "actor_meshes": {n: self._meshes.actor_mesh_view(a) for n, a in self._registry.actor_meshes.items()
+                                 if a.proc_mesh == mesh.name}}
+
+    async def set_rank_env(self, header, message):
+        """Remember variables set in procs of a mesh since their start (``env``: rank ->
+        variables), so that a restarted proc starts with them (torch's RANK, ...)."""
+        mesh = self._registry.proc_meshes.get(header["name"])
+        if mesh is None:
+            raise HubError(f"no proc mesh named {header['name']!r}; it was stopped", "ValueError")
+        mesh.rank_env.update({str(r): env for r, env in header["env"].items()})
+        self._registry.save()
+        return {}
+
+    async def _restart(self, mesh: ProcMeshRecord, ranks: list[int]) -> dict:
+        """New procs for ``ranks``, then every actor that lived on them. A proc on which
+        an actor's ``__init__`` raises again is stopped (so it stays failed, and a later
+        restart tries again); returns those failures (actor mesh -> rank -> packed
+        exception, unpickled by the client only)."""
+        live = [mesh.procs[r] for r in ranks if mesh.procs[r].exit_code is None]
+        for proc in live:  # an explicit restart of a live rank: it is stopped, as expected
+            proc.exit_code = 0
+        await self._supervision.procs_died([(mesh, mesh.procs.index(p), p) for p in live], expected=True,
+                                           cause="was restarted")
+        await self._launcher.stop(live)
+        by_host: dict[str, list[str]] = {}
+        for r in ranks:
+            by_host.setdefault(mesh.procs[r].host_id, []).append(mesh.procs[r].proc_id)
+        new = {p.proc_id: p for p in await self._launcher.start(
+            by_host, mesh.launch, {mesh.procs[r].proc_id: mesh.rank_env[str(r)] for r in ranks
+                                   if str(r) in mesh.rank_env})}
+        if self._registry.proc_meshes.get(mesh.name) is not mesh:  # stopped meanwhile
+            await self._launcher.stop(list(new.values()))
+            raise HubError(f"proc mesh {mesh.name!r} was stopped during the restart", "ValueError")
+        for r in ranks:
+            mesh.procs[r] = new[mesh.procs[r].proc_id]
+        self._registry.save()
+        failures: dict[str, dict[int, bytes]] = {}
+        broken: set[int] = set()
+        for record in [a for a in self._registry.actor_meshes.values() if a.proc_mesh == mesh.name]:
+            failed = await self._respawn_actors(mesh, record, [r for r in ranks if r in record.proc_ranks])
+            if failed:
+                failures[record.name] = failed
+                broken.update(record.proc_ranks[i] for i in failed)
+        if broken:
+            for r in sorted(broken):
+                mesh.procs[r].cause = "was stopped: an actor's __init__ raised when it was restarted"
+            await self._launcher.stop([mesh.procs[r] for r in sorted(broken)])
+        return failures
+
+    async def _respawn_actors(self, mesh: ProcMeshRecord, record: ActorMeshRecord,
+                              proc_ranks: list[int]) -> dict[int, bytes]:
+        """Construct ``record``'s actors again on the new procs at ``proc_ranks``;
+        returns the ranks whose ``__init__`` raised (rank -> packed exception)."""
+        if not proc_ranks:
+            return {}
+        frames = self._registry.payload(record.payload_id)
+        if frames is None:
+            raise HubError(f"the constructor arguments of {record.name!r} were not kept; spawn it again")
+        body, buffers = frames[0], frames[1:]
+        indices = [record.proc_ranks.index(r) for r in proc_ranks]
+        replies = await asyncio.gather(*(
+            self._net.request(mesh.procs[record.proc_ranks[i]].address, {
+                "op": "spawn_actor", "mesh": record.name, "rank": i, "extent": record.extent, "o": None,
+                "prefer": record.addresses[i], "owner": record.owner, **self._debug.spawn_fields()},
+                body, buffers)
+            for i in indices))
+        for r in replies:
+            record.addresses[r.header["rank"]] = r.header["address"]
+        self._registry.save()
+        return {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}

@@ -1,0 +1,14 @@
+"""The events the hub sends to clients' event inboxes (a client's log receiver).
+
+An event is a one-way message whose ``op`` is one of these names; every event carries
+``cluster`` (the cluster id).
+"""
+
+from __future__ import annotations
+
+HEALTH_CHANGED = "health_changed"  # the registry changed (coalesced): ask for the health tree again
+LOG_LINES = "log_lines"  # log records for this client (``seq``: its batch count, ``records``)
+ACTORS_GONE = "actors_gone"  # actors died or were stopped: address -> (mesh, rank, why)
+ACTORS_BACK = "actors_back"  # actors of a lost host live again: address -> (mesh, rank)
+SUPERVISION = "supervision"  # a failure no owning actor handled (``failure``)
+DEBUG_CHANGED = "debug_changed"  # the list of threads paused in the debugger changed (``stops``)

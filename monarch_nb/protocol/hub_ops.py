@@ -1,0 +1,51 @@
+"""The ops the hub answers: the ``op`` field of a request (or one-way message) sent to
+the hub's inbox, by clients, host agents and procs.
+
+A request carries ``op``, ``port`` and ``reply``; the hub's reply carries ``ok`` and
+either the result fields or ``error`` and ``error_type``. One-way messages (marked
+below) get no reply.
+"""
+
+from __future__ import annotations
+
+# from host agents -----------------------------------------------------------------------
+AGENT_READY = "agent_ready"  # one-way: a started host agent reports its address, pid and host
+AGENT_ALIVE = "agent_alive"  # one-way: a host agent's heartbeat (with its count of dropped frames)
+AGENT_EXITING = "agent_exiting"  # a host agent stops on a signal not from the hub: fail its host first
+PROC_UP = "proc_up"  # one-way: one proc of a spawn has started (spawn progress)
+PROC_EXITED = "proc_exited"  # one-way: a proc exited (its pid and return code)
+LOG_LINES = "log_lines"  # one-way: a batch of lines the host's procs printed, handled in arrival order
+
+# from procs -------------------------------------------------------------------------------
+ACTOR_FAILED = "actor_failed"  # one-way: a ``broadcast`` endpoint raised (nobody to reply to)
+DEBUG_STOPPED = "debug_stopped"  # one-way: a thread of a proc stopped in the debugger
+DEBUG_RESUMED = "debug_resumed"  # one-way: threads of a proc run again (their stop keys)
+
+# from clients: presence -----------------------------------------------------------------
+CLIENT_ALIVE = "client_alive"  # one-way: a client's heartbeat (and where it wants events)
+CLIENT_BYE = "client_bye"  # one-way: a client disconnects
+
+# from clients: the cluster ----------------------------------------------------------------
+INFO = "info"  # the cluster's configuration, hosts, clients and registry
+HEALTH = "health"  # the health tree (hosts -> procs -> actors, with states)
+SHUTDOWN = "shutdown"  # stop every proc and host agent, then the hub; replied to once all stopped
+
+# from clients (and actors that spawn meshes): meshes -------------------------------------
+SPAWN_PROCS = "spawn_procs"  # start a proc mesh on the hosts
+SPAWN_PROGRESS = "spawn_progress"  # how many procs of a spawn have started so far
+SPAWN_ACTORS = "spawn_actors"  # construct an actor mesh on a proc mesh (payload: class and arguments)
+STOP_ACTORS = "stop_actors"  # stop an actor mesh (or interrupt one still being constructed)
+STOP_PROCS = "stop_procs"  # stop a proc mesh and its actors
+RESTART_PROCS = "restart_procs"  # new procs in place of failed (or named) ranks, with their actors
+SET_RANK_ENV = "set_rank_env"  # variables set in procs since their start, for their restarts
+
+# from clients: logs ---------------------------------------------------------------------
+LOGS_FLUSH = "logs_flush"  # forward every line printed before this request, then reply
+LOGS_QUERY = "logs_query"  # stored log records matching filters
+
+# from clients: the debugger ---------------------------------------------------------------
+DEBUG_PAUSED = "debug_paused"  # every thread paused in the debugger
+DEBUG_SET_BREAKPOINT = "debug_set_breakpoint"  # add a cluster breakpoint (file, line, mesh, ranks, condition)
+DEBUG_BREAKPOINTS = "debug_breakpoints"  # the cluster's breakpoints and post-mortem setting
+DEBUG_CLEAR_BREAKPOINTS = "debug_clear_breakpoints"  # remove breakpoints by id (or all)
+DEBUG_POST_MORTEM = "debug_post_mortem"  # switch post-mortem pausing on raising endpoints on or off
