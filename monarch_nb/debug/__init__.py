@@ -7,5 +7,8 @@ debug requests (where, locals, eval, step, continue); ``mux`` lets IDE sessions 
 that one debugpy connection. Client side: ``relay`` carries an IDE's DAP bytes from a
 127.0.0.1 port over the cluster's signed channel. ``dap`` is the DAP framing both use.
 
-debugpy is imported only when a proc is armed; nothing here imports IPython.
+debugpy is imported only when a proc is armed, and only by ``pydevd_adapter``; nothing
+here imports IPython. This package sits on the proc runtime: it may import ``proc``,
+``protocol``, ``wire`` and the leaf modules, never ``host`` or anything higher; ``proc``
+never imports it (``session.install`` plugs it into the proc server).
 """

@@ -25,6 +25,8 @@ from __future__ import annotations
 import threading
 import time
 
+from ..protocol import debug as debug_ops
+from ..protocol import envelope
 from ..wire import frames as wire_frames
 from . import arming, pydevd_adapter
 from .dap import Parser, encode
@@ -55,25 +57,50 @@ class Mux:
         self.debugger = debugger
         self.sessions: dict[str, IdeSession] = {}
         self._lock = threading.Lock()
+        # relay action -> handler(header), on the proc's control loop thread
+        self._relay_actions = {debug_ops.RELAY_OPEN: self._relay_open, debug_ops.RELAY_DATA: self._relay_data,
+                               debug_ops.RELAY_CLOSE: self._relay_close, debug_ops.RELAY_ALIVE: self._session}
+        # DAP command -> handler(session, request); any other goes to debugpy (_forward)
+        self._commands = {"initialize": self._initialize, "attach": self._attach, "launch": self._attach,
+                          "configurationDone": self._configuration_done, "setBreakpoints": self._set_breakpoints,
+                          "setExceptionBreakpoints": self._acknowledge,
+                          "setFunctionBreakpoints": self._no_function_breakpoints,
+                          "disconnect": self._disconnect, "terminate": self._disconnect}
 
     # from the relay (control loop thread) ------------------------------------------------
     def handle(self, header: dict) -> None:
-        action, sid = header["action"], header.get("session")
+        """A relay's message (``protocol.debug.RELAY_*``). One for a session not open
+        here (expired, or never opened) is ignored; an unknown action raises
+        ``ValueError`` (the control loop counts the message as dropped)."""
+        action = header[debug_ops.ACTION]
         self._expire()
-        if action == "relay_open":
-            self.debugger.arm()
-            with self._lock:
-                self.sessions[sid] = IdeSession(sid, header["to"])
-            return
-        session = self.sessions.get(sid)
-        if session is None:
-            return
-        session.last_seen = time.monotonic()
-        if action == "relay_data":
-            for message in session.parser.feed(header["data"]):
-                if message.get("type") == "request":
-                    self._request(session, message)
-        elif action == "relay_close":
+        handler = self._relay_actions.get(action)
+        if handler is None:
+            raise ValueError(f"unknown relay action {action!r}")
+        handler(header)
+
+    def _session(self, header: dict) -> IdeSession | None:
+        """The open session a relay message is for (now seen alive), or ``None``."""
+        session = self.sessions.get(header.get(debug_ops.SESSION))
+        if session is not None:
+            session.last_seen = time.monotonic()
+        return session
+
+    def _relay_open(self, header: dict) -> None:
+        self.debugger.arm()
+        sid = header.get(debug_ops.SESSION)
+        with self._lock:
+            self.sessions[sid] = IdeSession(sid, header[debug_ops.TO])
+
+    def _relay_data(self, header: dict) -> None:
+        session = self._session(header)
+        for message in session.parser.feed(header[debug_ops.DATA]) if session is not None else ():
+            if message.get("type") == "request":
+                self._request(session, message)
+
+    def _relay_close(self, header: dict) -> None:
+        session = self._session(header)
+        if session is not None:
             self._drop(session)
 
     def on_event(self, message: dict) -> None:
@@ -91,7 +118,8 @@ class Mux:
     def _send(self, session: IdeSession, message: dict) -> None:
         message["seq"] = session.next_seq()
         frames = wire_frames.encode(self.debugger.server.cluster_id,
-                                    {"k": "relay", "session": session.sid, "data": encode(message)})
+                                    {envelope.KIND: debug_ops.RELAY, debug_ops.SESSION: session.sid,
+                                     debug_ops.DATA: encode(message)})
         self.debugger.server.outbox.send(session.address, frames)
 
     def _respond(self, session: IdeSession, request: dict, body: dict | None = None, success: bool = True,
@@ -108,30 +136,32 @@ class Mux:
         self._send(session, {"type": "event", "event": event, **({"body": body} if body is not None else {})})
 
     def _request(self, session: IdeSession, request: dict) -> None:
-        command = request.get("command")
-        args = request.get("arguments") or {}
-        if command == "initialize":
-            self._respond(session, request, self.debugger.capabilities)
-        elif command in ("attach", "launch"):
-            self._respond(session, request, {})
-            self._event(session, "initialized")
-        elif command == "configurationDone":
-            self._respond(session, request, {})
-            session.configured = True
-            for tid, stop in list(self.debugger.stops.items()):
-                self._event(session, "stopped", {"reason": stop.get("reason") or "breakpoint", "threadId": tid,
-                                                 "allThreadsStopped": False, "preserveFocusHint": False})
-        elif command == "setBreakpoints":
-            self._set_breakpoints(session, request, args)
-        elif command == "setExceptionBreakpoints":
-            self._respond(session, request, {})
-        elif command == "setFunctionBreakpoints":
-            self._respond(session, request, {"breakpoints": []})
-        elif command in ("disconnect", "terminate"):
-            self._respond(session, request, {})
-            self._drop(session)
-        else:
-            self._forward(session, request)
+        self._commands.get(request.get("command"), self._forward)(session, request)
+
+    def _initialize(self, session: IdeSession, request: dict) -> None:
+        self._respond(session, request, self.debugger.capabilities)
+
+    def _attach(self, session: IdeSession, request: dict) -> None:
+        self._respond(session, request, {})
+        self._event(session, "initialized")
+
+    def _configuration_done(self, session: IdeSession, request: dict) -> None:
+        self._respond(session, request, {})
+        session.configured = True
+        for tid, stop in list(self.debugger.stops.items()):
+            self._event(session, "stopped", {"reason": stop.get("reason") or "breakpoint", "threadId": tid,
+                                             "allThreadsStopped": False, "preserveFocusHint": False})
+
+    def _acknowledge(self, session: IdeSession, request: dict) -> None:
+        """Exception filters: acknowledged, not applied (post-mortem is the cluster's)."""
+        self._respond(session, request, {})
+
+    def _no_function_breakpoints(self, session: IdeSession, request: dict) -> None:
+        self._respond(session, request, {"breakpoints": []})
+
+    def _disconnect(self, session: IdeSession, request: dict) -> None:
+        self._respond(session, request, {})
+        self._drop(session)
 
     def _forward(self, session: IdeSession, request: dict) -> None:
         command = request["command"]
@@ -148,7 +178,8 @@ class Mux:
 
         self.debugger.client.request_async(request["command"], request.get("arguments") or {}, done)
 
-    def _set_breakpoints(self, session: IdeSession, request: dict, args: dict) -> None:
+    def _set_breakpoints(self, session: IdeSession, request: dict) -> None:
+        args = request.get("arguments") or {}
         path = (args.get("source") or {}).get("path")
         if not path:
             self._respond(session, request, {"breakpoints": []})

@@ -168,9 +168,9 @@ def fix_nodelay(timeout: float = 2.0) -> bool:
     pydevd writes each message's header and body with two ``sendall`` calls; with
     Nagle's algorithm the body then waits for the client's delayed ACK, which costs
     ~44 ms per response on loopback. Waits up to ``timeout`` seconds for pydevd to
-    accept the connection; returns False (requests merely slow) when it can't."""
-    from .dap import no_delay
-
+    accept the connection; returns False (requests merely slow) when it can't. (The
+    option is set here rather than through ``dap.no_delay``: ``dap`` imports this
+    module, for :func:`hide_thread`.)"""
     if _reach(CONSTANTS, "get_global_debugger", "the debugger's speed-ups are off") is None:
         return False
     deadline = time.monotonic() + timeout
@@ -178,7 +178,7 @@ def fix_nodelay(timeout: float = 2.0) -> bool:
         sock = dap_socket()
         if sock is not None:
             try:
-                no_delay(sock)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 return True
             except OSError:
                 return False

@@ -19,6 +19,8 @@ import time
 
 import zmq
 
+from ..protocol import debug as debug_ops
+from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
 from ..wire import sockets
 from .dap import no_delay
@@ -46,7 +48,8 @@ class Relay:
 
     def _send(self, action: str, session: str, **fields) -> None:
         self._outbox.send(self.proc_address, wire_frames.encode(
-            self.cluster_id, {"op": "debug", "action": action, "session": session, **fields}))
+            self.cluster_id, {envelope.OP: proc_ops.DEBUG, debug_ops.ACTION: action, debug_ops.SESSION: session,
+                              **fields}))
 
     def _run(self) -> None:
         poller = zmq.Poller()
@@ -67,7 +70,7 @@ class Relay:
                         conn = new
                         no_delay(conn)
                         session = secrets.token_hex(6)
-                        self._send("relay_open", session, to=self._inbox_address)
+                        self._send(debug_ops.RELAY_OPEN, session, **{debug_ops.TO: self._inbox_address})
                         poller.register(conn.fileno(), zmq.POLLIN)
                         self.connections += 1
                 if conn is not None and conn.fileno() in ready:
@@ -77,9 +80,9 @@ class Relay:
                     except OSError:
                         pass
                     if data:
-                        self._send("relay_data", session, data=data)
+                        self._send(debug_ops.RELAY_DATA, session, **{debug_ops.DATA: data})
                     else:
-                        self._send("relay_close", session)
+                        self._send(debug_ops.RELAY_CLOSE, session)
                         poller.unregister(conn.fileno())
                         conn.close()
                         conn, session = None, ""
@@ -89,18 +92,18 @@ class Relay:
                             message = wire_frames.decode(sockets.recv_frames(self._inbox, zmq.NOBLOCK), guard)
                         except wire_frames.BadMessage:
                             continue
-                        if conn is not None and message.header.get("session") == session:
+                        if conn is not None and message.header.get(debug_ops.SESSION) == session:
                             try:
-                                conn.sendall(message.header["data"])
+                                conn.sendall(message.header[debug_ops.DATA])
                             except OSError:
                                 pass  # the IDE went away: noticed on its next read
                 now = time.monotonic()
                 if conn is not None and now - last_alive >= ALIVE_S:
-                    self._send("relay_alive", session)
+                    self._send(debug_ops.RELAY_ALIVE, session)
                     last_alive = now
         finally:
             if conn is not None:
-                self._send("relay_close", session)
+                self._send(debug_ops.RELAY_CLOSE, session)
                 conn.close()
             self._listener.close()
             self._inbox.close(0)

@@ -7,9 +7,13 @@
   it is (mesh, rank, the endpoint call running), marks it paused for the health tree
   (``proc.activity``) and registers the stop with the hub (``debug_stopped``); when
   the thread runs again, ``debug_resumed``.
-- Requests from clients (``op: "debug"`` on the proc's control inbox): ``where``,
-  ``locals``, ``eval``, ``step``/``next``/``out``, ``continue``, ``config``
-  (breakpoints and post-mortem from the hub) and the IDE relay (``relay_*``).
+- Requests from clients (``op: "debug"`` on the proc's control inbox, actions in
+  ``protocol.debug``): ``where``, ``locals``, ``eval``, ``step``/``next``/``out``,
+  ``continue``, ``config`` (breakpoints and post-mortem from the hub) and the IDE relay
+  (``relay_*``).
+
+The proc runtime does not know this module: :func:`install` (called by the proc's entry
+point) plugs it into the proc server's op table and hooks.
 
 DAP traffic runs on the session's reader thread; everything else on one worker
 thread, so the proc's control loop never waits on the debugger.
@@ -30,6 +34,8 @@ from .. import cluster_dir
 from ..proc import activity
 from ..proc.actor import current_context, proc_identity
 from ..proc.actor_loop import send_reply
+from ..protocol import debug as debug_ops
+from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
 from . import arming, pydevd_adapter
 from .dap import DapClient, DapError
@@ -81,6 +87,13 @@ class ProcDebugger:
         self._traced = False  # every thread traced (after arming, or for breakpoints)
         self._rechecks: list[float] = []  # when to untrace again after a resume (monotonic s)
         self._work: queue.Queue = queue.Queue()
+        # action -> handler(header), on the control loop's thread (see handle)
+        self._actions = {debug_ops.STOPS: self._stops, debug_ops.CONFIG: self._config,
+                         **{relay: self.mux.handle for relay in debug_ops.RELAY_ACTIONS}}
+        # action about a paused thread -> handler(header, stop), on the worker thread
+        self._thread_actions = {debug_ops.WHERE: self._where, debug_ops.LOCALS: self._locals,
+                                debug_ops.EVAL: self._eval,
+                                **{step: self._step for step in debug_ops.STEPPING}}
         worker = threading.Thread(target=self._worker, name="monarch-nb-debug", daemon=True)
         pydevd_adapter.hide_thread(worker)
         worker.start()
@@ -150,30 +163,34 @@ class ProcDebugger:
             self._pm_endpoint.pop(ident, None)
 
     def handle(self, header: dict) -> None:
-        """A ``debug`` request from the control loop; never blocks it."""
-        action = header.get("action", "")
-        if action.startswith("relay_"):
-            self.mux.handle(header)
-        elif action == "stops":  # a recovered hub asks what is paused here (header only: it never unpickles)
-            if "port" in header:
-                send_reply(self.server.outbox, self.server.cluster_id, (header["reply"], header["port"]), 0,
-                           extra={"stops": list(self.stops.values())})
-        elif action == "config":
-            self.config = header["config"]
-            if self._relevant():
-                self._work.put(("config", header))
-            elif "port" in header:
-                self._reply(header, {"armed": self.armed})
-        else:
-            self._work.put(("request", header))
+        """A ``debug`` request from the control loop; never blocks it. Actions about a
+        paused thread go to the worker (which answers an unknown one with an error)."""
+        action = header.get(debug_ops.ACTION, "")
+        self._actions.get(action, self._queue_request)(header)
+
+    def _stops(self, header: dict) -> None:
+        """A recovered hub asks what is paused here (answered in the header: it never unpickles)."""
+        if envelope.PORT in header:
+            send_reply(self.server.outbox, self.server.cluster_id, (header[envelope.REPLY], header[envelope.PORT]),
+                       0, extra={"stops": list(self.stops.values())})
+
+    def _config(self, header: dict) -> None:
+        self.config = header[debug_ops.CONFIG]
+        if self._relevant():
+            self._work.put(("config", header))
+        elif envelope.PORT in header:
+            self._reply(header, {"armed": self.armed})
+
+    def _queue_request(self, header: dict) -> None:
+        self._work.put(("request", header))
 
     def on_spawn(self, header: dict) -> None:
         """An actor is about to start here: apply the cluster's breakpoints first, so
         that one in its ``__init__`` or first call is not missed (arms only if one
         concerns it)."""
-        if "debug" in header:
-            self.config = header["debug"]
-        meshes = {a for a in self.server.actors} | {header["mesh"]}
+        if proc_ops.DEBUG_CONFIG in header:
+            self.config = header[proc_ops.DEBUG_CONFIG]
+        meshes = {a for a in self.server.actors} | {header[proc_ops.MESH]}
         if self._relevant(meshes):
             try:
                 self._apply_config(meshes)
@@ -204,10 +221,10 @@ class ProcDebugger:
                     self._request(item)
                 elif kind == "config":
                     self._apply_config()
-                    if "port" in item:
+                    if envelope.PORT in item:
                         self._reply(item, {"armed": self.armed})
             except Exception as e:  # keep serving; the requester gets the error
-                if kind in ("request", "config") and "port" in item:
+                if kind in ("request", "config") and envelope.PORT in item:
                     self._reply(item, {"error": f"{type(e).__name__}: {e}"})
                 else:
                     import traceback
@@ -235,7 +252,7 @@ class ProcDebugger:
                 self._stopping.discard(stop["ident"])
             activity.set_paused(stop["ident"], {"file": stop["file"], "line": stop["line"],
                                                 "function": stop["function"]})
-            self._tell_hub({"op": "debug_stopped", "stop": stop})
+            self._tell_hub({envelope.OP: debug_ops.DEBUG_STOPPED, "stop": stop})
             step = self._steps.pop(tid, None)
             if step is not None:
                 self._reply(step[0], {"stop": stop})
@@ -256,7 +273,7 @@ class ProcDebugger:
                 activity.set_paused(stop["ident"], None)
                 keys.append(stop["key"])
         if keys:
-            self._tell_hub({"op": "debug_resumed", "keys": keys})
+            self._tell_hub({envelope.OP: debug_ops.DEBUG_RESUMED, "keys": keys})
             # A resumed thread may set its trace function again on its way out of
             # debugpy's suspend loop, after we untraced it: look again a little later.
             now = time.monotonic()
@@ -301,7 +318,7 @@ class ProcDebugger:
 
     # requests from clients -----------------------------------------------------------
     def _stop_of(self, header: dict) -> dict | None:
-        stop = self.stops.get(header.get("dap_thread"))
+        stop = self.stops.get(header.get(debug_ops.DAP_THREAD))
         if stop is None:
             self._reply(header, {"error": "not paused (it was continued, or its thread ended)", "not_paused": True})
         return stop
@@ -313,59 +330,69 @@ class ProcDebugger:
         return frames[0]
 
     def _request(self, header: dict) -> None:
-        action = header.get("action")
-        if action == "continue":
-            stop = self.stops.get(header.get("dap_thread"))
-            if stop is None:  # continued already: a second continue is harmless
-                self._reply(header, {"continued": False})
-                return
-            self.client.request("continue", threadId=stop["dap_thread"], singleThread=True)
-            pydevd_adapter.wake(stop["ident"])
-            self._resumed([stop["dap_thread"]])  # now, not when the event comes: a second continue is a no-op
-            self._reply(header, {"continued": True})
+        action = header.get(debug_ops.ACTION)
+        if action == debug_ops.CONTINUE:
+            self._continue(header)
+            return
+        handler = self._thread_actions.get(action)
+        if handler is None:
+            self._reply(header, {"error": f"unknown debug action {action!r}"})
             return
         stop = self._stop_of(header)
-        if stop is None:
+        if stop is not None:
+            handler(header, stop)
+
+    def _continue(self, header: dict) -> None:
+        stop = self.stops.get(header.get(debug_ops.DAP_THREAD))
+        if stop is None:  # continued already: a second continue is harmless
+            self._reply(header, {"continued": False})
             return
+        self.client.request("continue", threadId=stop["dap_thread"], singleThread=True)
+        pydevd_adapter.wake(stop["ident"])
+        self._resumed([stop["dap_thread"]])  # now, not when the event comes: a second continue is a no-op
+        self._reply(header, {"continued": True})
+
+    def _where(self, header: dict, stop: dict) -> None:
+        frames = self.client.request("stackTrace", threadId=stop["dap_thread"], startFrame=0,
+                                     levels=STACK_LEVELS)["stackFrames"]
+        out = []
+        for f in frames:
+            path = (f.get("source") or {}).get("path")
+            source = linecache.getline(path, f["line"]).rstrip() if path and f.get("line") else ""
+            out.append({"file": path, "line": f.get("line"), "function": f.get("name"), "source": source})
+        self._reply(header, {"frames": out, "stop": stop})
+
+    def _locals(self, header: dict, stop: dict) -> None:
+        frame = self._top_frame(stop["dap_thread"])
+        scopes = self.client.request("scopes", frameId=frame["id"])["scopes"]
+        local = next((s for s in scopes if s.get("name", "").lower().startswith("locals")), scopes[0] if scopes else None)
+        variables = [] if local is None else self.client.request(
+            "variables", variablesReference=local["variablesReference"])["variables"]
+        self._reply(header, {"locals": [{"name": v["name"], "type": v.get("type", ""), "value": v.get("value", "")}
+                                        for v in variables if not v["name"].startswith("special variables")
+                                        and not v["name"].startswith("function variables")],
+                             "stop": stop})
+
+    def _eval(self, header: dict, stop: dict) -> None:
+        frame = self._top_frame(stop["dap_thread"])
+        try:
+            body = self.client.request("evaluate", expression=header[debug_ops.EXPRESSION], frameId=frame["id"],
+                                       context="repl", timeout=REQUEST_TIMEOUT_S)
+            self._reply(header, {"result": body.get("result", ""), "type": body.get("type")})
+        except DapError as e:
+            self._reply(header, {"error": str(e)})
+
+    def _step(self, header: dict, stop: dict) -> None:
+        """step, next, out: answered with the next stop, or ``running`` after ``wait_s``."""
         tid = stop["dap_thread"]
-        if action == "where":
-            frames = self.client.request("stackTrace", threadId=tid, startFrame=0,
-                                         levels=STACK_LEVELS)["stackFrames"]
-            out = []
-            for f in frames:
-                path = (f.get("source") or {}).get("path")
-                source = linecache.getline(path, f["line"]).rstrip() if path and f.get("line") else ""
-                out.append({"file": path, "line": f.get("line"), "function": f.get("name"), "source": source})
-            self._reply(header, {"frames": out, "stop": stop})
-        elif action == "locals":
-            frame = self._top_frame(tid)
-            scopes = self.client.request("scopes", frameId=frame["id"])["scopes"]
-            local = next((s for s in scopes if s.get("name", "").lower().startswith("locals")), scopes[0] if scopes else None)
-            variables = [] if local is None else self.client.request(
-                "variables", variablesReference=local["variablesReference"])["variables"]
-            self._reply(header, {"locals": [{"name": v["name"], "type": v.get("type", ""), "value": v.get("value", "")}
-                                            for v in variables if not v["name"].startswith("special variables")
-                                            and not v["name"].startswith("function variables")],
-                                 "stop": stop})
-        elif action == "eval":
-            frame = self._top_frame(tid)
-            try:
-                body = self.client.request("evaluate", expression=header["expression"], frameId=frame["id"],
-                                           context="repl", timeout=REQUEST_TIMEOUT_S)
-                self._reply(header, {"result": body.get("result", ""), "type": body.get("type")})
-            except DapError as e:
-                self._reply(header, {"error": str(e)})
-        elif action in ("step", "next", "out"):
-            command = {"step": "stepIn", "next": "next", "out": "stepOut"}[action]
-            self._steps[tid] = (header, time.monotonic() + float(header.get("wait_s", STEP_WAIT_S)))
-            try:
-                self.client.request(command, threadId=tid, singleThread=True)
-                pydevd_adapter.wake(stop["ident"])
-            except DapError:
-                self._steps.pop(tid, None)
-                raise
-        else:
-            self._reply(header, {"error": f"unknown debug action {action!r}"})
+        command = {debug_ops.STEP: "stepIn", debug_ops.NEXT: "next", debug_ops.OUT: "stepOut"}[header[debug_ops.ACTION]]
+        self._steps[tid] = (header, time.monotonic() + float(header.get(debug_ops.WAIT_S, STEP_WAIT_S)))
+        try:
+            self.client.request(command, threadId=tid, singleThread=True)
+            pydevd_adapter.wake(stop["ident"])
+        except DapError:
+            self._steps.pop(tid, None)
+            raise
 
     # breakpoints from the hub ----------------------------------------------------------
     def _relevant(self, meshes=None) -> bool:
@@ -427,8 +454,8 @@ class ProcDebugger:
 
     # replies and the hub ---------------------------------------------------------------
     def _reply(self, header: dict, value: dict) -> None:
-        if "port" in header:
-            send_reply(self.server.outbox, self.server.cluster_id, (header["reply"], header["port"]), 0,
+        if envelope.PORT in header:
+            send_reply(self.server.outbox, self.server.cluster_id, (header[envelope.REPLY], header[envelope.PORT]), 0,
                        value=value)
 
     def _tell_hub(self, header: dict) -> None:
@@ -469,25 +496,25 @@ def breakpointhook(*args, **kwargs) -> None:
 
 
 def install(server) -> None:
-    """At proc start: ``breakpoint()`` goes to this proc's debugger (armed on first use)."""
-    debugger(server)
+    """At proc start, into the proc server ``server``: its ``debug`` op, the cluster's
+    breakpoints before each actor starts, post-mortem when an endpoint raises; and
+    ``breakpoint()`` goes to this proc's debugger (armed on first use)."""
+    session = debugger(server)
+    server.ops[proc_ops.DEBUG] = lambda message: session.handle(message.header)
+    server.spawn_hooks.append(_before_spawn)
+    server.endpoint_error_hooks.append(_endpoint_failed)
     arming.install_hook(breakpointhook)
 
 
-def handle(server, header: dict) -> None:
-    """The proc control loop's ``debug`` op."""
-    debugger(server).handle(header)
-
-
-def on_spawn(server, header: dict) -> None:
-    """The proc control loop is about to start an actor (``spawn_actor``)."""
+def _before_spawn(header: dict) -> None:
+    """An actor is about to start here (``spawn_actor``)."""
     session = debugger()
-    if session is not None and ("debug" in header or session.armed):
+    if session is not None and (proc_ops.DEBUG_CONFIG in header or session.armed):
         session.on_spawn(header)
 
 
-def endpoint_failed(exc: BaseException, endpoint: str) -> None:
-    """An endpoint raised (called from the actor loop before the error is replied)."""
+def _endpoint_failed(exc: BaseException, endpoint: str) -> None:
+    """An endpoint raised (in its actor's thread, before the error is replied)."""
     session = _debugger
     if session is not None and session.config.get("post_mortem"):
         session.endpoint_failed(exc, endpoint)

@@ -17,8 +17,10 @@ import signal
 import socket
 import sys
 import time
+from typing import Awaitable, Callable
 
 from ..proc.stdio import RECORD_FD_ENV
+from ..protocol import agent_ops, envelope
 from ..wire import frames as wire_frames
 from ..wire.aio import AioEndpoint
 from .capture import Capture
@@ -50,12 +52,22 @@ class HostAgent:
         self.leaving: asyncio.Future | None = None  # set when a signal from outside stops this agent
         self.hub_told = False  # the hub acknowledged that: it has failed this host's procs
         self.malformed = 0  # verified messages no handler could act on
+        # op -> handler(header), awaited on the receive loop (see _serve)
+        self.ops: dict[str, Callable[[dict], Awaitable[None]]] = {
+            agent_ops.HUB_ALIVE: self._hub_alive,
+            agent_ops.ADOPT: self._adopt,
+            agent_ops.PROC_READY: self._proc_ready,
+            agent_ops.SPAWN_PROCS: self._spawn_procs,
+            agent_ops.STOP_PROCS: self._stop_procs_op,
+            agent_ops.SHUTDOWN: self._shutdown,
+            agent_ops.DRAIN_LOGS: self._drain_logs,
+        }
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda sig=sig: asyncio.ensure_future(self._signalled(sig)))
-        await self.net.send(self.hub, {"op": "agent_ready", "host_id": self.host_id,
+        await self.net.send(self.hub, {envelope.OP: agent_ops.AGENT_READY, agent_ops.HOST_ID: self.host_id,
                                        "address": self.net.address, "pid": os.getpid(),
                                        "hostname": socket.gethostname(), "node": self.node})
         tasks = [asyncio.ensure_future(self._serve()), asyncio.ensure_future(self._heartbeat())]
@@ -77,7 +89,7 @@ class HostAgent:
             return
         self.leaving = asyncio.get_running_loop().create_future()
         try:
-            await self.net.request(self.hub, {"op": "agent_exiting", "host_id": self.host_id,
+            await self.net.request(self.hub, {envelope.OP: agent_ops.AGENT_EXITING, agent_ops.HOST_ID: self.host_id,
                                               "why": f"its host agent got {signal.Signals(sig).name}"},
                                    timeout=EXIT_REPORT_TIMEOUT_S)
             self.hub_told = True
@@ -98,15 +110,15 @@ class HostAgent:
                       "stopping every proc", file=sys.stderr)
                 self.done.set()
                 return
-            await self.net.send(self.hub, {"op": "agent_alive", "host_id": self.host_id,
+            await self.net.send(self.hub, {envelope.OP: agent_ops.AGENT_ALIVE, agent_ops.HOST_ID: self.host_id,
                                            "dropped": wire_frames.dropped()})
             due = time.monotonic() + HEARTBEAT_S
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _serve(self) -> None:
-        """The receive loop: a message no handler can act on (a field missing) gets an
-        error reply if it asked for one, or is dropped; either way it is counted and the
-        loop goes on."""
+        """The receive loop: a message no handler can act on (an unknown op, a field
+        missing) gets an error reply if it asked for one, or is dropped; either way it is
+        counted and the loop goes on."""
         while True:
             message = await self.net.recv()
             await self._contained(self._dispatch(message), message.header)
@@ -121,7 +133,7 @@ class HostAgent:
         except Exception as e:
             self.malformed += 1
             wire_frames.count_dropped()
-            op = header.get("op")
+            op = header.get(envelope.OP)
             if self.malformed <= MALFORMED_LOGGED:
                 print(f"monarch_nb host agent {self.host_id}: failed on a {op!r} message: {type(e).__name__}: {e}",
                       file=sys.stderr)
@@ -132,37 +144,57 @@ class HostAgent:
                 pass  # no usable reply address: dropped, and counted above
 
     async def _dispatch(self, message) -> None:
+        """Run the handler of ``message``'s op; raises ``ValueError`` for an op with none.
+        A reply to a request of ours goes to it; one without an op that nobody waits
+        for (it came after its timeout) is ignored."""
         if self.net.deliver_reply(message):
             return
         header = message.header
-        op = header.get("op")
-        if op in ("hub_alive", "spawn_procs", "stop_procs", "shutdown", "adopt", "drain_logs"):
+        op = header.get(envelope.OP)
+        if op is None:
+            return
+        handler = self.ops.get(op)
+        if handler is None:
+            raise ValueError(f"unknown op {op!r}")
+        if op in agent_ops.FROM_HUB:
             self.hub_seen = time.monotonic()
-        if op == "adopt":
-            # A restarted hub takes over (perhaps at a new address).
-            self.hub = header["hub"]
-            await self.net.reply(header, ok=True, procs=sorted(self.procs), exited=self.exited)
-        elif op == "proc_ready":
-            future = self.ready.get(header["proc_id"])
-            if future is not None and not future.done():
-                future.set_result(header)
-                await self.net.send(self.hub, {"op": "proc_up", "proc_id": header["proc_id"]})  # progress
-        elif op == "spawn_procs":
-            asyncio.ensure_future(self._contained(self._spawn(header), header))
-        elif op == "stop_procs":
-            asyncio.ensure_future(self._contained(self._stop_and_reply(header), header))
-        elif op == "shutdown":
-            await self.net.reply(header, ok=True)
-            self.done.set()
-        elif op == "drain_logs":
-            # Every line written before this request goes to the hub before the reply.
-            self.capture.drain()
-            await self._send_lines_now()
-            await self.net.reply(header, ok=True)
+        await handler(header)
+
+    # the ops ---------------------------------------------------------------------------
+    async def _hub_alive(self, header: dict) -> None:
+        """Nothing more to do: hearing from the hub is the point (see ``_dispatch``)."""
+
+    async def _adopt(self, header: dict) -> None:
+        # A restarted hub takes over (perhaps at a new address).
+        self.hub = header["hub"]
+        await self.net.reply(header, ok=True, procs=sorted(self.procs), exited=self.exited)
+
+    async def _proc_ready(self, header: dict) -> None:
+        proc_id = header[agent_ops.PROC_ID]
+        future = self.ready.get(proc_id)
+        if future is not None and not future.done():
+            future.set_result(header)
+            await self.net.send(self.hub, {envelope.OP: agent_ops.PROC_UP, agent_ops.PROC_ID: proc_id})  # progress
+
+    async def _spawn_procs(self, header: dict) -> None:
+        asyncio.ensure_future(self._contained(self._spawn(header), header))
+
+    async def _stop_procs_op(self, header: dict) -> None:
+        asyncio.ensure_future(self._contained(self._stop_and_reply(header), header))
+
+    async def _shutdown(self, header: dict) -> None:
+        await self.net.reply(header, ok=True)
+        self.done.set()
+
+    async def _drain_logs(self, header: dict) -> None:
+        # Every line written before this request goes to the hub before the reply.
+        self.capture.drain()
+        await self._send_lines_now()
+        await self.net.reply(header, ok=True)
 
     async def _spawn(self, request: dict) -> None:
         """Start every requested proc at once, then wait for each to report its address."""
-        proc_ids = request["proc_ids"]
+        proc_ids = request[agent_ops.PROC_IDS]
         loop = asyncio.get_running_loop()
         env = {**os.environ, **request.get("env", {})}
         env_by_proc = request.get("env_by_proc") or {}  # e.g. torch's RANK for a restarted proc
@@ -196,7 +228,8 @@ class HostAgent:
             for p in proc_ids:
                 self.ready.pop(p, None)
         await self.net.reply(request, ok=True, procs=[
-            {"proc_id": r["proc_id"], "address": r["address"], "pid": r["pid"], "host_id": self.host_id}
+            {agent_ops.PROC_ID: r[agent_ops.PROC_ID], "address": r["address"], "pid": r["pid"],
+             agent_ops.HOST_ID: self.host_id}
             for r in reports])
 
     async def _watch(self, proc_id: str, proc: asyncio.subprocess.Process) -> None:
@@ -214,7 +247,7 @@ class HostAgent:
             await self.leaving
             if self.hub_told:
                 return  # the hub failed this host's procs already, naming why
-        await self.net.send(self.hub, {"op": "proc_exited", "proc_id": proc_id, "pid": proc.pid,
+        await self.net.send(self.hub, {envelope.OP: agent_ops.PROC_EXITED, agent_ops.PROC_ID: proc_id, "pid": proc.pid,
                                        "returncode": code, "expected": expected})
 
     def _send_lines(self) -> None:
@@ -223,7 +256,8 @@ class HostAgent:
     async def _send_lines_now(self) -> None:
         lines = self.capture.take()
         if lines:
-            await self.net.send(self.hub, {"op": "log_lines", "host_id": self.host_id, "lines": lines})
+            await self.net.send(self.hub, {envelope.OP: agent_ops.LOG_LINES, agent_ops.HOST_ID: self.host_id,
+                                           "lines": lines})
 
     async def _stop_procs(self, proc_ids: list[str]) -> None:
         """SIGTERM, then SIGKILL those still alive after ``STOP_GRACE_S``; waits for all."""
@@ -243,5 +277,5 @@ class HostAgent:
             await asyncio.wait(pending)
 
     async def _stop_and_reply(self, request: dict) -> None:
-        await self._stop_procs(request["proc_ids"])
+        await self._stop_procs(request[agent_ops.PROC_IDS])
         await self.net.reply(request, ok=True)

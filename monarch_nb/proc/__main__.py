@@ -1,4 +1,8 @@
-"""Entry point of a proc: ``python -m monarch_nb.proc`` (started by a host agent)."""
+"""Entry point of a proc: ``python -m monarch_nb.proc`` (started by a host agent).
+
+This is where a proc process is put together: the runtime (``ProcServer``) and the
+debugger above it, which plugs into the server's op table and hooks. It is the one
+module of ``proc`` that imports ``debug`` (the import-linter contract names it)."""
 
 from __future__ import annotations
 
@@ -11,9 +15,10 @@ import threading
 from pathlib import Path
 
 from .. import cluster_dir, lifeline
+from ..debug import session as debug_session
+from ..protocol import agent_ops, envelope
 from ..wire import frames as wire_frames
 from . import actor, stdio
-from ..debug import session as debug_session
 from .server import ProcServer
 
 
@@ -41,7 +46,8 @@ def main() -> None:
     debug_session.install(server)  # breakpoint() pauses under debugpy, armed on first use
     signal.signal(signal.SIGINT, lambda _, frame: server.interrupt(frame))
     server.outbox.send(args.agent, wire_frames.encode(
-        cluster_id, {"op": "proc_ready", "proc_id": args.proc_id, "address": server.address, "pid": os.getpid()}))
+        cluster_id, {envelope.OP: agent_ops.PROC_READY, agent_ops.PROC_ID: args.proc_id, "address": server.address,
+                     "pid": os.getpid()}))
 
     def control() -> None:
         try:

@@ -33,6 +33,7 @@ import zmq
 
 from ..errors import MeshFailure
 from ..mesh import Point
+from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
 from ..wire import interrupts, sockets
 from ..wire.remote_error import pack_exception
@@ -50,14 +51,14 @@ def send_reply(outbox: sockets.Outbox, cluster_id: str, reply_to: tuple[str, int
     if reply_to is None:
         return
     address, port = reply_to
-    header = {"port": port, "rank": rank, **(extra or {})}
+    header = {envelope.PORT: port, envelope.RANK: rank, **(extra or {})}
     if error is None:
         try:
-            frames = wire_frames.encode_value(cluster_id, {"ok": True, **header}, value, what)
+            frames = wire_frames.encode_value(cluster_id, {envelope.OK: True, **header}, value, what)
         except Exception as e:  # SerializationError, MessageTooLarge
             error = e
     if error is not None:
-        frames = wire_frames.encode_value(cluster_id, {**header, "ok": False}, pack_exception(error, 1))
+        frames = wire_frames.encode_value(cluster_id, {**header, envelope.OK: False}, pack_exception(error, 1))
     outbox.send(address, frames)
 
 
@@ -71,12 +72,19 @@ class ActorThread:
 
     def __init__(self, cluster_id: str, mesh_name: str, point: Point, proc_id: str,
                  spawn: wire_frames.Message, reply_to: tuple[str, int], outbox: sockets.Outbox,
-                 main_thread: bool = False, hub: str | None = None):
+                 main_thread: bool = False, hub: str | None = None,
+                 on_endpoint_error: Callable[[BaseException, str], None] | None = None):
         self.cluster_id = cluster_id
         self.mesh_name = mesh_name
         self.point = point
         self.outbox = outbox
         self.hub = hub  # where failures nobody can be told of go (None: this_proc, no hub)
+        # Called in this thread with (exception, endpoint) when an endpoint raises, before
+        # the error is replied (the proc's hooks: the debugger's post-mortem).
+        self._on_endpoint_error = on_endpoint_error
+        # message kind -> handler(instance, message, reply_to); one returning STOP ends the loop
+        self._kinds: dict[str, Callable] = {
+            proc_ops.CALL: self._call, proc_ops.SUPERVISE: self._supervise_message, proc_ops.STOP: self._stop}
         self._spawn = spawn
         self._reply_to = reply_to
         self._instance_info = ActorInstance(mesh_name, point, proc_id, os.getpid())
@@ -165,10 +173,10 @@ class ActorThread:
 
     def _construct_and_serve(self) -> None:
         # A restarted actor takes its predecessor's address when free: handles keep working.
-        inbox, self.address = sockets.bind_inbox(prefer=self._spawn.header.get("prefer"))
+        inbox, self.address = sockets.bind_inbox(prefer=self._spawn.header.get(proc_ops.PREFER))
         self._instance_info = dataclasses.replace(self._instance_info, address=self.address)
         _set_current(self._context())
-        set_call_origin(self._spawn.header.get("o"))  # what __init__ prints goes to the spawner
+        set_call_origin(self._spawn.header.get(proc_ops.ORIGIN))  # what __init__ prints goes to the spawner
         try:
             cls, args, kwargs = self._spawn.value()
         except BaseException as e:  # noqa: BLE001 - e.g. the class can't be imported here
@@ -185,12 +193,12 @@ class ActorThread:
         self._spawn = None  # drop the class/argument buffers
         if error is not None:
             send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank, error=error,
-                       extra={"address": self.address})
+                       extra={proc_ops.ADDRESS: self.address})
             inbox.close(0)
             return
         set_call_origin(None)
         send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank,
-                   value=None, extra={"address": self.address})
+                   value=None, extra={proc_ops.ADDRESS: self.address})
         if self.stopping:  # stopped while __init__ ran: its stop message had nowhere to go
             inbox.close(0)
             return
@@ -209,7 +217,7 @@ class ActorThread:
             except wire_frames.BadMessage:
                 continue
             try:
-                if self._serve_one(instance, message) == "stop":
+                if self._serve_one(instance, message) == proc_ops.STOP:
                     return
             except BaseException:  # noqa: BLE001 - a bad message must not end the actor
                 wire_frames.count_dropped()
@@ -220,23 +228,30 @@ class ActorThread:
                 set_call_origin(None)
 
     def _serve_one(self, instance, message: wire_frames.Message) -> str | None:
+        """Handle one message by its kind; returns ``proc_ops.STOP`` to end the loop.
+        Raises for a kind with no handler or a header missing a key."""
         header = message.header
-        reply_to = (header["reply"], header["port"]) if "port" in header else None
-        kind = header["k"]
-        if kind == "stop":
-            send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank)
-            return "stop"
-        if kind == "supervise":
-            self._supervise(instance, header["failure"], reply_to)
-        elif kind == "call" and self.stopping:
+        reply_to = (header[envelope.REPLY], header[envelope.PORT]) if envelope.PORT in header else None
+        kind = header[envelope.KIND]
+        handler = self._kinds.get(kind)
+        if handler is None:
+            raise ValueError(f"unknown message kind {kind!r}")
+        return handler(instance, message, reply_to)
+
+    def _stop(self, instance, message: wire_frames.Message, reply_to) -> str:
+        send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank)
+        return proc_ops.STOP
+
+    def _call(self, instance, message: wire_frames.Message, reply_to) -> None:
+        if self.stopping:
             send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
                        error=RuntimeError(f"actor mesh {self.mesh_name} was stopped before this call ran"))
-        elif kind == "call":
-            set_call_origin(header.get("o"))
-            self._handle(instance, header["ep"], message, reply_to)
-        else:
-            raise ValueError(f"unknown message kind {kind!r}")
-        return None
+            return
+        set_call_origin(message.header.get(proc_ops.ORIGIN))
+        self._handle(instance, message.header[proc_ops.ENDPOINT], message, reply_to)
+
+    def _supervise_message(self, instance, message: wire_frames.Message, reply_to) -> None:
+        self._supervise(instance, message.header[proc_ops.FAILURE], reply_to)
 
     def _supervise(self, instance, failure: dict, reply_to) -> None:
         """A mesh this actor spawned failed: ``__supervise__(failure)`` decides (truthy:
@@ -252,7 +267,7 @@ class ActorThread:
                 error = f"__supervise__ raised {type_name.rsplit('.', 1)[-1]}: {text}"
                 print(tb, file=sys.stderr, end="")
         send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
-                   extra={"handled": handled, "error": error})
+                   extra={proc_ops.HANDLED: handled, envelope.ERROR: error})
 
     def _handle(self, instance, name: str, message: wire_frames.Message, reply_to) -> None:
         result, error = None, None
@@ -288,9 +303,8 @@ class ActorThread:
                     self._loop = asyncio.new_event_loop()
                 result = self._loop.run_until_complete(result)
         except BaseException as e:
-            from ..debug import session as debug_session  # here: imports actor_loop itself
-
-            debug_session.endpoint_failed(e, name)  # with post-mortem on: paused here first
+            if self._on_endpoint_error is not None:
+                self._on_endpoint_error(e, name)  # the debugger's post-mortem: paused here first
             raise
         return result
 
@@ -299,5 +313,5 @@ class ActorThread:
         print(f"broadcast {name} raised:\n{tb}", file=sys.stderr, end="")  # tagged with mesh and rank
         if self.hub is not None:
             self.outbox.send(self.hub, wire_frames.encode(self.cluster_id, {
-                "op": "actor_failed", "mesh": self.mesh_name, "rank": self.point.rank, "endpoint": name,
-                "error": f"{type_name.rsplit('.', 1)[-1]}: {text}", "traceback": tb}))
+                envelope.OP: proc_ops.ACTOR_FAILED, proc_ops.MESH: self.mesh_name, envelope.RANK: self.point.rank,
+                "endpoint": name, envelope.ERROR: f"{type_name.rsplit('.', 1)[-1]}: {text}", "traceback": tb}))

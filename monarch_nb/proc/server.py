@@ -1,7 +1,10 @@
 """A proc's control loop: spawns and stops actors on the hub's orders.
 
 Control messages (from the hub) arrive on the proc's own inbox; endpoint calls never
-pass through here: each actor has its own socket (see ``actor_loop``).
+pass through here: each actor has its own socket (see ``actor_loop``). Each op
+(``protocol.proc_ops``) has its handler in ``ProcServer.ops``; layers above the proc
+runtime plug in there and through the server's hooks (the debugger: the ``debug`` op,
+``spawn_hooks``, ``endpoint_error_hooks``), so this runtime never imports them.
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ import signal
 import sys
 import threading
 import time
+from typing import Callable
 
 import psutil
 
 from ..mesh import Extent
+from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
 from ..wire import interrupts, sockets
 from .actor_loop import ActorThread, send_reply
-from ..debug import session as debug_session
 from . import torch_env
 
 
@@ -43,6 +47,25 @@ class ProcServer:
         self.guard = wire_frames.ReplayGuard()
         self.actors: dict[str, ActorThread] = {}
         self._main_redelivery = False  # the next SIGINT is our own retry for the main-thread actor
+        # op -> handler(message), which returns EXIT to end the control loop. A handler
+        # that raises (a header missing a key) gets the message counted as dropped.
+        self.ops: dict[str, Callable[[wire_frames.Message], str | None]] = {
+            proc_ops.SPAWN_ACTOR: self._spawn_actor,
+            proc_ops.STOP_ACTOR: self._stop,
+            proc_ops.STOP_ACTORS: self._stop,  # this_proc() acting as its own hub
+            proc_ops.INTERRUPT: self._interrupt,
+            proc_ops.STATUS: self._status,
+            proc_ops.TORCH_ENV_QUERY: self._torch_env,  # ProcMesh.setup_torch_distributed
+            proc_ops.TORCH_ENV_SET: self._torch_env,
+            proc_ops.PING: self._ping,
+            proc_ops.EXIT: lambda message: proc_ops.EXIT,
+        }
+        # Called on the control thread with a spawn_actor header before that actor starts
+        # (the debugger applies the cluster's breakpoints first).
+        self.spawn_hooks: list[Callable[[dict], None]] = []
+        # Called on an actor's thread with (exception, endpoint name) when an endpoint
+        # raises, before the error is replied (the debugger's post-mortem).
+        self.endpoint_error_hooks: list[Callable[[BaseException, str], None]] = []
 
     @interrupts.protected
     def interrupt(self, frame) -> None:
@@ -77,7 +100,7 @@ class ProcServer:
         ``STOP_WAIT_S`` (``stopped``) and, if not, what it is still running."""
         actor.stopping = True
         if actor.address is not None:
-            self.outbox.send(actor.address, wire_frames.encode(self.cluster_id, {"k": "stop"}))
+            self.outbox.send(actor.address, wire_frames.encode(self.cluster_id, {envelope.KIND: proc_ops.STOP}))
         if actor.busy:
             if actor.on_main_thread:
                 self._main_redelivery = True  # only the main thread's actor, not every actor
@@ -112,63 +135,80 @@ class ProcServer:
         return {"actors": {name: a.status() for name, a in list(self.actors.items())}, **usage}
 
     def serve(self) -> None:
+        """Handle control messages until an ``exit``. A message that fails verification,
+        names no known op or can't be acted on is dropped and counted (with an error
+        reply when it asked for one); it never ends this loop."""
         while True:
             try:
                 message = wire_frames.decode(sockets.recv_frames(self.inbox), self.guard)
             except wire_frames.BadMessage:
                 continue
             try:
-                if self.handle(message) == "exit":
+                if self.handle(message) == proc_ops.EXIT:
                     return
             except Exception as e:  # noqa: BLE001 - a bad request must not end the control loop
                 wire_frames.count_dropped()
                 print(f"monarch_nb proc {self.proc_id}: dropped a control message it could not handle "
                       f"({type(e).__name__}: {e})", file=sys.stderr)
                 header = message.header
-                if "reply" in header and "port" in header:
+                if envelope.REPLY in header and envelope.PORT in header:
                     try:
                         self._reply(header, ok=False, error=f"{type(e).__name__}: {e}")
                     except Exception:  # noqa: BLE001 - the reply address itself is bad
                         pass
 
     def _reply(self, header: dict, value=None, **extra) -> None:
-        send_reply(self.outbox, self.cluster_id, (header["reply"], header["port"]),
-                   header.get("rank", 0), value=value, extra=extra)
+        send_reply(self.outbox, self.cluster_id, (header[envelope.REPLY], header[envelope.PORT]),
+                   header.get(envelope.RANK, 0), value=value, extra=extra)
 
     def handle(self, message: wire_frames.Message) -> str | None:
+        """Run the handler of ``message``'s op; raises ``ValueError`` for an op with none."""
+        op = message.header[envelope.OP]
+        handler = self.ops.get(op)
+        if handler is None:
+            raise ValueError(f"unknown op {op!r}")
+        return handler(message)
+
+    def _endpoint_error(self, exc: BaseException, endpoint: str) -> None:
+        for hook in self.endpoint_error_hooks:
+            hook(exc, endpoint)
+
+    # the ops ---------------------------------------------------------------------------
+    def _spawn_actor(self, message: wire_frames.Message) -> None:
         header = message.header
-        op = header["op"]
-        if op == "spawn_actor":
-            extent = Extent(header["extent"])
-            point = extent.point(header["rank"])
-            main = bool(header.get("main_thread")) and self.main_work is not None and not any(
-                a.on_main_thread for a in self.actors.values())
-            actor = ActorThread(self.cluster_id, header["mesh"], point, self.proc_id, message,
-                                (header["reply"], header["port"]), self.outbox, main_thread=main,
-                                hub=header["reply"] if self.has_hub else None)
-            debug_session.on_spawn(self, header)  # the cluster's breakpoints first
-            self.actors[header["mesh"]] = actor
-            if main:
-                self.main_work.put(actor.run)
-            actor.start()  # the actor replies once constructed
-        elif op in ("stop_actor", "stop_actors"):  # stop_actors: this_proc() acting as its own hub
-            actor = self.actors.pop(header.get("mesh") or header.get("name"), None)
-            if actor is None or actor.finished.is_set():
-                self._reply(header, stopped=True)
-            else:
-                threading.Thread(target=self._stop_actor, args=(actor, header), daemon=True,
-                                 name="monarch-nb-stop").start()
-        elif op == "interrupt":
-            os.kill(os.getpid(), signal.SIGINT)  # handled on the main thread: see interrupt()
-            self._reply(header)
-        elif op == "status":
-            self._reply(header, **self.status())  # in the header: the hub never unpickles
-        elif op in ("torch_env_query", "torch_env_set"):  # ProcMesh.setup_torch_distributed
-            self._reply(header, **torch_env.handle(header))
-        elif op == "debug":  # breakpoints, paused threads, IDE relays (monarch_nb.debug.session)
-            debug_session.handle(self, header)
-        elif op == "ping":
-            self._reply(header, {"pid": os.getpid(), "actors": sorted(self.actors)})
-        elif op == "exit":
-            return "exit"
-        return None
+        mesh = header[proc_ops.MESH]
+        point = Extent(header[proc_ops.EXTENT]).point(header[envelope.RANK])
+        main = bool(header.get(proc_ops.MAIN_THREAD)) and self.main_work is not None and not any(
+            a.on_main_thread for a in self.actors.values())
+        actor = ActorThread(self.cluster_id, mesh, point, self.proc_id, message,
+                            (header[envelope.REPLY], header[envelope.PORT]), self.outbox, main_thread=main,
+                            hub=header[envelope.REPLY] if self.has_hub else None,
+                            on_endpoint_error=self._endpoint_error)
+        for hook in self.spawn_hooks:
+            hook(header)
+        self.actors[mesh] = actor
+        if main:
+            self.main_work.put(actor.run)
+        actor.start()  # the actor replies once constructed
+
+    def _stop(self, message: wire_frames.Message) -> None:
+        header = message.header
+        actor = self.actors.pop(header.get(proc_ops.MESH) or header.get(proc_ops.NAME), None)
+        if actor is None or actor.finished.is_set():
+            self._reply(header, stopped=True)
+        else:
+            threading.Thread(target=self._stop_actor, args=(actor, header), daemon=True,
+                             name="monarch-nb-stop").start()
+
+    def _interrupt(self, message: wire_frames.Message) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # handled on the main thread: see interrupt()
+        self._reply(message.header)
+
+    def _status(self, message: wire_frames.Message) -> None:
+        self._reply(message.header, **self.status())  # in the header: the hub never unpickles
+
+    def _torch_env(self, message: wire_frames.Message) -> None:
+        self._reply(message.header, **torch_env.handle(message.header))
+
+    def _ping(self, message: wire_frames.Message) -> None:
+        self._reply(message.header, {"pid": os.getpid(), "actors": sorted(self.actors)})

@@ -15,6 +15,8 @@ import sys
 
 import psutil
 
+from ..protocol import envelope, proc_ops
+
 # What torchrun sets for each worker and ``init_process_group(init_method="env://")``
 # (the default) reads; GROUP_* is the host ("node") index and count.
 ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
@@ -62,7 +64,7 @@ def handle(header: dict) -> dict:
     ``torch_env_set`` (with ``env``: str -> str, and ``ip``: this proc's address) sets
     those variables in this process's environment, and :data:`IFNAME_KEYS` to the
     interface holding ``ip`` unless they are set already, then answers the same way."""
-    if header["op"] == "torch_env_set":
+    if header[envelope.OP] == proc_ops.TORCH_ENV_SET:
         os.environ.update({k: str(v) for k, v in header["env"].items()})
         interface = interface_of(header["ip"]) if header.get("ip") else None
         for key in IFNAME_KEYS if interface else ():

@@ -5,11 +5,14 @@ Hub, host agent, proc, client and debug import these names; nothing else spells 
 vocabulary as a bare string. This package imports nothing of monarch_nb (it is below
 ``wire/``, which frames and signs what these names describe).
 
+- ``envelope``: the header keys every request and reply carries (op, kind, reply
+  address, port, ok, error).
 - ``hub_ops``: the ops the hub answers (from clients and host agents).
 - ``events``: what the hub sends to clients' event inboxes (health, logs, debug,
   supervision).
 - ``records``: the log record layout, exit causes.
-- ``agent_ops``: the ops a host agent answers.
-- ``proc_ops``: a proc's control ops and the kinds and header keys of actor messages.
-- ``debug``: the debug channel's message kinds.
+- ``agent_ops``: the ops a host agent answers, and the reports it sends the hub.
+- ``proc_ops``: a proc's control ops, the kinds and header keys of actor messages, and
+  what a proc reports to the hub.
+- ``debug``: the debug channel's actions and keys, and a proc debugger's reports.
 """

@@ -21,6 +21,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from ..protocol import envelope
 from . import frames as wire_frames
 from . import sockets
 
@@ -67,9 +68,9 @@ class AioEndpoint:
 
     def deliver_reply(self, message: wire_frames.Message) -> bool:
         """Route a reply to the request waiting for it; False if it is not a reply."""
-        port = message.header.get("port")
+        port = message.header.get(envelope.PORT)
         future = self._pending.get(port) if isinstance(port, int) else None
-        if future is None or "op" in message.header:
+        if future is None or envelope.OP in message.header:
             return False
         if not future.done():
             future.set_result(message)
@@ -116,7 +117,7 @@ class AioEndpoint:
         port = next(self._ports)
         future = self._pending[port] = asyncio.get_running_loop().create_future()
         try:
-            await self.send(address, {**header, "port": port, "reply": self.address}, body, buffers)
+            await self.send(address, {**header, envelope.PORT: port, envelope.REPLY: self.address}, body, buffers)
             return await asyncio.wait_for(future, timeout)
         finally:
             self._pending.pop(port, None)
@@ -124,8 +125,8 @@ class AioEndpoint:
     async def reply(self, request: dict, **fields) -> None:
         """Answer a request message's header (no-op if it asked for no reply, or gave
         no address to reply to)."""
-        if "port" in request and isinstance(request.get("reply"), str):
-            await self.send(request["reply"], {"port": request["port"], **fields})
+        if envelope.PORT in request and isinstance(request.get(envelope.REPLY), str):
+            await self.send(request[envelope.REPLY], {envelope.PORT: request[envelope.PORT], **fields})
 
     def close(self) -> None:
         for sock in self._out.values():

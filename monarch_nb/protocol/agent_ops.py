@@ -1,0 +1,28 @@
+"""The host agent's conversation: the ops it answers and the reports it sends the hub."""
+
+from __future__ import annotations
+
+# Ops a host agent answers (header key ``envelope.OP``).
+HUB_ALIVE = "hub_alive"  # the hub's heartbeat: keeps the agent's grace period from running out
+ADOPT = "adopt"  # a (restarted) hub takes this agent over; answered with its procs and exit codes
+SPAWN_PROCS = "spawn_procs"  # start procs PROC_IDS at once; answered when every one reported ready
+STOP_PROCS = "stop_procs"  # SIGTERM, then SIGKILL, procs PROC_IDS; answered when all exited
+SHUTDOWN = "shutdown"  # stop every proc and exit
+DRAIN_LOGS = "drain_logs"  # answered once every line written before it went to the hub
+PROC_READY = "proc_ready"  # from a proc it started: bound, with its address and pid
+
+# Ops that come from the hub: each shows it is alive.
+FROM_HUB = (HUB_ALIVE, ADOPT, SPAWN_PROCS, STOP_PROCS, SHUTDOWN, DRAIN_LOGS)
+
+# Reports a host agent sends the hub (ops the hub answers).
+AGENT_READY = "agent_ready"  # this agent started: its host id, address, pid, hostname, node
+AGENT_ALIVE = "agent_alive"  # heartbeat, with this process's dropped-frame count
+AGENT_EXITING = "agent_exiting"  # stopped from outside (a signal): why, before its procs exit
+PROC_UP = "proc_up"  # one proc of a spawn reported ready (progress)
+PROC_EXITED = "proc_exited"  # a proc exited: pid, returncode, whether it was stopped on purpose
+LOG_LINES = "log_lines"  # procs' output lines, batched
+
+# Header keys of these ops.
+HOST_ID = "host_id"  # the agent's index in the hosts dimension, as the hub named it
+PROC_ID = "proc_id"  # one proc, ``MESH/RANK``
+PROC_IDS = "proc_ids"  # the procs a spawn or stop concerns
