@@ -27,6 +27,7 @@ from monarch_nb.errors import ClusterNotFound, InvalidRequest
 
 from conftest import cluster_processes, pids_alive, wait_until
 from kernels import TESTS, Kernel
+from monarch_nb.client.launch import launch_hub
 from sample_actors import Counter
 
 COUNTER_CELL = textwrap.dedent("""
@@ -265,6 +266,21 @@ def test_idle_timeout_stops_a_cluster_once_no_client_is_left(clusters):
     cluster.disconnect()
     assert wait_until(lambda: not pids_alive([hub.pid] + procs.pids), 10)
     assert wait_until(lambda: not cluster.path.exists(), 5)
+
+
+def test_idle_timeout_waits_for_the_starting_clients_first_hello(clusters):
+    # On a loaded machine the client that started a cluster may say hello seconds after
+    # the hub is ready: a short idle timeout must not stop the cluster before that.
+    clusters.append("late")
+    path, _ = cluster_dir.create("late")
+    launch_hub(path, hosts=1, grace_s=5.0, idle_timeout=0.5)
+    hub = psutil.Process(cluster_dir.read_info(path)["hub_pid"])
+    time.sleep(1.5)  # the late hello itself (three idle timeouts), not a wait for a condition
+    assert pids_alive([hub.pid]) == [hub.pid], "the hub stopped before its first client came"
+    cluster = monarch_nb.connect("late")
+    assert cluster.host_mesh().spawn_procs(per_host={"gpus": 1}).spawn("c", Counter, 4).get.call_one().get() == 4
+    cluster.disconnect()
+    assert wait_until(lambda: not pids_alive([hub.pid]), 15)
 
 
 def _uptime(cluster) -> float:

@@ -68,9 +68,16 @@ class Clients:
         if not self.table:
             self.idle_since = max(self.idle_since, now)
 
+    def opened(self, now: float) -> None:
+        """This hub is ready for clients at ``now``: idle time counts from then, after a
+        ``CLIENT_TIMEOUT_S`` window in which the client that started it says hello (on a
+        loaded machine that first hello may come seconds later)."""
+        if not self.table:
+            self.idle_since = now + CLIENT_TIMEOUT_S
+
     def idle_for(self, now: float) -> float:
         """Seconds without any connected client at ``now`` (0 while one is connected)."""
-        return 0.0 if self.table else now - self.idle_since
+        return 0.0 if self.table else max(0.0, now - self.idle_since)
 
     def _forget(self, client: ClientRecord, last_seen: float) -> None:
         if client.log_address:

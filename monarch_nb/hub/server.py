@@ -165,6 +165,7 @@ class Hub:
             "grace_s": self.grace_s, "idle_timeout": self.idle_timeout, "allocator": self.allocator.spec(),
             "bind": os.environ.get("MONARCH_NB_BIND", "127.0.0.1")}
         cluster_dir.write_json(self.path / "cluster.json", self.public_info)
+        self.clients.opened(time.monotonic())
         if ready_fd is not None:
             try:
                 os.write(ready_fd, b"ready\n")
