@@ -109,8 +109,10 @@ class ActorMesh(MeshHandle):
         in ``ranks`` are stopped first (their pending calls fail with
         ``SupervisionError``); other ranks are untouched. Returns the restarted proc
         ranks. Blocks until the actors are constructed again; see
-        ``ProcMesh.restart_failed`` for the errors."""
-        record = self._hub().request("info", timeout=30.0)["actor_meshes"].get(self._name)
+        ``ProcMesh.restart_failed`` for the errors (on ``this_proc()``:
+        :class:`InvalidRequest` at once)."""
+        control = self._control()
+        record = control.actor_mesh_record(self._name)
         if record is None:
             raise ValueError(f"actor mesh {self._name!r} was stopped; spawn it again")
         proc_ranks = None
@@ -121,9 +123,7 @@ class ActorMesh(MeshHandle):
             if bad:
                 raise IndexError(f"{self._name} has ranks 0-{len(self) - 1} in this view, not {bad}")
             proc_ranks = [record["proc_ranks"][self._shape.base_rank(r)] for r in ranks]
-        from .proc_mesh import restart  # proc_mesh imports this module
-
-        reply = restart(self._hub(), self._cluster_id, record["proc_mesh"], proc_ranks, timeout)
+        reply = control.restart_procs(record["proc_mesh"], proc_ranks, timeout)
         self._addresses[:] = reply["actor_meshes"][self._name]["addresses"]  # this handle and its slices
         return reply["restarted"]
 
@@ -133,10 +133,7 @@ class ActorMesh(MeshHandle):
         its next Python line). Blocks until done; warns (``RuntimeWarning``) naming the
         ranks still running an endpoint about 2 s later (a blocking C call, or code that
         catches KeyboardInterrupt): their threads end with the proc mesh."""
-        reply = self._hub().request("stop_actors", name=self._name)
-        stuck = reply.get("stuck")
-        if stuck is None and reply.get("stopped") is False:  # this_proc(): the proc answers itself
-            stuck = [{"rank": 0, "running": reply.get("running")}]
+        stuck = self._control().stop_actors(self._name)
         if stuck:
             running = ", ".join(f"rank {s['rank']} in {s['running'] or 'its __init__'}" for s in stuck)
             warnings.warn(f"actor mesh {self._name!r} was stopped, but {running} did not return after an "

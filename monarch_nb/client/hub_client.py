@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import ClusterError, HubTimeout, InvalidRequest
-from ..wire.mailbox import local_mailbox
+from .runtime import runtime
 
 # The hub names the kind of error; the client raises the matching type.
 _ERROR_TYPES = {"ValueError": InvalidRequest, "ClusterError": ClusterError}
@@ -45,7 +45,7 @@ class HubClient:
             if while_waiting is not None:
                 while_waiting()
 
-        reply = local_mailbox().request(self.address, self.cluster_id, {"op": op, **fields}, body,
+        reply = runtime().mailbox.request(self.address, self.cluster_id, {"op": op, **fields}, body,
                                         buffers, timeout, check=check)
         if reply is None:
             raise HubTimeout(f"the hub at {self.address} did not answer {op!r} within {timeout} s; "
