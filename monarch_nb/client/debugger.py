@@ -224,11 +224,6 @@ class Debugger:
             except Exception as e:  # noqa: BLE001 - a reply we can't read
                 replies[i] = {"error": f"unreadable reply: {e}"}
 
-        gather = Gather(runtime().mailbox, on_reply)
-        for i, stop in enumerate(stops):
-            gather.request(stop.address, self._cluster_id,
-                           {"op": "debug", "action": action, "dap_thread": stop.dap_thread, **fields}, key=i)
-
         # A stop that left the hub's list while we wait on an inspection means its proc
         # died (a step or continue takes it off the list on purpose: wait for those).
         vanish_ends = action in ("where", "locals", "eval")
@@ -239,7 +234,11 @@ class Debugger:
             return all(i in replies or (vanish_ends and live is not None and s.key not in live)
                        for i, s in enumerate(stops))
 
-        with gather:
+        # Every port opens inside ``with``: a send that fails part way closes those already open.
+        with Gather(runtime().mailbox, on_reply) as gather:
+            for i, stop in enumerate(stops):
+                gather.request(stop.address, self._cluster_id,
+                               {"op": "debug", "action": action, "dap_thread": stop.dap_thread, **fields}, key=i)
             deadline = time.monotonic() + timeout
             while not settled() and time.monotonic() < deadline:
                 gather.mailbox.wait(settled, min(0.25, max(0.0, deadline - time.monotonic())))
