@@ -15,6 +15,7 @@ the lock bookkeeping, so an interrupted wait leaves the mailbox as it was.
 from __future__ import annotations
 
 import _thread
+import functools
 import itertools
 import threading
 import time
@@ -197,15 +198,20 @@ class Gather:
     destination. Every fan-out of a client goes through here (endpoint calls, control
     requests to procs, debugger actions, a single request).
 
-    Each :meth:`open` makes a reply port for one *key* (a rank, a request number);
-    replies to it land in ``replies[key]`` (the first one) and, when given, in
-    ``on_reply(key, message)`` on the dispatching thread (every one: a request sent
-    to several actors on one port gets one reply per actor, which names its rank).
+    Each :meth:`open` makes a reply port for one *key* (a rank, a request number).
+    Without ``on_reply``, the first reply to each port is kept in ``replies[key]`` and
+    :meth:`wait` waits for them. With ``on_reply``, every reply goes to
+    ``on_reply(key, message)`` on the dispatching thread instead (nothing is kept: a
+    call sent to several actors on one port gets one reply per actor, which names its
+    rank, and the caller knows what to keep); the port then runs ``on_reply`` itself,
+    with no frame in between, which is what keeps a single call as fast as a bare port.
     :meth:`send` is the only place the frames leave: a transport that fans a call
     out through the host agents (one message per host, replies batched per host)
     replaces its loop and nothing else. Close it (or use ``with``) to drop the ports;
     late replies are then discarded.
     """
+
+    __slots__ = ("mailbox", "replies", "_on_reply", "_ports")
 
     def __init__(self, mailbox: Mailbox,
                  on_reply: Callable[[Hashable, wire_frames.Message], None] | None = None):
@@ -224,14 +230,18 @@ class Gather:
     def open(self, key: Hashable = None) -> dict:
         """A reply port for ``key``; returns the header fields that route replies to it
         (``port``, ``reply``), to put in the request before it is encoded."""
-        def arrived(message: wire_frames.Message) -> None:
-            self.replies.setdefault(key, message)
-            if self._on_reply is not None:
-                self._on_reply(key, message)
+        if self._on_reply is not None:
+            arrived = functools.partial(self._on_reply, key)
+        else:
+            replies = self.replies
 
-        port = self.mailbox.open_port(arrived)
+            def arrived(message: wire_frames.Message) -> None:
+                replies.setdefault(key, message)
+
+        mailbox = self.mailbox
+        port = mailbox.open_port(arrived)
         self._ports.append(port)
-        return {"port": port, "reply": self.mailbox.address}
+        return {"port": port, "reply": mailbox.address}
 
     def send(self, addresses: Iterable[str], frames: list) -> None:
         """Send one encoded (and signed) frame set to every address of ``addresses``."""
@@ -248,9 +258,10 @@ class Gather:
     @protected
     def wait(self, count: int, timeout: float | None = None, check: Callable[[], None] | None = None) -> bool:
         """Block until ``count`` keys have a reply or ``timeout`` seconds pass (``None``: no
-        limit); returns whether they all came. ``check`` runs every ``CHECK_S`` seconds
-        while waiting and may raise to give up (a peer known dead). Ctrl-C ends the
-        wait; the ports stay open until :meth:`close`."""
+        limit); returns whether they all came (for a gather without ``on_reply``).
+        ``check`` runs every ``CHECK_S`` seconds while waiting and may raise to give up
+        (a peer known dead). Ctrl-C ends the wait; the ports stay open until
+        :meth:`close`."""
         guard_main_thread()
         replies = self.replies
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -262,6 +273,7 @@ class Gather:
             check()
 
     def close(self) -> None:
+        """Drop the reply ports (idempotent); replies arriving later are discarded."""
         for port in self._ports:
             self.mailbox.close_port(port)
         self._ports.clear()
