@@ -273,7 +273,12 @@ class Gather:
             check()
 
     def close(self) -> None:
-        """Drop the reply ports (idempotent); replies arriving later are discarded."""
+        """Drop the reply ports (idempotent); replies arriving later are discarded.
+
+        Also forgets ``on_reply``: it usually refers back to this gather (to close it
+        when the last reply is in), and that cycle would leave every finished call to
+        the cyclic garbage collector instead of freeing it at once."""
         for port in self._ports:
             self.mailbox.close_port(port)
         self._ports.clear()
+        self._on_reply = None
