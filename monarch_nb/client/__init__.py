@@ -19,5 +19,8 @@ May import: ``mesh``, ``protocol``, ``wire``, ``errors``, ``cluster_dir``,
 ``proc`` only what a client needs (proc identity, the ``Actor`` base, the in-process
 ``ProcServer`` of ``this_proc()``, call origins). Never the hub (the vocabulary it shares
 with the hub is in ``protocol``), never IPython or ipywidgets: display belongs to
-``notebook``, which sits above this package.
+``notebook``, which sits above this package. One deliberate exception:
+``Cluster._repr_mimebundle_`` imports ``notebook.display`` inside the method, so that
+a displayed cluster shows its health tree in any IPython (extension loaded or not);
+only IPython calls it, and nothing of the notebook layer loads before it does.
 """
