@@ -223,6 +223,7 @@ class Gather:
     def __enter__(self) -> "Gather":
         return self
 
+    @protected
     def __exit__(self, *exc) -> None:
         self.close()
 
@@ -272,6 +273,7 @@ class Gather:
                 return len(replies) >= count
             check()
 
+    @protected
     def close(self) -> None:
         """Drop the reply ports (idempotent); replies arriving later are discarded.
 
