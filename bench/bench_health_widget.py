@@ -30,7 +30,6 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 from monarch_nb.actor import Actor, endpoint, this_host  # noqa: E402
-from monarch_nb.client import cluster as cluster_mod  # noqa: E402
 from monarch_nb.client.runtime import runtime  # noqa: E402
 from monarch_nb.notebook.health_widget import HealthWidget  # noqa: E402
 

@@ -34,7 +34,6 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 from monarch_nb.actor import Actor, current_rank, endpoint, this_host  # noqa: E402
-from monarch_nb.client import cluster as cluster_mod  # noqa: E402
 from monarch_nb.client.runtime import runtime  # noqa: E402
 
 

@@ -265,7 +265,6 @@ def test_broadcast_breakpoint_stays_listed_and_an_ide_attaches_through_the_relay
 def test_paused_ranks_are_listed_again_by_a_recovered_hub():
     import monarch_nb
     from monarch_nb import cluster_dir
-    from monarch_nb.client import cluster as cluster_mod
     from monarch_nb.client.runtime import runtime
 
     from conftest import cluster_processes

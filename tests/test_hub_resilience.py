@@ -20,10 +20,9 @@ import zmq
 
 from monarch_nb import cluster_dir
 from monarch_nb.actor import Actor, ClusterError, endpoint
-from monarch_nb.client import cluster as cluster_mod
-from monarch_nb.client.runtime import runtime
 from monarch_nb.client.cluster import Cluster
 from monarch_nb.client.launch import HUB_LOG, launch_hub
+from monarch_nb.client.runtime import runtime
 from monarch_nb.wire import frames as wire_frames
 
 from conftest import cluster_processes, wait_until

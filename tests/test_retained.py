@@ -21,9 +21,8 @@ import pytest
 import monarch_nb
 import monarch_nb.actor
 from monarch_nb import cluster_dir
-from monarch_nb.client import cluster as cluster_mod
-from monarch_nb.client.runtime import runtime
 from monarch_nb.actor import this_host
+from monarch_nb.client.runtime import runtime
 from monarch_nb.errors import ClusterNotFound, InvalidRequest
 
 from conftest import cluster_processes, pids_alive, wait_until
