@@ -1,10 +1,13 @@
 """The control plane as mesh handles see it: spawn and stop actors, stop and restart
 procs, interrupt, and the registry records they need.
 
-Two implementations: :class:`HubControl` (a cluster's hub, and the procs themselves
-for interrupts) and ``local_proc.LocalControl`` (``this_proc()``: the client process
-itself, with no hub). Every op either works or raises at once: an op that makes no
-sense for ``this_proc()`` raises :class:`InvalidRequest` saying what to do instead.
+Two implementations: ``hub_client.HubControl`` (a cluster's hub, and the procs
+themselves for interrupts) and ``local_proc.LocalControl`` (``this_proc()``: the client
+process itself, with no hub). Every op either works or raises at once: an op that makes
+no sense for ``this_proc()`` raises :class:`InvalidRequest` saying what to do instead.
+
+This module is the interface and the helpers both use; it imports nothing else of the
+client, so the runtime and mesh handles can name it without an import cycle.
 """
 
 from __future__ import annotations
@@ -15,10 +18,7 @@ from typing import Callable
 from ..errors import ActorError, ClusterError, RemoteFailure
 from ..mesh import Extent
 from ..wire import serialize
-from ..wire.mailbox import Gather
 from ..wire.remote_error import unpack_exception
-from .hub_client import HubClient
-from .runtime import runtime
 
 
 class ControlPlane(abc.ABC):
@@ -66,60 +66,6 @@ class ControlPlane(abc.ABC):
     @abc.abstractmethod
     def set_rank_env(self, proc_mesh: str, env: dict[int, dict]) -> None:
         """Remember each proc's torch variables (base rank -> env), for restarts."""
-
-
-class HubControl(ControlPlane):
-    """The control plane of a cluster: its hub."""
-
-    def __init__(self, cluster_id: str, hub_address: str):
-        self.cluster_id = cluster_id
-        self.hub = HubClient(cluster_id, hub_address)
-
-    def spawn_actors(self, proc_mesh, proc_ranks, name, fields, body, buffers, timeout, while_waiting) -> dict:
-        return self.hub.request("spawn_actors", body, buffers, timeout=timeout, while_waiting=while_waiting,
-                                name=name, proc_mesh=proc_mesh, proc_ranks=proc_ranks, **fields)
-
-    def stop_actors(self, name: str, timeout: float | None = None) -> list[dict]:
-        reply = self.hub.request("stop_actors", timeout=120.0 if timeout is None else timeout, name=name)
-        return reply.get("stuck") or []
-
-    def stop_procs(self, name: str) -> None:
-        self.hub.request("stop_procs", name=name)
-
-    def restart_procs(self, proc_mesh: str, proc_ranks: list[int] | None, timeout: float) -> dict:
-        rt = runtime()
-        rt.mailbox.outbox.drop_discarded()  # calls queued for the dead must not reach the new
-        reply = self.hub.request("restart_procs", timeout=timeout, name=proc_mesh, ranks=proc_ranks)
-        for name, record in reply["actor_meshes"].items():
-            rt.supervision.sync(name, record["addresses"], record["dead"])
-            rt.supervision.clear_pending(self.cluster_id, name)
-        for handle in list(rt.proc_mesh_handles.get((self.cluster_id, proc_mesh), ())):  # all see the new procs
-            handle._procs[:] = reply["proc_mesh"]["procs"]
-        if reply["failures"]:  # the first actor mesh's; the procs are stopped, so health shows them all
-            name, packed = sorted(reply["failures"].items())[0]
-            record = reply["actor_meshes"][name]
-            raise init_error(name, f"{record['class_name'].rpartition('.')[2]}.__init__ (restarting)", packed,
-                             Extent(record["extent"]))
-        return reply
-
-    def proc_mesh_record(self, name: str) -> dict | None:
-        return self.hub.request("info", timeout=30.0)["proc_meshes"].get(name)
-
-    def actor_mesh_record(self, name: str) -> dict | None:
-        return self.hub.request("info", timeout=30.0)["actor_meshes"].get(name)
-
-    def interrupt(self, procs: list[dict], timeout: float) -> None:
-        # Straight to the procs, all at once: the hub is not on this path.
-        with Gather(runtime().mailbox) as gather:
-            for rank, proc in enumerate(procs):
-                gather.request(proc["address"], self.cluster_id, {"op": "interrupt"}, key=rank)
-            gather.wait(len(procs), timeout)
-
-    def paused(self, timeout: float) -> list[dict]:
-        return self.hub.request("debug_paused", timeout=timeout)["stops"]
-
-    def set_rank_env(self, proc_mesh: str, env: dict[int, dict]) -> None:
-        self.hub.request("set_rank_env", timeout=30.0, name=proc_mesh, env=env)
 
 
 def abandon_spawn(control: ControlPlane, name: str) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ..errors import InvalidRequest
 from ..mesh import Extent, Shape
-from .control import ControlPlane, HubControl
-from .hub_client import HubClient
+from .control import ControlPlane
+from .hub_client import HubClient, HubControl
 from .runtime import runtime
 
 LOCAL_PREFIX = "local-"  # the cluster id of this_proc(): no hub, no cluster directory
