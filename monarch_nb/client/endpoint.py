@@ -9,7 +9,7 @@ and the replies come back on one port, each naming its rank.
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 from ..errors import ActorError, RemoteFailure, SupervisionError
 from ..wire import frames as wire_frames
@@ -20,8 +20,8 @@ from .future import Future
 from .runtime import runtime
 from .value_mesh import ValueMesh
 
-if TYPE_CHECKING:
-    from .actor_mesh import ActorMesh
+# "ActorMesh" in annotations names ``actor_mesh.ActorMesh``, not imported: that module
+# imports this one, and a cycle, even for type checkers only, is one the layers forbid.
 
 
 class Endpoint:

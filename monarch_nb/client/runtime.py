@@ -25,7 +25,7 @@ import os
 import secrets
 import threading
 import weakref
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import MeshFailure
 from ..proc import stdio
@@ -36,7 +36,6 @@ from .logs import Folded, LogLines, print_sink
 from .supervision import Supervision
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
     from .control import ControlPlane
 
 
@@ -55,7 +54,9 @@ class ClientRuntime:
         self.bar_factory: progress.BarFactory = progress.terminal_bar
         self.cell = ""  # the notebook cell running now (the notebook names it)
         self.touched = False  # a call was sent since the notebook last reset this (then it flushes logs)
-        self.cluster: "Cluster | None" = None  # the connected cluster: what this_host() means
+        # The connected cluster (a ``cluster.Cluster``: not imported, cluster imports this
+        # module): what this_host() means.
+        self.cluster: Any = None
         self.cluster_lock = threading.Lock()
         self.local_planes: dict[str, "ControlPlane"] = {}  # this_proc()'s, by its cluster id
         # The handles of each proc mesh, by (cluster id, name), so that a restart updates all of them.

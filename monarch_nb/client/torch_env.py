@@ -8,7 +8,6 @@ Imports no torch, here or in the procs: setting variables needs none.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from ..errors import ClusterError, SupervisionError
 from ..protocol.records import exit_cause
@@ -18,8 +17,8 @@ from ..wire.mailbox import Gather
 from .runtime import runtime
 from .value_mesh import ValueMesh
 
-if TYPE_CHECKING:
-    from .proc_mesh import ProcMesh
+# "ProcMesh" in annotations names ``proc_mesh.ProcMesh``, not imported: that module
+# imports this one (``ProcMesh.setup_torch_distributed``).
 
 BACKENDS = ("gloo", "nccl")
 HOSTS = "hosts"  # the dimension whose index is the host ("node"); the others count procs on it
