@@ -4,10 +4,12 @@ notebook kernel, or an actor that spawns meshes of its own).
 What is here, by idea: mesh handles (``host_mesh``, ``proc_mesh``, ``actor_mesh``,
 ``mesh_handle``, ``value_mesh``), endpoint calls and their results (``endpoint``,
 ``future``, ``progress``), clusters (``cluster``, ``discovery``, ``launch``,
-``presence``), the control plane a handle talks to (``control``: the hub's, or this
-process's own for ``this_proc()`` in ``local_proc``; ``hub_client``), what the hub tells
-a client (``events``, ``logs``, ``supervision``, ``health_watch``), the debugger's client
-side (``debugger``) and ``torch.distributed`` set-up (``torch_env``).
+``presence``), the control plane a handle talks to (``control``, the interface: the
+hub's in ``hub_client``, this process's own for ``this_proc()`` in ``local_proc``),
+what the hub tells a client (``events``, ``logs``, ``supervision``, ``health_watch``),
+the debugger's client side (``debugger``) and ``torch.distributed`` set-up
+(``torch_env``). No import cycles between these modules: a name needed only in an
+annotation is not imported from a module that imports this one.
 
 ``runtime`` holds this process as a client in one object (mailbox, supervision, event
 bus, log lines, progress, connected cluster); everything here reaches the process's
