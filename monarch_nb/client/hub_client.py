@@ -14,13 +14,10 @@ from .runtime import runtime
 # The hub names the kind of error; the client raises the matching type.
 _ERROR_TYPES = {"ValueError": InvalidRequest, "ClusterError": ClusterError}
 
-# hub address -> a function that raises ClusterError once that hub is known dead
-_liveness: dict[str, Callable[[], None]] = {}
-
 
 def watch_hub(address: str, check: Callable[[], None]) -> None:
     """Make requests to the hub at ``address`` give up early when ``check`` raises."""
-    _liveness[address] = check
+    runtime().hub_liveness[address] = check
 
 
 class HubClient:
@@ -41,7 +38,7 @@ class HubClient:
         ``ClusterError`` and ``TimeoutError``) when it did not answer within ``timeout``
         seconds (``None``: no limit). ``while_waiting`` runs about twice a second until
         the reply comes (progress)."""
-        alive = _liveness.get(self.address)
+        alive = runtime().hub_liveness.get(self.address)
 
         def check() -> None:
             if alive is not None:

@@ -8,7 +8,9 @@ One per process (:func:`runtime`), owning
   event), started when the process first joins a cluster;
 - the forwarded log lines (folding, where they are shown) and the origin put on calls;
 - where progress bars go;
-- the connected (default) cluster, and the in-process control plane of ``this_proc()``.
+- the connected (default) cluster, and the in-process control plane of ``this_proc()``;
+- the calls outstanding per actor (``choose()`` balances on them) and how to tell that
+  a hub is dead (requests to it give up early).
 
 The notebook registers display hooks here (:meth:`ClientRuntime.set_line_sink`,
 :meth:`~ClientRuntime.set_bar_factory`, :meth:`~ClientRuntime.set_failure_hook`); a
@@ -21,6 +23,7 @@ DataLoader worker) gets, in the child, a runtime with a new mailbox and no event
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 import threading
@@ -61,6 +64,13 @@ class ClientRuntime:
         self.local_planes: dict[str, "ControlPlane"] = {}  # this_proc()'s, by its cluster id
         # The handles of each proc mesh, by (cluster id, name), so that a restart updates all of them.
         self.proc_mesh_handles: dict[tuple[str, str], weakref.WeakSet] = {}
+        # Calls outstanding from this client per (cluster id, actor mesh) and base rank, shared
+        # by every handle and slice of a mesh, so that choose() balances across them.
+        self.call_loads: dict[tuple[str, str], dict[int, int]] = {}
+        self.call_loads_lock = threading.Lock()
+        self.choose_turn = itertools.count()  # round-robin among equally loaded actors
+        # hub address -> a function that raises ClusterError once that hub is known dead
+        self.hub_liveness: dict[str, Callable[[], None]] = {}
 
     # what the process receives on ---------------------------------------------------------
     @property
