@@ -30,8 +30,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 from monarch_nb.actor import Actor, endpoint, this_host  # noqa: E402
-from monarch_nb.client import cluster as cluster_mod  # noqa: E402
-from monarch_nb.client import events  # noqa: E402
+from monarch_nb.client.runtime import runtime  # noqa: E402
 from monarch_nb.notebook.health_widget import HealthWidget  # noqa: E402
 
 
@@ -59,10 +58,10 @@ def main() -> int:
     args = parser.parse_args()
     reps = 4 if args.quick else 16
     host = this_host()
-    cluster = cluster_mod._default
+    cluster = runtime().cluster
     widget_s, event_s, poll_s = [], [], []
     heard: list[float] = []
-    unsubscribe = events.subscribe(lambda h: heard.append(time.perf_counter()) if h["op"] == "actors_gone" else None)
+    unsubscribe = runtime().events.subscribe(lambda h: heard.append(time.perf_counter()) if h["op"] == "actors_gone" else None)
     try:
         widget = HealthWidget(cluster)
         for i in range(reps):

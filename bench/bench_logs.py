@@ -34,8 +34,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 
 from monarch_nb.actor import Actor, current_rank, endpoint, this_host  # noqa: E402
-from monarch_nb.client import cluster as cluster_mod  # noqa: E402
-from monarch_nb.client import logs  # noqa: E402
+from monarch_nb.client.runtime import runtime  # noqa: E402
 
 
 class Talker(Actor):
@@ -100,9 +99,9 @@ def main() -> int:
     base = pipe_baseline(8, lines)
 
     procs = this_host().spawn_procs(per_host={"gpus": 8})
-    cluster = cluster_mod._default
+    cluster = runtime().cluster
     sink = Stamps()
-    logs.receiver().sink = sink
+    runtime().set_line_sink(sink)
     try:
         talkers = procs.spawn("talkers", Talker)
         t0 = time.perf_counter()
@@ -120,7 +119,7 @@ def main() -> int:
         one = talkers.slice(gpus=0)
         rtt = []
         for fold in (True, False):
-            logs.receiver().folder.enabled = fold
+            runtime().lines.folder.enabled = fold
             sink.latencies.clear()
             for _ in range(samples):
                 t = time.perf_counter()
@@ -133,9 +132,9 @@ def main() -> int:
             print(f"[2] latency print -> client, folding {'on ' if fold else 'off'}: median "
                   f"{statistics.median(lat) * 1e3:.1f} ms, p99 {pct(lat, 0.99) * 1e3:.1f} ms (n={len(lat)}); "
                   f"the call's round trip {statistics.median(rtt) * 1e3:.2f} ms", flush=True)
-        logs.receiver().folder.enabled = True
+        runtime().lines.folder.enabled = True
     finally:
-        logs.receiver().sink = logs.print_sink
+        runtime().set_line_sink(None)
         status = stop_and_check(cluster, _OWN_HOME)
     return status
 

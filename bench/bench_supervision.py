@@ -31,6 +31,7 @@ import time  # noqa: E402
 
 from monarch_nb.actor import Actor, SupervisionError, endpoint, this_host  # noqa: E402
 from monarch_nb.client import cluster as cluster_mod  # noqa: E402
+from monarch_nb.client.runtime import runtime  # noqa: E402
 
 
 class Busy(Actor):
@@ -75,7 +76,7 @@ def main() -> int:
     args = parser.parse_args()
     reps = 5 if args.quick else 20
     host = this_host()
-    cluster = cluster_mod._default
+    cluster = runtime().cluster
     detect, rtt = [], []
     try:
         for i in range(reps):

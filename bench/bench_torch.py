@@ -34,7 +34,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 from monarch_nb.actor import Actor, current_rank, endpoint, this_host  # noqa: E402
-from monarch_nb.client import cluster as cluster_mod  # noqa: E402
+from monarch_nb.client.runtime import runtime  # noqa: E402
 
 
 class Reducer(Actor):
@@ -102,7 +102,7 @@ def main() -> int:
     args = parser.parse_args()
     reps = 3 if args.quick else args.reps
     host = this_host()
-    cluster = cluster_mod._default
+    cluster = runtime().cluster
     try:
         procs = host.spawn_procs(per_host={"gpus": 4}, name="reducers")
         procs.setup_torch_distributed(backend="gloo")

@@ -18,7 +18,7 @@ from .client.future import Future
 from .client.host_mesh import HostMesh
 from .client.local_proc import this_proc
 from .client.proc_mesh import ProcMesh
-from .client.supervision import set_failure_hook
+from .client.runtime import set_failure_hook
 from .client.value_mesh import ValueMesh
 from .errors import (ActorError, ClusterError, InvalidRequest, MeshFailure, MessageTooLarge, MonarchNbError,
                      RemoteException, SerializationError, SupervisionError)

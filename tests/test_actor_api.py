@@ -12,7 +12,8 @@ import pytest
 from monarch_nb.actor import (ActorError, Extent, MessageTooLarge, RemoteException, SerializationError,
                               ValueMesh, current_rank, this_proc)
 from conftest import pids_alive, wait_until
-from monarch_nb.wire.mailbox import Mailbox, local_mailbox
+from monarch_nb.wire.mailbox import Mailbox
+from monarch_nb.client.runtime import runtime
 from sample_actors import (AsyncActor, BadInit, Caller, Counter, CustomError, Failing, NotAnActor,
                            Rendezvous)
 
@@ -274,7 +275,7 @@ def test_reply_that_arrives_while_the_call_is_still_sending_is_not_lost(counters
     background = threading.Thread(
         target=lambda: asyncio.run(wait_for(counters.slice(gpus=0).slow_echo.call_one("x", 1.0))))
     background.start()
-    assert wait_until(lambda: local_mailbox()._async_waiters > 0, 10)
+    assert wait_until(lambda: runtime().mailbox._async_waiters > 0, 10)
     original = Mailbox.send
 
     def send_then_stall(self, address, frames):
@@ -301,7 +302,7 @@ def test_a_long_wait_on_many_ranks_reports_progress(counters, monkeypatch):
         def close(self):
             seen.append(("close",))
 
-    monkeypatch.setattr(progress, "factory", Recorder)
+    monkeypatch.setattr(runtime(), "bar_factory", Recorder)
     assert counters.slow_echo.call("x", 1.3).get().values() == ["x"] * 4
     assert seen[0] == ("open", "counters.slow_echo", 4)
     assert seen[-2:] == [("update", 4), ("close",)]
@@ -326,7 +327,7 @@ def test_spawning_many_procs_reports_how_many_are_up(host, monkeypatch):
         def close(self):
             seen.append("close")
 
-    monkeypatch.setattr(progress, "factory", Recorder)
+    monkeypatch.setattr(runtime(), "bar_factory", Recorder)
     monkeypatch.setattr(progress, "SHOW_AFTER_S", 0.0)
     monkeypatch.setattr(mailbox, "CHECK_S", 0.02)
     procs = host.spawn_procs(per_host={"gpus": 12}, name="counted")

@@ -181,7 +181,7 @@ def test_a_spawn_waiting_when_its_cluster_is_stopped_says_so():
 
 def _proc_status(procs) -> dict:
     """What rank 0's proc says its actors are doing (also those still constructing)."""
-    from monarch_nb.wire.mailbox import local_mailbox
+    from monarch_nb.client.runtime import runtime
 
-    reply = local_mailbox().request(procs._procs[0]["address"], procs._cluster_id, {"op": "status"}, timeout=10)
+    reply = runtime().mailbox.request(procs._procs[0]["address"], procs._cluster_id, {"op": "status"}, timeout=10)
     return reply.header

@@ -265,11 +265,11 @@ def test_broadcast_breakpoint_stays_listed_and_an_ide_attaches_through_the_relay
 def test_paused_ranks_are_listed_again_by_a_recovered_hub():
     import monarch_nb
     from monarch_nb import cluster_dir
-    from monarch_nb.client import cluster as cluster_mod
+    from monarch_nb.client.runtime import runtime
 
     from conftest import cluster_processes
 
-    previous = cluster_mod._default
+    previous = runtime().cluster
     cluster = monarch_nb.Cluster.start("dbg-phoenix", grace_s=30)
     try:
         procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 2}, name="p")
@@ -289,4 +289,4 @@ def test_paused_ranks_are_listed_again_by_a_recovered_hub():
         subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", "dbg-phoenix"],
                        capture_output=True, timeout=60)
         assert wait_until(lambda: not cluster_processes(path), 15)
-        cluster_mod._default = previous
+        runtime().cluster = previous

@@ -81,13 +81,13 @@ def workers(host, request):
 @pytest.fixture
 def unhandled():
     """Failures that reached the client's failure hook (then armed as by default)."""
-    from monarch_nb.client import supervision
+    from monarch_nb.client.runtime import runtime
 
     seen: list[tuple[MeshFailure, dict | None]] = []
 
     def hook(cluster_id, failure, owner):
         seen.append((failure, owner))
-        supervision.arm(cluster_id, failure, owner)
+        runtime().supervision.arm(cluster_id, failure, owner)
 
     set_failure_hook(hook)
     yield seen

@@ -20,9 +20,9 @@ import zmq
 
 from monarch_nb import cluster_dir
 from monarch_nb.actor import Actor, ClusterError, endpoint
-from monarch_nb.client import cluster as cluster_mod
 from monarch_nb.client.cluster import Cluster
 from monarch_nb.client.launch import HUB_LOG, launch_hub
+from monarch_nb.client.runtime import runtime
 from monarch_nb.wire import frames as wire_frames
 
 from conftest import cluster_processes, wait_until
@@ -68,9 +68,9 @@ def retained():
         c.stop()
         assert wait_until(lambda: not cluster_processes(c.path), 15), cluster_processes(c.path)
         assert not c.path.exists(), f"{c.path} left behind"
-    if cluster_mod._default is not None:
-        cluster_mod._default.disconnect()
-        cluster_mod._default = None
+    if runtime().cluster is not None:
+        runtime().cluster.disconnect()
+        runtime().cluster = None
 
 
 def _all_healthy(c: Cluster) -> bool:

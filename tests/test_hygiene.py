@@ -21,6 +21,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys, time
     from monarch_nb.actor import Actor, endpoint, this_host
     from monarch_nb.client import cluster as cluster_mod
+    from monarch_nb.client.runtime import runtime
 
     class Echo(Actor):
         @endpoint
@@ -30,7 +31,7 @@ SCRIPT = textwrap.dedent("""
     procs = this_host().spawn_procs(per_host={"gpus": 2})
     mesh = procs.spawn("echo", Echo)
     assert mesh.echo.call("hi").get().values() == ["hi", "hi"]
-    c = cluster_mod._default
+    c = runtime().cluster
     print(json.dumps({"path": str(c.path), "hub": c._hub_process.pid, "procs": procs.pids}), flush=True)
     mode = sys.argv[1]
     if mode == "raise":

@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from monarch_nb.client import logs
+from monarch_nb.client.runtime import runtime
 from monarch_nb.errors import InvalidRequest
 from monarch_nb.mesh.ranks import parse_ranks
 
@@ -35,7 +36,7 @@ class Collected:
 def shown(cluster):
     """What the log receiver shows during the test (lines of earlier tests go first)."""
     cluster.flush_logs()
-    receiver = logs.receiver()
+    receiver = runtime().lines
     collected = Collected()
     receiver.sink = collected
     yield collected
@@ -69,12 +70,12 @@ def test_lines_that_differ_are_never_merged_and_number_only_lines_are_kept(clust
 
 
 def test_folding_off_shows_one_line_per_rank(cluster, printers, shown):
-    logs.receiver().folder.enabled = False
+    runtime().lines.folder.enabled = False
     try:
         printers.say.call(["unfolded"]).get()
         assert cluster.flush_logs()
     finally:
-        logs.receiver().folder.enabled = True
+        runtime().lines.folder.enabled = True
     assert sorted(shown.lines) == [f"stdout: [printers {r}] unfolded" for r in range(4)]
 
 

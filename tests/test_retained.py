@@ -21,8 +21,8 @@ import pytest
 import monarch_nb
 import monarch_nb.actor
 from monarch_nb import cluster_dir
-from monarch_nb.client import cluster as cluster_mod
 from monarch_nb.actor import this_host
+from monarch_nb.client.runtime import runtime
 from monarch_nb.errors import ClusterNotFound, InvalidRequest
 
 from conftest import cluster_processes, pids_alive, wait_until
@@ -64,9 +64,9 @@ def clusters():
         subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", name], capture_output=True)
         assert wait_until(lambda: not cluster_processes(path), 15), cluster_processes(path)
         assert not path.exists(), f"{path} left behind"
-    if cluster_mod._default is not None:
-        cluster_mod._default.disconnect()
-        cluster_mod._default = None
+    if runtime().cluster is not None:
+        runtime().cluster.disconnect()
+        runtime().cluster = None
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -178,7 +178,7 @@ def test_hub_killed_and_recovered_keeps_every_mesh_and_actor_state(clusters):
 
     # Killed again: starting the name re-adopts automatically while its procs live.
     os.kill(again._info["hub_pid"], signal.SIGKILL)
-    cluster_mod._default = None
+    runtime().cluster = None
     third = monarch_nb.Cluster.start("phoenix")
     assert _state(third.actor_meshes["counters"]) == [7, 7]
     more = third.proc_meshes["p"].spawn("more", Counter, 1)  # the recovered hub spawns too
@@ -393,7 +393,7 @@ def test_a_recovered_hub_keeps_procs_that_were_restarted(clusters):
     assert procs.restart_failed() == [0]
     restarted = cluster.proc_meshes["p"].pids
     os.kill(cluster._info["hub_pid"], signal.SIGKILL)
-    cluster_mod._default = None
+    runtime().cluster = None
     recovered = monarch_nb.Cluster.recover("reborn")
     tree = recovered.health()
     assert tree["counts"]["failed"] == 0 and tree["summary"].startswith("2/2 procs healthy"), tree["summary"]

@@ -6,7 +6,6 @@ be passed to other actors, which then call it from their own endpoints.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import warnings
 from typing import TYPE_CHECKING
@@ -14,21 +13,11 @@ from typing import TYPE_CHECKING
 from ..mesh import Shape
 from .endpoint import Endpoint
 from .mesh_handle import MeshHandle
+from .runtime import runtime
 
 if TYPE_CHECKING:
     from .future import Future
 
-
-# Outstanding calls per (cluster, mesh) and base rank, shared by every handle and slice
-# of a mesh in this process, so that choose() balances across them.
-_loads: dict[tuple[str, str], dict[int, int]] = {}
-_load_lock = threading.Lock()
-_round_robin = itertools.count()
-
-
-def _load_of(cluster_id: str, name: str) -> dict[int, int]:
-    with _load_lock:
-        return _loads.setdefault((cluster_id, name), {})
 
 
 class ActorMesh(MeshHandle):
@@ -78,14 +67,14 @@ class ActorMesh(MeshHandle):
 
     def _track(self, view_ranks: list[int], future: "Future") -> None:
         """Count ``future`` as outstanding on those actors until it is done (for choose)."""
-        load = _load_of(self._cluster_id, self._name)
+        lock, load = self._load()
         base = [self._shape.base_rank(r) for r in view_ranks]
-        with _load_lock:
+        with lock:
             for b in base:
                 load[b] = load.get(b, 0) + 1
 
         def done(_):
-            with _load_lock:
+            with lock:
                 for b in base:
                     load[b] -= 1
 
@@ -94,12 +83,19 @@ class ActorMesh(MeshHandle):
     def _least_loaded(self) -> int:
         """View rank of an actor with the fewest outstanding calls from this process,
         round-robin among equals."""
-        load = _load_of(self._cluster_id, self._name)
-        with _load_lock:
+        lock, load = self._load()
+        with lock:
             counts = [load.get(b, 0) for b in self._shape.base_ranks()]
         low = min(counts)
         candidates = [r for r, n in enumerate(counts) if n == low]
-        return candidates[next(_round_robin) % len(candidates)]
+        return candidates[next(runtime().choose_turn) % len(candidates)]
+
+    def _load(self) -> tuple[threading.Lock, dict[int, int]]:
+        """The lock and the outstanding-call counts (base rank -> calls) of this mesh in
+        this client (the runtime's, shared by every handle and slice)."""
+        rt = runtime()
+        with rt.call_loads_lock:
+            return rt.call_loads_lock, rt.call_loads.setdefault((self._cluster_id, self._name), {})
 
     # lifecycle -----------------------------------------------------------------------
     def restart(self, ranks: list[int] | None = None, timeout: float = 120.0) -> list[int]:
@@ -109,8 +105,10 @@ class ActorMesh(MeshHandle):
         in ``ranks`` are stopped first (their pending calls fail with
         ``SupervisionError``); other ranks are untouched. Returns the restarted proc
         ranks. Blocks until the actors are constructed again; see
-        ``ProcMesh.restart_failed`` for the errors."""
-        record = self._hub().request("info", timeout=30.0)["actor_meshes"].get(self._name)
+        ``ProcMesh.restart_failed`` for the errors (on ``this_proc()``:
+        :class:`InvalidRequest` at once)."""
+        control = self._control()
+        record = control.actor_mesh_record(self._name)
         if record is None:
             raise ValueError(f"actor mesh {self._name!r} was stopped; spawn it again")
         proc_ranks = None
@@ -121,9 +119,7 @@ class ActorMesh(MeshHandle):
             if bad:
                 raise IndexError(f"{self._name} has ranks 0-{len(self) - 1} in this view, not {bad}")
             proc_ranks = [record["proc_ranks"][self._shape.base_rank(r)] for r in ranks]
-        from .proc_mesh import restart  # proc_mesh imports this module
-
-        reply = restart(self._hub(), self._cluster_id, record["proc_mesh"], proc_ranks, timeout)
+        reply = control.restart_procs(record["proc_mesh"], proc_ranks, timeout)
         self._addresses[:] = reply["actor_meshes"][self._name]["addresses"]  # this handle and its slices
         return reply["restarted"]
 
@@ -133,10 +129,7 @@ class ActorMesh(MeshHandle):
         its next Python line). Blocks until done; warns (``RuntimeWarning``) naming the
         ranks still running an endpoint about 2 s later (a blocking C call, or code that
         catches KeyboardInterrupt): their threads end with the proc mesh."""
-        reply = self._hub().request("stop_actors", name=self._name)
-        stuck = reply.get("stuck")
-        if stuck is None and reply.get("stopped") is False:  # this_proc(): the proc answers itself
-            stuck = [{"rank": 0, "running": reply.get("running")}]
+        stuck = self._control().stop_actors(self._name)
         if stuck:
             running = ", ".join(f"rank {s['rank']} in {s['running'] or 'its __init__'}" for s in stuck)
             warnings.warn(f"actor mesh {self._name!r} was stopped, but {running} did not return after an "

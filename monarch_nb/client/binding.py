@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 
 from ..errors import ClusterError
-from ..wire import interfaces, mailbox, sockets
-from . import logs
+from ..wire import interfaces, sockets
+from .runtime import runtime
 
 
 def receive_from(hub_address: str) -> None:
@@ -30,7 +30,7 @@ def receive_from(hub_address: str) -> None:
         raise ClusterError(f"no route to the hub at {hub_address}: {e}") from None
     if want == sockets.bind_host():
         return
-    if mailbox._local is not None or logs._receiver is not None:
+    if runtime().receiving:
         raise ClusterError(
             f"this process already receives on {sockets.bind_host()}, which the procs of the cluster whose hub "
             f"is at {hub_address} can't reach; connect from a new process (restart the kernel), or set "

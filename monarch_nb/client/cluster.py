@@ -30,13 +30,14 @@ from ..mesh import Extent, Shape
 from ..proc.actor import proc_identity
 from ..wire import frames as wire_frames
 from ..protocol.records import LOG_FIELDS
-from . import binding, discovery, logs, supervision
+from . import binding, discovery
 from .actor_mesh import ActorMesh
 from .host_mesh import HostMesh
 from .hub_client import HubClient, watch_hub
 from .launch import HUB_START_TIMEOUT_S, launch_hub
 from .presence import Presence
 from .proc_mesh import ProcMesh
+from .runtime import runtime
 
 if TYPE_CHECKING:
     from .debugger import Debugger
@@ -187,11 +188,11 @@ class Cluster:
     def _attach(self) -> "Cluster":
         """Count this process as a client of the hub (which sends it the output of its
         calls), and make ``this_host()`` mean this cluster."""
-        global _default
         self._presence = Presence(self._info["cluster_id"], self._info["hub"])
         atexit.register(self.disconnect)
-        with _default_lock:
-            _default = self
+        rt = runtime()
+        with rt.cluster_lock:
+            rt.cluster = self
         return self
 
     # what is in it -------------------------------------------------------------------
@@ -253,7 +254,7 @@ class Cluster:
 
     def _actor_mesh(self, record: dict, proc_meshes: dict) -> ActorMesh:
         """A handle from the registry; calls to actors whose proc has exited fail at once."""
-        supervision.sync(record["name"], record["addresses"], record["dead"])
+        runtime().supervision.sync(record["name"], record["addresses"], record["dead"])
         return ActorMesh(self._info["cluster_id"], self._info["hub"], record["name"], record["class_name"],
                          record["endpoints"], record["methods"], Shape(Extent(record["extent"])),
                          record["addresses"])
@@ -264,10 +265,10 @@ class Cluster:
         now (the hub drains every host agent's pipes first). Returns False if not all
         arrived within ``timeout`` seconds."""
         try:
-            reply = self.hub.request("logs_flush", timeout=timeout, client_id=logs.CLIENT_ID)
+            reply = self.hub.request("logs_flush", timeout=timeout, client_id=runtime().client_id)
         except ClusterError:
             return False
-        return logs.receiver().wait_for(self._info["cluster_id"], reply["seq"], timeout)
+        return runtime().lines.wait_for(self._info["cluster_id"], reply["seq"], timeout)
 
     def logs(self, mesh: str | None = None, ranks=None, stream: str | None = None, since: float | None = None,
              grep: str | None = None, tail: int | None = None) -> list[dict]:
@@ -324,10 +325,10 @@ class Cluster:
                 time.sleep(0.01)
             discovery.end_hub(self._info)  # killed if it is still running
         discovery.remove_stale(self.path)
-        global _default
-        with _default_lock:
-            if _default is self:
-                _default = None
+        rt = runtime()
+        with rt.cluster_lock:
+            if rt.cluster is self:
+                rt.cluster = None
 
     def __repr__(self) -> str:
         kind = "ephemeral" if self._hub_process is not None else "retained"
@@ -336,9 +337,9 @@ class Cluster:
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         """How IPython shows a cluster: its health tree, as a live widget in a notebook
         plus ``text/html`` and ``text/plain`` (see ``monarch_nb.notebook.health_widget``)."""
-        from ..notebook.health_widget import mimebundle  # only IPython calls this: IPython is loaded
+        from ..notebook.display import cluster_mimebundle  # display code lives in the notebook layer
 
-        return mimebundle(self)
+        return cluster_mimebundle(self)
 
 
 def _check_start_args(name, hosts, grace_s, idle_timeout) -> None:
@@ -400,8 +401,7 @@ def connect(name: str | None = None) -> Cluster:
         raise ClusterNotFound(f"no cluster named {name!r}{_running_hint()}{start}")
     if found.state != "running":
         raise ClusterNotFound(f"cluster {name!r} is not running: {found.reason}")
-    with _default_lock:
-        current = _default
+    current = runtime().cluster
     if current is not None and current._info == found.info and not current._stopped:
         return current  # already connected to this very hub
     return Cluster(name, found.path, found.info)._attach()
@@ -425,25 +425,21 @@ def list_clusters() -> list[dict]:
     return listed
 
 
-_default: Cluster | None = None
-_default_lock = threading.Lock()
-
-
 def default_cluster() -> Cluster:
     """The cluster ``this_host()`` refers to: the connected one, else an ephemeral one
     started on first use."""
-    global _default
-    with _default_lock:
-        if _default is None:
+    rt = runtime()
+    with rt.cluster_lock:
+        if rt.cluster is None:
             in_proc = proc_identity()
             if in_proc is None:
-                _default = Cluster.start_ephemeral()
+                rt.cluster = Cluster.start_ephemeral()
             else:  # an actor spawning meshes: in its own cluster, as a client of its hub
                 path = Path(in_proc["cluster_dir"])
                 info = cluster_dir.read_info(path)
-                _default = Cluster(info["name"], path, info)
-                _default._presence = Presence(info["cluster_id"], info["hub"])
-        return _default
+                rt.cluster = Cluster(info["name"], path, info)
+                rt.cluster._presence = Presence(info["cluster_id"], info["hub"])
+        return rt.cluster
 
 
 def this_host() -> HostMesh:

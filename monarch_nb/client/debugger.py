@@ -19,9 +19,8 @@ from typing import Callable
 
 from ..errors import InvalidRequest
 from ..mesh.ranks import format_ranks, parse_ranks
-from ..wire import frames as wire_frames
-from ..wire.mailbox import local_mailbox
-from . import events
+from ..wire.mailbox import Gather
+from .runtime import runtime
 
 REQUEST_TIMEOUT_S = 30.0
 
@@ -129,7 +128,7 @@ class Debugger:
         self._cond = threading.Condition()
         self._stops: dict[str, dict] | None = None  # from debug_changed events, once one came
         self._watchers: list[Callable[[list[Stop]], None]] = []
-        self._unsubscribe = events.subscribe(self._on_event)
+        self._unsubscribe = runtime().events.subscribe(self._on_event)
 
     def _on_event(self, event: dict) -> None:
         if event.get("op") != "debug_changed" or event.get("cluster") != self._cluster_id:
@@ -217,20 +216,13 @@ class Debugger:
         """Send ``action`` to every stop's proc at once; their answers in order. A proc
         that does not answer within ``timeout`` s (or whose stop vanished: it died)
         gets ``{"error": ...}``."""
-        mailbox = local_mailbox()
         replies: dict[int, dict] = {}
-        ports = []
-        for i, stop in enumerate(stops):
-            def on_reply(message, i=i):
-                try:
-                    replies[i] = message.value()
-                except Exception as e:  # noqa: BLE001 - a reply we can't read
-                    replies[i] = {"error": f"unreadable reply: {e}"}
-            port = mailbox.open_port(on_reply)
-            ports.append(port)
-            mailbox.send(stop.address, wire_frames.encode(self._cluster_id, {
-                "op": "debug", "action": action, "dap_thread": stop.dap_thread, "port": port,
-                "reply": mailbox.address, **fields}))
+
+        def on_reply(i, message) -> None:
+            try:
+                replies[i] = message.value()
+            except Exception as e:  # noqa: BLE001 - a reply we can't read
+                replies[i] = {"error": f"unreadable reply: {e}"}
 
         # A stop that left the hub's list while we wait on an inspection means its proc
         # died (a step or continue takes it off the list on purpose: wait for those).
@@ -242,13 +234,14 @@ class Debugger:
             return all(i in replies or (vanish_ends and live is not None and s.key not in live)
                        for i, s in enumerate(stops))
 
-        try:
+        # Every port opens inside ``with``: a send that fails part way closes those already open.
+        with Gather(runtime().mailbox, on_reply) as gather:
+            for i, stop in enumerate(stops):
+                gather.request(stop.address, self._cluster_id,
+                               {"op": "debug", "action": action, "dap_thread": stop.dap_thread, **fields}, key=i)
             deadline = time.monotonic() + timeout
             while not settled() and time.monotonic() < deadline:
-                mailbox.wait(settled, min(0.25, max(0.0, deadline - time.monotonic())))
-        finally:
-            for port in ports:
-                mailbox.close_port(port)
+                gather.mailbox.wait(settled, min(0.25, max(0.0, deadline - time.monotonic())))
         return [replies.get(i, {"error": f"{s.who}: no answer (its proc died, or took over {timeout} s)"})
                 for i, s in enumerate(stops)]
 

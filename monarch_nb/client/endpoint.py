@@ -1,26 +1,27 @@
 """Endpoint adverbs: ``call``, ``call_one``, ``choose``, ``stream``, ``broadcast``.
 
 Each sends one signed message per target actor, straight to the actor's socket,
-with this process's mailbox as reply-to. The arguments are pickled and signed once
-for all targets.
+with this process's mailbox as reply-to, through one scatter/gather
+(``wire.mailbox.Gather``): the arguments are pickled and signed once for all targets,
+and the replies come back on one port, each naming its rank.
 """
 
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 from ..errors import ActorError, RemoteFailure, SupervisionError
 from ..wire import frames as wire_frames
 from ..wire.interrupts import protected
-from ..wire.mailbox import local_mailbox
+from ..wire.mailbox import Gather
 from ..wire.remote_error import unpack_exception
-from . import logs, supervision
 from .future import Future
+from .runtime import runtime
 from .value_mesh import ValueMesh
 
-if TYPE_CHECKING:
-    from .actor_mesh import ActorMesh
+# "ActorMesh" in annotations names ``actor_mesh.ActorMesh``, not imported: that module
+# imports this one, and a cycle, even for type checkers only, is one the layers forbid.
 
 
 class Endpoint:
@@ -41,27 +42,29 @@ class Endpoint:
     # sending: protected, so that Ctrl-C never sends a call to only some of its ranks,
     # or sends one whose reply has no port yet (``wire.interrupts``) --------------------
     @protected
-    def _send(self, view_ranks: list[int], args: tuple, kwargs: dict, port: int | None = None) -> None:
+    def _send(self, view_ranks: list[int], args: tuple, kwargs: dict, gather: Gather | None = None,
+              route: dict | None = None) -> None:
         """Pickle and sign the arguments once; send them to every actor in ``view_ranks``,
-        with replies to ``port`` of this process's mailbox (none for broadcast)."""
+        replies routed by ``route`` (none for broadcast)."""
         mesh = self._mesh
-        supervision.raise_armed(mesh._cluster_id, mesh._name)
-        mailbox = local_mailbox()
-        header: dict = {"k": "call", "ep": self._name, "o": logs.origin()}
-        if port is not None:
-            header.update(port=port, reply=mailbox.address)
+        rt = runtime()
+        rt.supervision.raise_armed(mesh._cluster_id, mesh._name)
+        header: dict = {"k": "call", "ep": self._name, "o": rt.origin()}
+        if route is not None:
+            header.update(route)
         frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
                                           what=f"an argument of {mesh._name}.{self._name}")
-        for r in view_ranks:
-            mailbox.send(mesh._addresses[mesh._shape.base_rank(r)], frames)
+        addresses = [mesh._addresses[mesh._shape.base_rank(r)] for r in view_ranks]
+        (gather or Gather(rt.mailbox)).send(addresses, frames)
 
     @protected
     def _gather(self, view_ranks: list[int], args, kwargs, finish) -> Future:
         """Send to ``view_ranks``; once all replied, ``finish(results, failures, dead)`` gives the
         future's ``(value, error)``."""
         mesh = self._mesh
-        mailbox = local_mailbox()
-        future: Future = Future(mailbox, f"{mesh._name}.{self._name}")
+        rt = runtime()
+        supervision = rt.supervision
+        future: Future = Future(rt, f"{mesh._name}.{self._name}")
         by_base = {mesh._shape.base_rank(r): i for i, r in enumerate(view_ranks)}
         results: list[Any] = [None] * len(view_ranks)
         failures: dict[int, RemoteFailure] = {}
@@ -72,7 +75,7 @@ class Endpoint:
         targets = {mesh._addresses[b]: b for b in by_base}
 
         @protected
-        def on_reply(message: wire_frames.Message) -> None:
+        def on_reply(_key, message: wire_frames.Message) -> None:
             i = by_base.get(message.header["rank"])
             if i is None or i in answered:  # a reply and a supervision failure may both come
                 return
@@ -100,20 +103,22 @@ class Endpoint:
                         dead_ranks.add(j)
             if remaining[0] == 0 or died:  # a dead rank fails the call now, not after the others
                 remaining[0] = 0
-                mailbox.close_port(port)
+                gather.close()
                 supervision.unwatch(port, targets)
                 value, error = finish(results, [failures[k] for k in sorted(failures)],
                                       [failures[k] for k in sorted(dead_ranks)])
                 future._resolve(value, error)
 
         # The port exists before anything is sent: a reply may arrive at once.
-        port = mailbox.open_port(on_reply)
+        gather = Gather(rt.mailbox, on_reply)
+        route = gather.open()
+        port = route["port"]
         dead = supervision.watch(mesh._cluster_id, port, targets)
         try:
             self._send([r for r in view_ranks if mesh._addresses[mesh._shape.base_rank(r)] not in dead],
-                       args, kwargs, port)
+                       args, kwargs, gather, route)
         except BaseException:
-            mailbox.close_port(port)
+            gather.close()
             supervision.unwatch(port, targets)
             raise
         for address, why in dead.items():
@@ -176,7 +181,7 @@ class Endpoint:
     def stream(self, *args, **kwargs) -> Iterator[Future]:
         """Call every actor; yield one done future per actor, in the order replies
         arrive. A failed rank's future raises :class:`ActorError` from ``get()``."""
-        mailbox = local_mailbox()
+        mailbox = runtime().mailbox
         ranks = list(range(len(self._mesh)))
         arrived: collections.deque = collections.deque()
         self._call_each(ranks, args, kwargs, arrived.append)
@@ -198,13 +203,9 @@ class Endpoint:
 def _paused_ranks_hint(mesh: "ActorMesh", by_base: dict[int, int]) -> str:
     """For a call that timed out: which of its actors are paused in the debugger (one
     hub request, at most a second), or "" (none, or no hub to ask)."""
-    from .local_proc import is_this_proc  # local_proc imports this module
-
-    if is_this_proc(mesh._cluster_id):  # no hub to ask
-        return ""
     try:
-        stops = mesh._hub().request("debug_paused", timeout=1.0)["stops"]
-    except Exception:  # noqa: BLE001 - only a hint: no hub (this_proc), or it is slow
+        stops = mesh._control().paused(timeout=1.0)
+    except Exception:  # noqa: BLE001 - only a hint: the hub may be slow or gone
         return ""
     paused = sorted({s["rank"] for s in stops if s.get("mesh") == mesh._name and s.get("rank") in by_base})
     if not paused:

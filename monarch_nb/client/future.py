@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
 
 from ..wire.interrupts import protected
-from ..wire.mailbox import Mailbox
 from . import progress
+
+if TYPE_CHECKING:
+    from .runtime import ClientRuntime
 
 R = TypeVar("R")
 
@@ -22,8 +24,9 @@ class Future(Generic[R]):
     top level, an ``async def`` endpoint.
     """
 
-    def __init__(self, mailbox: Mailbox, description: str = "call"):
-        self._mailbox = mailbox
+    def __init__(self, runtime: "ClientRuntime", description: str = "call"):
+        self._runtime = runtime
+        self._mailbox = runtime.mailbox
         self._description = description
         self._lock = threading.Lock()
         self._done = False
@@ -57,8 +60,8 @@ class Future(Generic[R]):
         ``TimeoutError`` when nothing arrived in time (the call keeps running and a
         later ``get()`` may still succeed).
         """
-        if not self._done and not progress.wait(self._mailbox, lambda: self._done, timeout, self._description,
-                                                self._ranks, self._answered):
+        if not self._done and not progress.wait(self._mailbox, self._runtime.bar_factory, lambda: self._done,
+                                                timeout, self._description, self._ranks, self._answered):
             raise TimeoutError(f"{self._description} did not finish within {timeout} s{self._why_slow()}")
         if self._error is not None:
             raise self._error

@@ -2,7 +2,7 @@
 
 The hub announces registry changes (``health_changed``, ``actors_gone``); what changes
 without an event (busy, paused, memory, CPU) is caught by a slow tick. Requests to
-the hub run on the feed's own thread, never on the event (log receiver) thread.
+the hub run on the feed's own thread, never on the event receiver's thread.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import threading
 from typing import Callable
 
 from ..errors import MonarchNbError
-from . import events
+from .runtime import runtime
 
 TICK_S = 1.0  # refresh this often without events (busy/paused/memory change silently)
 MIN_INTERVAL_S = 0.25  # at most 4 refreshes a second, however many events arrive
@@ -36,7 +36,7 @@ class HealthWatch:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self.refreshes = 0  # trees delivered so far
-        self._unsubscribe = events.subscribe(self._on_event)
+        self._unsubscribe = runtime().events.subscribe(self._on_event)
         self._thread = threading.Thread(target=self._run, name="monarch-nb-health", daemon=True)
         self._thread.start()
 

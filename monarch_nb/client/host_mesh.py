@@ -12,6 +12,7 @@ from ..proc.actor import owner_of_new_meshes
 from . import progress
 from .mesh_handle import MeshHandle
 from .proc_mesh import ProcMesh
+from .runtime import runtime
 
 SPAWN_TIMEOUT_S = 120.0
 
@@ -59,7 +60,7 @@ class HostMesh(MeshHandle):
         total = Extent(per_host).nelements * len(self._hosts)  # validates, with the user's frame on the stack
         spawn_id = secrets.token_hex(6)
         hub = self._hub()
-        bar = progress.Later(f"spawning {total} procs", total,
+        bar = progress.Later(runtime().bar_factory, f"spawning {total} procs", total,
                              lambda: hub.request("spawn_progress", timeout=5.0, spawn_id=spawn_id)["up"])
         try:
             reply = hub.request(

@@ -1,22 +1,23 @@
-"""Blocking control requests from a client (or an actor) to the hub."""
+"""Blocking control requests from a client (or an actor) to the hub, and the hub as
+the control plane of mesh handles (:class:`HubControl`)."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 from ..errors import ClusterError, HubTimeout, InvalidRequest
-from ..wire.mailbox import local_mailbox
+from ..mesh import Extent
+from ..wire.mailbox import Gather
+from .control import ControlPlane, init_error
+from .runtime import runtime
 
 # The hub names the kind of error; the client raises the matching type.
 _ERROR_TYPES = {"ValueError": InvalidRequest, "ClusterError": ClusterError}
 
-# hub address -> a function that raises ClusterError once that hub is known dead
-_liveness: dict[str, Callable[[], None]] = {}
-
 
 def watch_hub(address: str, check: Callable[[], None]) -> None:
     """Make requests to the hub at ``address`` give up early when ``check`` raises."""
-    _liveness[address] = check
+    runtime().hub_liveness[address] = check
 
 
 class HubClient:
@@ -37,7 +38,7 @@ class HubClient:
         ``ClusterError`` and ``TimeoutError``) when it did not answer within ``timeout``
         seconds (``None``: no limit). ``while_waiting`` runs about twice a second until
         the reply comes (progress)."""
-        alive = _liveness.get(self.address)
+        alive = runtime().hub_liveness.get(self.address)
 
         def check() -> None:
             if alive is not None:
@@ -45,7 +46,7 @@ class HubClient:
             if while_waiting is not None:
                 while_waiting()
 
-        reply = local_mailbox().request(self.address, self.cluster_id, {"op": op, **fields}, body,
+        reply = runtime().mailbox.request(self.address, self.cluster_id, {"op": op, **fields}, body,
                                         buffers, timeout, check=check)
         if reply is None:
             raise HubTimeout(f"the hub at {self.address} did not answer {op!r} within {timeout} s; "
@@ -54,3 +55,57 @@ class HubClient:
         if not header.get("ok"):
             raise _ERROR_TYPES.get(header.get("error_type"), ClusterError)(header["error"])
         return {k: v for k, v in header.items() if k not in ("port", "ok")}
+
+
+class HubControl(ControlPlane):
+    """The control plane of a cluster: its hub."""
+
+    def __init__(self, cluster_id: str, hub_address: str):
+        self.cluster_id = cluster_id
+        self.hub = HubClient(cluster_id, hub_address)
+
+    def spawn_actors(self, proc_mesh, proc_ranks, name, fields, body, buffers, timeout, while_waiting) -> dict:
+        return self.hub.request("spawn_actors", body, buffers, timeout=timeout, while_waiting=while_waiting,
+                                name=name, proc_mesh=proc_mesh, proc_ranks=proc_ranks, **fields)
+
+    def stop_actors(self, name: str, timeout: float | None = None) -> list[dict]:
+        reply = self.hub.request("stop_actors", timeout=120.0 if timeout is None else timeout, name=name)
+        return reply.get("stuck") or []
+
+    def stop_procs(self, name: str) -> None:
+        self.hub.request("stop_procs", name=name)
+
+    def restart_procs(self, proc_mesh: str, proc_ranks: list[int] | None, timeout: float) -> dict:
+        rt = runtime()
+        rt.mailbox.outbox.drop_discarded()  # calls queued for the dead must not reach the new
+        reply = self.hub.request("restart_procs", timeout=timeout, name=proc_mesh, ranks=proc_ranks)
+        for name, record in reply["actor_meshes"].items():
+            rt.supervision.sync(name, record["addresses"], record["dead"])
+            rt.supervision.clear_pending(self.cluster_id, name)
+        for handle in list(rt.proc_mesh_handles.get((self.cluster_id, proc_mesh), ())):  # all see the new procs
+            handle._procs[:] = reply["proc_mesh"]["procs"]
+        if reply["failures"]:  # the first actor mesh's; the procs are stopped, so health shows them all
+            name, packed = sorted(reply["failures"].items())[0]
+            record = reply["actor_meshes"][name]
+            raise init_error(name, f"{record['class_name'].rpartition('.')[2]}.__init__ (restarting)", packed,
+                             Extent(record["extent"]))
+        return reply
+
+    def proc_mesh_record(self, name: str) -> dict | None:
+        return self.hub.request("info", timeout=30.0)["proc_meshes"].get(name)
+
+    def actor_mesh_record(self, name: str) -> dict | None:
+        return self.hub.request("info", timeout=30.0)["actor_meshes"].get(name)
+
+    def interrupt(self, procs: list[dict], timeout: float) -> None:
+        # Straight to the procs, all at once: the hub is not on this path.
+        with Gather(runtime().mailbox) as gather:
+            for rank, proc in enumerate(procs):
+                gather.request(proc["address"], self.cluster_id, {"op": "interrupt"}, key=rank)
+            gather.wait(len(procs), timeout)
+
+    def paused(self, timeout: float) -> list[dict]:
+        return self.hub.request("debug_paused", timeout=timeout)["stops"]
+
+    def set_rank_env(self, proc_mesh: str, env: dict[int, dict]) -> None:
+        self.hub.request("set_rank_env", timeout=30.0, name=proc_mesh, env=env)

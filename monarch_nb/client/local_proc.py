@@ -1,7 +1,8 @@
 """``this_proc()``: the current process as a one-proc mesh, for local actors.
 
 Actors spawned on it run in threads of this process, with the same message loop
-and wire protocol as in a proc (signed with a key private to this process).
+and wire protocol as in a proc (signed with a key private to this process). There is
+no hub: :class:`LocalControl` is its control plane, served in this process.
 """
 
 from __future__ import annotations
@@ -10,53 +11,99 @@ import os
 import secrets
 import threading
 
-from ..errors import HubTimeout
+from ..errors import HubTimeout, InvalidRequest
 from ..mesh import Extent, Shape
 from ..proc.server import ProcServer
 from ..wire import frames as wire_frames
-from ..wire.mailbox import local_mailbox
+from .control import ControlPlane
+from .mesh_handle import LOCAL_PREFIX
 from .proc_mesh import ProcMesh
+from .runtime import runtime
 
-_local: "LocalProcMesh | None" = None
-_lock = threading.Lock()
-
-
-_LOCAL_PREFIX = "local-"  # the cluster id of this_proc(): no hub, no cluster directory
+_NO_HUB = ("this_proc() meshes run in threads of this client process, which has no hub to {what}; "
+           "{instead}, or run the actors on procs of a cluster: this_host().spawn_procs()")
 
 
-def is_this_proc(cluster_id: str) -> bool:
-    """True for handles of this_proc() meshes (and their actors)."""
-    return cluster_id.startswith(_LOCAL_PREFIX)
+class LocalControl(ControlPlane):
+    """The control plane of ``this_proc()``: requests go to the in-process proc server;
+    ops that need a hub (restart, the registry, the debugger's list) raise
+    :class:`InvalidRequest` at once."""
+
+    def __init__(self, cluster_id: str, server: ProcServer):
+        self.cluster_id = cluster_id
+        self.server = server
+
+    def _request(self, header: dict, body=None, buffers=(), timeout=None, check=None):
+        return runtime().mailbox.request(self.server.address, self.cluster_id, header, body, buffers,
+                                         timeout=timeout, check=check)
+
+    def spawn_actors(self, proc_mesh, proc_ranks, name, fields, body, buffers, timeout, while_waiting) -> dict:
+        header = {"op": "spawn_actor", "mesh": name, "rank": 0, "extent": {}}
+        reply = self._request(header, body, buffers, timeout=timeout, check=while_waiting)
+        if reply is None:
+            raise HubTimeout(f"{name}: this_proc() did not construct the actor within {timeout} s")
+        if not reply.header["ok"]:
+            return {"failures": {0: bytes(reply.body)}}
+        return {"extent": {}, "addresses": [reply.header["address"]], "dead": {}}
+
+    def stop_actors(self, name: str, timeout: float | None = None) -> list[dict]:
+        reply = self._request({"op": "stop_actors", "name": name}, timeout=timeout)
+        if reply is None or reply.header.get("stopped") is not False:
+            return []
+        return [{"rank": 0, "running": reply.header.get("running")}]
+
+    def stop_procs(self, name: str) -> None:
+        raise InvalidRequest(_NO_HUB.format(what="stop", instead="stop its actor meshes (mesh.stop()) instead"))
+
+    def restart_procs(self, proc_mesh, proc_ranks, timeout) -> dict:
+        raise InvalidRequest(_NO_HUB.format(
+            what="restart it", instead="stop the actor mesh (mesh.stop()) and spawn it again"))
+
+    def proc_mesh_record(self, name: str) -> dict | None:
+        return {"procs": [self.server_record()]}
+
+    def actor_mesh_record(self, name: str) -> dict | None:
+        raise InvalidRequest(_NO_HUB.format(
+            what="restart it", instead="stop the actor mesh (mesh.stop()) and spawn it again"))
+
+    def interrupt(self, procs: list[dict], timeout: float) -> None:
+        # In process, and only the actors' threads: a SIGINT would land in the client itself.
+        targets = [(a, a.calls) for a in list(self.server.actors.values()) if a.busy]
+        if targets:
+            threading.Thread(target=ProcServer._interrupt_threads, args=(targets,), daemon=True,
+                             name="monarch-nb-interrupt").start()
+
+    def paused(self, timeout: float) -> list[dict]:
+        return []  # no debug registry without a hub
+
+    def set_rank_env(self, proc_mesh: str, env: dict[int, dict]) -> None:
+        pass  # nothing restarts this proc: nothing to remember
+
+    def server_record(self) -> dict:
+        return {"proc_id": "local", "address": self.server.address, "pid": os.getpid(), "host_id": "local",
+                "exit_code": None}
 
 
 class LocalProcMesh(ProcMesh):
     """This process as a proc mesh of extent ``{}`` (one proc)."""
 
     def __init__(self):
-        cluster_id = f"{_LOCAL_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        cluster_id = f"{LOCAL_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         wire_frames.register_key(cluster_id, secrets.token_bytes(32))
-        self._server = ProcServer(cluster_id, "local", has_hub=False)
-        threading.Thread(target=self._server.serve, name="monarch-nb-local-proc", daemon=True).start()
-        super().__init__(cluster_id, self._server.address, "local", Shape(Extent({})),
-                         [{"proc_id": "local", "address": self._server.address, "pid": os.getpid(),
-                           "host_id": "local"}])
+        server = ProcServer(cluster_id, "local", has_hub=False)
+        threading.Thread(target=server.serve, name="monarch-nb-local-proc", daemon=True).start()
+        control = LocalControl(cluster_id, server)
+        runtime().local_planes[cluster_id] = control
+        record = control.server_record()
+        del record["exit_code"]
+        super().__init__(cluster_id, server.address, "local", Shape(Extent({})), [record])
 
     def __reduce__(self):
         raise TypeError("this_proc() of a client can't be sent to other processes")
 
-    def _spawn_request(self, name, class_name, endpoints, methods, body, buffers, replace, main_thread,
-                       timeout, while_waiting) -> dict:
-        header = {"op": "spawn_actor", "mesh": name, "rank": 0, "extent": {}}
-        reply = local_mailbox().request(self._server.address, self._cluster_id, header, body, buffers,
-                                        timeout=timeout, check=while_waiting)
-        if reply is None:
-            raise HubTimeout(f"{name}: this_proc() did not construct the actor within {timeout} s")
-        if not reply.header["ok"]:
-            return {"failures": {0: bytes(reply.body)}}
-        return {"extent": {}, "addresses": [reply.header["address"]]}
 
-    def stop(self) -> None:
-        raise TypeError("this_proc() is the client process itself; stop its actor meshes instead")
+_local: LocalProcMesh | None = None
+_lock = threading.Lock()
 
 
 def this_proc() -> ProcMesh:

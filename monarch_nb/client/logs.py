@@ -1,56 +1,31 @@
 """Lines printed by actors, delivered to the client whose call caused them.
 
-Every call this client sends carries an *origin* (``CLIENT_ID:CELL``); actors tag what
-they print while handling it, and the hub forwards those lines here, to a
-:class:`LogReceiver` (its own socket and thread, so log traffic never delays a reply).
-The receiver *folds* them: the same text from several ranks of a mesh within
-``FOLD_WINDOW_S`` becomes one line naming the ranks (``[trainers 0-7] epoch 1 done``).
-Lines that differ are never merged and nothing is dropped. Folded lines go to a *sink*:
-by default this process's stdout/stderr; the notebook extension routes them to the
-cell that made the call.
+Every call this client sends carries an *origin* (``CLIENT_ID:CELL``, see
+``ClientRuntime.origin``); actors tag what they print while handling it, and the hub
+forwards those lines to this process's event inbox (``events.EventReceiver``), which
+hands them to :class:`LogLines`. It *folds* them: the same text from several ranks of
+a mesh within ``FOLD_WINDOW_S`` becomes one line naming the ranks (``[trainers 0-7]
+epoch 1 done``). Lines that differ are never merged and nothing is dropped. Folded
+lines go to a *sink*: by default this process's stdout/stderr; the notebook extension
+routes them to the cell that made the call (``ClientRuntime.set_line_sink``).
 """
 
 from __future__ import annotations
 
 import _thread
-import secrets
 import sys
 import threading
 import time
 from typing import Callable
 
-import zmq
-
 from ..mesh.ranks import format_ranks
-from ..proc import stdio
-from . import events, supervision
-from ..wire import frames as wire_frames
-from ..wire import sockets
+from ..protocol.records import LOG_FIELDS
 from ..wire.interrupts import protected, sleep_on
 
 FOLD_WINDOW_S = 0.1
 
-# records as the hub sends them (see hub.logstore)
-SEQ, TIME, HOST, PROC, STREAM, MESH, RANK, ORIGIN, TEXT, SIZE = range(10)
-
-CLIENT_ID = secrets.token_hex(8)  # this process as a client, in every cluster it joins
-_cell = ""  # the notebook cell running now (set by the notebook extension)
-touched = False  # a call was sent since the notebook last reset this (then it flushes logs)
-
-
-def set_cell(tag: str) -> None:
-    """Name the cell whose calls follow, so their output can be shown under it."""
-    global _cell
-    _cell = tag
-
-
-def origin() -> str:
-    """The origin to put on a call: the call being handled when this runs inside an
-    actor (output of nested calls goes to the cell that started it all), else this
-    client and the current cell."""
-    global touched
-    touched = True
-    return stdio.call_origin() or f"{CLIENT_ID}:{_cell}"
+# indices of a record as the hub sends it
+SEQ, TIME, HOST, PROC, STREAM, MESH, RANK, ORIGIN, TEXT, SIZE = range(len(LOG_FIELDS))
 
 
 class Folded:
@@ -142,54 +117,40 @@ def print_sink(lines: list[Folded]) -> None:
         print(line, file=sys.stderr if line.stream == "stderr" else sys.stdout, flush=True)
 
 
-class LogReceiver:
-    """This process's inbox for forwarded lines, served by a daemon thread."""
+class LogLines:
+    """Forwarded lines on their way to the sink: folded, then shown in order. The event
+    receiver thread adds them and emits what is due; :meth:`wait_for` shows everything
+    up to a batch the hub named."""
 
     def __init__(self):
-        self._sock, self.address = sockets.bind_inbox()
-        self._guard = wire_frames.ReplayGuard()
         self.folder = Folder()
         self.sink: Callable[[list[Folded]], None] = print_sink
         self._seq: dict[str, int] = {}  # cluster id -> last batch number received
         self._lock = threading.Lock()  # guards folder and _seq
         self._waiters: set = set()  # wait_for's private locks, released when a batch arrives
         self._emit_lock = threading.Lock()
-        threading.Thread(target=self._run, name="monarch-nb-logs", daemon=True).start()
 
-    def _run(self) -> None:
-        while True:
-            due = self.folder.next_due()
-            timeout = 100 if due is None else max(0, int((due - time.time()) * 1000) + 1)
-            if self._sock.poll(timeout):
-                while self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    self._receive(sockets.recv_frames(self._sock, zmq.NOBLOCK))
-            with self._lock:
-                lines = self.folder.take(time.time())
-            self._emit(lines)
-
-    def _receive(self, frames) -> None:
-        try:
-            message = wire_frames.decode(frames, self._guard)
-        except wire_frames.BadMessage:
-            return
-        header = message.header
-        if header.get("op") != "log_lines":
-            if header.get("op") == "actors_gone":
-                supervision.actors_gone(header)
-            elif header.get("op") == "supervision":
-                supervision.unhandled(header)
-            events.publish(header)
-            return
+    def add(self, cluster_id: str, seq: int, records: list[list]) -> None:
+        """Batch ``seq`` of ``cluster_id``'s forwarded records arrived."""
         now = time.time()
         with self._lock:
-            for record in header["records"]:
+            for record in records:
                 self.folder.add(record, now)
-            self._seq[header["cluster"]] = header["seq"]
+            self._seq[cluster_id] = seq
             for waiter in list(self._waiters):
                 try:
                     waiter.release()
                 except RuntimeError:  # already woken
                     pass
+
+    def next_due(self) -> float | None:
+        """When (epoch seconds) the oldest pending group is due; ``None``: none pending."""
+        return self.folder.next_due()
+
+    def emit_due(self, now: float) -> None:
+        with self._lock:
+            lines = self.folder.take(now)
+        self._emit(lines)
 
     def _emit(self, lines: list[Folded]) -> None:
         if lines:
@@ -223,16 +184,3 @@ class LogReceiver:
                 self._waiters.discard(waiter)
         self._emit(lines)
         return arrived
-
-
-_receiver: LogReceiver | None = None
-_receiver_lock = threading.Lock()
-
-
-def receiver() -> LogReceiver:
-    """This process's log receiver, started on first use."""
-    global _receiver
-    with _receiver_lock:
-        if _receiver is None:
-            _receiver = LogReceiver()
-        return _receiver

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+from ..errors import InvalidRequest
 from ..mesh import Extent, Shape
-from .hub_client import HubClient
+from .control import ControlPlane
+from .hub_client import HubClient, HubControl
+from .runtime import runtime
+
+LOCAL_PREFIX = "local-"  # the cluster id of this_proc(): no hub, no cluster directory
+
+
+def is_this_proc(cluster_id: str) -> bool:
+    """True for handles of this_proc() meshes (and their actors)."""
+    return cluster_id.startswith(LOCAL_PREFIX)
 
 
 class MeshHandle:
@@ -29,3 +39,14 @@ class MeshHandle:
 
     def _hub(self) -> HubClient:
         return HubClient(self._cluster_id, self._hub_address)
+
+    def _control(self) -> ControlPlane:
+        """The control plane of this handle's cluster: its hub, or this process for
+        ``this_proc()`` meshes."""
+        if is_this_proc(self._cluster_id):
+            plane = runtime().local_planes.get(self._cluster_id)
+            if plane is None:
+                raise InvalidRequest(f"{self!r} is a this_proc() mesh of another process (or of this one "
+                                   "before a fork); only that process can control it")
+            return plane
+        return HubControl(self._cluster_id, self._hub_address)

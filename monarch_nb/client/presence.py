@@ -9,9 +9,8 @@ import sys
 import threading
 
 from ..wire import frames as wire_frames
-from ..wire.mailbox import local_mailbox
 from ..proc.actor import proc_identity
-from . import logs
+from .runtime import runtime
 
 HEARTBEAT_S = 1.0  # the hub forgets a client silent for 3 s (hub.server.CLIENT_TIMEOUT_S)
 
@@ -34,15 +33,16 @@ class Presence:
         self.cluster_id = cluster_id
         self.hub_address = hub_address
         self._closed = threading.Event()
-        self._hello = {"op": "client_alive", "client_id": logs.CLIENT_ID, "pid": os.getpid(),
-                       "hostname": socket.gethostname(), "label": _label(), "logs": logs.receiver().address,
+        rt = runtime()
+        self._hello = {"op": "client_alive", "client_id": rt.client_id, "pid": os.getpid(),
+                       "hostname": socket.gethostname(), "label": _label(), "logs": rt.event_inbox().address,
                        # A proc's own output is captured already: forwarding lines to it would echo.
                        "lines": proc_identity() is None}
         self._send(self._hello)
         threading.Thread(target=self._run, name="monarch-nb-presence", daemon=True).start()
 
     def _send(self, header: dict) -> None:
-        local_mailbox().send(self.hub_address, wire_frames.encode(self.cluster_id, header))
+        runtime().mailbox.send(self.hub_address, wire_frames.encode(self.cluster_id, header))
 
     def _run(self) -> None:
         while not self._closed.wait(HEARTBEAT_S):
@@ -55,4 +55,4 @@ class Presence:
     def close(self) -> None:
         if not self._closed.is_set():
             self._closed.set()
-            self._send({"op": "client_bye", "client_id": logs.CLIENT_ID})
+            self._send({"op": "client_bye", "client_id": runtime().client_id})

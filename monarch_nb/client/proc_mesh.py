@@ -5,15 +5,15 @@ from __future__ import annotations
 import inspect
 import weakref
 
-from ..errors import ActorError, ClusterError, HubTimeout, RemoteFailure
+from ..errors import HubTimeout
 from ..mesh import Extent, Shape
 from ..proc.actor import Actor, endpoint_names, owner_of_new_meshes
 from ..wire import serialize
-from ..wire.mailbox import local_mailbox
-from ..wire.remote_error import unpack_exception
-from . import logs, progress, supervision, torch_env
+from . import progress, torch_env
 from .actor_mesh import ActorMesh
+from .control import abandon_spawn, init_error
 from .mesh_handle import MeshHandle
+from .runtime import runtime
 from .value_mesh import ValueMesh
 
 
@@ -28,10 +28,6 @@ def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
     return f"{cls.__module__}.{cls.__qualname__}", endpoints, methods
 
 
-# The handles of each proc mesh in this process, so that a restart updates all of them.
-_handles: dict[tuple[str, str], "weakref.WeakSet[ProcMesh]"] = {}
-
-
 class ProcMesh(MeshHandle):
     """Worker processes laid out over ``extent``, e.g. ``{"hosts": 1, "gpus": 8}``."""
 
@@ -41,7 +37,7 @@ class ProcMesh(MeshHandle):
         self._name = name
         self._shape = shape
         self._procs = procs  # base rank order: proc_id, address, pid, host_id
-        _handles.setdefault((cluster_id, name), weakref.WeakSet()).add(self)
+        runtime().proc_mesh_handles.setdefault((cluster_id, name), weakref.WeakSet()).add(self)
 
     def __reduce__(self):
         return (ProcMesh, (self._cluster_id, self._hub_address, self._name, self._shape, self._procs))
@@ -77,50 +73,37 @@ class ProcMesh(MeshHandle):
         class_name, endpoints, methods = _actor_class_info(actor_class)
         body, buffers = serialize.dumps((actor_class, args, kwargs),
                                         f"{actor_class.__name__} or its constructor arguments")
-        bar = progress.Later(f"{name}: {actor_class.__name__}.__init__", len(self), lambda: None)
+        rt = runtime()
+        control = self._control()
+        bar = progress.Later(rt.bar_factory, f"{name}: {actor_class.__name__}.__init__", len(self), lambda: None)
+        fields = dict(extent=dict(self.extent), class_name=class_name, endpoints=endpoints, methods=methods,
+                      replace=replace, o=rt.origin(), main_thread=getattr(actor_class, "_monarch_main_thread", False),
+                      owner=owner_of_new_meshes())
         try:
-            reply = self._spawn_request(name, class_name, endpoints, methods, body, [b.raw() for b in buffers],
-                                        replace, getattr(actor_class, "_monarch_main_thread", False),
-                                        init_timeout, bar.tick)
+            reply = control.spawn_actors(self._name, self._shape.base_ranks(), name, fields, body,
+                                         [b.raw() for b in buffers], init_timeout, bar.tick)
         except HubTimeout:
-            self._abandon_spawn(name)
+            abandon_spawn(control, name)
             raise TimeoutError(f"{actor_class.__name__}.__init__ did not return within {init_timeout} s on every "
                                f"rank of {name!r}; the actors were interrupted and the mesh stopped") from None
         except KeyboardInterrupt:
-            self._abandon_spawn(name)
+            abandon_spawn(control, name)
             raise
         finally:
             bar.close(None)
         if "failures" in reply:
             raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
-        supervision.sync(name, reply["addresses"], reply.get("dead", {}))  # this_proc: none
+        rt.supervision.sync(name, reply["addresses"], reply["dead"])
         return ActorMesh(self._cluster_id, self._hub_address, name, class_name, endpoints, methods,
                          Shape(Extent(reply["extent"])), reply["addresses"])
-
-    def _spawn_request(self, name, class_name, endpoints, methods, body, buffers, replace, main_thread,
-                       timeout, while_waiting) -> dict:
-        return self._hub().request(
-            "spawn_actors", body, buffers, timeout=timeout, while_waiting=while_waiting, name=name,
-            proc_mesh=self._name,
-            proc_ranks=self._shape.base_ranks(), extent=dict(self.extent), class_name=class_name,
-            endpoints=endpoints, methods=methods, replace=replace, o=logs.origin(), main_thread=main_thread,
-            owner=owner_of_new_meshes())
-
-    def _abandon_spawn(self, name: str) -> None:
-        """Stop actor mesh ``name`` whose spawn this client gave up on (the hub interrupts
-        constructors still running)."""
-        try:
-            self._hub().request("stop_actors", name=name, timeout=30.0)
-        except ClusterError:  # the cluster itself is gone: nothing left to stop
-            pass
 
     def interrupt(self, timeout: float = 5.0) -> None:
         """Raise ``KeyboardInterrupt`` in every endpoint running in this mesh's procs (or
         this slice's): the calls fail with an :class:`ActorError` wrapping it, and the
-        actors and procs carry on."""
-        mailbox = local_mailbox()
-        for rank in self._shape.base_ranks():
-            mailbox.request(self._procs[rank]["address"], self._cluster_id, {"op": "interrupt"}, timeout=timeout)
+        actors and procs carry on. Waits up to ``timeout`` seconds for the procs to
+        confirm. On ``this_proc()`` only the actors' threads are interrupted, never the
+        client's own."""
+        self._control().interrupt([self._procs[r] for r in self._shape.base_ranks()], timeout)
 
     def setup_torch_distributed(self, backend: str = "gloo", master_addr: str | None = None,
                                 master_port: int | None = None) -> ValueMesh:
@@ -150,48 +133,22 @@ class ProcMesh(MeshHandle):
 
         Handles keep working: a restarted actor listens at its old address when it is
         free (else get new handles from ``cluster.actor_meshes``). Raises
-        :class:`ClusterError` when procs can't start or ``__init__`` raises again, and
-        ``ValueError`` when the mesh was stopped."""
-        return restart(self._hub(), self._cluster_id, self._name, None, timeout)["restarted"]
+        :class:`ClusterError` when procs can't start or ``__init__`` raises again,
+        ``ValueError`` when the mesh was stopped, and :class:`InvalidRequest` at once on
+        ``this_proc()`` (the client itself can't be restarted)."""
+        return self._control().restart_procs(self._name, None, timeout)["restarted"]
 
     def _refresh(self) -> None:
         """Take the hub's current procs of this mesh (a restart replaces some)."""
-        record = self._hub().request("info", timeout=30.0)["proc_meshes"].get(self._name)
+        record = self._control().proc_mesh_record(self._name)
         if record is not None and len(record["procs"]) == len(self._procs):
             self._procs[:] = record["procs"]
 
     def stop(self) -> None:
         """Stop every proc of this mesh (the whole mesh, also when called on a slice) and
         the actors on them. Blocks until the processes have exited."""
-        self._hub().request("stop_procs", name=self._name)
+        self._control().stop_procs(self._name)
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._name!r} {dict(self.extent)}>"
 
-
-def restart(hub, cluster_id: str, proc_mesh: str, proc_ranks: list[int] | None, timeout: float) -> dict:
-    """Ask the hub to restart ``proc_ranks`` of ``proc_mesh`` (None: the failed ones);
-    returns its reply (``restarted`` ranks, ``actor_meshes`` records)."""
-    local_mailbox().outbox.drop_discarded()  # calls queued for the dead must not reach the new
-    reply = hub.request("restart_procs", timeout=timeout, name=proc_mesh, ranks=proc_ranks)
-    for name, record in reply["actor_meshes"].items():
-        supervision.sync(name, record["addresses"], record["dead"])
-        supervision.clear_pending(cluster_id, name)
-    for handle in list(_handles.get((cluster_id, proc_mesh), ())):  # every handle here sees the new procs
-        handle._procs[:] = reply["proc_mesh"]["procs"]
-    if reply["failures"]:  # the first actor mesh's; the procs are stopped, so health shows them all
-        name, packed = sorted(reply["failures"].items())[0]
-        record = reply["actor_meshes"][name]
-        raise init_error(name, f"{record['class_name'].rpartition('.')[2]}.__init__ (restarting)", packed,
-                         Extent(record["extent"]))
-    return reply
-
-
-def init_error(mesh: str, what: str, packed: dict, extent: Extent) -> ActorError:
-    """The :class:`ActorError` for actors whose ``__init__`` raised (``packed``: rank ->
-    the exception as the proc packed it)."""
-    failures = []
-    for rank, frames in sorted(packed.items()):
-        exc, tb = unpack_exception(serialize.loads(frames))
-        failures.append(RemoteFailure(extent.point(int(rank)), exc, tb))
-    return ActorError(mesh, what, failures, extent.nelements)

@@ -2,9 +2,10 @@
 
 ``Future.get()`` on a call over several ranks waits quietly for ``SHOW_AFTER_S``; if
 the call is still running then, a bar appears and counts the ranks done until the
-call completes. Where the bar goes is pluggable: a rich bar on an interactive
-terminal by default, an ipywidgets bar in a notebook (set by the notebook extension),
-nothing when output is not a terminal.
+call completes. Where the bar goes is the runtime's bar factory
+(``ClientRuntime.set_bar_factory``): a rich bar on an interactive terminal by default,
+an ipywidgets bar in a notebook (the notebook extension's), nothing when output is not
+a terminal.
 """
 
 from __future__ import annotations
@@ -41,17 +42,19 @@ class _RichBar:
         self._progress.stop()
 
 
-def _terminal_bar(description: str, total: int) -> Bar | None:
+BarFactory = Callable[[str, int], "Bar | None"]
+
+
+def terminal_bar(description: str, total: int) -> Bar | None:
+    """The default bar factory: a rich bar on an interactive terminal, else none."""
     return _RichBar(description, total) if sys.stderr.isatty() else None
 
 
-factory: Callable[[str, int], Bar | None] = _terminal_bar
-
-
-def wait(mailbox: Mailbox, done: Callable[[], bool], timeout: float | None, description: str,
+def wait(mailbox: Mailbox, factory: BarFactory, done: Callable[[], bool], timeout: float | None, description: str,
          total: int, count: Callable[[], int]) -> bool:
-    """``mailbox.wait(done, timeout)``, showing a bar of ``count()``/``total`` ranks done
-    once the wait has lasted ``SHOW_AFTER_S``. Returns ``done()``."""
+    """``mailbox.wait(done, timeout)``, showing a bar made by ``factory`` of
+    ``count()``/``total`` ranks done once the wait has lasted ``SHOW_AFTER_S``.
+    Returns ``done()``."""
     if total < 2:
         return mailbox.wait(done, timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -76,10 +79,12 @@ def wait(mailbox: Mailbox, done: Callable[[], bool], timeout: float | None, desc
 
 
 class Later:
-    """A bar for a wait driven elsewhere: :meth:`tick` (called while waiting) shows it
-    once ``SHOW_AFTER_S`` have passed and updates it with ``count()``."""
+    """A bar (made by ``factory``) for a wait driven elsewhere: :meth:`tick` (called
+    while waiting) shows it once ``SHOW_AFTER_S`` have passed and updates it with
+    ``count()``."""
 
-    def __init__(self, description: str, total: int, count: Callable[[], int | None]):
+    def __init__(self, factory: BarFactory, description: str, total: int, count: Callable[[], int | None]):
+        self._factory = factory
         self._description, self._total, self._count = description, total, count
         self._started = time.monotonic()
         self._bar: Bar | None = None
@@ -88,7 +93,7 @@ class Later:
         if self._total < 2 or time.monotonic() - self._started < SHOW_AFTER_S:
             return
         if self._bar is None:
-            self._bar = factory(self._description, self._total)
+            self._bar = self._factory(self._description, self._total)
             if self._bar is None:
                 self._total = 0  # nowhere to show it: stop trying
                 return

@@ -8,7 +8,7 @@ so it is dispatched like any reply), and later calls to them fail without being 
 The call then raises :class:`SupervisionError` naming mesh, rank, host, pid and cause.
 
 A failure that no owning actor handled (see ``hub.supervision``) is passed to the
-failure hook. The default hook arms it: the next call on the affected mesh (the mesh
+failure hook (``ClientRuntime.set_failure_hook``). The default hook arms it: the next call on the affected mesh (the mesh
 whose ``broadcast`` endpoint raised, or the owner's mesh for a failure in a mesh an
 actor spawned) raises it as :class:`SupervisionError` once, without being sent. The
 notebook extension's hook also shows it at once. Proc deaths fail the calls that
@@ -23,114 +23,118 @@ from typing import Callable
 from ..errors import MeshFailure, SupervisionError
 from ..wire import frames as wire_frames
 from ..wire import sockets
-from ..wire.mailbox import local_mailbox
+from ..wire.mailbox import Mailbox
 from ..wire.remote_error import pack_exception
 
-_lock = threading.Lock()
-_dead: dict[str, str] = {}  # actor address -> why it is gone
-_waiting: dict[str, dict[int, tuple[str, int]]] = {}  # actor address -> port -> (cluster id, base rank)
-_armed: dict[tuple[str, str], list[MeshFailure]] = {}  # (cluster id, actor mesh) -> failures to raise
+FailureHook = Callable[[str, MeshFailure, "dict | None"], None]
 
 
-def watch(cluster_id: str, port: int, targets: dict[str, int]) -> dict[str, str]:
-    """Note that ``port`` waits on the actors at ``targets`` (address -> base rank);
-    returns those already known dead (address -> why), which must not be called."""
-    with _lock:
-        for address in targets:
-            _waiting.setdefault(address, {})[port] = (cluster_id, targets[address])
-        return {a: _dead[a] for a in targets if a in _dead}
+class Supervision:
+    """What this client knows of dead actors and unhandled failures (one per process,
+    owned by the client runtime). ``mailbox()`` gives the process's mailbox, to which
+    failure replies are sent."""
 
+    def __init__(self, mailbox: Callable[[], Mailbox]):
+        self._mailbox = mailbox
+        self._lock = threading.Lock()
+        self._dead: dict[str, str] = {}  # actor address -> why it is gone
+        self._waiting: dict[str, dict[int, tuple[str, int]]] = {}  # address -> port -> (cluster id, base rank)
+        self._armed: dict[tuple[str, str], list[MeshFailure]] = {}  # (cluster id, actor mesh) -> failures
+        self._hook: FailureHook = self.arm
 
-def unwatch(port: int, addresses) -> None:
-    with _lock:
-        for address in addresses:
-            ports = _waiting.get(address)
-            if ports is not None:
-                ports.pop(port, None)
-                if not ports:
-                    del _waiting[address]
+    # calls waiting on actors ------------------------------------------------------------
+    def watch(self, cluster_id: str, port: int, targets: dict[str, int]) -> dict[str, str]:
+        """Note that ``port`` waits on the actors at ``targets`` (address -> base rank);
+        returns those already known dead (address -> why), which must not be called."""
+        with self._lock:
+            for address in targets:
+                self._waiting.setdefault(address, {})[port] = (cluster_id, targets[address])
+            return {a: self._dead[a] for a in targets if a in self._dead}
 
+    def unwatch(self, port: int, addresses) -> None:
+        with self._lock:
+            for address in addresses:
+                ports = self._waiting.get(address)
+                if ports is not None:
+                    ports.pop(port, None)
+                    if not ports:
+                        del self._waiting[address]
 
-def sync(mesh: str, addresses: list[str], dead: dict) -> None:
-    """The hub's view of an actor mesh: the actors at ``addresses`` are alive except
-    those whose rank is in ``dead`` (rank -> why its proc is gone)."""
-    with _lock:
-        for rank, address in enumerate(addresses):
-            why = dead.get(str(rank), dead.get(rank))
-            if why is None:
-                _dead.pop(address, None)  # a live actor; its port may be a dead one's, reused
-            else:
-                _dead[address] = f"{mesh} rank {rank}: {why}"
+    def sync(self, mesh: str, addresses: list[str], dead: dict) -> None:
+        """The hub's view of an actor mesh: the actors at ``addresses`` are alive except
+        those whose rank is in ``dead`` (rank -> why its proc is gone)."""
+        with self._lock:
+            for rank, address in enumerate(addresses):
+                why = dead.get(str(rank), dead.get(rank))
+                if why is None:
+                    self._dead.pop(address, None)  # a live actor; its port may be a dead one's, reused
+                else:
+                    self._dead[address] = f"{mesh} rank {rank}: {why}"
 
+    def fail(self, cluster_id: str, port: int, base_rank: int, why: str) -> None:
+        """Send the waiting call at ``port`` a failure reply for ``base_rank``."""
+        mailbox = self._mailbox()
+        header = {"port": port, "rank": base_rank, "ok": False, "supervision": True}
+        mailbox.send(mailbox.address, wire_frames.encode_value(cluster_id, header,
+                                                                 pack_exception(SupervisionError(why))))
 
-def fail(cluster_id: str, port: int, base_rank: int, why: str) -> None:
-    """Send the waiting call at ``port`` a failure reply for ``base_rank``."""
-    mailbox = local_mailbox()
-    header = {"port": port, "rank": base_rank, "ok": False, "supervision": True}
-    mailbox.send(mailbox.address, wire_frames.encode_value(cluster_id, header,
-                                                             pack_exception(SupervisionError(why))))
+    def why_dead(self, address: str) -> str | None:
+        """Why the actor at ``address`` is known gone, or ``None``."""
+        with self._lock:
+            return self._dead.get(address)
 
+    # hub events -------------------------------------------------------------------------
+    def on_event(self, event: dict) -> None:
+        """An event bus subscriber: ``actors_gone`` and ``supervision`` events."""
+        op = event.get("op")
+        if op == "actors_gone":
+            self.actors_gone(event)
+        elif op == "supervision":
+            failure = MeshFailure.from_event(event["failure"])
+            self._hook(event["cluster"], failure, event["failure"].get("owner"))
 
-def actors_gone(event: dict) -> None:
-    """The hub's news that actors died with their proc or were stopped: fail what waits
-    on them, and drop calls still queued for them."""
-    with _lock:
-        pending = []
-        for address, (mesh, rank, why) in event["actors"].items():
-            _dead[address] = f"{mesh} rank {rank}: {why}"
-            sockets.Outbox.discard(address)
-            pending += [(port, cid, base, _dead[address]) for port, (cid, base) in _waiting.pop(address, {}).items()]
-    for port, cluster_id, base_rank, reason in pending:
-        fail(cluster_id, port, base_rank, reason)
+    def actors_gone(self, event: dict) -> None:
+        """The hub's news that actors died with their proc or were stopped: fail what waits
+        on them, and drop calls still queued for them."""
+        with self._lock:
+            pending = []
+            for address, (mesh, rank, why) in event["actors"].items():
+                self._dead[address] = f"{mesh} rank {rank}: {why}"
+                sockets.Outbox.discard(address)
+                pending += [(port, cid, base, self._dead[address])
+                            for port, (cid, base) in self._waiting.pop(address, {}).items()]
+        for port, cluster_id, base_rank, reason in pending:
+            self.fail(cluster_id, port, base_rank, reason)
 
+    # unhandled failures -----------------------------------------------------------------
+    def arm(self, cluster_id: str, failure: MeshFailure, owner: dict | None = None) -> None:
+        """The default failure hook: the next call on the affected mesh raises ``failure``."""
+        meshes = [owner["mesh"]] if owner else (failure.meshes if failure.kind == "endpoint_failed" else ())
+        with self._lock:
+            for mesh in meshes:
+                self._armed.setdefault((cluster_id, mesh), []).append(failure)
 
-def why_dead(address: str) -> str | None:
-    """Why the actor at ``address`` is known gone, or ``None``."""
-    with _lock:
-        return _dead.get(address)
+    def set_failure_hook(self, hook: FailureHook | None) -> None:
+        """Route unhandled failures to ``hook(cluster_id, failure, owner)`` instead of the
+        default (:meth:`arm`); ``None`` restores the default."""
+        if hook is not None and not callable(hook):
+            raise TypeError(f"set_failure_hook needs a function (cluster_id, failure, owner) or None, not {hook!r}")
+        self._hook = hook or self.arm
 
+    def raise_armed(self, cluster_id: str, mesh: str) -> None:
+        """Raise (once) the failures armed for ``mesh``: called before a call is sent."""
+        if not self._armed:  # the hot path: nothing armed anywhere
+            return
+        with self._lock:
+            failures = self._armed.pop((cluster_id, mesh), None)
+        if failures:
+            failures.sort(key=lambda f: f.ranks)
+            error = SupervisionError(f"{mesh}: unhandled failure since the last call: "
+                                     + "; ".join(str(f) for f in failures))
+            error.events = failures
+            raise error
 
-def arm(cluster_id: str, failure: MeshFailure, owner: dict | None = None) -> None:
-    """The default failure hook: the next call on the affected mesh raises ``failure``."""
-    meshes = [owner["mesh"]] if owner else (failure.meshes if failure.kind == "endpoint_failed" else ())
-    with _lock:
-        for mesh in meshes:
-            _armed.setdefault((cluster_id, mesh), []).append(failure)
-
-
-_hook: Callable[[str, MeshFailure, dict | None], None] = arm
-
-
-def set_failure_hook(hook: Callable[[str, MeshFailure, dict | None], None] | None) -> None:
-    """Route unhandled failures to ``hook(cluster_id, failure, owner)`` instead of the
-    default (:func:`arm`: raise at the next call on the affected mesh); ``None``
-    restores the default. ``owner`` is the actor (``mesh``, ``rank``) whose child mesh
-    failed, or ``None``. The hook runs on the event thread: it must not block."""
-    global _hook
-    if hook is not None and not callable(hook):
-        raise TypeError(f"set_failure_hook needs a function (cluster_id, failure, owner) or None, not {hook!r}")
-    _hook = hook or arm
-
-
-def unhandled(event: dict) -> None:
-    """The hub's news of a failure nobody handled."""
-    failure = MeshFailure.from_event(event["failure"])
-    _hook(event["cluster"], failure, event["failure"].get("owner"))
-
-
-def raise_armed(cluster_id: str, mesh: str) -> None:
-    """Raise (once) the failures armed for ``mesh``: called before a call is sent."""
-    with _lock:
-        failures = _armed.pop((cluster_id, mesh), None)
-    if failures:
-        failures.sort(key=lambda f: f.ranks)
-        error = SupervisionError(f"{mesh}: unhandled failure since the last call: "
-                                 + "; ".join(str(f) for f in failures))
-        error.events = failures
-        raise error
-
-
-def clear_pending(cluster_id: str, mesh: str) -> None:
-    """Forget armed failures of ``mesh`` (it was restarted)."""
-    with _lock:
-        _armed.pop((cluster_id, mesh), None)
+    def clear_pending(self, cluster_id: str, mesh: str) -> None:
+        """Forget armed failures of ``mesh`` (it was restarted)."""
+        with self._lock:
+            self._armed.pop((cluster_id, mesh), None)

@@ -8,18 +8,17 @@ Imports no torch, here or in the procs: setting variables needs none.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from ..errors import ClusterError, SupervisionError
 from ..protocol.records import exit_cause
 from ..mesh import Extent
-from ..wire import frames as wire_frames
 from ..wire.interfaces import host_of
-from ..wire.mailbox import local_mailbox
+from ..wire.mailbox import Gather
+from .runtime import runtime
 from .value_mesh import ValueMesh
 
-if TYPE_CHECKING:
-    from .proc_mesh import ProcMesh
+# "ProcMesh" in annotations names ``proc_mesh.ProcMesh``, not imported: that module
+# imports this one (``ProcMesh.setup_torch_distributed``).
 
 BACKENDS = ("gloo", "nccl")
 HOSTS = "hosts"  # the dimension whose index is the host ("node"); the others count procs on it
@@ -70,24 +69,16 @@ def _ask(mesh: "ProcMesh", headers: list[dict], timeout: float) -> list[dict]:
     rank order. Raises :class:`SupervisionError` as soon as the hub knows that a proc
     that has not answered exited, and :class:`ClusterError` naming the procs that did
     not answer within ``timeout`` seconds."""
-    mailbox = local_mailbox()
     procs = [mesh._procs[r] for r in mesh._shape.base_ranks()]
-    replies: dict[int, dict] = {}
-    ports = []
-    try:
+    with Gather(runtime().mailbox) as gather:
         for rank, (proc, header) in enumerate(zip(procs, headers)):
-            port = mailbox.open_port(lambda m, rank=rank: replies.__setitem__(rank, m.header))
-            ports.append(port)
-            mailbox.send(proc["address"], wire_frames.encode(
-                mesh._cluster_id, {**header, "port": port, "reply": mailbox.address}))
+            gather.request(proc["address"], mesh._cluster_id, header, key=rank)
         deadline = time.monotonic() + timeout
-        while not mailbox.wait(lambda: len(replies) == len(procs), min(CHECK_S, deadline - time.monotonic())):
-            _raise_if_exited(mesh, procs, replies)
+        while not gather.wait(len(procs), min(CHECK_S, deadline - time.monotonic())):
+            _raise_if_exited(mesh, procs, gather.replies)
             if time.monotonic() >= deadline:
                 break
-    finally:
-        for port in ports:
-            mailbox.close_port(port)
+        replies = {rank: message.header for rank, message in gather.replies.items()}
     missing = [f"rank {r} (proc {p['proc_id']}, pid {p['pid']})" for r, p in enumerate(procs) if r not in replies]
     if missing:
         raise ClusterError(f"proc mesh {mesh.name!r}: {', '.join(missing)} did not answer within {timeout} s; "
@@ -96,12 +87,10 @@ def _ask(mesh: "ProcMesh", headers: list[dict], timeout: float) -> list[dict]:
 
 
 def _raise_if_exited(mesh: "ProcMesh", procs: list[dict], replies: dict) -> None:
-    """:class:`SupervisionError` naming the procs without a reply that the hub's
-    registry shows exited. (``this_proc()`` has no hub: nothing to ask.)"""
-    if _is_this_proc(mesh):
-        return
+    """:class:`SupervisionError` naming the procs without a reply that the registry
+    shows exited."""
     try:
-        record = mesh._hub().request("info", timeout=CHECK_S)["proc_meshes"].get(mesh.name, {})
+        record = mesh._control().proc_mesh_record(mesh.name) or {}
     except ClusterError:
         return
     known = {(p["proc_id"], p["pid"]): p["exit_code"] for p in record.get("procs", [])}
@@ -151,8 +140,7 @@ def setup(mesh: "ProcMesh", backend: str | None = None, master_addr: str | None 
     if backend is not None:
         check_backend(backend)
     _check_master(master_addr, master_port)
-    if not _is_this_proc(mesh):
-        mesh._refresh()  # a restart may have replaced procs since this handle was made
+    mesh._refresh()  # a restart may have replaced procs since this handle was made
     n = len(mesh)
     query = [{"op": "torch_env_query", "free_port": r == 0 and master_port is None} for r in range(n)]
     states = _ask(mesh, query, timeout)
@@ -165,14 +153,7 @@ def setup(mesh: "ProcMesh", backend: str | None = None, master_addr: str | None 
         ips = [host_of(mesh._procs[b]["address"]) for b in mesh._shape.base_ranks()]
         envs = [s["env"] for s in _ask(mesh, [{"op": "torch_env_set", "env": e, "ip": ip}
                                               for e, ip in zip(wanted, ips)], timeout)]
-        if not _is_this_proc(mesh):  # a restarted proc starts with the same variables
-            mesh._hub().request("set_rank_env", timeout=30.0, name=mesh._name,
-                                env={b: e for b, e in zip(mesh._shape.base_ranks(), envs)})
+        # a restarted proc starts with the same variables
+        mesh._control().set_rank_env(mesh._name, {b: e for b, e in zip(mesh._shape.base_ranks(), envs)})
     return ValueMesh(mesh.extent, envs)
 
-
-def _is_this_proc(mesh: "ProcMesh") -> bool:
-    """``this_proc()``: the client itself, with no hub to ask."""
-    from .local_proc import is_this_proc  # local_proc imports proc_mesh, which imports this module
-
-    return is_this_proc(mesh._cluster_id)

@@ -1,7 +1,23 @@
-"""The IPython extension: ``%load_ext monarch_nb`` (the ``monarch`` kernel loads it).
+"""The notebook layer: the IPython extension (``%load_ext monarch_nb``; the ``monarch``
+kernel loads it) and every display of monarch_nb objects.
 
-It adds the ``%monarch`` magics, shows actor output under the cell that caused it and
-a progress bar (ipywidgets) while a call over many ranks takes more than a second.
+It adds the ``%monarch`` magics (``magics``; the debugger's in ``debug_magics``, the
+JupyterLab debugger panel's bridge in ``lab_debugger``), shows actor output under the
+cell that caused it (``cells``), a progress bar (ipywidgets) while a call over many
+ranks takes more than a second (``progress``), and the health tree as a live widget
+with ``text/html`` and ``text/plain`` fallbacks (``display``, ``health_widget``).
+
+It plugs in only by registering hooks on the client runtime (line sink, bar factory,
+failure hook: ``client.runtime.ClientRuntime``), never by assigning other modules'
+globals, so the actor API behaves the same in a script and a notebook and this layer
+only adds display.
+
+May import: everything below it (``client``, ``allocators``, ``debug``, ``proc``,
+``protocol``, ``wire``, ``mesh``, ``errors``, the renderers ``health_view`` and
+``render``) plus IPython, ipywidgets and rich; nothing below it imports IPython or
+ipywidgets. ipywidgets is imported lazily where a terminal IPython without it must
+still work (``display``, ``progress``). Nothing below imports this package; ``kernel`` and the
+top-level ``monarch_nb`` (the extension's entry points) sit above it.
 """
 
 from __future__ import annotations

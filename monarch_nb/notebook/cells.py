@@ -15,8 +15,8 @@ import collections
 import itertools
 import sys
 
-from ..client import cluster as cluster_mod
-from ..client import logs, supervision
+from ..client import logs
+from ..client.runtime import runtime
 from ..errors import MeshFailure
 
 MAX_LINES_PER_CELL = 1000
@@ -39,8 +39,9 @@ class CellLogs:
     def register(self) -> None:
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
         self.shell.events.register("post_run_cell", self.post_run_cell)
-        logs.receiver().sink = self.sink
-        supervision.set_failure_hook(self.on_failure)
+        rt = runtime()
+        rt.set_line_sink(self.sink)
+        rt.set_failure_hook(self.on_failure)
         # The cell's result (Out[n]) is published while the cell runs, before
         # post_run_cell: fetch the lines first so they show above it, in order.
         hook = self.shell.displayhook
@@ -59,15 +60,17 @@ class CellLogs:
         self.shell.events.unregister("post_run_cell", self.post_run_cell)
         hook = self.shell.displayhook
         hook.__class__ = getattr(hook, "_monarch_base", type(hook))
-        logs.receiver().sink = logs.print_sink
-        supervision.set_failure_hook(None)
-        logs.set_cell("")
+        rt = runtime()
+        rt.set_line_sink(None)
+        rt.set_failure_hook(None)
+        rt.cell = ""
 
     def flush(self) -> None:
         """Show every line the calls made so far in this cell caused."""
-        cluster = cluster_mod._default
-        if logs.touched and cluster is not None and not cluster._stopped:
-            logs.touched = False
+        rt = runtime()
+        cluster = rt.cluster
+        if rt.touched and cluster is not None and not cluster._stopped:
+            rt.touched = False
             cluster.flush_logs(timeout=5.0)
 
     def pre_run_cell(self, info=None) -> None:
@@ -81,8 +84,9 @@ class CellLogs:
             self.hidden.pop(old, None)
         self.current = tag
         self.running = True
-        logs.set_cell(tag)
-        logs.touched = False
+        rt = runtime()
+        rt.cell = tag
+        rt.touched = False
         queued, self.queued = self.queued, []
         for text in queued:
             print(text, file=sys.stderr, flush=True)
@@ -103,7 +107,7 @@ class CellLogs:
     def on_failure(self, cluster_id: str, failure: MeshFailure, owner: dict | None) -> None:
         """Failure hook: the next call on the mesh raises it (the default), and the
         notebook shows it now, under the running cell, or at the start of the next."""
-        supervision.arm(cluster_id, failure, owner)
+        runtime().supervision.arm(cluster_id, failure, owner)
         where = f"{owner['mesh']} rank {owner['rank']} did not handle: " if owner else ""
         text = f"[monarch] unhandled failure: {where}{failure.why}"
         if failure.kind == "endpoint_failed" or owner:

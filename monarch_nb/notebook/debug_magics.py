@@ -22,7 +22,7 @@ from IPython.display import display
 from ..client.actor_mesh import ActorMesh
 from ..client.debugger import Stop
 from ..mesh.ranks import format_ranks
-from .health_widget import widgets_render
+from .display import widgets_render
 
 HELP = """\
   %monarch break FILE:LINE [MESH] [--ranks 0-3] [--condition EXPR]

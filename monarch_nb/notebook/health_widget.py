@@ -23,7 +23,6 @@ from ipywidgets import HTML, Button, HBox, Layout, VBox
 
 from .. import health_view
 from ..client.health_watch import MIN_INTERVAL_S, TICK_S, HealthWatch
-from ..errors import MonarchNbError
 
 _TOGGLE_WIDTH = "24px"
 _OPEN, _CLOSED = "▾", "▸"
@@ -213,26 +212,3 @@ def widget_for(cluster, initial: dict | None = None) -> HealthWidget:
         if widget is None or widget.comm is None or widget.ended is not None:
             widget = cluster._health_widget = HealthWidget(cluster, initial)
         return widget
-
-
-def widgets_render() -> bool:
-    """True in a kernel with a frontend (where a widget can show), not in a terminal."""
-    from IPython import get_ipython
-
-    return getattr(get_ipython(), "kernel", None) is not None
-
-
-def mimebundle(cluster) -> dict:
-    """What IPython shows for ``cluster``: the live widget (in a kernel), the tree as
-    ``text/html`` and as ``text/plain``. One hub round trip (~ms)."""
-    if cluster._stopped:
-        return {"text/plain": f"{cluster!r} (stopped)"}
-    try:
-        tree = cluster.health()
-    except MonarchNbError as e:
-        return {"text/plain": f"{cluster!r}: no health tree: {e}"}
-    bundle = {"text/plain": health_view.to_plain(tree), "text/html": health_view.to_html(tree)}
-    if widgets_render():
-        view = widget_for(cluster, tree)._repr_mimebundle_()
-        bundle["application/vnd.jupyter.widget-view+json"] = view["application/vnd.jupyter.widget-view+json"]
-    return bundle

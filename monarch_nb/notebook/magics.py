@@ -22,6 +22,7 @@ from ..client import cluster as cluster_mod
 from ..client import logs
 from ..client.actor_mesh import ActorMesh
 from ..client.proc_mesh import ProcMesh
+from ..client.runtime import runtime
 from ..client.value_mesh import ValueMesh
 from ..errors import ActorError, MonarchNbError, RemoteFailure, SupervisionError
 from ..protocol.records import LOG_FIELDS
@@ -147,7 +148,7 @@ class MonarchMagics(Magics):
 
     # helpers -----------------------------------------------------------------------
     def _cluster(self) -> cluster_mod.Cluster:
-        cluster = cluster_mod._default
+        cluster = runtime().cluster
         if cluster is None or cluster._stopped:
             raise UsageError("not connected to a cluster: run %monarch start [NAME] or %monarch connect [NAME]")
         return cluster
@@ -257,7 +258,7 @@ class MonarchMagics(Magics):
     def _logs(self, args, cell=None) -> None:
         cluster = self._cluster()
         if args.fold is not None:
-            logs.receiver().folder.enabled = args.fold == "on"
+            runtime().lines.folder.enabled = args.fold == "on"
             print(f"monarch: folding {'on' if args.fold == 'on' else 'off'}")
             if args.mesh is None and not args.follow:
                 return
@@ -291,7 +292,7 @@ class MonarchMagics(Magics):
 
     @staticmethod
     def _show_records(records: list[list]) -> None:
-        logs.print_sink(logs.fold_records(records, logs.receiver().folder.enabled))
+        logs.print_sink(logs.fold_records(records, runtime().lines.folder.enabled))
 
     def _interrupt(self, args, cell=None) -> None:
         procs = self._procs_of(args.mesh)

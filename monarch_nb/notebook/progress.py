@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from ..client import progress
+from ..client.runtime import runtime
 
 
 class WidgetBar:
@@ -32,12 +32,13 @@ class WidgetBar:
 
 
 def install() -> None:
+    """Show progress as widget bars (when ipywidgets is installed; else as before)."""
     try:
         import ipywidgets  # noqa: F401 - the notebook extra; without it, no bar
     except ImportError:
         return
-    progress.factory = WidgetBar
+    runtime().set_bar_factory(WidgetBar)
 
 
 def uninstall() -> None:
-    progress.factory = progress._terminal_bar
+    runtime().set_bar_factory(None)

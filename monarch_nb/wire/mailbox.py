@@ -15,12 +15,12 @@ the lock bookkeeping, so an interrupted wait leaves the mailbox as it was.
 from __future__ import annotations
 
 import _thread
+import functools
 import itertools
-import os
 import threading
 import time
 import traceback
-from typing import Callable
+from typing import Callable, Hashable, Iterable
 
 import zmq
 
@@ -35,7 +35,7 @@ CHECK_S = 0.5  # how often a request's ``check`` runs while it waits
 
 
 class Mailbox:
-    """Inbox plus outbox of one process. Use :func:`local_mailbox`."""
+    """Inbox plus outbox of one process (the client runtime owns it: one per process)."""
 
     def __init__(self):
         self.outbox = sockets.Outbox()
@@ -66,7 +66,6 @@ class Mailbox:
         guard_main_thread()  # a script's first act may be a broadcast: no wait has guarded it yet
         self.outbox.send(address, frames)
 
-    @protected
     def request(self, address: str, cluster_id: str, header: dict, body: bytes | None = None,
                 buffers=(), timeout: float | None = None,
                 check: Callable[[], None] | None = None) -> wire_frames.Message | None:
@@ -75,22 +74,10 @@ class Mailbox:
         ``check`` runs every ``CHECK_S`` seconds while waiting and may raise to give up
         (e.g. when the peer is known dead). A KeyboardInterrupt ends the wait (the
         request was sent whole; its late reply is dropped)."""
-        guard_main_thread()
-        replies: list[wire_frames.Message] = []
-        port = self.open_port(replies.append)
-        try:
-            header = {**header, "port": port, "reply": self.address}
-            self.send(address, wire_frames.encode(cluster_id, header, body, buffers))
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
-                left = None if deadline is None else deadline - time.monotonic()
-                step = left if check is None else (CHECK_S if left is None else min(left, CHECK_S))
-                if self.wait(lambda: bool(replies), step) or (left is not None and left <= step):
-                    break
-                check()
-        finally:
-            self.close_port(port)
-        return replies[0] if replies else None
+        with Gather(self) as gather:
+            gather.request(address, cluster_id, header, body, buffers)
+            gather.wait(1, timeout, check)
+            return gather.replies.get(None)
 
     # waiting ---------------------------------------------------------------------
     @protected
@@ -206,18 +193,94 @@ class _AsyncWaiter:
             mb._async_waiters -= 1
 
 
-_local: Mailbox | None = None
-_local_pid: int | None = None
-_local_lock = threading.Lock()
+class Gather:
+    """Scatter/gather: requests sent to many destinations, the replies collected per
+    destination. Every fan-out of a client goes through here (endpoint calls, control
+    requests to procs, debugger actions, a single request).
 
+    Each :meth:`open` makes a reply port for one *key* (a rank, a request number).
+    Without ``on_reply``, the first reply to each port is kept in ``replies[key]`` and
+    :meth:`wait` waits for them. With ``on_reply``, every reply goes to
+    ``on_reply(key, message)`` on the dispatching thread instead (nothing is kept: a
+    call sent to several actors on one port gets one reply per actor, which names its
+    rank, and the caller knows what to keep); the port then runs ``on_reply`` itself,
+    with no frame in between, which is what keeps a single call as fast as a bare port.
+    :meth:`send` is the only place the frames leave: a transport that fans a call
+    out through the host agents (one message per host, replies batched per host)
+    replaces its loop and nothing else. Close it (or use ``with``) to drop the ports;
+    late replies are then discarded.
+    """
 
-@protected
-def local_mailbox() -> Mailbox:
-    """This process's mailbox, created on first use (and anew after a fork)."""
-    global _local, _local_pid
-    if _local is None or _local_pid != os.getpid():
-        with _local_lock:
-            if _local is None or _local_pid != os.getpid():
-                _local = Mailbox()
-                _local_pid = os.getpid()
-    return _local
+    __slots__ = ("mailbox", "replies", "_on_reply", "_ports")
+
+    def __init__(self, mailbox: Mailbox,
+                 on_reply: Callable[[Hashable, wire_frames.Message], None] | None = None):
+        self.mailbox = mailbox
+        self.replies: dict[Hashable, wire_frames.Message] = {}
+        self._on_reply = on_reply
+        self._ports: list[int] = []
+
+    def __enter__(self) -> "Gather":
+        return self
+
+    @protected
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @protected
+    def open(self, key: Hashable = None) -> dict:
+        """A reply port for ``key``; returns the header fields that route replies to it
+        (``port``, ``reply``), to put in the request before it is encoded."""
+        if self._on_reply is not None:
+            arrived = functools.partial(self._on_reply, key)
+        else:
+            replies = self.replies
+
+            def arrived(message: wire_frames.Message) -> None:
+                replies.setdefault(key, message)
+
+        mailbox = self.mailbox
+        port = mailbox.open_port(arrived)
+        self._ports.append(port)
+        return {"port": port, "reply": mailbox.address}
+
+    def send(self, addresses: Iterable[str], frames: list) -> None:
+        """Send one encoded (and signed) frame set to every address of ``addresses``."""
+        for address in addresses:
+            self.mailbox.send(address, frames)
+
+    @protected
+    def request(self, address: str, cluster_id: str, header: dict, body: bytes | None = None,
+                buffers=(), key: Hashable = None) -> None:
+        """Send ``header`` (plus a pickled ``body``) to ``address``, its reply kept under ``key``."""
+        route = self.open(key)
+        self.send((address,), wire_frames.encode(cluster_id, {**header, **route}, body, buffers))
+
+    @protected
+    def wait(self, count: int, timeout: float | None = None, check: Callable[[], None] | None = None) -> bool:
+        """Block until ``count`` keys have a reply or ``timeout`` seconds pass (``None``: no
+        limit); returns whether they all came (for a gather without ``on_reply``).
+        ``check`` runs every ``CHECK_S`` seconds while waiting and may raise to give up
+        (a peer known dead). Ctrl-C ends the wait; the ports stay open until
+        :meth:`close`."""
+        guard_main_thread()
+        replies = self.replies
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            step = left if check is None else (CHECK_S if left is None else min(left, CHECK_S))
+            if self.mailbox.wait(lambda: len(replies) >= count, step) or (left is not None and left <= step):
+                return len(replies) >= count
+            check()
+
+    @protected
+    def close(self) -> None:
+        """Drop the reply ports (idempotent); replies arriving later are discarded.
+
+        Also forgets ``on_reply``: it usually refers back to this gather (to close it
+        when the last reply is in), and that cycle would leave every finished call to
+        the cyclic garbage collector instead of freeing it at once."""
+        for port in self._ports:
+            self.mailbox.close_port(port)
+        self._ports.clear()
+        self._on_reply = None

@@ -1,0 +1,71 @@
+"""this_proc(): the client process as a mesh, with its own control plane (no hub)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from monarch_nb.actor import Actor, ActorError, InvalidRequest, endpoint, this_proc
+
+
+class Napper(Actor):
+    @endpoint
+    def nap(self, seconds: float) -> str:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+        return "rested"
+
+    @endpoint
+    def ping(self) -> int:
+        return os.getpid()
+
+
+def test_restart_of_a_this_proc_mesh_fails_at_once_with_what_to_do():
+    mesh = this_proc().spawn("local_restart", Napper)
+    try:
+        started = time.monotonic()
+        with pytest.raises(InvalidRequest, match="can't|stop the actor mesh"):
+            mesh.restart()
+        with pytest.raises(InvalidRequest):
+            this_proc().restart_failed()
+        assert time.monotonic() - started < 1.0
+    finally:
+        mesh.stop()
+
+
+def test_interrupt_of_a_this_proc_actor_spares_the_client():
+    mesh = this_proc().spawn("local_interrupt", Napper)
+    try:
+        call = mesh.nap.call_one(30.0)
+        time.sleep(0.3)  # let the endpoint start
+        this_proc().interrupt()  # a SIGINT would raise KeyboardInterrupt here, in the client
+        with pytest.raises(ActorError, match="KeyboardInterrupt"):
+            call.get(timeout=10)
+        assert mesh.ping.call_one().get(timeout=10) == os.getpid()  # the client and the actor carry on
+    finally:
+        mesh.stop()
+
+
+def test_a_cluster_displays_without_ipywidgets():
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["ipywidgets"] = None  # unimportable
+        import monarch_nb.actor
+        from monarch_nb.actor import this_host
+        from monarch_nb.client.cluster import default_cluster
+        this_host()
+        cluster = default_cluster()
+        assert "Cluster" in repr(cluster)
+        bundle = cluster._repr_mimebundle_()
+        assert "text/html" in bundle and "text/plain" in bundle, bundle
+        print("displayed")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "displayed" in out.stdout
