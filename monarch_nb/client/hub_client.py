@@ -76,8 +76,7 @@ class HubControl(ControlPlane):
         self.hub.request("stop_procs", name=name)
 
     def restart_procs(self, proc_mesh: str, proc_ranks: list[int] | None, timeout: float) -> dict:
-        rt = runtime()
-        rt.mailbox.outbox.drop_discarded()  # calls queued for the dead must not reach the new
+        rt = runtime()  # (calls queued for the dead were dropped when the hub said they died)
         reply = self.hub.request("restart_procs", timeout=timeout, name=proc_mesh, ranks=proc_ranks)
         for name, record in reply["actor_meshes"].items():
             rt.supervision.sync(name, record["addresses"], record["dead"])

@@ -8,7 +8,7 @@ import weakref
 from ..errors import HubTimeout
 from ..mesh import Extent, Shape
 from ..proc.actor import Actor, endpoint_names, owner_of_new_meshes
-from ..wire import serialize
+from ..wire import serialize, sockets
 from . import progress, torch_env
 from .actor_mesh import ActorMesh
 from .control import abandon_spawn, init_error
@@ -148,6 +148,8 @@ class ProcMesh(MeshHandle):
         """Stop every proc of this mesh (the whole mesh, also when called on a slice) and
         the actors on them. Blocks until the processes have exited."""
         self._control().stop_procs(self._name)
+        for proc in self._procs:  # (the hub tells every client of the actors: Supervision.actors_gone)
+            sockets.Outbox.discard(proc["address"])
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._name!r} {dict(self.extent)}>"

@@ -95,14 +95,15 @@ class Supervision:
 
     def actors_gone(self, event: dict) -> None:
         """The hub's news that actors died with their proc or were stopped: fail what waits
-        on them, and drop calls still queued for them."""
+        on them, and close the sockets to them (dropping calls still queued for them)."""
         with self._lock:
             pending = []
             for address, (mesh, rank, why) in event["actors"].items():
                 self._dead[address] = f"{mesh} rank {rank}: {why}"
-                sockets.Outbox.discard(address)
                 pending += [(port, cid, base, self._dead[address])
                             for port, (cid, base) in self._waiting.pop(address, {}).items()]
+        for address in event["actors"]:  # no socket of any thread keeps reconnecting to them
+            sockets.Outbox.discard(address)
         for port, cluster_id, base_rank, reason in pending:
             self.fail(cluster_id, port, base_rank, reason)
 
