@@ -14,6 +14,7 @@ import threading
 from ..errors import HubTimeout, InvalidRequest
 from ..mesh import Extent, Shape
 from ..proc.server import ProcServer
+from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
 from .control import ControlPlane
 from .mesh_handle import LOCAL_PREFIX
@@ -38,16 +39,16 @@ class LocalControl(ControlPlane):
                                          timeout=timeout, check=check)
 
     def spawn_actors(self, proc_mesh, proc_ranks, name, fields, body, buffers, timeout, while_waiting) -> dict:
-        header = {"op": "spawn_actor", "mesh": name, "rank": 0, "extent": {}}
+        header = {envelope.OP: proc_ops.SPAWN_ACTOR, proc_ops.MESH: name, envelope.RANK: 0, proc_ops.EXTENT: {}}
         reply = self._request(header, body, buffers, timeout=timeout, check=while_waiting)
         if reply is None:
             raise HubTimeout(f"{name}: this_proc() did not construct the actor within {timeout} s")
-        if not reply.header["ok"]:
+        if not reply.header[envelope.OK]:
             return {"failures": {0: bytes(reply.body)}}
-        return {"extent": {}, "addresses": [reply.header["address"]], "dead": {}}
+        return {"extent": {}, "addresses": [reply.header[proc_ops.ADDRESS]], "dead": {}}
 
     def stop_actors(self, name: str, timeout: float | None = None) -> list[dict]:
-        reply = self._request({"op": "stop_actors", "name": name}, timeout=timeout)
+        reply = self._request({envelope.OP: proc_ops.STOP_ACTOR, proc_ops.MESH: name}, timeout=timeout)
         if reply is None or reply.header.get("stopped") is not False:
             return []
         return [{"rank": 0, "running": reply.header.get("running")}]

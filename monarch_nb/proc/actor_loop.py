@@ -33,7 +33,7 @@ import zmq
 
 from ..errors import MeshFailure
 from ..mesh import Point
-from ..protocol import envelope, proc_ops
+from ..protocol import envelope, hub_ops, proc_ops
 from ..wire import frames as wire_frames
 from ..wire import interrupts, sockets
 from ..wire.remote_error import pack_exception
@@ -313,5 +313,5 @@ class ActorThread:
         print(f"broadcast {name} raised:\n{tb}", file=sys.stderr, end="")  # tagged with mesh and rank
         if self.hub is not None:
             self.outbox.send(self.hub, wire_frames.encode(self.cluster_id, {
-                envelope.OP: proc_ops.ACTOR_FAILED, proc_ops.MESH: self.mesh_name, envelope.RANK: self.point.rank,
+                envelope.OP: hub_ops.ACTOR_FAILED, proc_ops.MESH: self.mesh_name, envelope.RANK: self.point.rank,
                 "endpoint": name, envelope.ERROR: f"{type_name.rsplit('.', 1)[-1]}: {text}", "traceback": tb}))
