@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..protocol import agent_ops, envelope
 from ..protocol.records import LOST_EXIT_CODE
 from ..wire.aio import AioEndpoint
 from .mesh_ops import MeshOps
@@ -68,7 +69,8 @@ class Allocation:
         hosts: dict[str, HostRecord] = saved["hosts"]
         registry.proc_meshes, registry.actor_meshes = saved["proc_meshes"], saved["actor_meshes"]
         replies = await asyncio.gather(*(
-            self._net.request(h.address, {"op": "adopt", "hub": self._net.address}, timeout=ADOPT_TIMEOUT_S)
+            self._net.request(h.address, {envelope.OP: agent_ops.ADOPT, "hub": self._net.address},
+                              timeout=ADOPT_TIMEOUT_S)
             for h in hosts.values()), return_exceptions=True)
         exited: dict[str, int] = {}
         for host, reply in zip(hosts.values(), replies):

@@ -24,6 +24,7 @@ import asyncio
 import time
 from typing import Callable
 
+from ..protocol import envelope, proc_ops
 from ..protocol.records import LOST_EXIT_CODE, exit_cause
 from ..wire.aio import AioEndpoint
 from .mesh_ops import MeshOps
@@ -158,7 +159,8 @@ class Health:
     async def _proc_status(self, proc: ProcRecord) -> dict | None | bool:
         """The proc's answer to ``status``; ``None`` if it did not answer in time;
         ``False`` if its exit was reported meanwhile (a dead proc is not waited for)."""
-        request = asyncio.ensure_future(self._net.request(proc.address, {"op": "status"}, timeout=STATUS_TIMEOUT_S))
+        request = asyncio.ensure_future(self._net.request(proc.address, {envelope.OP: proc_ops.STATUS},
+                                                          timeout=STATUS_TIMEOUT_S))
         while not request.done():
             await asyncio.wait([request], timeout=0.02)
             if proc.exit_code is not None:

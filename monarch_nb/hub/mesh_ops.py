@@ -16,7 +16,7 @@ import sys
 
 from .. import cluster_dir
 from ..mesh import Extent
-from ..protocol import events
+from ..protocol import envelope, events, proc_ops
 from ..protocol.records import exit_cause
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
@@ -122,17 +122,18 @@ class MeshOps:
         constructing = self._spawning_actors[name] = [mesh.procs[r] for r in header["proc_ranks"]]
         try:
             replies = await asyncio.gather(*(
-                self._net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
-                                                           "extent": header["extent"], "o": header.get("o"),
-                                                           "main_thread": header.get("main_thread", False),
-                                                           "owner": header.get("owner"), **self._debug.spawn_fields()},
-                                 body, buffers)
+                self._net.request(mesh.procs[r].address, {
+                    envelope.OP: proc_ops.SPAWN_ACTOR, proc_ops.MESH: name, envelope.RANK: i,
+                    proc_ops.EXTENT: header["extent"], proc_ops.ORIGIN: header.get(proc_ops.ORIGIN),
+                    proc_ops.MAIN_THREAD: header.get(proc_ops.MAIN_THREAD, False),
+                    "owner": header.get("owner"), **self._debug.spawn_fields()},
+                    body, buffers)
                 for i, r in enumerate(header["proc_ranks"])))
         finally:
             if self._spawning_actors.get(name) is constructing:
                 del self._spawning_actors[name]
-        addresses = [r.header["address"] for r in replies]
-        failures = {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}
+        addresses = [r.header[proc_ops.ADDRESS] for r in replies]
+        failures = {r.header[envelope.RANK]: bytes(r.body) for r in replies if not r.header[envelope.OK]}
         record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
                                  header["endpoints"], header.get("methods", []), addresses, payload_id,
                                  owner=header.get("owner"))
@@ -152,7 +153,8 @@ class MeshOps:
         # the spawn then fails and stops what was made.
         constructing = self._spawning_actors.get(header["name"], [])
         replies = await asyncio.gather(*(
-            self._net.request(p.address, {"op": "stop_actor", "mesh": header["name"]}, timeout=STOP_ACTOR_TIMEOUT_S)
+            self._net.request(p.address, {envelope.OP: proc_ops.STOP_ACTOR, proc_ops.MESH: header["name"]},
+                              timeout=STOP_ACTOR_TIMEOUT_S)
             for p in constructing if p.exit_code is None), return_exceptions=True)
         return {"stuck": [{"rank": i, "running": r.header.get("running")} for i, r in enumerate(replies)
                           if not isinstance(r, BaseException) and r.header.get("stopped") is False]}
@@ -194,7 +196,8 @@ class MeshOps:
         """Stop the actors of ``record``; returns those that did not stop within the
         procs' wait (``rank``, ``running``: the endpoint they are still in)."""
         self.forget_actor_mesh(record)
-        await self._announcer.announce({"op": events.ACTORS_GONE, "actors": {  # calls to them fail, now and later
+        # Calls to them fail, now and later.
+        await self._announcer.announce({envelope.OP: events.ACTORS_GONE, "actors": {
             a: (record.name, i, "its actor mesh was stopped") for i, a in enumerate(record.addresses)}})
         self.stop_orphans(set(record.addresses))
         for address in record.addresses:
@@ -204,7 +207,8 @@ class MeshOps:
             return []
         live = [(i, mesh.procs[r]) for i, r in enumerate(record.proc_ranks) if mesh.procs[r].exit_code is None]
         replies = await asyncio.gather(*(
-            self._net.request(p.address, {"op": "stop_actor", "mesh": record.name}, timeout=STOP_ACTOR_TIMEOUT_S)
+            self._net.request(p.address, {envelope.OP: proc_ops.STOP_ACTOR, proc_ops.MESH: record.name},
+                              timeout=STOP_ACTOR_TIMEOUT_S)
             for _, p in live), return_exceptions=True)
         return [{"rank": i, "running": r.header.get("running")} for (i, _), r in zip(live, replies)
                 if not isinstance(r, BaseException) and r.header.get("stopped") is False]
@@ -237,7 +241,7 @@ class MeshOps:
         for mesh, rank, _, why in deaths:
             for record, i in self._registry.actors_on(mesh.name, rank):
                 actors[record.addresses[i]] = (record.name, i, why)
-        await self._announcer.announce({"op": events.ACTORS_GONE, "actors": actors})
+        await self._announcer.announce({envelope.OP: events.ACTORS_GONE, "actors": actors})
         for _, _, proc, _ in deaths:  # no more sockets to them (a host taken back makes new ones)
             self._net.forget(proc.address)
         for address in actors:

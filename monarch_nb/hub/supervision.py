@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from ..protocol import events
+from ..protocol import agent_ops, envelope, events, proc_ops
 from ..protocol.records import LOST_EXIT_CODE, exit_cause
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
@@ -111,7 +111,7 @@ class Supervision:
             return
         self._rejoining.add(host.host_id)
         try:
-            reply = await self._net.request(host.address, {"op": "adopt", "hub": self._net.address},
+            reply = await self._net.request(host.address, {envelope.OP: agent_ops.ADOPT, "hub": self._net.address},
                                             timeout=REJOIN_TIMEOUT_S)
         except asyncio.TimeoutError:
             return  # still lost; tried again at its next heartbeat
@@ -138,7 +138,7 @@ class Supervision:
               f" with {len(back)} live actor(s)" + (f"; procs {', '.join(died)} exited meanwhile" if died else ""),
               file=sys.stderr)
         self._registry.save()
-        await self._announcer.announce({"op": events.ACTORS_BACK, "actors": back})
+        await self._announcer.announce({envelope.OP: events.ACTORS_BACK, "actors": back})
 
     def _lose_procs_of(self, host: HostRecord) -> list[tuple[ProcMeshRecord, int, ProcRecord]]:
         """Mark the live procs of ``host`` lost; returns them (mesh, rank, proc)."""
@@ -201,12 +201,13 @@ class Supervision:
             why = failure["why"] + (f"; not handled by {owner['mesh']} rank {owner['rank']}"
                                     + (f" ({outcome['error']})" if outcome.get("error") else ""))
             failure = {**failure, "why": why, "owner": owner}
-        await self._announcer.announce({"op": events.SUPERVISION, "failure": failure})
+        await self._announcer.announce({envelope.OP: events.SUPERVISION, "failure": failure})
 
     async def _offer_to_owner(self, failure: dict, owner: dict) -> dict:
         try:
-            reply = await self._net.request(owner["address"], {"k": "supervise", "failure": failure},
+            reply = await self._net.request(owner["address"],
+                                            {envelope.KIND: proc_ops.SUPERVISE, proc_ops.FAILURE: failure},
                                             timeout=SUPERVISE_TIMEOUT_S)
         except asyncio.TimeoutError:
             return {"handled": False, "error": f"the owner did not answer within {SUPERVISE_TIMEOUT_S} s"}
-        return {"handled": bool(reply.header.get("handled")), "error": reply.header.get("error")}
+        return {"handled": bool(reply.header.get(proc_ops.HANDLED)), "error": reply.header.get(envelope.ERROR)}

@@ -1,10 +1,12 @@
 """The events the hub sends to clients' event inboxes (a client's log receiver).
 
 An event is a one-way message whose ``op`` is one of these names; every event carries
-``cluster`` (the cluster id).
+``CLUSTER`` (the cluster id).
 """
 
 from __future__ import annotations
+
+CLUSTER = "cluster"  # header key of every event: the id of the cluster it comes from
 
 HEALTH_CHANGED = "health_changed"  # the registry changed (coalesced): ask for the health tree again
 LOG_LINES = "log_lines"  # log records for this client (``seq``: its batch count, ``records``)
