@@ -28,6 +28,7 @@ from .. import cluster_dir
 from ..errors import ClusterError, ClusterNotFound, InvalidRequest
 from ..mesh import Extent, Shape
 from ..proc.actor import proc_identity
+from ..protocol import hub_ops
 from ..wire import frames as wire_frames
 from ..protocol.records import LOG_FIELDS
 from . import binding, discovery
@@ -205,7 +206,7 @@ class Cluster:
         could not act on), ``stalls`` (times it found itself stopped or blocked),
         ``sockets`` (open sending sockets) and ``log_store`` (``ok`` False while the
         disk fails; ``error``, ``unwritten``, ``lost``)."""
-        return self.hub.request("info", timeout=30.0)
+        return self.hub.request(hub_ops.INFO, timeout=30.0)
 
     def health(self) -> dict:
         """The cluster's health tree as data (blocks for one hub round trip: ~3 ms, and at
@@ -218,7 +219,7 @@ class Cluster:
         ``starting``; ``summary`` ("8/8 procs healthy · 1 busy · 0 failed": healthy there
         means running, busy or paused included) and ``counts`` (procs per state, and
         ``alive``). See ``monarch_nb.hub.health``."""
-        return self.hub.request("health", timeout=30.0)
+        return self.hub.request(hub_ops.HEALTH, timeout=30.0)
 
     @property
     def debugger(self) -> "Debugger":
@@ -265,7 +266,7 @@ class Cluster:
         now (the hub drains every host agent's pipes first). Returns False if not all
         arrived within ``timeout`` seconds."""
         try:
-            reply = self.hub.request("logs_flush", timeout=timeout, client_id=runtime().client_id)
+            reply = self.hub.request(hub_ops.LOGS_FLUSH, timeout=timeout, client_id=runtime().client_id)
         except ClusterError:
             return False
         return runtime().lines.wait_for(self._info["cluster_id"], reply["seq"], timeout)
@@ -284,7 +285,7 @@ class Cluster:
             ranks = [ranks]
         if since is not None and since < 0:
             since = time.time() + since
-        reply = self.hub.request("logs_query", timeout=60.0, mesh=mesh, ranks=ranks, stream=stream, since=since,
+        reply = self.hub.request(hub_ops.LOGS_QUERY, timeout=60.0, mesh=mesh, ranks=ranks, stream=stream, since=since,
                                  grep=grep, tail=tail)
         return [dict(zip(LOG_FIELDS, r)) for r in reply["records"]]
 
@@ -307,7 +308,7 @@ class Cluster:
             self.flush_logs(timeout=2.0)
         self.disconnect()
         try:
-            self.hub.request("shutdown", timeout=STOP_TIMEOUT_S)
+            self.hub.request(hub_ops.SHUTDOWN, timeout=STOP_TIMEOUT_S)
         except ClusterError:  # the hub is gone or stuck: handled below
             pass
         if self._hub_process is not None:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from ..mesh import Extent, Shape
 from ..proc.actor import owner_of_new_meshes
+from ..protocol import hub_ops
 from . import progress
 from .mesh_handle import MeshHandle
 from .proc_mesh import ProcMesh
@@ -61,10 +62,10 @@ class HostMesh(MeshHandle):
         spawn_id = secrets.token_hex(6)
         hub = self._hub()
         bar = progress.Later(runtime().bar_factory, f"spawning {total} procs", total,
-                             lambda: hub.request("spawn_progress", timeout=5.0, spawn_id=spawn_id)["up"])
+                             lambda: hub.request(hub_ops.SPAWN_PROGRESS, timeout=5.0, spawn_id=spawn_id)["up"])
         try:
             reply = hub.request(
-                "spawn_procs", timeout=SPAWN_TIMEOUT_S, while_waiting=bar.tick, per_host=per_host, name=name,
+                hub_ops.SPAWN_PROCS, timeout=SPAWN_TIMEOUT_S, while_waiting=bar.tick, per_host=per_host, name=name,
                 replace=replace, hosts=self._hosts, env=_proc_env(), cwd=os.getcwd(), python=sys.executable,
                 spawn_id=spawn_id, owner=owner_of_new_meshes())
         except BaseException:

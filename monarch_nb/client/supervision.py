@@ -21,6 +21,7 @@ import threading
 from typing import Callable
 
 from ..errors import MeshFailure, SupervisionError
+from ..protocol import envelope, events
 from ..wire import frames as wire_frames
 from ..wire import sockets
 from ..wire.mailbox import Mailbox
@@ -74,7 +75,7 @@ class Supervision:
     def fail(self, cluster_id: str, port: int, base_rank: int, why: str) -> None:
         """Send the waiting call at ``port`` a failure reply for ``base_rank``."""
         mailbox = self._mailbox()
-        header = {"port": port, "rank": base_rank, "ok": False, "supervision": True}
+        header = {envelope.PORT: port, envelope.RANK: base_rank, envelope.OK: False, "supervision": True}
         mailbox.send(mailbox.address, wire_frames.encode_value(cluster_id, header,
                                                                  pack_exception(SupervisionError(why))))
 
@@ -86,12 +87,12 @@ class Supervision:
     # hub events -------------------------------------------------------------------------
     def on_event(self, event: dict) -> None:
         """An event bus subscriber: ``actors_gone`` and ``supervision`` events."""
-        op = event.get("op")
-        if op == "actors_gone":
+        op = event.get(envelope.OP)
+        if op == events.ACTORS_GONE:
             self.actors_gone(event)
-        elif op == "supervision":
+        elif op == events.SUPERVISION:
             failure = MeshFailure.from_event(event["failure"])
-            self._hook(event["cluster"], failure, event["failure"].get("owner"))
+            self._hook(event[events.CLUSTER], failure, event["failure"].get("owner"))
 
     def actors_gone(self, event: dict) -> None:
         """The hub's news that actors died with their proc or were stopped: fail what waits

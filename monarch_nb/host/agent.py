@@ -166,7 +166,7 @@ class HostAgent:
 
     async def _adopt(self, header: dict) -> None:
         # A restarted hub takes over (perhaps at a new address).
-        self.hub = header["hub"]
+        self.hub = header[agent_ops.HUB]
         await self.net.reply(header, ok=True, procs=sorted(self.procs), exited=self.exited)
 
     async def _proc_ready(self, header: dict) -> None:

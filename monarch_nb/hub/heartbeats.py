@@ -40,7 +40,7 @@ class Heartbeats:
         self.stalls = 0  # times this hub found its own event loop stalled
 
     async def agent_alive(self, header, message):
-        host = self._registry.hosts.get(header["host_id"])
+        host = self._registry.hosts.get(header[agent_ops.HOST_ID])
         if host is not None:
             host.last_seen = time.monotonic()
             host.heartbeats += 1

@@ -31,7 +31,7 @@ class LogOps:
     async def log_lines(self, header, message) -> None:
         """Store a batch from a host agent and pass each line on to the client whose call
         caused it (origin ``CLIENT_ID:...``); lines nobody's call caused go to every client."""
-        records = self.store.add(header["host_id"], header["lines"])
+        records = self.store.add(header[agent_ops.HOST_ID], header["lines"])
         clients = self._clients.table
         by_client: dict[str, list] = {}
         for record in records:

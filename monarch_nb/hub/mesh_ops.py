@@ -16,7 +16,7 @@ import sys
 
 from .. import cluster_dir
 from ..mesh import Extent
-from ..protocol import envelope, events, proc_ops
+from ..protocol import agent_ops, envelope, events, proc_ops
 from ..protocol.records import exit_cause
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
@@ -160,7 +160,7 @@ class MeshOps:
                           if not isinstance(r, BaseException) and r.header.get("stopped") is False]}
 
     async def proc_up(self, header, message):
-        progress = self._spawning.get(header["proc_id"].rpartition("/")[0])
+        progress = self._spawning.get(header[agent_ops.PROC_ID].rpartition("/")[0])
         if progress is not None:
             progress[0] += 1
 

@@ -73,7 +73,7 @@ class Supervision:
             for rank, proc in enumerate(mesh.procs):
                 # The pid too: a late report about a stopped mesh's proc must not hit the
                 # new proc of the same id in a mesh spawned again under that name.
-                if proc.proc_id == header["proc_id"] and proc.pid == header.get("pid", proc.pid):
+                if proc.proc_id == header[agent_ops.PROC_ID] and proc.pid == header.get("pid", proc.pid):
                     if proc.exit_code is not None:
                         return  # already failed (lost with its host, or stopped for a restart)
                     proc.exit_code = header["returncode"]
@@ -111,7 +111,8 @@ class Supervision:
             return
         self._rejoining.add(host.host_id)
         try:
-            reply = await self._net.request(host.address, {envelope.OP: agent_ops.ADOPT, "hub": self._net.address},
+            reply = await self._net.request(host.address,
+                                            {envelope.OP: agent_ops.ADOPT, agent_ops.HUB: self._net.address},
                                             timeout=REJOIN_TIMEOUT_S)
         except asyncio.TimeoutError:
             return  # still lost; tried again at its next heartbeat

@@ -25,6 +25,7 @@ from ..client.proc_mesh import ProcMesh
 from ..client.runtime import runtime
 from ..client.value_mesh import ValueMesh
 from ..errors import ActorError, MonarchNbError, RemoteFailure, SupervisionError
+from ..protocol import hub_ops
 from ..protocol.records import LOG_FIELDS
 from ..mesh import Extent
 from ..mesh.ranks import format_ranks, parse_ranks
@@ -282,7 +283,7 @@ class MonarchMagics(Magics):
         while args.follow:
             try:
                 time.sleep(FOLLOW_POLL_S)  # polling the store; Ctrl-C (kernel interrupt) ends it
-                reply = cluster.hub.request("logs_query", timeout=30.0, mesh=mesh_name, ranks=ranks,
+                reply = cluster.hub.request(hub_ops.LOGS_QUERY, timeout=30.0, mesh=mesh_name, ranks=ranks,
                                             stream=args.stream, grep=args.grep, after_seq=last)
             except KeyboardInterrupt:
                 return

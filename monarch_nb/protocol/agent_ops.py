@@ -21,3 +21,4 @@ FROM_HUB = (HUB_ALIVE, ADOPT, SPAWN_PROCS, STOP_PROCS, SHUTDOWN, DRAIN_LOGS)
 HOST_ID = "host_id"  # the agent's index in the hosts dimension, as the hub named it
 PROC_ID = "proc_id"  # one proc, ``MESH/RANK``
 PROC_IDS = "proc_ids"  # the procs a spawn or stop concerns
+HUB = "hub"  # ADOPT: the address of the hub that takes the agent over
