@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -55,7 +56,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_collectreport(report):
     if report.failed:
-        _write({"event": "collect_error", "nodeid": report.nodeid, "message": _first_line(report)})
+        _write({"event": "collect_error", "nodeid": report.nodeid, **_message(report)})
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -63,7 +64,7 @@ def pytest_runtest_logstart(nodeid, location):
 
 
 def pytest_runtest_logreport(report):
-    entry = _outcomes.setdefault(report.nodeid, {"outcome": "passed", "message": "", "seconds": 0.0})
+    entry = _outcomes.setdefault(report.nodeid, {"outcome": "passed", "message": "", "remote": "", "seconds": 0.0})
     entry["seconds"] += report.duration
     if entry["outcome"] != "passed":
         return  # the first failure says why
@@ -72,7 +73,7 @@ def pytest_runtest_logreport(report):
         entry["message"] = _skip_reason(report)
     elif report.failed:
         entry["outcome"] = "failed" if report.when == "call" else "error"
-        entry["message"] = _first_line(report)
+        entry.update(_message(report))
 
 
 def pytest_runtest_logfinish(nodeid, location):
@@ -84,10 +85,19 @@ def pytest_itemcollected(item):
     _write({"event": "item", "nodeid": item.nodeid, "key": item_key(item)})
 
 
-def _first_line(report) -> str:
+def _message(report) -> dict:
+    """The failure's first line, and for an error that carries a traceback from another
+    process (an endpoint's ``ActorError``, isolate_in_subprocess) that error's own
+    exception line as ``remote``: it, not the endpoint's name, says what went wrong."""
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
-    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    first = lines[0].strip() if lines else ""
+    raised = [line for line in lines[1:] if _EXCEPTION_LINE.match(line) and "ActorError" not in line]
+    return {"message": first, "remote": raised[-1] if raised and "Traceback" in text else ""}
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Exit|Interrupt|Failure)(?:: |$)")
 
 
 def _skip_reason(report) -> str:

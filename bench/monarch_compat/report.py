@@ -9,13 +9,22 @@ FAILING = ("failed", "error", "timeout", "crashed", "not collected")
 OUTCOMES = ("passed", *FAILING, "skipped", "not run")
 
 
-def cause(message: str) -> str:
-    """A failure's group: its first line, with addresses, long numbers and ports blurred
-    so that the same failure in two tests lands in one group."""
-    text = re.sub(r"0x[0-9a-fA-F]+", "0x…", message)
+def cause(message: str, remote: str = "") -> str:
+    """A failure's group: its first line (the exception raised in the actor or
+    subprocess, for errors that carry one), with what varies between tests blurred so
+    the same failure in two tests lands in one group."""
+    if remote and remote.strip() not in message:
+        kind = re.match(r"^(?:Failed: )?(?:\w+\.)*(\w+)", message)
+        return f"{kind.group(1) if kind else 'error'} from: {cause(remote)}"
+    text = re.sub(r"^Failed: (?=(?:\w+\.)*\w+: )", "", message)  # pytest.fail(f"{type}: {msg}")
+    text = re.sub(r"^(?:[a-z_]\w*\.)+(?=[A-Z]\w*: )", "", text)  # monarch_nb.errors.InvalidRequest
+    text = re.sub(r"0x[0-9a-fA-F]+", "0x…", text)
+    text = re.sub(r"named '[^']*' exists \([^)]*\)", "named '…' exists", text)
     # monarch_nb names the actor class and lists its endpoints: the missing name is the cause
     text = re.sub(r"\b(?:\w+\.)*\w+ has no endpoint", "<actor> has no endpoint", text)
     text = re.sub(r" \(endpoints: [^)]*\)", "", text)
+    text = re.sub(r"\S+ raised in \d+ of \d+ actor\(s\) of mesh .*", "<endpoint> raised in the actors of a mesh", text)
+    text = re.sub(r"\b(?:\w+\.)+(\w+) is not an endpoint", r"<actor>.\1 is not an endpoint", text)
     text = re.sub(r"\d{3,}", "N", text)
     return text[:200]
 
@@ -28,7 +37,7 @@ def summarize(tests: list[dict]) -> dict:
     for t in tests:
         files[t["file"]]["public" if t["public"] else "internals"][t["outcome"]] += 1
         if t["public"] and t["outcome"] in FAILING:
-            groups[cause(t["message"])].append(t["nodeid"])
+            groups[cause(t["message"], t.get("remote", ""))].append(t["nodeid"])
         elif t["public"] and t["outcome"] == "skipped":
             skips[cause(t["message"])].append(t["nodeid"])
     public = [t for t in tests if t["public"]]

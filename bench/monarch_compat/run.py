@@ -54,6 +54,7 @@ markers =
     oss_skip: marks tests to skip in OSS CI
 """
 HANG_GRACE_S = 60  # beyond the test timeout, before a silent pytest process is killed
+LEFTOVER_GRACE_S = 5
 
 
 def extract(monarch: Path, into: Path) -> str:
@@ -104,8 +105,11 @@ def leftovers(run_id: str) -> list[psutil.Process]:
 
 
 def kill_leftovers(run_id: str) -> list[str]:
-    """Describe, then kill, this run's leftover processes."""
-    procs = leftovers(run_id)
+    """Describe, then kill, this run's processes still alive a few seconds after the
+    pytest process ended (an ephemeral cluster may still be on its way down)."""
+    deadline = time.time() + LEFTOVER_GRACE_S
+    while (procs := leftovers(run_id)) and time.time() < deadline:
+        time.sleep(0.5)
     described = []
     for proc in procs:
         try:
@@ -190,7 +194,7 @@ def _record(rel: str, nodeid: str, verdict, result: dict) -> dict:
         outcome = "timeout"
     return {"file": rel, "nodeid": nodeid, "public": bool(verdict and verdict.public),
             "reasons": verdict.reasons if verdict else ["unknown: not found by the classifier"],
-            "outcome": outcome, "message": message, "seconds": round(result.get("seconds", 0.0), 2)}
+            "outcome": outcome, "message": message, "remote": result.get("remote", ""), "seconds": round(result.get("seconds", 0.0), 2)}
 
 
 def main(argv=None) -> int:

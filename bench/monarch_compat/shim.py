@@ -12,7 +12,7 @@ module ``monarch.P`` gives, in order:
 3. otherwise a placeholder that raises ``NotImplementedError("monarch_nb has no
    <dotted name>")`` when called, instantiated, subclassed-then-instantiated, iterated
    or entered. Subscripting it (``Port[int]``) and decorating with it at module level
-   don't raise, so a test module always imports and only the tests that really use a
+   (``@missing``, ``@missing(option=...)``: a deferred placeholder) don't raise, so a test module always imports and only the tests that really use a
    missing thing fail.
 
 Functions of ours are wrapped so that a call whose arguments don't fit our signature
@@ -62,7 +62,8 @@ class _Missing(type):
     """Metaclass of placeholders: classes named for what monarch_nb lacks."""
 
     def __call__(cls, *args, **kwargs):
-        if len(args) == 1 and not kwargs and (inspect.isfunction(args[0]) or inspect.isclass(args[0])):
+        decorating = len(args) == 1 and not kwargs and (inspect.isfunction(args[0]) or inspect.isclass(args[0]))
+        if decorating or (kwargs and not args):  # @missing or @missing(option=...) at import time
             return Deferred(f"{cls._dotted}(...) used as a decorator", missing_message(cls._dotted))
         raise NotImplementedError(cls._message)
 
@@ -190,6 +191,11 @@ def resolve(dotted_module: str, name: str):
 
 class StandIn(types.ModuleType):
     """A Monarch module; names resolve on each read (see :func:`resolve`)."""
+
+    def __reduce__(self):
+        # cloudpickle sends a test function's globals (``monarch``) to subprocesses by
+        # name; every process of a run has the shim, so the import gives a stand-in there
+        return importlib.import_module, (self.__name__,)
 
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__"):
