@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Awaitable, Callable
 
 from .. import cluster_dir
 from ..mesh import Extent
-from ..protocol import events
+from ..protocol import events, hub_ops, proc_ops
 from ..protocol.records import exit_cause
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
@@ -50,6 +51,9 @@ class MeshOps:
         self._debug = debug
         self._spawning: dict[str, list] = {}  # proc mesh being spawned -> [procs up, spawn id, procs asked for]
         self._spawning_actors: dict[str, list[ProcRecord]] = {}  # actor mesh being constructed -> its procs
+        # Supervision's actor_died(record, rank, cause, endpoint, traceback), set by the hub
+        # (supervision uses these ops): a spawned actor whose __init__ raised is a failure.
+        self.actor_died: Callable[..., Awaitable[None]] | None = None
 
     async def spawn_procs(self, header, message):
         try:
@@ -119,12 +123,14 @@ class MeshOps:
         body = bytes(message.body)
         buffers = [bytes(b) for b in message.buffers]
         payload_id = f"a{self._registry.next_number()}"
+        raise_init_errors = header.get(hub_ops.RAISE_INIT_ERRORS, False)
         constructing = self._spawning_actors[name] = [mesh.procs[r] for r in header["proc_ranks"]]
         try:
             replies = await asyncio.gather(*(
                 self._net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
                                                            "extent": header["extent"], "o": header.get("o"),
                                                            "main_thread": header.get("main_thread", False),
+                                                           proc_ops.INIT_FAULT: not raise_init_errors,
                                                            "owner": header.get("owner"), **self._debug.spawn_fields()},
                                  body, buffers)
                 for i, r in enumerate(header["proc_ranks"])))
@@ -136,13 +142,20 @@ class MeshOps:
         record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
                                  header["endpoints"], header.get("methods", []), addresses, payload_id,
                                  owner=header.get("owner"))
-        if failures:
+        if failures and raise_init_errors:
             await self.stop_actor_mesh(record)
             return {"failures": failures}
         self._registry.actor_meshes[name] = record
         self._registry.keep_payload(payload_id, [body, *buffers])
         self._registry.save()
-        return self.actor_mesh_view(record)
+        view = self.actor_mesh_view(record)
+        for r in replies:  # Monarch: a raising __init__ is a supervision fault, the mesh lives on
+            if not r.header["ok"]:
+                rank = r.header["rank"]
+                view["dead"][str(rank)] = f"__init__ raised {r.header.get('error', '')}"
+                await self.actor_died(record, rank, view["dead"][str(rank)], "__init__",
+                                      r.header.get(proc_ops.TRACEBACK, ""))
+        return view
 
     async def stop_actors(self, header, message):
         record = self._registry.actor_meshes.get(header["name"])
