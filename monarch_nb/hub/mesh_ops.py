@@ -51,6 +51,7 @@ class MeshOps:
         self._debug = debug
         self._spawning: dict[str, list] = {}  # proc mesh being spawned -> [procs up, spawn id, procs asked for]
         self._spawning_actors: dict[str, list[ProcRecord]] = {}  # actor mesh being constructed -> its procs
+        self._abandoned: set[str] = set()  # actor meshes being constructed whose client gave up: not created
         # Supervision's actor_died(record, rank, cause, endpoint, traceback), set by the hub
         # (supervision uses these ops): a spawned actor whose __init__ raised is a failure.
         self.actor_died: Callable[..., Awaitable[None]] | None = None
@@ -137,12 +138,14 @@ class MeshOps:
         finally:
             if self._spawning_actors.get(name) is constructing:
                 del self._spawning_actors[name]
+            abandoned = name in self._abandoned
+            self._abandoned.discard(name)
         addresses = [r.header["address"] for r in replies]
         failures = {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}
         record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
                                  header["endpoints"], header.get("methods", []), addresses, payload_id,
                                  owner=header.get("owner"))
-        if failures and raise_init_errors:
+        if failures and (raise_init_errors or abandoned):
             await self.stop_actor_mesh(record)
             return {"failures": failures}
         self._registry.actor_meshes[name] = record
@@ -164,6 +167,8 @@ class MeshOps:
         # Still being spawned (its client gave up waiting): interrupt the constructors;
         # the spawn then fails and stops what was made.
         constructing = self._spawning_actors.get(header["name"], [])
+        if constructing:
+            self._abandoned.add(header["name"])
         replies = await asyncio.gather(*(
             self._net.request(p.address, {"op": "stop_actor", "mesh": header["name"]}, timeout=STOP_ACTOR_TIMEOUT_S)
             for p in constructing if p.exit_code is None), return_exceptions=True)
