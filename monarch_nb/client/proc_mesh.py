@@ -24,6 +24,11 @@ def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
                         f"`class {getattr(cls, '__name__', 'MyActor')}(Actor):` "
                         "with `from monarch_nb.actor import Actor`")
     endpoints = endpoint_names(cls)
+    if len(set(endpoints.values())) > 1:  # Monarch's rule: a sync endpoint that waits would block the async ones
+        sync = sorted(n for n, a in endpoints.items() if not a)
+        asynchronous = sorted(n for n, a in endpoints.items() if a)
+        raise ValueError(f"{cls.__name__} mixes sync endpoints ({', '.join(sync)}) and async endpoints "
+                         f"({', '.join(asynchronous)}); make them all `def` or all `async def` (as Monarch requires)")
     methods = [n for n, v in inspect.getmembers(cls, callable) if not n.startswith("_") and n not in endpoints]
     return f"{cls.__module__}.{cls.__qualname__}", endpoints, methods
 
@@ -52,7 +57,7 @@ class ProcMesh(MeshHandle):
         return [self._procs[r]["pid"] for r in self._shape.base_ranks()]
 
     def spawn(self, name: str, actor_class: type, *args, replace: bool = False,
-              init_timeout: float | None = None, **kwargs) -> ActorMesh:
+              init_timeout: float | None = None, raise_init_errors: bool = False, **kwargs) -> ActorMesh:
         """Create one ``actor_class(*args, **kwargs)`` in every proc of this mesh; returns
         an :class:`ActorMesh` over the same extent. Blocks until every actor's
         ``__init__`` has returned, showing progress after a second (a bar in a notebook
@@ -61,12 +66,19 @@ class ProcMesh(MeshHandle):
         ``TimeoutError`` is raised. Ctrl-C while waiting does the same, raising
         ``KeyboardInterrupt``.
 
+        An ``__init__`` that raises is a supervision fault, as in Monarch: the mesh is
+        returned, calls to the failed ranks raise :class:`SupervisionError`, and the
+        failure (a :class:`MeshFailure` of kind ``actor_failed``) goes to the owning
+        actor's ``__supervise__`` or, for a mesh the client spawned, to the unhandled
+        failure hooks (in a notebook: shown under the running cell) before this returns.
+        With ``raise_init_errors=True`` the spawn instead raises :class:`ActorError`
+        (with every failed rank) and the mesh is not created.
+
         Spawning a ``name`` that exists returns the live mesh when class and procs match
         (re-running a cell works); otherwise it raises ``ValueError``, unless
         ``replace=True`` stops the old mesh first. Raises ``TypeError`` when
         ``actor_class`` is not an ``Actor`` subclass, ``SerializationError`` when the
-        class or arguments can't be pickled, and :class:`ActorError` (with every failed
-        rank) when ``__init__`` raised; the mesh is then not created.
+        class or arguments can't be pickled.
         """
         if not isinstance(name, str) or not name:
             raise TypeError(f"spawn(name, actor_class, ...) needs a mesh name string first, got {name!r}")
@@ -77,8 +89,8 @@ class ProcMesh(MeshHandle):
         control = self._control()
         bar = progress.Later(rt.bar_factory, f"{name}: {actor_class.__name__}.__init__", len(self), lambda: None)
         fields = dict(extent=dict(self.extent), class_name=class_name, endpoints=endpoints, methods=methods,
-                      replace=replace, o=rt.origin(), main_thread=getattr(actor_class, "_monarch_main_thread", False),
-                      owner=owner_of_new_meshes())
+                      replace=replace, raise_init_errors=raise_init_errors, o=rt.origin(),
+                      main_thread=getattr(actor_class, "_monarch_main_thread", False), owner=owner_of_new_meshes())
         try:
             reply = control.spawn_actors(self._name, self._shape.base_ranks(), name, fields, body,
                                          [b.raw() for b in buffers], init_timeout, bar.tick)

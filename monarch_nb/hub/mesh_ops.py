@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Awaitable, Callable
 
 from .. import cluster_dir
 from ..mesh import Extent
-from ..protocol import events
+from ..protocol import events, hub_ops, proc_ops
 from ..protocol.records import exit_cause
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
@@ -50,6 +51,10 @@ class MeshOps:
         self._debug = debug
         self._spawning: dict[str, list] = {}  # proc mesh being spawned -> [procs up, spawn id, procs asked for]
         self._spawning_actors: dict[str, list[ProcRecord]] = {}  # actor mesh being constructed -> its procs
+        self._abandoned: set[str] = set()  # actor meshes being constructed whose client gave up: not created
+        # Supervision's actor_died(record, rank, cause, endpoint, traceback), set by the hub
+        # (supervision uses these ops): a spawned actor whose __init__ raised is a failure.
+        self.actor_died: Callable[..., Awaitable[None]] | None = None
 
     async def spawn_procs(self, header, message):
         try:
@@ -119,30 +124,41 @@ class MeshOps:
         body = bytes(message.body)
         buffers = [bytes(b) for b in message.buffers]
         payload_id = f"a{self._registry.next_number()}"
+        raise_init_errors = header.get(hub_ops.RAISE_INIT_ERRORS, False)
         constructing = self._spawning_actors[name] = [mesh.procs[r] for r in header["proc_ranks"]]
         try:
             replies = await asyncio.gather(*(
                 self._net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
                                                            "extent": header["extent"], "o": header.get("o"),
                                                            "main_thread": header.get("main_thread", False),
+                                                           proc_ops.INIT_FAULT: not raise_init_errors,
                                                            "owner": header.get("owner"), **self._debug.spawn_fields()},
                                  body, buffers)
                 for i, r in enumerate(header["proc_ranks"])))
         finally:
             if self._spawning_actors.get(name) is constructing:
                 del self._spawning_actors[name]
+            abandoned = name in self._abandoned
+            self._abandoned.discard(name)
         addresses = [r.header["address"] for r in replies]
         failures = {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}
         record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
                                  header["endpoints"], header.get("methods", []), addresses, payload_id,
                                  owner=header.get("owner"))
-        if failures:
+        if failures and (raise_init_errors or abandoned):
             await self.stop_actor_mesh(record)
             return {"failures": failures}
         self._registry.actor_meshes[name] = record
         self._registry.keep_payload(payload_id, [body, *buffers])
         self._registry.save()
-        return self.actor_mesh_view(record)
+        view = self.actor_mesh_view(record)
+        for r in replies:  # Monarch: a raising __init__ is a supervision fault, the mesh lives on
+            if not r.header["ok"]:
+                rank = r.header["rank"]
+                view["dead"][str(rank)] = f"__init__ raised {r.header.get('error', '')}"
+                await self.actor_died(record, rank, view["dead"][str(rank)], "__init__",
+                                      r.header.get(proc_ops.TRACEBACK, ""))
+        return view
 
     async def stop_actors(self, header, message):
         record = self._registry.actor_meshes.get(header["name"])
@@ -151,6 +167,8 @@ class MeshOps:
         # Still being spawned (its client gave up waiting): interrupt the constructors;
         # the spawn then fails and stops what was made.
         constructing = self._spawning_actors.get(header["name"], [])
+        if constructing:
+            self._abandoned.add(header["name"])
         replies = await asyncio.gather(*(
             self._net.request(p.address, {"op": "stop_actor", "mesh": header["name"]}, timeout=STOP_ACTOR_TIMEOUT_S)
             for p in constructing if p.exit_code is None), return_exceptions=True)
