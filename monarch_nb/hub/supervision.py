@@ -34,7 +34,7 @@ from ..wire.aio import AioEndpoint
 from .announce import Announcer
 from .logstore import LogStore
 from .mesh_ops import MeshOps
-from .records import HostRecord, ProcMeshRecord, ProcRecord
+from .records import HostRecord, ProcMeshRecord, ProcRecord, actor_mesh_key
 from .registry import Registry
 
 SUPERVISE_TIMEOUT_S = 10.0  # an owner busy longer than this leaves the failure unhandled
@@ -179,7 +179,8 @@ class Supervision:
 
     async def actor_failed(self, header, message):
         """An actor's ``broadcast`` endpoint raised (the actor lives on)."""
-        record = self._registry.actor_meshes.get(header["mesh"])
+        proc_mesh = header.get("proc", "").rpartition("/")[0]  # proc ids are PROC_MESH/RANK
+        record = self._registry.actor_meshes.get(actor_mesh_key(proc_mesh, header["mesh"]))
         if record is None:
             return
         why = (f"{header['mesh']} rank {header['rank']}: broadcast {header['endpoint']} raised "
