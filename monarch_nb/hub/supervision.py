@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from ..protocol import events
+from ..protocol import events, proc_ops
 from ..protocol.records import LOST_EXIT_CODE, exit_cause
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
@@ -179,7 +179,7 @@ class Supervision:
 
     async def actor_failed(self, header, message):
         """An actor's ``broadcast`` endpoint raised (the actor lives on)."""
-        proc_mesh = header.get("proc", "").rpartition("/")[0]  # proc ids are PROC_MESH/RANK
+        proc_mesh = header.get(proc_ops.PROC, "").rpartition("/")[0]  # proc ids are PROC_MESH/RANK
         record = self._registry.actor_meshes.get(actor_mesh_key(proc_mesh, header["mesh"]))
         if record is None:
             return

@@ -313,5 +313,6 @@ class ActorThread:
         print(f"broadcast {name} raised:\n{tb}", file=sys.stderr, end="")  # tagged with mesh and rank
         if self.hub is not None:
             self.outbox.send(self.hub, wire_frames.encode(self.cluster_id, {
-                envelope.OP: proc_ops.ACTOR_FAILED, proc_ops.MESH: self.mesh_name, envelope.RANK: self.point.rank,
+                envelope.OP: proc_ops.ACTOR_FAILED, proc_ops.MESH: self.mesh_name,
+                proc_ops.PROC: self._instance_info.proc_id, envelope.RANK: self.point.rank,
                 "endpoint": name, envelope.ERROR: f"{type_name.rsplit('.', 1)[-1]}: {text}", "traceback": tb}))
