@@ -9,8 +9,12 @@
     procs = this_host().spawn_procs(per_host={"gpus": 8})   # extent {"hosts": 1, "gpus": 8}
     trainers = procs.spawn("trainers", Trainer)
     losses = trainers.train.call(step=0).get()              # ValueMesh
+    procs.stop()                                            # a finished Future: await it, or not
+
+Names are Monarch's (``monarch.actor``'s ``__all__``) for everything monarch_nb has.
 """
 
+from .client.accumulator import Accumulator
 from .client.actor_mesh import ActorMesh
 from .client.cluster import Cluster, this_host
 from .client.endpoint import Endpoint
@@ -23,7 +27,7 @@ from .client.value_mesh import ValueMesh
 from .errors import (ActorError, ClusterError, InvalidRequest, MeshFailure, MessageTooLarge, MonarchNbError,
                      RemoteException, SerializationError, SupervisionError)
 from .mesh import Extent, Point, Shape
-from .proc.actor import Actor, Context, context, current_rank, current_size, endpoint
+from .proc.actor import Actor, Context, context, current_actor_name, current_rank, current_size, endpoint
 
 
 
@@ -44,8 +48,8 @@ def unhandled_fault_hook(failure: MeshFailure) -> None:
 runtime().supervision.fault_hook = lambda: globals()["unhandled_fault_hook"]
 
 __all__ = [
-    "Actor", "ActorError", "ActorMesh", "Cluster", "ClusterError", "Context", "Endpoint", "Extent",
+    "Accumulator", "Actor", "ActorError", "ActorMesh", "Cluster", "ClusterError", "Context", "Endpoint", "Extent",
     "Future", "HostMesh", "InvalidRequest", "MeshFailure", "MessageTooLarge", "MonarchNbError", "Point", "ProcMesh", "RemoteException",
-    "SerializationError", "Shape", "SupervisionError", "ValueMesh", "context", "current_rank",
+    "SerializationError", "Shape", "SupervisionError", "ValueMesh", "context", "current_actor_name", "current_rank",
     "current_size", "endpoint", "set_failure_hook", "this_host", "this_proc", "unhandled_fault_hook",
 ]

@@ -56,7 +56,7 @@ class LocalControl(ControlPlane):
             "endpoint": "__init__", "traceback": reply.header.get(proc_ops.TRACEBACK, "")}})
         return {"extent": {}, "addresses": [reply.header["address"]], "dead": {"0": why}}
 
-    def stop_actors(self, name: str, timeout: float | None = None) -> list[dict]:
+    def stop_actors(self, proc_mesh: str, name: str, timeout: float | None = None) -> list[dict]:
         reply = self._request({"op": "stop_actors", "name": name}, timeout=timeout)
         if reply is None or reply.header.get("stopped") is not False:
             return []
@@ -72,7 +72,7 @@ class LocalControl(ControlPlane):
     def proc_mesh_record(self, name: str) -> dict | None:
         return {"procs": [self.server_record()]}
 
-    def actor_mesh_record(self, name: str) -> dict | None:
+    def actor_mesh_record(self, proc_mesh: str, name: str) -> dict | None:
         raise InvalidRequest(_NO_HUB.format(
             what="restart it", instead="stop the actor mesh (mesh.stop()) and spawn it again"))
 

@@ -24,7 +24,7 @@ from .announce import Announcer
 from .debug_ops import DebugRegistry
 from .errors import HubError
 from .launcher import ProcLauncher
-from .records import ActorMeshRecord, ProcMeshRecord, ProcRecord
+from .records import ActorMeshRecord, ProcMeshRecord, ProcRecord, actor_mesh_key
 from .registry import Registry
 
 STOP_ACTOR_TIMEOUT_S = 5.0  # how long stopping an actor mesh waits for each of its procs
@@ -106,17 +106,17 @@ class MeshOps:
         mesh = self._registry.proc_meshes.get(header["proc_mesh"])
         if mesh is None:
             raise HubError(f"no proc mesh named {header['proc_mesh']!r}; it was stopped", "ValueError")
-        existing = self._registry.actor_meshes.get(name)
+        key = actor_mesh_key(mesh.name, name)
+        existing = self._registry.actor_meshes.get(key)
         if existing is not None:
-            same = (existing.proc_mesh == mesh.name and existing.proc_ranks == header["proc_ranks"]
-                    and existing.class_name == header["class_name"])
+            same = existing.proc_ranks == header["proc_ranks"] and existing.class_name == header["class_name"]
             if header.get("replace"):
                 await self.stop_actor_mesh(existing)
             elif same:
                 return self.actor_mesh_view(existing)
             else:
-                raise HubError(f"an actor mesh named {name!r} exists ({existing.class_name} on "
-                               f"{existing.proc_mesh} {existing.extent}); choose another name, or pass "
+                raise HubError(f"an actor mesh named {name!r} exists on proc mesh {mesh.name!r} "
+                               f"({existing.class_name} over {existing.extent}); choose another name, or pass "
                                "replace=True to stop it first", "ValueError")
         dead = [mesh.procs[r].proc_id for r in header["proc_ranks"] if mesh.procs[r].exit_code is not None]
         if dead:
@@ -125,7 +125,7 @@ class MeshOps:
         buffers = [bytes(b) for b in message.buffers]
         payload_id = f"a{self._registry.next_number()}"
         raise_init_errors = header.get(hub_ops.RAISE_INIT_ERRORS, False)
-        constructing = self._spawning_actors[name] = [mesh.procs[r] for r in header["proc_ranks"]]
+        constructing = self._spawning_actors[key] = [mesh.procs[r] for r in header["proc_ranks"]]
         try:
             replies = await asyncio.gather(*(
                 self._net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
@@ -136,10 +136,10 @@ class MeshOps:
                                  body, buffers)
                 for i, r in enumerate(header["proc_ranks"])))
         finally:
-            if self._spawning_actors.get(name) is constructing:
-                del self._spawning_actors[name]
-            abandoned = name in self._abandoned
-            self._abandoned.discard(name)
+            if self._spawning_actors.get(key) is constructing:
+                del self._spawning_actors[key]
+            abandoned = key in self._abandoned
+            self._abandoned.discard(key)
         addresses = [r.header["address"] for r in replies]
         failures = {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}
         record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
@@ -148,7 +148,7 @@ class MeshOps:
         if failures and (raise_init_errors or abandoned):
             await self.stop_actor_mesh(record)
             return {"failures": failures}
-        self._registry.actor_meshes[name] = record
+        self._registry.actor_meshes[key] = record
         self._registry.keep_payload(payload_id, [body, *buffers])
         self._registry.save()
         view = self.actor_mesh_view(record)
@@ -161,16 +161,25 @@ class MeshOps:
         return view
 
     async def stop_actors(self, header, message):
-        record = self._registry.actor_meshes.get(header["name"])
+        """Stop actor mesh ``name`` of ``proc_mesh`` (without ``proc_mesh``: ``name`` is a
+        key, or a name only one proc mesh has)."""
+        name = header["name"]
+        if header.get("proc_mesh") is None:
+            record = self._registry.find_actor_mesh(name)
+            key = record.key if record is not None else name
+        else:
+            key = actor_mesh_key(header["proc_mesh"], name)
+            record = self._registry.actor_meshes.get(key)
         if record is not None:
             return {"stuck": await self.stop_actor_mesh(record)}
         # Still being spawned (its client gave up waiting): interrupt the constructors;
         # the spawn then fails and stops what was made.
-        constructing = self._spawning_actors.get(header["name"], [])
+        constructing = self._spawning_actors.get(key, [])
         if constructing:
-            self._abandoned.add(header["name"])
+            self._abandoned.add(key)
+        name = key.rpartition("/")[2]
         replies = await asyncio.gather(*(
-            self._net.request(p.address, {"op": "stop_actor", "mesh": header["name"]}, timeout=STOP_ACTOR_TIMEOUT_S)
+            self._net.request(p.address, {"op": "stop_actor", "mesh": name}, timeout=STOP_ACTOR_TIMEOUT_S)
             for p in constructing if p.exit_code is None), return_exceptions=True)
         return {"stuck": [{"rank": i, "running": r.header.get("running")} for i, r in enumerate(replies)
                           if not isinstance(r, BaseException) and r.header.get("stopped") is False]}
@@ -241,8 +250,8 @@ class MeshOps:
         await self._launcher.stop(record.procs)
 
     def forget_actor_mesh(self, record: ActorMeshRecord) -> None:
-        if self._registry.actor_meshes.get(record.name) is record:
-            del self._registry.actor_meshes[record.name]
+        if self._registry.actor_meshes.get(record.key) is record:
+            del self._registry.actor_meshes[record.key]
             self._registry.drop_payload(record.payload_id)
             self._registry.save()
 

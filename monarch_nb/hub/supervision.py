@@ -31,13 +31,13 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from ..protocol import events, hub_ops
+from ..protocol import events, hub_ops, proc_ops
 from ..protocol.records import LOST_EXIT_CODE, exit_cause
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
 from .logstore import LogStore
 from .mesh_ops import MeshOps
-from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
+from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord, actor_mesh_key
 from .registry import Registry
 
 SUPERVISE_TIMEOUT_S = 10.0  # an owner busy longer than this leaves the failure unhandled
@@ -183,7 +183,8 @@ class Supervision:
     async def actor_failed(self, header, message):
         """An actor's ``broadcast`` endpoint raised (the actor lives on), or an endpoint
         killed its actor (``ACTOR_DEAD``)."""
-        record = self._registry.actor_meshes.get(header["mesh"])
+        proc_mesh = header.get(proc_ops.PROC, "").rpartition("/")[0]  # proc ids are PROC_MESH/RANK
+        record = self._registry.actor_meshes.get(actor_mesh_key(proc_mesh, header["mesh"]))
         if record is None:
             return
         endpoint, rank = header[hub_ops.FAILED_ENDPOINT], header["rank"]

@@ -18,6 +18,7 @@ EXIT = "exit"  # end the control loop (the proc exits)
 # Header keys of control ops.
 MESH = "mesh"  # the actor mesh an op concerns
 NAME = "name"  # the same, in STOP_ACTORS
+PROC = "proc"  # ACTOR_FAILED: the proc id (PROC_MESH/RANK): names an actor mesh only with MESH
 EXTENT = "extent"  # the actor mesh's extent, in SPAWN_ACTOR
 MAIN_THREAD = "main_thread"  # SPAWN_ACTOR: run the actor on the proc's main thread (%%monarch exec)
 PREFER = "prefer"  # SPAWN_ACTOR: the address a restarted actor takes back when free
