@@ -215,3 +215,10 @@ def test_a_login_job_without_a_command_prefix_says_what_to_give():
     with pytest.raises(NotImplementedError, match=r"_command_prefix\(host\)"):
         job.state(cached_path=None)
     assert not job.active
+
+
+def test_a_login_job_to_a_host_without_a_route_asks_for_bind():
+    job = HereJob()
+    job.add_mesh("hosts", ["no-such-host.invalid"])
+    with pytest.raises(ValueError, match="no route to host 'no-such-host.invalid'.*bind="):
+        job.state(cached_path=None)

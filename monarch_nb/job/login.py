@@ -45,12 +45,21 @@ class LoginJob(ClusterJob):
         hosts = [h for names in self._host_names.values() for h in names]
         if not hosts:
             raise ValueError("this job has no hosts: call job.add_mesh(name, [host, ...]) first")
-        bind = self._bind or interfaces.route_source(hosts[0])
-        return CommandAllocator([self._command_prefix(h) for h in hosts], bind=bind)
+        prefixes = [self._command_prefix(h) for h in hosts]
+        return CommandAllocator(prefixes, bind=self._bind or _route_to(hosts[0]))
 
     def _same_allocation(self, spec: ClusterJob) -> bool:
         return (super()._same_allocation(spec) and spec._host_names == self._host_names
                 and spec._bind == self._bind)
+
+
+def _route_to(host: str) -> str:
+    """The local address that routes to ``host``, where the hub binds by default."""
+    try:
+        return interfaces.route_source(host)
+    except OSError as e:
+        raise ValueError(f"no route to host {host!r} to choose the hub's address ({e}); "
+                         "give the job bind='ADDRESS OF THIS MACHINE THE HOSTS REACH'") from None
 
 
 class SSHJob(LoginJob):

@@ -23,12 +23,12 @@ class ProcessJob(ClusterJob):
     host agents and procs inherit them."""
 
     def __init__(self, meshes: dict[str, int], env: dict[str, str] | None = None, *, cluster: str | None = None):
-        if env:
-            raise NotImplementedError("monarch_nb's ProcessJob has no env=: set the variables in os.environ before "
-                                      "job.state() (host agents and their procs inherit this process's environment)")
         super().__init__()
         self._meshes = check_meshes(meshes)
         self._cluster_name = cluster
+        if env:
+            raise NotImplementedError("monarch_nb's ProcessJob has no env=: set the variables in os.environ before "
+                                      "job.state() (host agents and their procs inherit this process's environment)")
 
     def __repr__(self) -> str:
         return f"ProcessJob({self._meshes!r})"
