@@ -32,6 +32,7 @@ from ..wire import frames as wire_frames
 from ..protocol.records import LOG_FIELDS
 from . import binding, discovery
 from .actor_mesh import ActorMesh
+from .actor_meshes import ActorMeshes
 from .host_mesh import HostMesh
 from .hub_client import HubClient, watch_hub
 from .launch import HUB_START_TIMEOUT_S, launch_hub
@@ -247,22 +248,24 @@ class Cluster:
         return {name: self._proc_mesh(record) for name, record in self.info()["proc_meshes"].items()}
 
     @property
-    def actor_meshes(self) -> dict[str, ActorMesh]:
-        """Live handles on every actor mesh of the cluster, by name (a fresh snapshot);
-        calling them reaches the same actor objects as the client that spawned them."""
-        info = self.info()
-        return {name: self._actor_mesh(record, info["proc_meshes"]) for name, record in info["actor_meshes"].items()}
+    def actor_meshes(self) -> ActorMeshes[ActorMesh]:
+        """Live handles on every actor mesh of the cluster (a fresh snapshot); calling
+        them reaches the same actor objects as the client that spawned them. Keyed
+        ``"PROC_MESH/NAME"`` (names are unique per proc mesh); ``[NAME]`` finds a mesh
+        by its bare name too while only one proc mesh has one so named, else raises
+        ``KeyError`` naming the keys."""
+        return ActorMeshes({key: self._actor_mesh(record) for key, record in self.info()["actor_meshes"].items()})
 
     def _proc_mesh(self, record: dict) -> ProcMesh:
         return ProcMesh(self._info["cluster_id"], self._info["hub"], record["name"],
                         Shape(Extent(record["extent"])), record["procs"])
 
-    def _actor_mesh(self, record: dict, proc_meshes: dict) -> ActorMesh:
+    def _actor_mesh(self, record: dict) -> ActorMesh:
         """A handle from the registry; calls to actors whose proc has exited fail at once."""
         runtime().supervision.sync(record["name"], record["addresses"], record["dead"])
-        return ActorMesh(self._info["cluster_id"], self._info["hub"], record["name"], record["class_name"],
-                         record["endpoints"], record["methods"], Shape(Extent(record["extent"])),
-                         record["addresses"])
+        return ActorMesh(self._info["cluster_id"], self._info["hub"], record["proc_mesh"], record["name"],
+                         record["class_name"], record["endpoints"], record["methods"],
+                         Shape(Extent(record["extent"])), record["addresses"])
 
     # logs ----------------------------------------------------------------------------
     def flush_logs(self, timeout: float = 5.0) -> bool:

@@ -68,8 +68,9 @@ class HubControl(ControlPlane):
         return self.hub.request("spawn_actors", body, buffers, timeout=timeout, while_waiting=while_waiting,
                                 name=name, proc_mesh=proc_mesh, proc_ranks=proc_ranks, **fields)
 
-    def stop_actors(self, name: str, timeout: float | None = None) -> list[dict]:
-        reply = self.hub.request("stop_actors", timeout=120.0 if timeout is None else timeout, name=name)
+    def stop_actors(self, proc_mesh: str, name: str, timeout: float | None = None) -> list[dict]:
+        reply = self.hub.request("stop_actors", timeout=120.0 if timeout is None else timeout, proc_mesh=proc_mesh,
+                                 name=name)
         return reply.get("stuck") or []
 
     def stop_procs(self, name: str) -> None:
@@ -79,23 +80,23 @@ class HubControl(ControlPlane):
         rt = runtime()
         rt.mailbox.outbox.drop_discarded()  # calls queued for the dead must not reach the new
         reply = self.hub.request("restart_procs", timeout=timeout, name=proc_mesh, ranks=proc_ranks)
-        for name, record in reply["actor_meshes"].items():
-            rt.supervision.sync(name, record["addresses"], record["dead"])
-            rt.supervision.clear_pending(self.cluster_id, name)
+        for record in reply["actor_meshes"].values():
+            rt.supervision.sync(record["name"], record["addresses"], record["dead"])
+            rt.supervision.clear_pending(self.cluster_id, record["name"])
         for handle in list(rt.proc_mesh_handles.get((self.cluster_id, proc_mesh), ())):  # all see the new procs
             handle._procs[:] = reply["proc_mesh"]["procs"]
         if reply["failures"]:  # the first actor mesh's; the procs are stopped, so health shows them all
-            name, packed = sorted(reply["failures"].items())[0]
-            record = reply["actor_meshes"][name]
-            raise init_error(name, f"{record['class_name'].rpartition('.')[2]}.__init__ (restarting)", packed,
-                             Extent(record["extent"]))
+            key, packed = sorted(reply["failures"].items())[0]
+            record = reply["actor_meshes"][key]
+            raise init_error(record["name"], f"{record['class_name'].rpartition('.')[2]}.__init__ (restarting)",
+                             packed, Extent(record["extent"]))
         return reply
 
     def proc_mesh_record(self, name: str) -> dict | None:
         return self.hub.request("info", timeout=30.0)["proc_meshes"].get(name)
 
-    def actor_mesh_record(self, name: str) -> dict | None:
-        return self.hub.request("info", timeout=30.0)["actor_meshes"].get(name)
+    def actor_mesh_record(self, proc_mesh: str, name: str) -> dict | None:
+        return self.hub.request("info", timeout=30.0)["actor_meshes"].get(f"{proc_mesh}/{name}")
 
     def interrupt(self, procs: list[dict], timeout: float) -> None:
         # Straight to the procs, all at once: the hub is not on this path.

@@ -112,7 +112,7 @@ class DebugRegistry:
         if ranks is not None and mesh is None:
             raise HubError("ranks need a mesh: name the actor mesh whose ranks should stop", "ValueError")
         if mesh is not None:
-            record = self._registry.actor_meshes.get(mesh)
+            record = self._registry.find_actor_mesh(mesh)
             if record is None:
                 known = ", ".join(sorted(self._registry.actor_meshes)) or "none"
                 raise HubError(f"no actor mesh {mesh!r} (actor meshes: {known})", "ValueError")

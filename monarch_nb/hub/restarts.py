@@ -70,7 +70,7 @@ class Restarts:
         """New procs for ``ranks``, then every actor that lived on them. A proc on which
         an actor's ``__init__`` raises again is stopped (so it stays failed, and a later
         restart tries again); returns those failures (actor mesh -> rank -> packed
-        exception, unpickled by the client only)."""
+        exception, unpickled by the client only); actor meshes by key."""
         live = [mesh.procs[r] for r in ranks if mesh.procs[r].exit_code is None]
         for proc in live:  # an explicit restart of a live rank: it is stopped, as expected
             proc.exit_code = 0
@@ -94,7 +94,7 @@ class Restarts:
         for record in [a for a in self._registry.actor_meshes.values() if a.proc_mesh == mesh.name]:
             failed = await self._respawn_actors(mesh, record, [r for r in ranks if r in record.proc_ranks])
             if failed:
-                failures[record.name] = failed
+                failures[record.key] = failed
                 broken.update(record.proc_ranks[i] for i in failed)
         if broken:
             for r in sorted(broken):

@@ -102,6 +102,7 @@ class Hub:
         launcher = ProcLauncher(registry, net)
         self.meshes = MeshOps(registry, net, self.announcer, launcher, self.debug)
         self.supervision = Supervision(registry, net, self.announcer, self.logs.store, self.meshes)
+        self.meshes.actor_died = self.supervision.actor_died
         self.restarts = Restarts(registry, net, launcher, self.supervision, self.meshes, self.debug)
         self.allocation = Allocation(self.allocator, hosts, path, registry, net, self.supervision, self.meshes,
                                      self.stop_requested)

@@ -21,6 +21,7 @@ from ..allocators import slurm_options
 from ..client import cluster as cluster_mod
 from ..client import logs
 from ..client.actor_mesh import ActorMesh
+from ..client.actor_meshes import resolve
 from ..client.proc_mesh import ProcMesh
 from ..client.runtime import runtime
 from ..client.value_mesh import ValueMesh
@@ -162,8 +163,12 @@ class MonarchMagics(Magics):
         info = cluster.info()
         if name in info["proc_meshes"]:
             return cluster._proc_mesh(info["proc_meshes"][name])
-        if name in info["actor_meshes"]:
-            return cluster._actor_mesh(info["actor_meshes"][name], info["proc_meshes"])
+        try:
+            key = resolve(info["actor_meshes"], name)
+        except KeyError as e:
+            raise UsageError(e.args[0]) from None
+        if key is not None:
+            return cluster._actor_mesh(info["actor_meshes"][key])
         known = sorted(info["proc_meshes"]) + sorted(info["actor_meshes"])
         raise UsageError(f"no mesh {name!r}: not a mesh variable nor a mesh of the cluster "
                          f"(meshes: {', '.join(known) or 'none'})")
@@ -175,8 +180,7 @@ class MonarchMagics(Magics):
             return mesh
         cluster = self._cluster()
         info = cluster.info()
-        record = info["actor_meshes"][mesh.name]
-        return cluster._proc_mesh(info["proc_meshes"][record["proc_mesh"]])
+        return cluster._proc_mesh(info["proc_meshes"][mesh._proc_mesh_name])
 
     @staticmethod
     def _print(*renderables) -> None:
@@ -273,7 +277,8 @@ class MonarchMagics(Magics):
         self._show_records([[r[f] for f in LOG_FIELDS] for r in found])
         if not found and not args.follow:
             info = cluster.info()
-            if mesh_name is not None and mesh_name not in info["proc_meshes"] and mesh_name not in info["actor_meshes"]:
+            actor_names = {k.rpartition("/")[2] for k in info["actor_meshes"]}
+            if mesh_name is not None and mesh_name not in info["proc_meshes"] and mesh_name not in actor_names:
                 known = sorted(info["proc_meshes"]) + sorted(info["actor_meshes"])
                 raise UsageError(f"%monarch logs: no mesh {mesh_name!r} and no lines of it in the store "
                                  f"(meshes: {', '.join(known) or 'none'})")
