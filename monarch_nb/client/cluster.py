@@ -172,13 +172,18 @@ class Cluster:
         return cls(found.name, found.path, cluster_dir.read_info(found.path))._attach()
 
     @classmethod
-    def start_ephemeral(cls, hosts: int = 1, grace_s: float = 2.0) -> "Cluster":
+    def start_ephemeral(cls, hosts: int = 1, grace_s: float = 2.0, allocator=None) -> "Cluster":
         """Start a cluster that lives and dies with this process; returns once its hub and
-        ``hosts`` host agents are up. Raises :class:`ClusterError` if they don't come up."""
+        ``hosts`` host agents are up. ``allocator``: where hosts come from instead (as for
+        :meth:`start`; it decides how many). Raises :class:`ClusterError` if they don't
+        come up."""
+        spec = _allocator_spec(allocator, None) if allocator is not None else None
         name = f"{discovery.EPHEMERAL_PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
         path, _ = cluster_dir.create(name)
         try:
-            hub = launch_hub(path, hosts=hosts, grace_s=grace_s, ephemeral_parent=os.getpid())
+            hub = launch_hub(path, hosts=allocator.hosts if allocator is not None else hosts, grace_s=grace_s,
+                             ephemeral_parent=os.getpid(), allocator=spec,
+                             timeout=HUB_START_TIMEOUT_S + getattr(allocator, "start_timeout_s", 0))
         except ClusterError:
             shutil.rmtree(path, ignore_errors=True)
             raise
