@@ -17,6 +17,7 @@ Names are Monarch's (``monarch.actor``'s ``__all__``) for everything monarch_nb 
 from .client.accumulator import Accumulator
 from .client.actor_mesh import ActorMesh
 from .client.cluster import Cluster, this_host
+from .client.controller import get_or_spawn_controller
 from .client.endpoint import Endpoint
 from .client.future import Future
 from .client.host_mesh import HostMesh
@@ -49,7 +50,8 @@ runtime().supervision.fault_hook = lambda: globals()["unhandled_fault_hook"]
 
 __all__ = [
     "Accumulator", "Actor", "ActorError", "ActorMesh", "Cluster", "ClusterError", "Context", "Endpoint", "Extent",
-    "Future", "HostMesh", "InvalidRequest", "MeshFailure", "MessageTooLarge", "MonarchNbError", "Point", "ProcMesh", "RemoteException",
-    "SerializationError", "Shape", "SupervisionError", "ValueMesh", "context", "current_actor_name", "current_rank",
-    "current_size", "endpoint", "set_failure_hook", "this_host", "this_proc", "unhandled_fault_hook",
+    "Future", "HostMesh", "InvalidRequest", "MeshFailure", "MessageTooLarge", "MonarchNbError", "Point", "ProcMesh",
+    "RemoteException", "SerializationError", "Shape", "SupervisionError", "ValueMesh", "context",
+    "current_actor_name", "current_rank", "current_size", "endpoint", "get_or_spawn_controller", "set_failure_hook",
+    "this_host", "this_proc", "unhandled_fault_hook",
 ]

@@ -12,6 +12,7 @@ its mesh was stopped): nobody is left to use them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from typing import Awaitable, Callable
 
@@ -52,9 +53,25 @@ class MeshOps:
         self._spawning: dict[str, list] = {}  # proc mesh being spawned -> [procs up, spawn id, procs asked for]
         self._spawning_actors: dict[str, list[ProcRecord]] = {}  # actor mesh being constructed -> its procs
         self._abandoned: set[str] = set()  # actor meshes being constructed whose client gave up: not created
+        self._claimed: dict[str, asyncio.Event] = {}  # proc mesh name or actor mesh key being spawned -> set when done
         # Supervision's actor_died(record, rank, cause, endpoint, traceback), set by the hub
         # (supervision uses these ops): a spawned actor whose __init__ raised is a failure.
         self.actor_died: Callable[..., Awaitable[None]] | None = None
+
+    @contextlib.asynccontextmanager
+    async def _one_spawn_at_a_time(self, key: str):
+        """Spawns of one mesh (a proc mesh's name, an actor mesh's key) run one after
+        another: a second spawn, sent while the first is constructing, then finds the first's
+        mesh and returns it (spawn is idempotent) instead of making a second one. This is
+        what makes ``get_or_spawn_controller`` from two clients at once yield one controller."""
+        while (busy := self._claimed.get(key)) is not None:
+            await busy.wait()
+        done = self._claimed[key] = asyncio.Event()
+        try:
+            yield
+        finally:
+            del self._claimed[key]
+            done.set()
 
     async def spawn_procs(self, header, message):
         try:
@@ -76,29 +93,30 @@ class MeshOps:
         if name is None:
             name = f"procs{self._registry.next_number()}"
         check_mesh_name(name)
-        existing = self._registry.proc_meshes.get(name)
-        if existing is not None:
-            if header.get("replace"):
-                await self.stop_proc_mesh(existing)
-            elif existing.extent == extent:
-                return existing.public()
-            else:
-                raise HubError(f"a proc mesh named {name!r} exists with extent {existing.extent}, not "
-                               f"{extent}; choose another name, or pass replace=True to stop it first",
-                               "ValueError")
-        per = per_host.nelements
-        launch = {k: header.get(k) for k in ("env", "cwd", "python")}
-        self._spawning[name] = [0, header.get("spawn_id"), len(hosts) * per]
-        self._announcer.health_changed()
-        try:
-            procs = await self._launcher.start(
-                {host_id: [f"{name}/{h * per + i}" for i in range(per)] for h, host_id in enumerate(hosts)}, launch)
-        finally:
-            self._spawning.pop(name, None)
-        record = self._registry.proc_meshes[name] = ProcMeshRecord(name, extent, procs, owner=header.get("owner"),
-                                                                   launch=launch)
-        self._registry.save()
-        return record.public()
+        async with self._one_spawn_at_a_time(name):
+            existing = self._registry.proc_meshes.get(name)
+            if existing is not None:
+                if header.get("replace"):
+                    await self.stop_proc_mesh(existing)
+                elif existing.extent == extent:
+                    return existing.public()
+                else:
+                    raise HubError(f"a proc mesh named {name!r} exists with extent {existing.extent}, not "
+                                   f"{extent}; choose another name, or pass replace=True to stop it first",
+                                   "ValueError")
+            per = per_host.nelements
+            launch = {k: header.get(k) for k in ("env", "cwd", "python")}
+            self._spawning[name] = [0, header.get("spawn_id"), len(hosts) * per]
+            self._announcer.health_changed()
+            try:
+                procs = await self._launcher.start(
+                    {host_id: [f"{name}/{h * per + i}" for i in range(per)] for h, host_id in enumerate(hosts)}, launch)
+            finally:
+                self._spawning.pop(name, None)
+            record = self._registry.proc_meshes[name] = ProcMeshRecord(name, extent, procs, owner=header.get("owner"),
+                                                                       launch=launch)
+            self._registry.save()
+            return record.public()
 
     async def spawn_actors(self, header, message):
         name = header["name"]
@@ -107,59 +125,60 @@ class MeshOps:
         if mesh is None:
             raise HubError(f"no proc mesh named {header['proc_mesh']!r}; it was stopped", "ValueError")
         key = actor_mesh_key(mesh.name, name)
-        existing = self._registry.actor_meshes.get(key)
-        if existing is not None:
-            same = existing.proc_ranks == header["proc_ranks"] and existing.class_name == header["class_name"]
-            if header.get("replace"):
-                await self.stop_actor_mesh(existing)
-            elif same:
-                return self.actor_mesh_view(existing)
-            else:
-                raise HubError(f"an actor mesh named {name!r} exists on proc mesh {mesh.name!r} "
-                               f"({existing.class_name} over {existing.extent}); choose another name, or pass "
-                               "replace=True to stop it first", "ValueError")
-        dead = [mesh.procs[r].proc_id for r in header["proc_ranks"] if mesh.procs[r].exit_code is not None]
-        if dead:
-            raise HubError(f"procs {', '.join(dead)} of {mesh.name!r} have exited; spawn a new proc mesh")
-        body = bytes(message.body)
-        buffers = [bytes(b) for b in message.buffers]
-        payload_id = f"a{self._registry.next_number()}"
-        raise_init_errors = header.get(hub_ops.RAISE_INIT_ERRORS, False)
-        constructing = self._spawning_actors[key] = [mesh.procs[r] for r in header["proc_ranks"]]
-        try:
-            replies = await asyncio.gather(*(
-                self._net.request(mesh.procs[r].address, {
-                    envelope.OP: proc_ops.SPAWN_ACTOR, proc_ops.MESH: name, envelope.RANK: i,
-                    proc_ops.EXTENT: header["extent"], proc_ops.ORIGIN: header.get(proc_ops.ORIGIN),
-                    proc_ops.MAIN_THREAD: header.get(proc_ops.MAIN_THREAD, False),
-                    proc_ops.INIT_FAULT: not raise_init_errors,
-                    "owner": header.get("owner"), **self._debug.spawn_fields()},
-                    body, buffers)
-                for i, r in enumerate(header["proc_ranks"])))
-        finally:
-            if self._spawning_actors.get(key) is constructing:
-                del self._spawning_actors[key]
-            abandoned = key in self._abandoned
-            self._abandoned.discard(key)
-        addresses = [r.header[proc_ops.ADDRESS] for r in replies]
-        failures = {r.header[envelope.RANK]: bytes(r.body) for r in replies if not r.header[envelope.OK]}
-        record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
-                                 header["endpoints"], header.get("methods", []), addresses, payload_id,
-                                 owner=header.get("owner"))
-        if failures and (raise_init_errors or abandoned):
-            await self.stop_actor_mesh(record)
-            return {"failures": failures}
-        self._registry.actor_meshes[key] = record
-        self._registry.keep_payload(payload_id, [body, *buffers])
-        self._registry.save()
-        view = self.actor_mesh_view(record)
-        for r in replies:  # Monarch: a raising __init__ is a supervision fault, the mesh lives on
-            if not r.header["ok"]:
-                rank = r.header["rank"]
-                view["dead"][str(rank)] = f"__init__ raised {r.header.get('error', '')}"
-                await self.actor_died(record, rank, view["dead"][str(rank)], "__init__",
-                                      r.header.get(proc_ops.TRACEBACK, ""))
-        return view
+        async with self._one_spawn_at_a_time(key):
+            existing = self._registry.actor_meshes.get(key)
+            if existing is not None:
+                same = existing.proc_ranks == header["proc_ranks"] and existing.class_name == header["class_name"]
+                if header.get("replace"):
+                    await self.stop_actor_mesh(existing)
+                elif same:
+                    return self.actor_mesh_view(existing)
+                else:
+                    raise HubError(f"an actor mesh named {name!r} exists on proc mesh {mesh.name!r} "
+                                   f"({existing.class_name} over {existing.extent}); choose another name, or pass "
+                                   "replace=True to stop it first", "ValueError")
+            dead = [mesh.procs[r].proc_id for r in header["proc_ranks"] if mesh.procs[r].exit_code is not None]
+            if dead:
+                raise HubError(f"procs {', '.join(dead)} of {mesh.name!r} have exited; spawn a new proc mesh")
+            body = bytes(message.body)
+            buffers = [bytes(b) for b in message.buffers]
+            payload_id = f"a{self._registry.next_number()}"
+            raise_init_errors = header.get(hub_ops.RAISE_INIT_ERRORS, False)
+            constructing = self._spawning_actors[key] = [mesh.procs[r] for r in header["proc_ranks"]]
+            try:
+                replies = await asyncio.gather(*(
+                    self._net.request(mesh.procs[r].address, {
+                        envelope.OP: proc_ops.SPAWN_ACTOR, proc_ops.MESH: name, envelope.RANK: i,
+                        proc_ops.EXTENT: header["extent"], proc_ops.ORIGIN: header.get(proc_ops.ORIGIN),
+                        proc_ops.MAIN_THREAD: header.get(proc_ops.MAIN_THREAD, False),
+                        proc_ops.INIT_FAULT: not raise_init_errors,
+                        "owner": header.get("owner"), **self._debug.spawn_fields()},
+                        body, buffers)
+                    for i, r in enumerate(header["proc_ranks"])))
+            finally:
+                if self._spawning_actors.get(key) is constructing:
+                    del self._spawning_actors[key]
+                abandoned = key in self._abandoned
+                self._abandoned.discard(key)
+            addresses = [r.header[proc_ops.ADDRESS] for r in replies]
+            failures = {r.header[envelope.RANK]: bytes(r.body) for r in replies if not r.header[envelope.OK]}
+            record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
+                                     header["endpoints"], header.get("methods", []), addresses, payload_id,
+                                     owner=header.get("owner"))
+            if failures and (raise_init_errors or abandoned):
+                await self.stop_actor_mesh(record)
+                return {"failures": failures}
+            self._registry.actor_meshes[key] = record
+            self._registry.keep_payload(payload_id, [body, *buffers])
+            self._registry.save()
+            view = self.actor_mesh_view(record)
+            for r in replies:  # Monarch: a raising __init__ is a supervision fault, the mesh lives on
+                if not r.header["ok"]:
+                    rank = r.header["rank"]
+                    view["dead"][str(rank)] = f"__init__ raised {r.header.get('error', '')}"
+                    await self.actor_died(record, rank, view["dead"][str(rank)], "__init__",
+                                          r.header.get(proc_ops.TRACEBACK, ""))
+            return view
 
     async def stop_actors(self, header, message):
         """Stop actor mesh ``name`` of ``proc_mesh`` (without ``proc_mesh``: ``name`` is a

@@ -191,6 +191,9 @@ class ActorThread:
             instance, error = None, e
         else:
             if isinstance(cls, type) and issubclass(cls, Actor):
+                self._instance_info = dataclasses.replace(self._instance_info,
+                                                          class_name=f"{cls.__module__}.{cls.__qualname__}")
+                _set_current(self._context())
                 self.current = ("__init__", time.time())
                 self.busy = True
                 instance, error = self._call_user(cls, *args, **kwargs)
