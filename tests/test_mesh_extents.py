@@ -6,6 +6,7 @@ keeps ``{"hosts": N}``, also for one host, and its proc meshes are over
 import pytest
 
 from monarch_nb.actor import Cluster, Extent
+from monarch_nb.health_view import to_plain
 from sample_actors import Counter
 
 
@@ -48,7 +49,7 @@ def test_per_host_naming_a_dimension_of_the_host_mesh_is_refused(cluster):
     assert "overlap" not in cluster.proc_meshes
 
 
-def test_spawn_procs_without_per_host_is_one_proc_with_no_dimensions(host):
+def test_spawn_procs_without_per_host_is_one_proc_with_no_dimensions(cluster, host):
     procs = host.spawn_procs(name="single")
     try:
         single = procs.spawn("c", Counter)
@@ -56,6 +57,7 @@ def test_spawn_procs_without_per_host_is_one_proc_with_no_dimensions(host):
         me = single.whoami.call_one().get()
         assert me["point"] == {} and me["rank"] == 0 and me["size"] == {}
         assert single.whoami.call().get().item()["rank"] == 0
+        assert "c  sample_actors.Counter · on single · no dimensions · 1/1 healthy" in to_plain(cluster.health())
     finally:
         procs.stop()
 
