@@ -35,8 +35,6 @@ class HostMesh(MeshHandle):
         self._hosts = hosts
         self._name = "hosts"
         self._shape = Shape(Extent({"hosts": len(hosts)}) if extent is None else extent)
-        if len(self._shape) != len(hosts):
-            raise ValueError(f"host mesh extent {dict(self._shape.extent)} does not hold its {len(hosts)} hosts")
 
     def __reduce__(self):
         return (HostMesh, (self._cluster_id, self._hub_address, self._hosts, self.extent))
@@ -50,8 +48,8 @@ class HostMesh(MeshHandle):
 
     def spawn_procs(self, per_host: dict[str, int] | None = None, name: str | None = None,
                     replace: bool = False) -> ProcMesh:
-        """Start ``per_host`` procs on every host (default ``{}``: one), all in parallel; returns a
-        :class:`ProcMesh` over this mesh's extent followed by ``per_host``:
+        """Start ``per_host`` procs on every host (default ``{}``: one), all in parallel;
+        returns a :class:`ProcMesh` over this mesh's extent followed by ``per_host``:
         ``{"hosts": N, **per_host}`` on a cluster's hosts, exactly ``per_host`` on one
         host with no dimensions (so ``this_host().spawn_procs(per_host={"hosts": 2,
         "gpus": 4})`` lays out 8 procs on this one host, as in Monarch). Blocks until
@@ -76,8 +74,8 @@ class HostMesh(MeshHandle):
         try:
             reply = hub.request(
                 "spawn_procs", timeout=SPAWN_TIMEOUT_S, while_waiting=bar.tick, per_host=per_host, name=name,
-                replace=replace, hosts=self._hosts, **{hub_ops.HOST_EXTENT: dict(self.extent)}, env=_proc_env(), cwd=os.getcwd(),
-                python=sys.executable, spawn_id=spawn_id, owner=owner_of_new_meshes())
+                replace=replace, hosts=self._hosts, **{hub_ops.HOST_EXTENT: dict(self.extent)}, env=_proc_env(),
+                cwd=os.getcwd(), python=sys.executable, spawn_id=spawn_id, owner=owner_of_new_meshes())
         except BaseException:
             bar.close(None)
             raise
