@@ -39,6 +39,12 @@ class HostMesh(MeshHandle):
     def __reduce__(self):
         return (HostMesh, (self._cluster_id, self._hub_address, self._hosts, self.extent))
 
+    @property
+    def is_fake_in_process(self) -> bool:
+        """Always ``False``: procs spawned here are OS processes (Monarch also has host
+        meshes simulated inside the client's process)."""
+        return False
+
     def slice(self, **dims) -> "HostMesh":
         """Sub-mesh of hosts: ``slice(hosts=0)`` is host 0 with no dimensions,
         ``slice(hosts=slice(0, 2))`` hosts 0 and 1 over ``{"hosts": 2}``."""
