@@ -9,8 +9,12 @@
     procs = this_host().spawn_procs(per_host={"gpus": 8})   # extent {"gpus": 8}
     trainers = procs.spawn("trainers", Trainer)
     losses = trainers.train.call(step=0).get()              # ValueMesh
+    procs.stop()                                            # a finished Future: await it, or not
+
+Names are Monarch's (``monarch.actor``'s ``__all__``) for everything monarch_nb has.
 """
 
+from .client.accumulator import Accumulator
 from .client.actor_mesh import ActorMesh
 from .client.cluster import Cluster, this_host
 from .client.endpoint import Endpoint
@@ -18,16 +22,34 @@ from .client.future import Future
 from .client.host_mesh import HostMesh
 from .client.local_proc import this_proc
 from .client.proc_mesh import ProcMesh
-from .client.runtime import set_failure_hook
+from .client.runtime import runtime, set_failure_hook
 from .client.value_mesh import ValueMesh
 from .errors import (ActorError, ClusterError, InvalidRequest, MeshFailure, MessageTooLarge, MonarchNbError,
                      RemoteException, SerializationError, SupervisionError)
 from .mesh import Extent, Point, Shape
-from .proc.actor import Actor, Context, context, current_rank, current_size, endpoint
+from .proc.actor import Actor, Context, context, current_actor_name, current_rank, current_size, endpoint
+
+
+
+def unhandled_fault_hook(failure: MeshFailure) -> None:
+    """Called (on the client's event thread) with each supervision failure that no
+    owning actor's ``__supervise__`` handled, as in Monarch: replace it by assigning
+    ``monarch_nb.actor.unhandled_fault_hook = my_hook``. It must not block.
+
+    This default does nothing more than what happens anyway: the dead actors' calls
+    fail with :class:`SupervisionError`, and the failure is armed (the next call on
+    the affected mesh raises it) or, in a notebook, shown under the running cell.
+    Monarch's default ends the client with ``sys.exit(1)``; here what a hook raises is
+    printed instead, so that a notebook kernel survives (see the README's differences).
+    """
+
+
+# Looked up at each failure: assigning the module attribute replaces the hook.
+runtime().supervision.fault_hook = lambda: globals()["unhandled_fault_hook"]
 
 __all__ = [
-    "Actor", "ActorError", "ActorMesh", "Cluster", "ClusterError", "Context", "Endpoint", "Extent",
+    "Accumulator", "Actor", "ActorError", "ActorMesh", "Cluster", "ClusterError", "Context", "Endpoint", "Extent",
     "Future", "HostMesh", "InvalidRequest", "MeshFailure", "MessageTooLarge", "MonarchNbError", "Point", "ProcMesh", "RemoteException",
-    "SerializationError", "Shape", "SupervisionError", "ValueMesh", "context", "current_rank",
-    "current_size", "endpoint", "set_failure_hook", "this_host", "this_proc",
+    "SerializationError", "Shape", "SupervisionError", "ValueMesh", "context", "current_actor_name", "current_rank",
+    "current_size", "endpoint", "set_failure_hook", "this_host", "this_proc", "unhandled_fault_hook",
 ]

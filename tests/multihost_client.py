@@ -18,7 +18,7 @@ import time
 
 from monarch_nb.allocators.command import CommandAllocator
 from monarch_nb.client.cluster import Cluster
-from sample_actors import Arrays, Caller, Counter
+from sample_actors import Arrays, AsyncCaller, Caller, Counter
 
 # Run inside the other namespace: frame sets that a receiver must drop unread. Their
 # header would create MARKER if anything unpickled it.
@@ -59,7 +59,8 @@ def main() -> None:
         # an actor on host 0 holds the handle of the counter on host 1 and calls it
         caller = procs.slice(hosts=0).spawn("caller", Caller, counters.slice(hosts=1))
         seen["cross_call"] = caller.sum_of_other.call_one().get(timeout=60)
-        seen["cross_call_async"] = caller.async_sum_of_other.call_one().get(timeout=60)
+        async_caller = procs.slice(hosts=0).spawn("async_caller", AsyncCaller, counters.slice(hosts=1))
+        seen["cross_call_async"] = async_caller.async_sum_of_other.call_one().get(timeout=60)
 
         # unsigned frames from host 1's namespace to an actor on host 0
         arrays = procs.slice(hosts=0).spawn("arrays", Arrays)

@@ -141,6 +141,13 @@ class Caller(Actor):
     def sum_of_other(self) -> int:
         return sum(self.other.get.call().get().values())
 
+
+class AsyncCaller(Actor):
+    """``Caller`` with an async endpoint (an actor's endpoints are all sync or all async)."""
+
+    def __init__(self, other):
+        self.other = other
+
     @endpoint
     async def async_sum_of_other(self) -> int:
         values = await self.other.get.call()
@@ -160,7 +167,7 @@ class AsyncActor(Actor):
         return i
 
     @endpoint
-    def events_seen(self) -> list:
+    async def events_seen(self) -> list:
         return self.events
 
 

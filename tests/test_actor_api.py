@@ -14,7 +14,7 @@ from monarch_nb.actor import (ActorError, Extent, MessageTooLarge, RemoteExcepti
 from conftest import pids_alive, wait_until
 from monarch_nb.wire.mailbox import Mailbox
 from monarch_nb.client.runtime import runtime
-from sample_actors import (AsyncActor, BadInit, Caller, Counter, CustomError, Failing, NotAnActor,
+from sample_actors import (AsyncActor, AsyncCaller, BadInit, Caller, Counter, CustomError, Failing, NotAnActor,
                            Rendezvous)
 
 
@@ -164,9 +164,9 @@ def test_unpicklable_return_value_is_reported_not_hung(procs4):
     assert "return value of failing.return_unpicklable" in str(info.value.exception)
 
 
-def test_init_failure_raises_at_spawn_listing_ranks(procs4):
+def test_init_failure_raises_at_spawn_listing_ranks_when_asked(procs4):
     with pytest.raises(ActorError) as info:
-        procs4.spawn("badinit", BadInit, 2)
+        procs4.spawn("badinit", BadInit, 2, raise_init_errors=True)
     assert [p.rank for p in info.value.points] == [2] and isinstance(info.value.exception, RuntimeError)
     ok = procs4.spawn("badinit", BadInit, 99)  # the name is free again
     assert len(ok) == 4
@@ -228,7 +228,8 @@ def test_actor_holding_another_mesh_calls_it_sync_and_async(procs4, counters):
     expected = sum(counters.get.call().get().values())
     callers = procs4.slice(gpus=slice(0, 2)).spawn("callers", Caller, counters)
     assert callers.sum_of_other.call().get().values() == [expected, expected]
-    assert callers.async_sum_of_other.call().get().values() == [expected, expected]
+    async_callers = procs4.slice(gpus=slice(0, 2)).spawn("async_callers", AsyncCaller, counters)
+    assert async_callers.async_sum_of_other.call().get().values() == [expected, expected]
 
 
 def test_spawn_with_existing_name_returns_live_mesh_or_raises(procs4):

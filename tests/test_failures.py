@@ -160,11 +160,11 @@ def test_ranks_blocked_in_a_collective_fail_at_once_when_one_of_them_dies(worker
     assert time.monotonic() - started < BOUND_S
 
 
-def test_an_init_that_raises_fails_the_spawn_not_the_first_call(host):
+def test_an_init_that_raises_fails_the_spawn_when_asked(host):
     procs = host.spawn_procs(per_host={"gpus": 2}, name="badinit")
     try:
         with pytest.raises(ActorError, match="no GPU here") as info:
-            procs.spawn("badinit", BadInit)
+            procs.spawn("badinit", BadInit, raise_init_errors=True)
         assert len(info.value.failures) == 2
         assert procs.spawn("fine", Worker).count.call().get(timeout=30).values() == [("w", 1)] * 2
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import weakref
 
 from ..errors import HubTimeout
@@ -12,6 +13,7 @@ from ..wire import serialize
 from . import progress, torch_env
 from .actor_mesh import ActorMesh
 from .control import abandon_spawn, init_error
+from .future import Future
 from .mesh_handle import MeshHandle
 from .runtime import runtime
 from .value_mesh import ValueMesh
@@ -24,6 +26,11 @@ def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
                         f"`class {getattr(cls, '__name__', 'MyActor')}(Actor):` "
                         "with `from monarch_nb.actor import Actor`")
     endpoints = endpoint_names(cls)
+    if len(set(endpoints.values())) > 1:  # Monarch's rule: a sync endpoint that waits would block the async ones
+        sync = sorted(n for n, a in endpoints.items() if not a)
+        asynchronous = sorted(n for n, a in endpoints.items() if a)
+        raise ValueError(f"{cls.__name__} mixes sync endpoints ({', '.join(sync)}) and async endpoints "
+                         f"({', '.join(asynchronous)}); make them all `def` or all `async def` (as Monarch requires)")
     methods = [n for n, v in inspect.getmembers(cls, callable) if not n.startswith("_") and n not in endpoints]
     return f"{cls.__module__}.{cls.__qualname__}", endpoints, methods
 
@@ -53,7 +60,7 @@ class ProcMesh(MeshHandle):
         return [self._procs[r]["pid"] for r in self._shape.base_ranks()]
 
     def spawn(self, name: str, actor_class: type, *args, replace: bool = False,
-              init_timeout: float | None = None, **kwargs) -> ActorMesh:
+              init_timeout: float | None = None, raise_init_errors: bool = False, **kwargs) -> ActorMesh:
         """Create one ``actor_class(*args, **kwargs)`` in every proc of this mesh; returns
         an :class:`ActorMesh` over the same extent. Blocks until every actor's
         ``__init__`` has returned, showing progress after a second (a bar in a notebook
@@ -62,12 +69,19 @@ class ProcMesh(MeshHandle):
         ``TimeoutError`` is raised. Ctrl-C while waiting does the same, raising
         ``KeyboardInterrupt``.
 
+        An ``__init__`` that raises is a supervision fault, as in Monarch: the mesh is
+        returned, calls to the failed ranks raise :class:`SupervisionError`, and the
+        failure (a :class:`MeshFailure` of kind ``actor_failed``) goes to the owning
+        actor's ``__supervise__`` or, for a mesh the client spawned, to the unhandled
+        failure hooks (in a notebook: shown under the running cell) before this returns.
+        With ``raise_init_errors=True`` the spawn instead raises :class:`ActorError`
+        (with every failed rank) and the mesh is not created.
+
         Spawning a ``name`` that exists returns the live mesh when class and procs match
         (re-running a cell works); otherwise it raises ``ValueError``, unless
         ``replace=True`` stops the old mesh first. Raises ``TypeError`` when
         ``actor_class`` is not an ``Actor`` subclass, ``SerializationError`` when the
-        class or arguments can't be pickled, and :class:`ActorError` (with every failed
-        rank) when ``__init__`` raised; the mesh is then not created.
+        class or arguments can't be pickled.
         """
         if not isinstance(name, str) or not name:
             raise TypeError(f"spawn(name, actor_class, ...) needs a mesh name string first, got {name!r}")
@@ -78,24 +92,24 @@ class ProcMesh(MeshHandle):
         control = self._control()
         bar = progress.Later(rt.bar_factory, f"{name}: {actor_class.__name__}.__init__", len(self), lambda: None)
         fields = dict(extent=dict(self.extent), class_name=class_name, endpoints=endpoints, methods=methods,
-                      replace=replace, o=rt.origin(), main_thread=getattr(actor_class, "_monarch_main_thread", False),
-                      owner=owner_of_new_meshes())
+                      replace=replace, raise_init_errors=raise_init_errors, o=rt.origin(),
+                      main_thread=getattr(actor_class, "_monarch_main_thread", False), owner=owner_of_new_meshes())
         try:
             reply = control.spawn_actors(self._name, self._shape.base_ranks(), name, fields, body,
                                          [b.raw() for b in buffers], init_timeout, bar.tick)
         except HubTimeout:
-            abandon_spawn(control, name)
+            abandon_spawn(control, self._name, name)
             raise TimeoutError(f"{actor_class.__name__}.__init__ did not return within {init_timeout} s on every "
                                f"rank of {name!r}; the actors were interrupted and the mesh stopped") from None
         except KeyboardInterrupt:
-            abandon_spawn(control, name)
+            abandon_spawn(control, self._name, name)
             raise
         finally:
             bar.close(None)
         if "failures" in reply:
             raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
         rt.supervision.sync(name, reply["addresses"], reply["dead"])
-        return ActorMesh(self._cluster_id, self._hub_address, name, class_name, endpoints, methods,
+        return ActorMesh(self._cluster_id, self._hub_address, self._name, name, class_name, endpoints, methods,
                          Shape(Extent(reply["extent"])), reply["addresses"])
 
     def interrupt(self, timeout: float = 5.0) -> None:
@@ -139,16 +153,33 @@ class ProcMesh(MeshHandle):
         ``this_proc()`` (the client itself can't be restarted)."""
         return self._control().restart_procs(self._name, None, timeout)["restarted"]
 
+    def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: int | None = None,
+                       level: int = logging.INFO) -> Future[None]:
+        """Monarch's switch for streaming the procs' output to the client. monarch_nb
+        always shows the output a call caused under the cell (or in the terminal) that
+        made it, complete when the call returns, and keeps every line in the hub's log
+        store (``cluster.logs()``): these options are checked and change nothing.
+        Raises ``ValueError`` for ``aggregate_window_sec`` without ``stream_to_client``
+        (as Monarch does). Returns a finished ``Future[None]`` (Monarch's is awaited)."""
+        if aggregate_window_sec is not None and not stream_to_client:
+            raise ValueError("aggregate_window_sec needs stream_to_client=True")
+        return Future.finished(runtime(), f"{self._name}.logging_option")
+
     def _refresh(self) -> None:
         """Take the hub's current procs of this mesh (a restart replaces some)."""
         record = self._control().proc_mesh_record(self._name)
         if record is not None and len(record["procs"]) == len(self._procs):
             self._procs[:] = record["procs"]
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every proc of this mesh (the whole mesh, also when called on a slice) and
-        the actors on them. Blocks until the processes have exited."""
+        the actors on them. Runs at once and blocks until the processes have exited
+        (unlike Monarch, where nothing happens until the future is awaited); returns a
+        finished ``Future[None]`` so that ``await procs.stop()`` and
+        ``procs.stop().get()`` work as in Monarch. ``reason`` is accepted for Monarch
+        compatibility (the procs' failures say "was stopped")."""
         self._control().stop_procs(self._name)
+        return Future.finished(runtime(), f"{self._name}.stop")
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._name!r} {dict(self.extent)}>"

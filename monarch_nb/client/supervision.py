@@ -11,16 +11,21 @@ A failure that no owning actor handled (see ``hub.supervision``) is passed to th
 failure hook (``ClientRuntime.set_failure_hook``). The default hook arms it: the next call on the affected mesh (the mesh
 whose ``broadcast`` endpoint raised, or the owner's mesh for a failure in a mesh an
 actor spawned) raises it as :class:`SupervisionError` once, without being sent. The
-notebook extension's hook also shows it at once. Proc deaths fail the calls that
-involve the dead ranks anyway; other slices of the mesh keep working.
+notebook extension's hook also shows it at once. Then Monarch's hook
+(``monarch_nb.actor.unhandled_fault_hook(failure)``, looked up at each failure so that
+assigning the module attribute replaces it) is called; what it raises is printed, never
+raised in the event thread. Actor and proc deaths fail the calls that involve the dead
+ranks anyway; other slices of the mesh keep working.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Callable
 
 from ..errors import MeshFailure, SupervisionError
+from ..protocol import envelope, events
 from ..wire import frames as wire_frames
 from ..wire import sockets
 from ..wire.mailbox import Mailbox
@@ -41,6 +46,8 @@ class Supervision:
         self._waiting: dict[str, dict[int, tuple[str, int]]] = {}  # address -> port -> (cluster id, base rank)
         self._armed: dict[tuple[str, str], list[MeshFailure]] = {}  # (cluster id, actor mesh) -> failures
         self._hook: FailureHook = self.arm
+        # Gives Monarch's unhandled_fault_hook as it is now (set by monarch_nb.actor).
+        self.fault_hook: Callable[[], Callable[[MeshFailure], object]] | None = None
 
     # calls waiting on actors ------------------------------------------------------------
     def watch(self, cluster_id: str, port: int, targets: dict[str, int]) -> dict[str, str]:
@@ -74,7 +81,7 @@ class Supervision:
     def fail(self, cluster_id: str, port: int, base_rank: int, why: str) -> None:
         """Send the waiting call at ``port`` a failure reply for ``base_rank``."""
         mailbox = self._mailbox()
-        header = {"port": port, "rank": base_rank, "ok": False, "supervision": True}
+        header = {envelope.PORT: port, envelope.RANK: base_rank, envelope.OK: False, "supervision": True}
         mailbox.send(mailbox.address, wire_frames.encode_value(cluster_id, header,
                                                                  pack_exception(SupervisionError(why))))
 
@@ -86,12 +93,13 @@ class Supervision:
     # hub events -------------------------------------------------------------------------
     def on_event(self, event: dict) -> None:
         """An event bus subscriber: ``actors_gone`` and ``supervision`` events."""
-        op = event.get("op")
-        if op == "actors_gone":
+        op = event.get(envelope.OP)
+        if op == events.ACTORS_GONE:
             self.actors_gone(event)
-        elif op == "supervision":
+        elif op == events.SUPERVISION:
             failure = MeshFailure.from_event(event["failure"])
-            self._hook(event["cluster"], failure, event["failure"].get("owner"))
+            self._hook(event[events.CLUSTER], failure, event["failure"].get("owner"))
+            self._call_fault_hook(failure)
 
     def actors_gone(self, event: dict) -> None:
         """The hub's news that actors died with their proc or were stopped: fail what waits
@@ -120,6 +128,16 @@ class Supervision:
         if hook is not None and not callable(hook):
             raise TypeError(f"set_failure_hook needs a function (cluster_id, failure, owner) or None, not {hook!r}")
         self._hook = hook or self.arm
+
+    def _call_fault_hook(self, failure: MeshFailure) -> None:
+        hook = self.fault_hook() if self.fault_hook is not None else None
+        if hook is None:
+            return
+        try:
+            hook(failure)
+        except BaseException as e:  # noqa: BLE001 - e.g. Monarch's sys.exit(1): never end the event thread
+            print(f"monarch_nb: unhandled_fault_hook raised {type(e).__name__}: {e} for: {failure}",
+                  file=sys.stderr)
 
     def raise_armed(self, cluster_id: str, mesh: str) -> None:
         """Raise (once) the failures armed for ``mesh``: called before a call is sent."""

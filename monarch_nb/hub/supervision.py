@@ -1,8 +1,11 @@
 """Supervision in the hub: failures travel actor → proc → host → hub → owner → client.
 
 A failure is a proc that exited or was killed (its host agent reports the exit at
-once), a proc lost with its host (agent silent for ``HOST_TIMEOUT_S``), or an
-exception in a ``broadcast`` endpoint (nobody to reply to; the actor reports it).
+once), a proc lost with its host (agent silent for ``HOST_TIMEOUT_S``), an exception
+in a ``broadcast`` endpoint (nobody to reply to; the actor reports it), or an actor
+that died while its proc lives on: an endpoint raised a ``BaseException`` that is not
+an ``Exception`` (the actor reports it), or its ``__init__`` raised (``actor_died``,
+from the spawn).
 
 A host lost for its silence whose agent is heard from again (the network or the
 agent was stalled) is taken back: its procs that still run are live again, those
@@ -28,13 +31,13 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from ..protocol import events
+from ..protocol import agent_ops, envelope, events, hub_ops, proc_ops
 from ..protocol.records import LOST_EXIT_CODE, exit_cause
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
 from .logstore import LogStore
 from .mesh_ops import MeshOps
-from .records import HostRecord, ProcMeshRecord, ProcRecord
+from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord, actor_mesh_key
 from .registry import Registry
 
 SUPERVISE_TIMEOUT_S = 10.0  # an owner busy longer than this leaves the failure unhandled
@@ -73,7 +76,7 @@ class Supervision:
             for rank, proc in enumerate(mesh.procs):
                 # The pid too: a late report about a stopped mesh's proc must not hit the
                 # new proc of the same id in a mesh spawned again under that name.
-                if proc.proc_id == header["proc_id"] and proc.pid == header.get("pid", proc.pid):
+                if proc.proc_id == header[agent_ops.PROC_ID] and proc.pid == header.get("pid", proc.pid):
                     if proc.exit_code is not None:
                         return  # already failed (lost with its host, or stopped for a restart)
                     proc.exit_code = header["returncode"]
@@ -111,7 +114,8 @@ class Supervision:
             return
         self._rejoining.add(host.host_id)
         try:
-            reply = await self._net.request(host.address, {"op": "adopt", "hub": self._net.address},
+            reply = await self._net.request(host.address,
+                                            {envelope.OP: agent_ops.ADOPT, agent_ops.HUB: self._net.address},
                                             timeout=REJOIN_TIMEOUT_S)
         except asyncio.TimeoutError:
             return  # still lost; tried again at its next heartbeat
@@ -138,7 +142,7 @@ class Supervision:
               f" with {len(back)} live actor(s)" + (f"; procs {', '.join(died)} exited meanwhile" if died else ""),
               file=sys.stderr)
         self._registry.save()
-        await self._announcer.announce({"op": events.ACTORS_BACK, "actors": back})
+        await self._announcer.announce({envelope.OP: events.ACTORS_BACK, "actors": back})
 
     def _lose_procs_of(self, host: HostRecord) -> list[tuple[ProcMeshRecord, int, ProcRecord]]:
         """Mark the live procs of ``host`` lost; returns them (mesh, rank, proc)."""
@@ -165,7 +169,7 @@ class Supervision:
                               "why": why, "endpoint": None}, mesh.owner))
         gone = await self._meshes.actors_gone(dying)
         for failure, owner in failures:
-            asyncio.ensure_future(self._escalate(failure, owner))
+            asyncio.ensure_future(self.escalate(failure, owner))
         self._meshes.stop_orphans(gone)
 
     def _death_cause(self, proc: ProcRecord, expected: bool, cause: str | None) -> str:
@@ -178,18 +182,42 @@ class Supervision:
         return f"{self._registry.describe(proc)} {cause}" + (f"; last stderr: {' | '.join(last)}" if last else "")
 
     async def actor_failed(self, header, message):
-        """An actor's ``broadcast`` endpoint raised (the actor lives on)."""
-        record = self._registry.actor_meshes.get(header["mesh"])
+        """An actor's ``broadcast`` endpoint raised (the actor lives on), or an endpoint
+        killed its actor (``ACTOR_DEAD``)."""
+        proc_mesh = header.get(proc_ops.PROC, "").rpartition("/")[0]  # proc ids are PROC_MESH/RANK
+        record = self._registry.actor_meshes.get(actor_mesh_key(proc_mesh, header["mesh"]))
         if record is None:
             return
-        why = (f"{header['mesh']} rank {header['rank']}: broadcast {header['endpoint']} raised "
-               f"{header['error']}")
+        endpoint, rank = header[hub_ops.FAILED_ENDPOINT], header["rank"]
+        if header.get(hub_ops.ACTOR_DEAD):
+            await self.actor_died(record, rank, f"{endpoint} raised {header['error']}", endpoint,
+                                  header.get(hub_ops.FAILED_TRACEBACK, ""))
+            return
+        why = f"{header['mesh']} rank {rank}: broadcast {endpoint} raised {header['error']}"
         failure = {"kind": "endpoint_failed", "proc_mesh": record.proc_mesh, "meshes": [record.name],
-                   "ranks": [header["rank"]], "why": why, "endpoint": header["endpoint"],
-                   "traceback": header.get("traceback", "")}
-        await self._escalate(failure, record.owner)
+                   "ranks": [rank], "why": why, "endpoint": endpoint,
+                   "traceback": header.get(hub_ops.FAILED_TRACEBACK, "")}
+        await self.escalate(failure, record.owner)
 
-    async def _escalate(self, failure: dict, owner: dict | None) -> None:
+    async def actor_died(self, record: ActorMeshRecord, rank: int, cause: str, endpoint: str,
+                         traceback: str) -> None:
+        """Rank ``rank`` of actor mesh ``record`` died for ``cause`` (its proc lives on):
+        every client learns it (``actors_gone``: calls to it fail at once), the meshes it
+        owned are stopped, and the failure goes to the mesh's owner or, unhandled, to the
+        clients. Returns once the clients were told; the offer to an owner is not
+        awaited (the owner may be the actor waiting for this mesh's spawn)."""
+        why = f"{record.name} rank {rank}: {cause}"
+        address = record.addresses[rank]
+        await self._announcer.announce({envelope.OP: events.ACTORS_GONE, "actors": {address: (record.name, rank, why)}})
+        self._meshes.stop_orphans({address})
+        failure = {"kind": "actor_failed", "proc_mesh": record.proc_mesh, "meshes": [record.name],
+                   "ranks": [rank], "why": why, "endpoint": endpoint, "traceback": traceback}
+        if record.owner is None:
+            await self.escalate(failure, None)
+        else:
+            asyncio.ensure_future(self.escalate(failure, record.owner))
+
+    async def escalate(self, failure: dict, owner: dict | None) -> None:
         """Offer ``failure`` to ``owner`` (the actor that spawned the mesh); unhandled,
         it goes to the clients as ``supervision``."""
         if owner is not None:
@@ -201,12 +229,13 @@ class Supervision:
             why = failure["why"] + (f"; not handled by {owner['mesh']} rank {owner['rank']}"
                                     + (f" ({outcome['error']})" if outcome.get("error") else ""))
             failure = {**failure, "why": why, "owner": owner}
-        await self._announcer.announce({"op": events.SUPERVISION, "failure": failure})
+        await self._announcer.announce({envelope.OP: events.SUPERVISION, "failure": failure})
 
     async def _offer_to_owner(self, failure: dict, owner: dict) -> dict:
         try:
-            reply = await self._net.request(owner["address"], {"k": "supervise", "failure": failure},
+            reply = await self._net.request(owner["address"],
+                                            {envelope.KIND: proc_ops.SUPERVISE, proc_ops.FAILURE: failure},
                                             timeout=SUPERVISE_TIMEOUT_S)
         except asyncio.TimeoutError:
             return {"handled": False, "error": f"the owner did not answer within {SUPERVISE_TIMEOUT_S} s"}
-        return {"handled": bool(reply.header.get("handled")), "error": reply.header.get("error")}
+        return {"handled": bool(reply.header.get(proc_ops.HANDLED)), "error": reply.header.get(envelope.ERROR)}

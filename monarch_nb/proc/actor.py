@@ -117,6 +117,15 @@ def context() -> Context:
     return ctx
 
 
+def current_actor_name() -> str:
+    """A name for the running actor, unique in its cluster: ``PROC_ID.MESH[RANK]``
+    (e.g. ``procs1/3.trainers[3]``); ``client`` outside an actor."""
+    actor = context().actor_instance
+    if actor.mesh_name == "client":
+        return "client"
+    return f"{actor.proc_id}.{actor.mesh_name}[{actor.rank.rank}]"
+
+
 def current_rank() -> Point:
     """This actor's point in its mesh (``.rank`` is the int rank); ``{}`` in the client."""
     return context().actor_instance.rank

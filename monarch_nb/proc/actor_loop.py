@@ -14,6 +14,13 @@ mesh). An injected interrupt lands at the actor's next bytecode, at the latest r
 after it takes the gate back, which is still inside the ``try`` that catches it. A
 message the loop can't act on (a header missing a key) is dropped and counted; no
 failure ends the actor's thread except a stop.
+
+An actor *dies* (Monarch's supervision) when an endpoint raises a ``BaseException``
+that is not an ``Exception`` (``SystemExit``, ``asyncio.CancelledError``, ...; not the
+``KeyboardInterrupt`` of an interrupt, which only fails its call), or, when the spawn
+asks for it (``INIT_FAULT``), when its ``__init__`` raises. A dead actor keeps its
+inbox until stopped and answers every call with a supervision failure; the hub is told
+(``ACTOR_FAILED`` with ``DEAD``) and tells the clients and the mesh's owner.
 """
 
 from __future__ import annotations
@@ -31,9 +38,9 @@ from typing import Any, Callable
 
 import zmq
 
-from ..errors import MeshFailure
+from ..errors import MeshFailure, SupervisionError
 from ..mesh import Point
-from ..protocol import envelope, proc_ops
+from ..protocol import envelope, hub_ops, proc_ops
 from ..wire import frames as wire_frames
 from ..wire import interrupts, sockets
 from ..wire.remote_error import pack_exception
@@ -98,6 +105,7 @@ class ActorThread:
         self._gate = threading.Lock()
         self._gate.acquire()
         self.current: tuple[str, float] | None = None  # endpoint running, since (wall clock, s)
+        self.dead: str | None = None  # why this actor died: every later call fails with it
         # An actor on the proc's main thread (``%%monarch exec``) can be interrupted even
         # in a blocking call such as time.sleep: SIGINT interrupts the main thread only.
         self.thread = (threading.main_thread() if main_thread else
@@ -190,15 +198,21 @@ class ActorThread:
                 self.current = None
             else:
                 instance, error = None, TypeError(f"{cls!r} is not an Actor subclass")
+        init_fault = self._spawn.header.get(proc_ops.INIT_FAULT, False)
         self._spawn = None  # drop the class/argument buffers
-        if error is not None:
-            send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank, error=error,
-                       extra={proc_ops.ADDRESS: self.address})
-            inbox.close(0)
-            return
         set_call_origin(None)
-        send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank,
-                   value=None, extra={proc_ops.ADDRESS: self.address})
+        if error is None:
+            send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank,
+                       value=None, extra={proc_ops.ADDRESS: self.address})
+        else:
+            type_name, text, tb, _ = pack_exception(error, 1)
+            cause = f"{type_name.rsplit('.', 1)[-1]}: {text}"
+            send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank, error=error,
+                       extra={proc_ops.ADDRESS: self.address, envelope.ERROR: cause, proc_ops.TRACEBACK: tb})
+            if not init_fault:
+                inbox.close(0)
+                return
+            self.dead = f"{self.mesh_name} rank {self.point.rank}: __init__ raised {cause}"
         if self.stopping:  # stopped while __init__ ran: its stop message had nowhere to go
             inbox.close(0)
             return
@@ -243,6 +257,10 @@ class ActorThread:
         return proc_ops.STOP
 
     def _call(self, instance, message: wire_frames.Message, reply_to) -> None:
+        if self.dead is not None:
+            send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
+                       error=SupervisionError(f"the actor {self.dead}"), extra={proc_ops.DIED: True})
+            return
         if self.stopping:
             send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
                        error=RuntimeError(f"actor mesh {self.mesh_name} was stopped before this call ran"))
@@ -256,7 +274,7 @@ class ActorThread:
     def _supervise(self, instance, failure: dict, reply_to) -> None:
         """A mesh this actor spawned failed: ``__supervise__(failure)`` decides (truthy:
         handled). Without the method, or when it raises, the failure goes on up."""
-        handler = getattr(instance, "__supervise__", None)
+        handler = getattr(instance, "__supervise__", None) if self.dead is None else None
         handled, error = False, None
         if handler is not None:
             verdict, e = self._call_user(lambda: bool(handler(MeshFailure.from_event(failure))))
@@ -290,6 +308,8 @@ class ActorThread:
         if error is None:
             send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, value=result,
                        what=f"return value of {self.mesh_name}.{name}")
+        elif kills_actor(error):
+            self._die(name, error, reply_to)
         elif reply_to is not None:
             send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, error=error)
         else:  # nobody to reply to: a supervision event
@@ -311,7 +331,29 @@ class ActorThread:
     def _report_broadcast_failure(self, name: str, error: BaseException) -> None:
         type_name, text, tb, _ = pack_exception(error)
         print(f"broadcast {name} raised:\n{tb}", file=sys.stderr, end="")  # tagged with mesh and rank
+        self._report_failure(name, f"{type_name.rsplit('.', 1)[-1]}: {text}", tb, dead=False)
+
+    def _die(self, name: str, error: BaseException, reply_to) -> None:
+        """``error`` from endpoint ``name`` kills this actor: its caller (if any) and every
+        later call get a supervision failure; the hub, the clients and the owner learn it."""
+        type_name, text, tb, _ = pack_exception(error)
+        cause = f"{type_name.rsplit('.', 1)[-1]}: {text}" if text else type_name.rsplit('.', 1)[-1]
+        self.dead = f"{self.mesh_name} rank {self.point.rank}: {name} raised {cause}"
+        print(f"{name} raised {cause}; the actor is dead:\n{tb}", file=sys.stderr, end="")
+        send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
+                   error=SupervisionError(f"the actor {self.dead}"), extra={proc_ops.DIED: True})
+        self._report_failure(name, cause, tb, dead=True)
+
+    def _report_failure(self, name: str, cause: str, tb: str, dead: bool) -> None:
         if self.hub is not None:
             self.outbox.send(self.hub, wire_frames.encode(self.cluster_id, {
-                envelope.OP: proc_ops.ACTOR_FAILED, proc_ops.MESH: self.mesh_name, envelope.RANK: self.point.rank,
-                "endpoint": name, envelope.ERROR: f"{type_name.rsplit('.', 1)[-1]}: {text}", "traceback": tb}))
+                envelope.OP: hub_ops.ACTOR_FAILED, proc_ops.MESH: self.mesh_name,
+                proc_ops.PROC: self._instance_info.proc_id, envelope.RANK: self.point.rank,
+                hub_ops.FAILED_ENDPOINT: name, envelope.ERROR: cause, hub_ops.FAILED_TRACEBACK: tb,
+                hub_ops.ACTOR_DEAD: dead}))
+
+
+def kills_actor(error: BaseException) -> bool:
+    """Monarch's rule: a ``BaseException`` that is not an ``Exception`` kills the actor.
+    A ``KeyboardInterrupt`` is spared: it is how ``%monarch interrupt`` stops one call."""
+    return not isinstance(error, (Exception, KeyboardInterrupt))

@@ -17,9 +17,14 @@ PROC_EXITED = "proc_exited"  # one-way: a proc exited (its pid and return code)
 LOG_LINES = "log_lines"  # one-way: a batch of lines the host's procs printed, handled in arrival order
 
 # from procs -------------------------------------------------------------------------------
-ACTOR_FAILED = "actor_failed"  # one-way: a ``broadcast`` endpoint raised (nobody to reply to)
+ACTOR_FAILED = "actor_failed"  # one-way: a ``broadcast`` endpoint raised (nobody to reply to), or an actor died
 DEBUG_STOPPED = "debug_stopped"  # one-way: a thread of a proc stopped in the debugger
 DEBUG_RESUMED = "debug_resumed"  # one-way: threads of a proc run again (their stop keys)
+
+# Header keys of ACTOR_FAILED (with proc_ops.MESH, envelope.RANK and envelope.ERROR).
+FAILED_ENDPOINT = "endpoint"  # the endpoint that raised
+FAILED_TRACEBACK = "traceback"  # the remote traceback
+ACTOR_DEAD = "dead"  # the actor died (a BaseException not an Exception): it fails every later call
 
 # from clients: presence -----------------------------------------------------------------
 CLIENT_ALIVE = "client_alive"  # one-way: a client's heartbeat (and where it wants events)
@@ -35,6 +40,7 @@ SPAWN_PROCS = "spawn_procs"  # start a proc mesh on the hosts
 HOST_EXTENT = "host_extent"  # spawn_procs field: the host mesh's extent ({} for one host), which the procs' extends
 SPAWN_PROGRESS = "spawn_progress"  # how many procs of a spawn have started so far
 SPAWN_ACTORS = "spawn_actors"  # construct an actor mesh on a proc mesh (payload: class and arguments)
+RAISE_INIT_ERRORS = "raise_init_errors"  # SPAWN_ACTORS: fail the spawn when an __init__ raises (else a fault)
 STOP_ACTORS = "stop_actors"  # stop an actor mesh (or interrupt one still being constructed)
 STOP_PROCS = "stop_procs"  # stop a proc mesh and its actors
 RESTART_PROCS = "restart_procs"  # new procs in place of failed (or named) ranks, with their actors

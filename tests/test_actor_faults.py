@@ -1,0 +1,149 @@
+"""Monarch's supervision faults: an ``__init__`` that raises, and a ``BaseException``
+that is not an ``Exception``, kill the actor; ``unhandled_fault_hook`` hears of it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import monarch_nb.actor
+from monarch_nb.actor import Actor, ActorError, MeshFailure, SupervisionError, endpoint, this_proc
+
+from conftest import wait_until
+
+BOUND_S = 10.0
+
+
+class InitRaisesOn(Actor):
+    def __init__(self, bad_rank: int):
+        if monarch_nb.actor.current_rank().rank == bad_rank:
+            raise ValueError("no GPU here")
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Exits(Actor):
+    @endpoint
+    def leave(self) -> None:
+        raise SystemExit(3)
+
+    @endpoint
+    def interrupted(self) -> None:
+        raise KeyboardInterrupt
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Mixed(Actor):
+    @endpoint
+    def now(self) -> int:
+        return 1
+
+    @endpoint
+    async def later(self) -> int:
+        return 2
+
+
+class Owner(Actor):
+    def __init__(self):
+        self.failures: list[str] = []
+
+    @endpoint
+    def kill_child(self) -> None:
+        self.child = monarch_nb.actor.this_host().spawn_procs(per_host={"gpus": 1}, name="owned").spawn(
+            "owned", Exits)
+        with pytest.raises(SupervisionError):
+            self.child.leave.call_one().get(timeout=30)
+
+    @endpoint
+    def seen(self) -> list[str]:
+        return self.failures
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.failures.append(f"{failure.kind} {failure.meshes} {failure.ranks}")
+        return True
+
+
+@pytest.fixture
+def faults():
+    """Failures that reached ``monarch_nb.actor.unhandled_fault_hook``."""
+    seen: list[MeshFailure] = []
+    default = monarch_nb.actor.unhandled_fault_hook
+    monarch_nb.actor.unhandled_fault_hook = seen.append
+    yield seen
+    monarch_nb.actor.unhandled_fault_hook = default
+
+
+def test_an_init_that_raises_is_a_fault_the_spawn_returns_and_calls_to_it_raise(host, faults):
+    procs = host.spawn_procs(per_host={"gpus": 2}, name="initfault")
+    try:
+        mesh = procs.spawn("initfault", InitRaisesOn, 1)
+        assert wait_until(lambda: faults, BOUND_S)
+        assert faults[0].kind == "actor_failed" and faults[0].ranks == (1,)
+        assert "initfault" in str(faults[0]) and "no GPU here" in str(faults[0])
+        with pytest.raises(SupervisionError, match="__init__ raised ValueError: no GPU here"):
+            mesh.pid.call().get(timeout=30)
+        assert mesh.slice(gpus=0).pid.call_one().get(timeout=30) in procs.pids
+    finally:
+        procs.stop()
+
+
+def test_an_init_that_raises_in_this_proc_is_a_fault_too(faults):
+    mesh = this_proc().spawn("local_initfault", InitRaisesOn, 0)
+    try:
+        assert [f.meshes for f in faults] == [("local_initfault",)]
+        with pytest.raises(SupervisionError, match="no GPU here"):
+            mesh.pid.call_one().get(timeout=30)
+    finally:
+        mesh.stop()
+
+
+def test_a_base_exception_that_is_not_an_exception_kills_the_actor(host, faults):
+    procs = host.spawn_procs(per_host={"gpus": 2}, name="exits")
+    try:
+        mesh = procs.spawn("exits", Exits)
+        with pytest.raises(SupervisionError, match="leave raised SystemExit: 3"):
+            mesh.slice(gpus=1).leave.call_one().get(timeout=30)
+        with pytest.raises(SupervisionError, match="exits rank 1"):
+            mesh.slice(gpus=1).pid.call_one().get(timeout=30)
+        assert wait_until(lambda: faults, BOUND_S)
+        assert (faults[0].kind, faults[0].meshes, faults[0].ranks, faults[0].endpoint) == (
+            "actor_failed", ("exits",), (1,), "leave")
+        # Only the actor died: its proc and the other rank serve on.
+        assert mesh.slice(gpus=0).pid.call_one().get(timeout=30) == procs.pids[0]
+        assert procs.spawn("after", Exits).slice(gpus=1).pid.call_one().get(timeout=30) == procs.pids[1]
+    finally:
+        procs.stop()
+
+
+def test_a_keyboard_interrupt_fails_only_its_call(host):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="kbd")
+    try:
+        mesh = procs.spawn("kbd", Exits)
+        with pytest.raises(ActorError):
+            mesh.interrupted.call_one().get(timeout=30)
+        assert mesh.pid.call_one().get(timeout=30) == procs.pids[0]
+    finally:
+        procs.stop()
+
+
+def test_a_child_killed_by_a_base_exception_reaches_its_owners_supervise(host, faults):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="owner")
+    try:
+        owner = procs.spawn("owner", Owner)
+        owner.kill_child.call_one().get(timeout=60)
+        assert wait_until(lambda: owner.seen.call_one().get(timeout=30), BOUND_S) == [
+            "actor_failed ('owned',) (0,)"]
+        assert not faults  # handled by the owner
+    finally:
+        procs.stop()
+
+
+def test_an_actor_mixing_sync_and_async_endpoints_is_refused_at_spawn(procs4):
+    with pytest.raises(ValueError, match=r"Mixed mixes sync endpoints \(now\) and async endpoints \(later\)"):
+        procs4.spawn("mixed", Mixed)
