@@ -6,7 +6,7 @@
         @endpoint
         def train(self, step: int) -> float: ...
 
-    procs = this_host().spawn_procs(per_host={"gpus": 8})   # extent {"hosts": 1, "gpus": 8}
+    procs = this_host().spawn_procs(per_host={"gpus": 8})   # extent {"gpus": 8}
     trainers = procs.spawn("trainers", Trainer)
     losses = trainers.train.call(step=0).get()              # ValueMesh
     procs.stop()                                            # a finished Future: await it, or not

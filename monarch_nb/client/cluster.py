@@ -239,9 +239,18 @@ class Cluster:
             return self._debugger
 
     def host_mesh(self) -> HostMesh:
-        """The cluster's hosts, extent ``{"hosts": N}``."""
+        """The cluster's hosts, extent ``{"hosts": N}`` (also for N = 1, as the host
+        mesh of a Monarch job; see :meth:`this_host` for one host without dimensions)."""
         info = self.info()
         return HostMesh(self._info["cluster_id"], self._info["hub"], [h["host_id"] for h in info["hosts"]])
+
+    def this_host(self) -> HostMesh:
+        """What ``this_host()`` is while this cluster is the current one: its one host
+        with no dimensions (extent ``{}``, as Monarch's ``this_host()``), so
+        ``spawn_procs(per_host=...)`` gives a proc mesh over exactly ``per_host``; with
+        N > 1 hosts, all of them over ``{"hosts": N}``."""
+        hosts = self.host_mesh()
+        return hosts.slice(hosts=0) if len(hosts) == 1 else hosts
 
     @property
     def proc_meshes(self) -> dict[str, ProcMesh]:
@@ -452,9 +461,10 @@ def default_cluster() -> Cluster:
 
 
 def this_host() -> HostMesh:
-    """The host mesh of the current cluster, extent ``{"hosts": N}``.
+    """The hosts of the current cluster: one host has no dimensions (extent ``{}``, as
+    in Monarch), N > 1 hosts have extent ``{"hosts": N}`` (see ``Cluster.this_host``).
 
     After ``connect()`` or ``Cluster.start()`` it is that cluster's. In a script with
     no cluster connected this starts an ephemeral local cluster that is torn down when
     the script exits. Blocks until the cluster is up (~0.2 s)."""
-    return default_cluster().host_mesh()
+    return default_cluster().this_host()

@@ -34,7 +34,7 @@ class MeshHandle:
 
     @property
     def extent(self) -> Extent:
-        """Dimension labels to sizes, e.g. ``{"hosts": 1, "gpus": 8}``."""
+        """Dimension labels to sizes, e.g. ``{"hosts": 2, "gpus": 8}``."""
         return self._shape.extent
 
     def __len__(self) -> int:

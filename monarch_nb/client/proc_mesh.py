@@ -36,7 +36,8 @@ def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
 
 
 class ProcMesh(MeshHandle):
-    """Worker processes laid out over ``extent``, e.g. ``{"hosts": 1, "gpus": 8}``."""
+    """Worker processes laid out over ``extent``, e.g. ``{"gpus": 8}`` (one host) or
+    ``{"hosts": 2, "gpus": 8}``."""
 
     def __init__(self, cluster_id: str, hub_address: str, name: str, shape: Shape, procs: list[dict]):
         self._cluster_id = cluster_id

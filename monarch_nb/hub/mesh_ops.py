@@ -78,17 +78,21 @@ class MeshOps:
             per_host = Extent(header["per_host"])
         except ValueError as e:
             raise HubError(f"bad per_host: {e}", "ValueError") from None
-        if "hosts" in per_host:
-            raise HubError("per_host must not name the 'hosts' dimension; the host mesh provides it",
-                           "ValueError")
         known = self._registry.hosts
         hosts = header.get("hosts") or self._registry.host_order
+        host_extent = Extent(header[hub_ops.HOST_EXTENT])
+        if host_extent.nelements != len(hosts):
+            raise HubError(f"host mesh extent {dict(host_extent)} does not match its {len(hosts)} hosts", "ValueError")
+        overlap = [label for label in per_host if label in host_extent]
+        if overlap:
+            raise HubError(f"per_host names {overlap}, which the host mesh {dict(host_extent)} already has; "
+                           "per_host gives the dimensions of the procs on each host", "ValueError")
         gone = [h for h in hosts if h not in known or known[h].lost]
         if gone:
             causes = "; ".join(f"{h}: {known[h].cause or 'its agent fell silent'}" if h in known
                                else f"{h}: unknown" for h in gone)
             raise HubError(f"can't start procs on lost host(s) ({causes}); stop this cluster and start a new one")
-        extent = {"hosts": len(hosts), **per_host}
+        extent = {**host_extent, **per_host}
         name = header.get("name")
         if name is None:
             name = f"procs{self._registry.next_number()}"

@@ -237,8 +237,7 @@ class MonarchMagics(Magics):
                 raise UsageError(f"--per-host {args.per_host!r}: write LABEL=SIZE[,LABEL=SIZE], e.g. gpus=8")
             per_host[label.strip()] = int(size)
         Extent(per_host)
-        host = self._cluster().host_mesh()
-        procs = host.spawn_procs(per_host=per_host, name=args.name or args.var)
+        procs = self._cluster().this_host().spawn_procs(per_host=per_host, name=args.name or args.var)
         self.shell.user_ns[args.var] = procs
         self.last_procs = args.var
         print(f"monarch: {args.var} = {procs!r}")

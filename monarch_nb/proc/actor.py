@@ -177,5 +177,5 @@ def current_rank() -> Point:
 
 
 def current_size() -> dict[str, int]:
-    """This actor's mesh extent as a dict, e.g. ``{"hosts": 1, "gpus": 8}``; ``{}`` in the client."""
+    """This actor's mesh extent as a dict, e.g. ``{"hosts": 2, "gpus": 8}``; ``{}`` in the client."""
     return dict(context().actor_instance.rank.extent)
