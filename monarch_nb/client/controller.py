@@ -40,7 +40,7 @@ def get_or_spawn_controller(name: str, Class: type[A], *args, **kwargs) -> Futur
     since, is still returned: calls to it raise :class:`SupervisionError`.
     """
     with unowned():  # the cluster's, wherever asked from
-        hosts = default_cluster().host_mesh().slice(hosts=0)
-        procs = hosts.spawn_procs(per_host={}, name=CONTROLLERS)
+        first_host = default_cluster().host_mesh().slice(hosts=0)  # an int drops the dimension: extent {}
+        procs = first_host.spawn_procs(per_host={}, name=CONTROLLERS)
         mesh = procs.spawn(name, Class, *args, **kwargs)
-    return Future.finished(runtime(), f"get_or_spawn_controller({name!r})", mesh.slice(hosts=0))
+    return Future.finished(runtime(), f"get_or_spawn_controller({name!r})", mesh)
