@@ -70,3 +70,16 @@ def procs4(host):
     procs = host.spawn_procs(per_host={"gpus": 4}, name="procs4")
     yield procs
     procs.stop()
+
+
+@pytest.fixture
+def faults():
+    """Failures that reached ``monarch_nb.actor.unhandled_fault_hook`` during the test
+    (Monarch's way of replacing it: assigning the module attribute)."""
+    import monarch_nb.actor
+
+    seen: list = []
+    default = monarch_nb.actor.unhandled_fault_hook
+    monarch_nb.actor.unhandled_fault_hook = seen.append
+    yield seen
+    monarch_nb.actor.unhandled_fault_hook = default

@@ -289,8 +289,6 @@ def test_reply_that_arrives_while_the_call_is_still_sending_is_not_lost(counters
 
 
 def test_a_long_wait_on_many_ranks_reports_progress(counters, monkeypatch):
-    from monarch_nb.client import progress
-
     seen = []
 
     class Recorder:

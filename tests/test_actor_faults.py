@@ -69,16 +69,6 @@ class Owner(Actor):
         return True
 
 
-@pytest.fixture
-def faults():
-    """Failures that reached ``monarch_nb.actor.unhandled_fault_hook``."""
-    seen: list[MeshFailure] = []
-    default = monarch_nb.actor.unhandled_fault_hook
-    monarch_nb.actor.unhandled_fault_hook = seen.append
-    yield seen
-    monarch_nb.actor.unhandled_fault_hook = default
-
-
 def test_an_init_that_raises_is_a_fault_the_spawn_returns_and_calls_to_it_raise(host, faults):
     procs = host.spawn_procs(per_host={"gpus": 2}, name="initfault")
     try:

@@ -10,8 +10,7 @@ import threading
 
 import pytest
 
-import monarch_nb.actor
-from monarch_nb.actor import Actor, MeshFailure, SupervisionError, context, endpoint, get_or_spawn_controller
+from monarch_nb.actor import Actor, SupervisionError, context, endpoint, get_or_spawn_controller
 from monarch_nb.client.cluster import Cluster
 from monarch_nb.client.runtime import runtime
 
@@ -88,16 +87,6 @@ def askers(connected):
     procs = connected.host_mesh().spawn_procs(per_host={"gpus": 2}, name="askers")
     yield procs.spawn("askers", Asker)
     procs.stop()
-
-
-@pytest.fixture
-def faults():
-    """Failures that reached ``monarch_nb.actor.unhandled_fault_hook``."""
-    seen: list[MeshFailure] = []
-    default = monarch_nb.actor.unhandled_fault_hook
-    monarch_nb.actor.unhandled_fault_hook = seen.append
-    yield seen
-    monarch_nb.actor.unhandled_fault_hook = default
 
 
 def test_two_calls_give_the_same_controller_and_it_keeps_its_state(connected):
