@@ -12,8 +12,9 @@
 """
 
 from .client.actor_mesh import ActorMesh
+from .client.channel import Channel, PortReceiver
 from .client.cluster import Cluster, this_host
-from .client.endpoint import Endpoint
+from .client.endpoint import Endpoint, send
 from .client.future import Future
 from .client.host_mesh import HostMesh
 from .client.local_proc import this_proc
@@ -23,7 +24,8 @@ from .client.value_mesh import ValueMesh
 from .errors import (ActorError, ClusterError, InvalidRequest, MeshFailure, MessageTooLarge, MonarchNbError,
                      RemoteException, SerializationError, SupervisionError)
 from .mesh import Extent, Point, Shape
-from .proc.actor import Actor, Context, context, current_rank, current_size, endpoint
+from .proc.actor import Actor, Context, concurrent_endpoint, context, current_rank, current_size, endpoint
+from .wire.port import Port
 
 
 
@@ -44,8 +46,9 @@ def unhandled_fault_hook(failure: MeshFailure) -> None:
 runtime().supervision.fault_hook = lambda: globals()["unhandled_fault_hook"]
 
 __all__ = [
-    "Actor", "ActorError", "ActorMesh", "Cluster", "ClusterError", "Context", "Endpoint", "Extent",
-    "Future", "HostMesh", "InvalidRequest", "MeshFailure", "MessageTooLarge", "MonarchNbError", "Point", "ProcMesh", "RemoteException",
-    "SerializationError", "Shape", "SupervisionError", "ValueMesh", "context", "current_rank",
-    "current_size", "endpoint", "set_failure_hook", "this_host", "this_proc", "unhandled_fault_hook",
+    "Actor", "ActorError", "ActorMesh", "Channel", "Cluster", "ClusterError", "Context", "Endpoint", "Extent",
+    "Future", "HostMesh", "InvalidRequest", "MeshFailure", "MessageTooLarge", "MonarchNbError", "Point", "Port",
+    "PortReceiver", "ProcMesh", "RemoteException", "SerializationError", "Shape", "SupervisionError", "ValueMesh",
+    "concurrent_endpoint", "context", "current_rank", "current_size", "endpoint", "send", "set_failure_hook",
+    "this_host", "this_proc", "unhandled_fault_hook",
 ]

@@ -18,6 +18,7 @@ from .. import cluster_dir, lifeline
 from ..debug import session as debug_session
 from ..protocol import agent_ops, envelope
 from ..wire import frames as wire_frames
+from ..wire import port as wire_port
 from . import actor, stdio
 from .server import ProcServer
 
@@ -35,6 +36,7 @@ def main() -> None:
     info = cluster_dir.read_info(Path(args.cluster_dir))
     cluster_id = info["cluster_id"]
     wire_frames.register_key(cluster_id, cluster_dir.key_of(info))
+    wire_port.bind_cluster(cluster_id)  # ports unpickled here sign for this cluster
 
     stdio.install()
     faulthandler.enable()  # a crash (SIGSEGV, abort) leaves its Python stack in the last stderr lines

@@ -43,30 +43,20 @@ from ..mesh import Point
 from ..protocol import envelope, hub_ops, proc_ops
 from ..wire import frames as wire_frames
 from ..wire import interrupts, sockets
+from ..wire import port as wire_port
 from ..wire.remote_error import pack_exception
 from . import activity
-from .actor import Actor, ActorInstance, Context, _set_current, is_endpoint
+from .actor import Actor, ActorInstance, Context, _set_current, is_endpoint, takes_port
 from .stdio import end_of_call, set_call_origin
 
 
 def send_reply(outbox: sockets.Outbox, cluster_id: str, reply_to: tuple[str, int] | None,
                rank: int, value=None, error: BaseException | None = None, what: str = "return value",
                extra: dict | None = None) -> None:
-    """Send ``value`` (or ``error``) to ``reply_to = (address, port)``; no-op without one.
-
-    A value that can't be pickled is turned into an error reply naming it."""
-    if reply_to is None:
-        return
-    address, port = reply_to
-    header = {envelope.PORT: port, envelope.RANK: rank, **(extra or {})}
-    if error is None:
-        try:
-            frames = wire_frames.encode_value(cluster_id, {envelope.OK: True, **header}, value, what)
-        except Exception as e:  # SerializationError, MessageTooLarge
-            error = e
-    if error is not None:
-        frames = wire_frames.encode_value(cluster_id, {**header, envelope.OK: False}, pack_exception(error, 1))
-    outbox.send(address, frames)
+    """Send ``value`` (or ``error``) to ``reply_to = (address, port)``; no-op without one
+    (``wire.port.deliver``)."""
+    if reply_to is not None:
+        wire_port.deliver(outbox, cluster_id, *reply_to, rank, value, error, what, extra)
 
 
 def _landing() -> None:
@@ -290,6 +280,7 @@ class ActorThread:
     def _handle(self, instance, name: str, message: wire_frames.Message, reply_to) -> None:
         result, error = None, None
         method = getattr(instance, name, None)
+        explicit = takes_port(method)
         if not is_endpoint(method):
             error = AttributeError(f"{type(instance).__name__}.{name} is not an endpoint")
         else:
@@ -298,6 +289,8 @@ class ActorThread:
             except BaseException as e:  # noqa: BLE001 - e.g. an argument's class is not importable here
                 error = e
             else:
+                if explicit:  # it answers through this port itself, as often and as late as it likes
+                    args = (self._port(reply_to), *args)
                 self.current = (name, time.time())
                 self.calls += 1
                 self.busy = True  # interrupts land only while user code runs
@@ -306,14 +299,22 @@ class ActorThread:
                 self.current = None
                 end_of_call()  # a last line without newline goes out before the reply
         if error is None:
-            send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, value=result,
-                       what=f"return value of {self.mesh_name}.{name}")
-        elif kills_actor(error):
+            if not explicit:
+                send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, value=result,
+                           what=f"return value of {self.mesh_name}.{name}")
+        elif kills_actor(error) or (explicit and not isinstance(error, KeyboardInterrupt)):
+            # Monarch: an explicit-port endpoint that raises instead of answering kills its actor.
             self._die(name, error, reply_to)
         elif reply_to is not None:
             send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, error=error)
         else:  # nobody to reply to: a supervision event
             self._report_broadcast_failure(name, error)
+
+    def _port(self, reply_to: tuple[str, int] | None) -> wire_port.Port:
+        """The port a call's caller waits on (one that drops values, for a broadcast)."""
+        if reply_to is None:
+            return wire_port.Port(None, 0, self.point.rank, self.cluster_id)
+        return wire_port.Port(*reply_to, self.point.rank, self.cluster_id)
 
     def _run_endpoint(self, method, name: str, args, kwargs):
         try:
