@@ -46,7 +46,8 @@ from ..wire import interrupts, sockets
 from ..wire import port as wire_port
 from ..wire.remote_error import pack_exception
 from . import activity
-from .actor import Actor, ActorInstance, Context, _set_current, is_endpoint, takes_port
+from .actor import Actor, ActorInstance, Context, _set_current, endpoint_names, is_endpoint, takes_port
+from .async_actor import AsyncServer
 from .stdio import end_of_call, set_call_origin
 
 
@@ -85,9 +86,11 @@ class ActorThread:
         self._spawn = spawn
         self._reply_to = reply_to
         self._instance_info = ActorInstance(mesh_name, point, proc_id, os.getpid())
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # a sync actor's, for awaitables its endpoints return
+        self._async: AsyncServer | None = None  # an async actor's message loop
         self.address: str | None = None
         self.busy = False  # handling a message (an interrupt is delivered only then)
+        self._running = 0  # calls in progress (several for an async actor's concurrent endpoints)
         self.calls = 0  # endpoint calls begun: tells an interrupt meant for one call from the next
         self.stopping = False  # set by the proc's stop: calls still queued are refused, not run
         self.finished = threading.Event()  # its loop has ended (the thread is done with user code)
@@ -119,7 +122,15 @@ class ActorThread:
         finishes first. False when the actor is not in user code at this instant (the
         caller may try again)."""
         ident = self.thread.ident
-        if self.on_main_thread or ident is None or not self._gate.acquire(blocking=False):
+        if self.on_main_thread or ident is None:
+            return False
+        if self._async is not None and (self.stopping or not self._gate.acquire(blocking=False)):
+            # An async actor's calls are awaiting: thrown into them on its loop. A stop
+            # only cancels them, and must not interrupt the code handling the cancellation.
+            if self.busy:
+                self._async.interrupt()
+            return self.busy
+        if self._async is None and not self._gate.acquire(blocking=False):
             return False
         try:
             if not interrupts.allows(sys._current_frames().get(ident)):
@@ -214,6 +225,10 @@ class ActorThread:
                 self._loop.close()
 
     def _serve(self, inbox: zmq.Socket, instance) -> None:
+        if instance is not None and any(endpoint_names(type(instance)).values()):
+            self._async = AsyncServer(self, inbox, instance)
+            self._async.run()
+            return
         guard = wire_frames.ReplayGuard()
         while True:
             try:
@@ -278,26 +293,47 @@ class ActorThread:
                    extra={proc_ops.HANDLED: handled, envelope.ERROR: error})
 
     def _handle(self, instance, name: str, message: wire_frames.Message, reply_to) -> None:
-        result, error = None, None
+        call = self.prepare(instance, name, message, reply_to)
+        if isinstance(call, BaseException):
+            self.finish(name, None, call, reply_to, explicit=False)
+            return
+        method, args, kwargs, explicit = call
+        self.begin(name)
+        result, error = self._call_user(self._run_endpoint, method, name, args, kwargs)
+        self.end()
+        self.finish(name, result, error, reply_to, explicit)
+
+    def prepare(self, instance, name: str, message: wire_frames.Message, reply_to):
+        """The call ``message`` asks for: ``(method, args, kwargs, explicit)`` (an
+        explicit-port endpoint gets its port as first argument), or the error to reply."""
         method = getattr(instance, name, None)
-        explicit = takes_port(method)
         if not is_endpoint(method):
-            error = AttributeError(f"{type(instance).__name__}.{name} is not an endpoint")
-        else:
-            try:
-                args, kwargs = message.value()
-            except BaseException as e:  # noqa: BLE001 - e.g. an argument's class is not importable here
-                error = e
-            else:
-                if explicit:  # it answers through this port itself, as often and as late as it likes
-                    args = (self._port(reply_to), *args)
-                self.current = (name, time.time())
-                self.calls += 1
-                self.busy = True  # interrupts land only while user code runs
-                result, error = self._call_user(self._run_endpoint, method, name, args, kwargs)
-                self.busy = False
-                self.current = None
-                end_of_call()  # a last line without newline goes out before the reply
+            return AttributeError(f"{type(instance).__name__}.{name} is not an endpoint")
+        try:
+            args, kwargs = message.value()
+        except BaseException as e:  # noqa: BLE001 - e.g. an argument's class is not importable here
+            return e
+        explicit = takes_port(method)
+        if explicit:  # it answers through this port itself, as often and as late as it likes
+            args = (self._port(reply_to), *args)
+        return method, args, kwargs, explicit
+
+    def begin(self, name: str) -> None:
+        """A call of endpoint ``name`` starts (interrupts land only while calls run)."""
+        self.current = (name, time.time())
+        self.calls += 1
+        self._running += 1
+        self.busy = True
+
+    def end(self) -> None:
+        self._running -= 1
+        if self._running == 0:
+            self.busy = False
+            self.current = None
+        end_of_call()  # a last line without newline goes out before the reply
+
+    def finish(self, name: str, result, error: BaseException | None, reply_to, explicit: bool) -> None:
+        """Reply a finished call's ``result`` or ``error``; an error may kill the actor."""
         if error is None:
             if not explicit:
                 send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, value=result,
@@ -309,6 +345,18 @@ class ActorThread:
             send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, error=error)
         else:  # nobody to reply to: a supervision event
             self._report_broadcast_failure(name, error)
+
+    def step_endpoint(self, step: Callable, arg, name: str):
+        """One step of an async endpoint's coroutine (``send`` or ``throw``), telling the
+        proc's hooks of an exception it ends with, as :meth:`_run_endpoint` does."""
+        try:
+            return step(arg)
+        except StopIteration:
+            raise
+        except BaseException as e:
+            if self._on_endpoint_error is not None:
+                self._on_endpoint_error(e, name)  # the debugger's post-mortem: paused here first
+            raise
 
     def _port(self, reply_to: tuple[str, int] | None) -> wire_port.Port:
         """The port a call's caller waits on (one that drops values, for a broadcast)."""

@@ -18,6 +18,7 @@ trusts (its receiver is in the same process, which verifies with the same keys).
 from __future__ import annotations
 
 import threading
+from typing import Generic, TypeVar
 
 from ..protocol import envelope
 from . import frames as wire_frames
@@ -63,7 +64,10 @@ def deliver(outbox: sockets.Outbox, cluster_id: str, address: str, port: int, ra
     outbox.send(address, frames)
 
 
-class Port:
+R = TypeVar("R")
+
+
+class Port(Generic[R]):
     """Where values for one receiver go; :meth:`send` them in order, or an
     :meth:`exception` the receiver raises. Usable from any thread. A port with no
     ``address`` (a broadcast's, which nobody waits on) drops what it is sent."""
