@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from monarch_nb.actor import (Actor, ActorError, Port, SupervisionError, concurrent_endpoint,
-                              endpoint)
+from monarch_nb.actor import (Actor, ActorError, MeshFailure, Port, SupervisionError, concurrent_endpoint,
+                              endpoint, this_host)
 
 BOUND_S = 20.0
 
@@ -88,6 +88,30 @@ class Player(Actor):
         return self.received
 
 
+class Leaves(Actor):
+    @endpoint
+    def leave(self) -> None:
+        raise SystemExit(3)
+
+
+class AsyncOwner(Actor):
+    def __init__(self):
+        self.supervised = asyncio.Event()
+        self.failures: list = []
+
+    @endpoint
+    async def spawn_and_await_supervision(self) -> list:
+        child = this_host().spawn_procs(per_host={"gpus": 1}, name="owned_async").spawn("owned_async", Leaves)
+        child.leave.broadcast()
+        await asyncio.wait_for(self.supervised.wait(), BOUND_S)  # __supervise__ runs during this await
+        return self.failures
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.failures.append(f"{failure.kind} {failure.meshes}")
+        self.supervised.set()
+        return True
+
+
 @pytest.fixture(scope="module")
 def procs(host):
     procs = host.spawn_procs(per_host={"gpus": 1}, name="concurrent1")
@@ -122,6 +146,15 @@ def test_meshes_calling_each_other_back_through_concurrent_endpoints(host):
     finally:
         left_procs.stop()
         right_procs.stop()
+
+
+def test_supervise_runs_while_the_owners_async_endpoint_awaits(host):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="async_owner")
+    try:
+        owner = procs.spawn("async_owner", AsyncOwner)
+        assert owner.spawn_and_await_supervision.call_one().get(timeout=60) == ["actor_failed ('owned_async',)"]
+    finally:
+        procs.stop()
 
 
 def test_a_stop_cancels_the_concurrent_calls_in_progress(host, tmp_path):
