@@ -112,6 +112,17 @@ class AsyncOwner(Actor):
         return True
 
 
+class AsyncSuperviseOwner(AsyncOwner):
+    @endpoint
+    async def loops(self) -> tuple:
+        return id(asyncio.get_running_loop()), self.supervise_loop
+
+    async def __supervise__(self, failure: MeshFailure) -> bool:
+        await asyncio.sleep(0)
+        self.supervise_loop = id(asyncio.get_running_loop())
+        return super().__supervise__(failure)
+
+
 @pytest.fixture(scope="module")
 def procs(host):
     procs = host.spawn_procs(per_host={"gpus": 1}, name="concurrent1")
@@ -153,6 +164,17 @@ def test_supervise_runs_while_the_owners_async_endpoint_awaits(host):
     try:
         owner = procs.spawn("async_owner", AsyncOwner)
         assert owner.spawn_and_await_supervision.call_one().get(timeout=60) == ["actor_failed ('owned_async',)"]
+    finally:
+        procs.stop()
+
+
+def test_an_async_supervise_is_awaited_on_the_actors_loop(host):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="async_supervise")
+    try:
+        owner = procs.spawn("async_supervise", AsyncSuperviseOwner)
+        assert owner.spawn_and_await_supervision.call_one().get(timeout=60) == ["actor_failed ('owned_async',)"]
+        endpoint_loop, supervise_loop = owner.loops.call_one().get(timeout=BOUND_S)
+        assert endpoint_loop == supervise_loop
     finally:
         procs.stop()
 

@@ -280,17 +280,20 @@ class ActorThread:
         """A mesh this actor spawned failed: ``__supervise__(failure)`` decides (truthy:
         handled). Without the method, or when it raises, the failure goes on up."""
         handler = getattr(instance, "__supervise__", None) if self.dead is None else None
-        handled, error = False, None
+        verdict, error = False, None
         if handler is not None:
-            verdict, e = self._call_user(lambda: bool(handler(MeshFailure.from_event(failure))))
-            if e is None:
-                handled = verdict
-            else:
-                type_name, text, tb, _ = pack_exception(e)
-                error = f"__supervise__ raised {type_name.rsplit('.', 1)[-1]}: {text}"
-                print(tb, file=sys.stderr, end="")
+            verdict, error = self._call_user(handler, MeshFailure.from_event(failure))
+        self.supervised(verdict, error, reply_to)
+
+    def supervised(self, verdict, error: BaseException | None, reply_to) -> None:
+        """Reply what ``__supervise__`` returned (``verdict``) or raised (``error``)."""
+        why = None
+        if error is not None:
+            type_name, text, tb, _ = pack_exception(error)
+            why = f"__supervise__ raised {type_name.rsplit('.', 1)[-1]}: {text}"
+            print(tb, file=sys.stderr, end="")
         send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
-                   extra={proc_ops.HANDLED: handled, envelope.ERROR: error})
+                   extra={proc_ops.HANDLED: error is None and bool(verdict), envelope.ERROR: why})
 
     def _handle(self, instance, name: str, message: wire_frames.Message, reply_to) -> None:
         call = self.prepare(instance, name, message, reply_to)

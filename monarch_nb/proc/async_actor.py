@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import inspect
 import sys
 import traceback
 
 import zmq
 
+from ..errors import MeshFailure
 from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
 from ..wire import sockets
@@ -151,7 +154,10 @@ class AsyncServer:
             self.queue.append((message, reply_to))
             self._queued.set()
         elif kind == proc_ops.SUPERVISE:  # now, even while a call awaits
-            self.actor._supervise_message(self.instance, message, reply_to)
+            if inspect.iscoroutinefunction(getattr(self.instance, "__supervise__", None)):
+                self._start(self._supervise(message.header[proc_ops.FAILURE], reply_to))
+            else:
+                self.actor._supervise_message(self.instance, message, reply_to)
         elif kind == proc_ops.STOP:
             self._stopped.set_result(reply_to)
         else:
@@ -164,13 +170,11 @@ class AsyncServer:
                 await self._queued.wait()
             message, reply_to = self.queue.popleft()
             name = message.header[proc_ops.ENDPOINT]
-            call = _Call()
-            run = self._run(call, message, name, reply_to)
             if is_concurrent(getattr(self.instance, name, None)):
-                call.task = self.loop.create_task(run)
-                self.calls.add(call)
-                call.task.add_done_callback(lambda _, call=call: self.calls.discard(call))
+                self._start(functools.partial(self._run, message=message, name=name, reply_to=reply_to))
             else:
+                call = _Call()
+                run = self._run(call, message, name, reply_to)
                 call.task = asyncio.current_task()
                 self.calls.add(call)
                 try:
@@ -179,6 +183,29 @@ class AsyncServer:
                     self.calls.discard(call)
                 if self._stopped.done():  # the stop's cancellation went to that call
                     return
+
+    def _start(self, run) -> _Call:
+        """Run ``run(call)`` as a task of this loop, among the calls a stop cancels."""
+        call = _Call()
+        call.task = self.loop.create_task(run(call))
+        self.calls.add(call)
+        call.task.add_done_callback(lambda _: self.calls.discard(call))
+        return call
+
+    def _supervise(self, failure: dict, reply_to):
+        """An ``async def __supervise__``, awaited on this loop like an endpoint."""
+        async def run(call: _Call) -> None:
+            actor = self.actor
+            if actor.dead is not None:
+                actor.supervised(False, None, reply_to)
+                return
+            coro, error = actor._call_user(self.instance.__supervise__, MeshFailure.from_event(failure))
+            verdict = None
+            if error is None:
+                verdict, error = await _Stepped(actor, coro, call, None, "__supervise__")
+            actor.supervised(verdict, error, reply_to)
+
+        return run
 
     async def _run(self, call: _Call, message: wire_frames.Message, name: str, reply_to) -> None:
         actor = self.actor
