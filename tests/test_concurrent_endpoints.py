@@ -194,6 +194,15 @@ def test_a_stop_cancels_the_concurrent_calls_in_progress(host, tmp_path):
     procs.stop()
 
 
+def test_stopping_the_procs_cancels_the_async_calls_in_progress(host, tmp_path):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="terminated_concurrent")
+    gate = procs.spawn("terminated", Gate)
+    path = tmp_path / "done"
+    assert gate.started_then_wait.call_one(str(path)).get(timeout=BOUND_S) == "started"
+    procs.stop()
+    assert path.read_text() == "cancelled"
+
+
 def test_an_interrupt_reaches_an_awaiting_async_endpoint(procs):
     gate = procs.spawn("interrupted", Gate)
     sleeping = gate.sleep.call_one(60)

@@ -23,6 +23,9 @@ from . import actor, stdio
 from .server import ProcServer
 
 
+CANCEL_ON_TERM_S = 1.0  # how long a terminated proc lets cancelled async calls unwind (< the agent's grace)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m monarch_nb.proc")
     parser.add_argument("--cluster-dir", required=True)
@@ -47,6 +50,7 @@ def main() -> None:
     server = ProcServer(cluster_id, args.proc_id, main_work)
     debug_session.install(server)  # breakpoint() pauses under debugpy, armed on first use
     signal.signal(signal.SIGINT, lambda _, frame: server.interrupt(frame))
+    signal.signal(signal.SIGTERM, lambda *_: _terminate(server))
     server.outbox.send(args.agent, wire_frames.encode(
         cluster_id, {envelope.OP: agent_ops.PROC_READY, agent_ops.PROC_ID: args.proc_id, "address": server.address,
                      "pid": os.getpid()}))
@@ -69,6 +73,21 @@ def main() -> None:
     # Actor threads may be busy in user code; exit without waiting for them.
     stdio.flush_all()
     os._exit(0)
+
+
+def _terminate(server: ProcServer) -> None:
+    """SIGTERM (the host agent stopping this proc; SIGKILL follows ``STOP_GRACE_S`` later):
+    async actors' calls in progress are cancelled first, off the signal handler, then the
+    proc dies of the SIGTERM as before (its exit status unchanged)."""
+    def cancel_then_die() -> None:
+        try:
+            server.cancel_async_calls(CANCEL_ON_TERM_S)
+            stdio.flush_all()
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=cancel_then_die, name="monarch-nb-terminate", daemon=True).start()
 
 
 if __name__ == "__main__":

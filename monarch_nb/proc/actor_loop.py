@@ -105,6 +105,11 @@ class ActorThread:
                        threading.Thread(target=self._run, name=f"actor-{mesh_name}-{point.rank}", daemon=True))
 
     @property
+    def is_async(self) -> bool:
+        """Its endpoints are ``async def``: it serves its inbox on its own event loop."""
+        return self._async is not None
+
+    @property
     def on_main_thread(self) -> bool:
         return self.thread is threading.main_thread()
 

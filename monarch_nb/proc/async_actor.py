@@ -150,7 +150,8 @@ class AsyncServer:
         reply_to = (header[envelope.REPLY], header[envelope.PORT]) if envelope.PORT in header else None
         kind = header[envelope.KIND]
         if kind == proc_ops.CALL:
-            header[proc_ops.ENDPOINT]  # noqa: B018 - a call without one is a bad message, dropped now
+            if proc_ops.ENDPOINT not in header:
+                raise KeyError(f"a call without {proc_ops.ENDPOINT!r}")  # a bad message, dropped now
             self.queue.append((message, reply_to))
             self._queued.set()
         elif kind == proc_ops.SUPERVISE:  # now, even while a call awaits
