@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import tempfile
 import time
 
@@ -48,10 +47,6 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=8)
     parser.add_argument("--idle", type=float, default=5.0, help="seconds of quiet to measure idle CPU over")
     args = parser.parse_args()
-    # This client keeps a socket per actor it called until they idle out (wire.sockets):
-    # let it, so that the run reaches the hub's figures at the end.
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     cluster = Cluster.start_ephemeral()
     try:
         info = cluster.info()

@@ -2,7 +2,8 @@
 
 The actor API lives in :mod:`monarch_nb.actor`; clusters are started and found with
 ``monarch_nb.Cluster.start(name)`` (on Slurm: ``allocator=monarch_nb.SlurmAllocator(nodes=2)``),
-``monarch_nb.connect(name)`` and ``monarch_nb.list_clusters()``. See README.md.
+``monarch_nb.connect(name)`` and ``monarch_nb.list_clusters()``; Monarch's job API
+(``ProcessJob``, ``SlurmJob``, ``SSHJob``...) is :mod:`monarch_nb.job`. See README.md.
 """
 
 __version__ = "0.1.0"

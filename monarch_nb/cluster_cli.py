@@ -10,6 +10,7 @@ from rich.console import Console
 
 from . import cluster_dir, render
 from .allocators import slurm_options
+from .protocol import hub_ops
 
 FOLLOW_POLL_S = 0.5
 
@@ -65,14 +66,14 @@ def run_logs(args: argparse.Namespace) -> int:
     try:
         query = {"mesh": args.mesh, "ranks": parse_ranks(args.ranks) if args.ranks else None,
                  "stream": args.stream, "grep": args.grep}
-        records = hub.request("logs_query", timeout=60.0, tail=args.tail, **query)["records"]
+        records = hub.request(hub_ops.LOGS_QUERY, timeout=60.0, tail=args.tail, **query)["records"]
         while True:
             logs.print_sink(logs.fold_records(records, not args.no_fold))
             if not args.follow:
                 return 0
             last = records[-1][logs.SEQ] if records else 0
             time.sleep(FOLLOW_POLL_S)  # polling the store until Ctrl-C
-            records = hub.request("logs_query", timeout=60.0, after_seq=last, **query)["records"]
+            records = hub.request(hub_ops.LOGS_QUERY, timeout=60.0, after_seq=last, **query)["records"]
     except KeyboardInterrupt:
         return 0
     except (MonarchNbError, ValueError) as e:
@@ -143,8 +144,8 @@ def _status(console: Console, args: argparse.Namespace) -> int:
 
     def frame() -> Group:
         nonlocal previous
-        health = hub.request("health", timeout=30.0)
-        parts = render.status(hub.request("info", timeout=30.0), health, previous)
+        health = hub.request(hub_ops.HEALTH, timeout=30.0)
+        parts = render.status(hub.request(hub_ops.INFO, timeout=30.0), health, previous)
         previous = health
         return Group(*parts)
 

@@ -130,6 +130,11 @@ class MeshFailure:
     def __str__(self) -> str:
         return self.why
 
+    def report(self) -> str:
+        """A readable report of this failure (Monarch's name): ``why`` and, for an
+        endpoint's failure, the remote traceback."""
+        return f"{self.why}\n{self.traceback}".rstrip() if self.traceback else self.why
+
 
 class ClusterNotFound(MonarchNbError, LookupError):
     """No running cluster has the requested name."""

@@ -74,8 +74,9 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
-def _extent(extent: dict) -> str:
-    return " × ".join(f"{k}={v}" for k, v in extent.items())
+def extent_text(extent: dict) -> str:
+    """``hosts=2 × gpus=8``; ``no dimensions`` for a mesh of one element over ``{}``."""
+    return " × ".join(f"{k}={v}" for k, v in extent.items()) or "no dimensions"
 
 
 def cpu_percent(previous: dict | None, tree: dict) -> dict[str, float]:
@@ -160,7 +161,7 @@ def nodes(tree: dict, previous: dict | None = None) -> list[Node]:
                           f"starting: {starting['up']}/{starting['total']} procs up"))
     meshes = []
     for mesh in tree["actor_meshes"]:
-        text = (f"{mesh['class']} · on {mesh['proc_mesh']} · {_extent(mesh['extent'])} · "
+        text = (f"{mesh['class']} · on {mesh['proc_mesh']} · {extent_text(mesh['extent'])} · "
                 f"{mesh['alive']}/{mesh['size']} healthy")
         if mesh["state"] not in ("healthy", "failed"):
             text += f" · {mesh['state']}"

@@ -51,13 +51,14 @@ def status(info: dict, tree: dict | None = None, previous: dict | None = None) -
     health = {}
     for m in info["proc_meshes"].values():
         health[m["name"]] = [p["exit_code"] for p in m["procs"]]
-        procs.add_row(m["name"], _extent(m["extent"]), _health(health[m["name"]]),
+        procs.add_row(m["name"], health_view.extent_text(m["extent"]), _health(health[m["name"]]),
                       " ".join(str(p["pid"]) for p in m["procs"]))
     actors = Table("actor mesh", "class", "proc mesh", "extent", "actors", title="actor meshes",
                    title_justify="left")
     for m in info["actor_meshes"].values():
         codes = [health.get(m["proc_mesh"], [])[r] for r in m["proc_ranks"]]
-        actors.add_row(m["name"], m["class_name"], m["proc_mesh"], _extent(m["extent"]), _health(codes))
+        actors.add_row(m["name"], m["class_name"], m["proc_mesh"], health_view.extent_text(m["extent"]),
+                       _health(codes))
     return [status_line(info)] + [_or_none(t) for t in (hosts, procs, actors, clients_table(info))]
 
 
@@ -79,10 +80,6 @@ def clients_table(info: dict) -> Table:
 
 def _or_none(table: Table):
     return table if table.row_count else f"[dim]no {table.title}[/]"
-
-
-def _extent(extent: dict) -> str:
-    return " × ".join(f"{k}={v}" for k, v in extent.items())
 
 
 def _health(exit_codes: list) -> str:

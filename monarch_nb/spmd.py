@@ -2,6 +2,7 @@
 
     from monarch_nb.spmd import setup_torch_elastic_env
     setup_torch_elastic_env(procs)        # then init_process_group() in the actors
+    await setup_torch_elastic_env_async(procs)   # the same, awaited
 
 Same as ``ProcMesh.setup_torch_distributed`` without a backend to check.
 """
@@ -24,4 +25,11 @@ def setup_torch_elastic_env(proc_mesh: ProcMesh, master_addr: str | None = None,
     return torch_env.setup(proc_mesh, None, master_addr, master_port)
 
 
-__all__ = ["setup_torch_elastic_env"]
+async def setup_torch_elastic_env_async(proc_mesh: ProcMesh, master_addr: str | None = None,
+                                        master_port: int | None = None) -> ValueMesh:
+    """:func:`setup_torch_elastic_env` for ``await`` (Monarch's name). It runs to
+    completion when awaited, blocking the awaiting loop for its hub round trips."""
+    return setup_torch_elastic_env(proc_mesh, master_addr, master_port)
+
+
+__all__ = ["setup_torch_elastic_env", "setup_torch_elastic_env_async"]

@@ -62,7 +62,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def host(cluster):
-    return cluster.host_mesh()
+    return cluster.this_host()  # one host, no dimensions: what this_host() gives
 
 
 @pytest.fixture(scope="module")

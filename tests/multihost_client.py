@@ -64,7 +64,7 @@ def main() -> None:
 
         # unsigned frames from host 1's namespace to an actor on host 0
         arrays = procs.slice(hosts=0).spawn("arrays", Arrays)
-        target = cluster.info()["actor_meshes"]["arrays"]["addresses"][0]
+        target = cluster.info()["actor_meshes"]["p/arrays"]["addresses"][0]  # keyed PROC_MESH/NAME
         before = arrays.wire_stats.call_one().get(timeout=60)
         marker = os.path.join(tempfile.mkdtemp(), "unpickled")
         sent = subprocess.run(["ip", "netns", "exec", ns_b, sys.executable, "-c", SENDER, target,

@@ -23,20 +23,20 @@ def counters(procs4):
     return procs4.spawn("counters", Counter, 10)
 
 
-def test_spawn_procs_has_host_and_per_host_dimensions(procs4):
-    assert dict(procs4.extent) == {"hosts": 1, "gpus": 4}
+def test_spawn_procs_on_this_host_has_exactly_the_per_host_dimensions(procs4):
+    assert dict(procs4.extent) == {"gpus": 4}
     assert len(procs4) == 4 and len(set(procs4.pids)) == 4 and os.getpid() not in procs4.pids
 
 
 def test_call_returns_value_mesh_over_extent(counters):
     vm = counters.whoami.call().get()
-    assert isinstance(vm, ValueMesh) and vm.extent == Extent({"hosts": 1, "gpus": 4}) and len(vm) == 4
+    assert isinstance(vm, ValueMesh) and vm.extent == Extent({"gpus": 4}) and len(vm) == 4
     assert [v["rank"] for v in vm.values()] == [0, 1, 2, 3]
     assert [dict(p) for p, _ in vm.items()] == [v["point"] for v in vm.values()]
-    assert vm.item(hosts=0, gpus=2)["point"] == {"hosts": 0, "gpus": 2}
-    assert all(v["size"] == {"hosts": 1, "gpus": 4} and v["mesh"] == "counters" for v in vm.values())
+    assert vm.item(gpus=2)["point"] == {"gpus": 2}
+    assert all(v["size"] == {"gpus": 4} and v["mesh"] == "counters" for v in vm.values())
     with pytest.raises(KeyError, match="exactly the dimensions"):
-        vm.item(gpus=2)
+        vm.item(hosts=0, gpus=2)
 
 
 def test_state_persists_per_actor_across_calls(procs4):
@@ -58,7 +58,7 @@ def test_call_one_on_many_actors_raises_value_error_naming_size(counters):
 
 def test_slice_of_slice_reaches_the_right_actors(counters):
     sub = counters.slice(gpus=slice(1, 4)).slice(gpus=slice(1, 3))
-    assert dict(sub.extent) == {"hosts": 1, "gpus": 2}
+    assert dict(sub.extent) == {"gpus": 2}
     assert [v["rank"] for v in sub.whoami.call().get().values()] == [2, 3]
     assert [v["rank"] for v in counters.slice(gpus=slice(0, 4, 2)).whoami.call().get().values()] == [0, 2]
 
@@ -127,7 +127,7 @@ def test_endpoint_exception_becomes_actor_error_with_original_type(procs4):
     err = info.value
     assert isinstance(err.exception, ValueError) and "bad value on rank 1" in str(err.exception)
     assert "fail_on" in err.traceback and "ValueError: bad value on rank 1" in err.traceback
-    assert [dict(p) for p in err.points] == [{"hosts": 0}]  # slice(gpus=1) dropped the gpus dimension
+    assert [dict(p) for p in err.points] == [{}]  # slice(gpus=1) dropped the only dimension
     assert m.ok.call().get().values() == ["ok"] * 4  # the actor stays usable
 
 
@@ -221,7 +221,7 @@ def test_futures_are_awaitable(counters):
         return vm, one, both
 
     vm, one, both = asyncio.run(main())
-    assert len(vm) == 4 and one == vm.item(hosts=0, gpus=0) and both == [vm.values()[1], vm.values()[2]]
+    assert len(vm) == 4 and one == vm.item(gpus=0) and both == [vm.values()[1], vm.values()[2]]
 
 
 def test_actor_holding_another_mesh_calls_it_sync_and_async(procs4, counters):

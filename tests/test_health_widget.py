@@ -169,7 +169,7 @@ def test_html_and_plain_text_show_the_tree_and_a_failure_with_its_cause(cluster,
     assert lines[0] == f"cluster {tree['cluster']} · {tree['summary']}"
     assert any(line.strip().startswith("✗ hw/0  failed: killed by SIGKILL") for line in lines)
     assert any(line.strip().startswith("● hw/1  healthy") for line in lines)
-    assert "hosts=1 × gpus=3 · 2/3 healthy" in plain
+    assert "gpus=3 · 2/3 healthy" in plain
 
 
 def test_a_cluster_displayed_in_a_kernel_is_the_live_widget_with_html_and_plain_fallbacks():
@@ -213,7 +213,7 @@ def test_cli_status_prints_the_health_tree(cluster, workers):
     out, _ = _status(cluster.name).communicate(timeout=60)
     assert f"cluster {cluster.name} · " in out and "procs healthy" in out
     assert f"● hw/2  healthy · pid {procs.pids[2]}" in out and "● hwc[2]  sample_actors.Counter · healthy" in out
-    assert "hwc  sample_actors.Counter · on hw · hosts=1 × gpus=3 · 3/3 healthy" in out
+    assert "hwc  sample_actors.Counter · on hw · gpus=3 · 3/3 healthy" in out
 
 
 def test_cli_status_watch_shows_a_proc_turning_failed(cluster, workers):

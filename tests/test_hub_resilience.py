@@ -283,3 +283,36 @@ def test_spawn_stop_cycles_leave_the_hub_with_a_flat_number_of_fds():
     finally:
         c.stop()
     assert wait_until(lambda: not cluster_processes(c.path), 15)
+
+
+def test_spawn_call_stop_cycles_leave_the_client_with_a_flat_number_of_fds():
+    c = Cluster.start_ephemeral()
+    client = psutil.Process()
+    supervision = runtime().supervision
+    try:
+        host = c.host_mesh()
+
+        def cycle(i: int) -> list[str]:
+            procs = host.spawn_procs(per_host={"gpus": 4}, name=f"cycle{i % 3}")
+            actors = procs.spawn("echo", Echo)
+            actors.pid.call().get(timeout=60)
+            procs.stop()
+            return actors._addresses
+
+        def heard_gone(addresses: list[str]) -> bool:  # the hub's actors_gone reached this client
+            return all(supervision.why_dead(a) is not None for a in addresses)
+
+        # Warm-up: the event inbox, the sockets to the hub and to this mailbox.
+        warm = cycle(0)
+        assert wait_until(lambda: heard_gone(warm), 20)
+        fds0 = client.num_fds()
+        for i in range(1, 11):
+            last = cycle(i)
+        assert wait_until(lambda: heard_gone(last), 20)
+        # A socket kept per actor called would be 40 more fds, plus reconnection attempts;
+        # sockets closed may take a moment to let go of theirs.
+        assert wait_until(lambda: client.num_fds() <= fds0 + 8, 10), (
+            f"client fds {fds0} -> {client.num_fds()} after 10 cycles")
+    finally:
+        c.stop()
+    assert wait_until(lambda: not cluster_processes(c.path), 15)

@@ -1,10 +1,13 @@
 """Process hygiene: an ephemeral cluster's processes all end with the script that made
-it, however the script ends, and with its hub."""
+it, however the script ends, and with its hub. Code hygiene: the wire vocabulary is
+spelled only in ``monarch_nb.protocol``."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -14,6 +17,7 @@ import psutil
 import pytest
 
 import monarch_nb
+from monarch_nb.protocol import envelope, hub_ops
 
 from conftest import cluster_processes, pids_alive, wait_until
 
@@ -86,3 +90,71 @@ def test_host_agent_and_procs_stop_after_grace_when_hub_is_killed():
     assert os.path.isdir(info["path"])
     assert info["path"] not in [c["path"] for c in monarch_nb.list_clusters()]
     assert not os.path.exists(info["path"])
+
+
+# -- the wire vocabulary lives in monarch_nb.protocol ------------------------------------
+
+PACKAGE = pathlib.Path(monarch_nb.__file__).parent
+HEADER_NAMES = {envelope.OP, envelope.KIND}  # "op", "k": the names of a message
+HUB_OPS = {v for k, v in vars(hub_ops).items() if k.isupper() and isinstance(v, str)}
+
+
+def _is_str(node) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+
+def _names_header(node) -> bool:
+    """``X[envelope.OP]``, ``X.get(envelope.KIND)``: reads what a message asks for."""
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+        key = node.args[0]
+    else:
+        return False
+    return isinstance(key, ast.Attribute) and key.attr in ("OP", "KIND")
+
+
+def _wire_strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where a module spells wire vocabulary as a bare string."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if _is_str(key) and key.value in HEADER_NAMES:
+                    found.append((node.lineno, f"header key {key.value!r}"))
+                elif isinstance(key, ast.Attribute) and key.attr in ("OP", "KIND") and _is_str(value):
+                    found.append((node.lineno, f"op/kind {value.value!r}"))
+        elif isinstance(node, ast.Subscript) and _is_str(node.slice) and node.slice.value in HEADER_NAMES:
+            found.append((node.lineno, f"header[{node.slice.value!r}]"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
+              and _is_str(node.args[0])):
+            name = node.args[0].value
+            if node.func.attr == "get" and name in HEADER_NAMES:
+                found.append((node.lineno, f"get({name!r})"))
+            elif node.func.attr == "request" and name in HUB_OPS:
+                found.append((node.lineno, f"request({name!r})"))
+        elif isinstance(node, ast.Compare) and any(map(_names_header, [node.left, *node.comparators])):
+            for side in [node.left, *node.comparators]:
+                strings = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                found += [(node.lineno, f"compared with {s.value!r}") for s in strings if _is_str(s)]
+    return found
+
+
+def test_wire_vocabulary_is_spelled_only_in_protocol():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "protocol":
+            continue
+        found += [f"{path.relative_to(PACKAGE)}:{line}: {what}"
+                  for line, what in _wire_strings(ast.parse(path.read_text(), str(path)))]
+    assert not found, "use the names of monarch_nb.protocol:\n" + "\n".join(found)
+
+
+def test_protocol_imports_nothing_of_monarch_nb():
+    for path in (PACKAGE / "protocol").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level <= 1 and not (node.module or "").startswith("monarch_nb"), (
+                    f"{path.name} imports {node.module}")
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("monarch_nb") for a in node.names), f"{path.name} imports monarch_nb"

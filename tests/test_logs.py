@@ -143,6 +143,31 @@ def test_folder_keeps_each_ranks_order():
     assert shown == ["[m 1] A", "[m 0-1] B", "[m 0] A"]
 
 
+def test_a_rank_scheduled_late_still_joins_a_line_the_others_printed():
+    # A loaded machine ran rank 1 half a second after ranks 0, 2 and 3 (seen in CI):
+    # the line two ranks already share waits for the rest, up to FOLD_HOLD_S.
+    folder = logs.Folder()
+
+    def line(rank, text, at):
+        folder.add([0, 0, "h", f"p/{rank}", "stdout", "m", rank, "c:1", text, 4], at)
+
+    for rank, at in [(0, 0.0), (2, 0.01), (3, 0.02)]:
+        line(rank, "hello", at)
+    line(0, "only rank 0", 0.03)
+    assert folder.take(0.4) == []  # held: three of four ranks printed it
+    line(1, "hello", 0.5)
+    # Complete: shown at once, then rank 0's next line (due, it waited behind it).
+    assert [str(g) for g in folder.take(0.5)] == ["[m 0-3] hello", "[m 0] only rank 0"]
+    # A line only one rank printed waits the short window, and a shared one no longer
+    # than the hold.
+    line(2, "alone", 1.0)
+    assert [str(g) for g in folder.take(1.0 + logs.FOLD_WINDOW_S)] == ["[m 2] alone"]
+    line(0, "most", 2.0)
+    line(1, "most", 2.0)
+    assert folder.take(2.0 + logs.FOLD_WINDOW_S) == []
+    assert [str(g) for g in folder.take(2.0 + logs.FOLD_HOLD_S)] == ["[m 0-1] most"]
+
+
 def test_a_flood_of_100k_lines_loses_nothing_and_leaves_the_cluster_healthy(cluster, printers, shown):
     assert printers.slice(gpus=3).numbered.call_one(100_000).get() == 100_000
     assert cluster.flush_logs(timeout=60)

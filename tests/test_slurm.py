@@ -281,3 +281,20 @@ def test_stopping_a_slurm_cluster_whose_hub_died_cancels_its_job(started):
     assert out.returncode == 0, out.stdout + out.stderr
     assert wait_until(lambda: job_ended(job_id), 15), scontrol_job(job_id)
     assert wait_until(lambda: not job_steps_alive(job_id) and not cluster_processes(path), 10)
+
+
+def test_a_slurm_job_gives_named_meshes_of_its_batch_jobs_nodes_and_kill_ends_it():
+    from monarch_nb.job import SlurmJob
+
+    job = SlurmJob({"trainers": 1, "evaluators": 1}, partition="debug", exclusive=False, job_start_timeout=60)
+    state = job.state(cached_path=None)
+    path, job_id = job._cluster.path, job_of(job._cluster)
+    assert scontrol_job(job_id)["JobName"] == "monarch_job"
+    trainers = state.trainers.spawn_procs(per_host={"gpus": 1}).spawn("job_trainers", Trainer)
+    evaluators = state.evaluators.spawn_procs(per_host={"gpus": 1}).spawn("job_evaluators", Trainer)
+    assert trainers.where.call_one().get(timeout=60)[:2] == ("n1", job_id)
+    assert evaluators.where.call_one().get(timeout=60)[:2] == ("n2", job_id)
+    job.kill()
+    assert job_ended(job_id), scontrol_job(job_id)
+    assert wait_until(lambda: not job_steps_alive(job_id) and not cluster_processes(path), 10), (
+        job_steps_alive(job_id), cluster_processes(path))

@@ -145,6 +145,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_a_hosts_dimension_named_in_per_host_on_one_host_gives_the_group_ranks(host):
+    # Monarch's SPMD examples lay out {"hosts": H, "gpus": G} on this_host(): torchrun's
+    # node index is the hosts index even though every proc is on this one host.
+    procs = host.spawn_procs(per_host={"hosts": 2, "gpus": 2}, name="fake_hosts")
+    try:
+        envs = procs.setup_torch_distributed().values()
+        assert [(e["RANK"], e["LOCAL_RANK"], e["GROUP_RANK"]) for e in envs] == [
+            ("0", "0", "0"), ("1", "1", "0"), ("2", "0", "1"), ("3", "1", "1")]
+        assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["GROUP_WORLD_SIZE"]) for e in envs} == {("4", "2", "2")}
+    finally:
+        procs.stop()
+
+
 def test_two_host_mesh_gets_local_ranks_per_host_and_a_group_across_hosts():
     cluster = Cluster.start_ephemeral(hosts=2)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -154,6 +155,7 @@ def test_sockets_to_vanished_peers_are_closed_once_idle(monkeypatch):
     from monarch_nb.wire import sockets
 
     monkeypatch.setattr(sockets, "IDLE_SOCKET_S", 0.05)
+    monkeypatch.setattr(sockets, "_next_sweep", 0.0)
     outbox = sockets.Outbox()
     gone = "tcp://127.0.0.1:9"  # nothing listens: like a client whose kernel restarted
     outbox.send(gone, [b"x", b"h", b"b"])
@@ -161,10 +163,31 @@ def test_sockets_to_vanished_peers_are_closed_once_idle(monkeypatch):
     try:
         def sweep():
             outbox.send(live, [b"x", b"h", b"b"])
-            return gone not in outbox._local.sockets
+            return gone not in outbox._local.table.sockets
 
         assert wait_until(sweep, 5)
-        assert live in outbox._local.sockets
+        assert live in outbox._local.table.sockets
     finally:
         inbox.close(0)
         outbox.forget(live)
+
+
+def test_a_peer_known_gone_has_its_sockets_closed_in_every_thread_at_once():
+    from monarch_nb.wire import sockets
+
+    outbox = sockets.Outbox()
+    gone = "tcp://127.0.0.1:9"
+    tables = []
+
+    def sender() -> None:  # sends once and never again, as a thread that made a call and went idle
+        outbox.send(gone, [b"x", b"h", b"b"])
+        tables.append(outbox._local.table)
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    thread.join()
+    outbox.send(gone, [b"x", b"h", b"b"])
+    tables.append(outbox._local.table)
+    assert all(gone in t.sockets for t in tables)
+    sockets.Outbox.discard(gone)
+    assert not any(gone in t.sockets for t in tables)

@@ -7,9 +7,11 @@ module ``monarch.P`` gives, in order:
 1. the same name from ``monarch_nb.P`` when P is a public path (no ``_`` component)
    and that module exists (``monarch.actor`` -> ``monarch_nb.actor``,
    ``monarch.spmd`` -> ``monarch_nb.spmd``);
-2. the same public name from ``monarch_nb.actor``, then from ``monarch_nb``
+2. for a private module ``monarch._src.X...``, the same name from ``monarch_nb.X``
+   (``monarch._src.job.process.ProcessJob`` -> ``monarch_nb.job.ProcessJob``);
+3. the same public name from ``monarch_nb.actor``, then from ``monarch_nb``
    (``monarch._src.actor.host_mesh.this_host`` -> ``monarch_nb.actor.this_host``);
-3. otherwise a placeholder that raises ``NotImplementedError("monarch_nb has no
+4. otherwise a placeholder that raises ``NotImplementedError("monarch_nb has no
    <dotted name>")`` when called, instantiated, subclassed-then-instantiated, iterated
    or entered. Subscripting it (``Port[int]``) and decorating with it at module level
    (``@missing``, ``@missing(option=...)``: a deferred placeholder) don't raise, so a test module always imports and only the tests that really use a
@@ -153,11 +155,16 @@ def _checked(fn, dotted: str):
     return call
 
 
+_PUBLIC_SRC = (["actor"], ["job"], ["spmd"])  # monarch._src.X whose public face is monarch.X
+
+
 def _sources(dotted_module: str) -> list[str]:
     """monarch_nb modules that may hold the names of Monarch's ``dotted_module``."""
     parts = dotted_module.split(".")[1:]
     same = ["monarch_nb." + ".".join(parts)] if parts and not any(p.startswith("_") for p in parts) else []
-    return same + ["monarch_nb.actor", "monarch_nb"]
+    # monarch._src.job.process -> monarch_nb.job: a private module of a public package
+    package = ["monarch_nb." + parts[1]] if parts[:1] == ["_src"] and parts[1:2] in _PUBLIC_SRC else []
+    return same + package + ["monarch_nb.actor", "monarch_nb"]
 
 
 def _import(name: str):

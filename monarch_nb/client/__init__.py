@@ -3,7 +3,7 @@ notebook kernel, or an actor that spawns meshes of its own).
 
 What is here, by idea: mesh handles (``host_mesh``, ``proc_mesh``, ``actor_mesh``,
 ``mesh_handle``, ``value_mesh``), endpoint calls and their results (``endpoint``,
-``future``, ``progress``), clusters (``cluster``, ``discovery``, ``launch``,
+``future``, ``progress``), the cluster's controllers (``controller``), clusters (``cluster``, ``discovery``, ``launch``,
 ``presence``), the control plane a handle talks to (``control``, the interface: the
 hub's in ``hub_client``, this process's own for ``this_proc()`` in ``local_proc``),
 what the hub tells a client (``events``, ``logs``, ``supervision``, ``health_watch``),

@@ -8,28 +8,29 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
 from ..mesh import Shape
 from .endpoint import Endpoint
+from .future import Future
 from .mesh_handle import MeshHandle
 from .runtime import runtime
 
-if TYPE_CHECKING:
-    from .future import Future
+A = TypeVar("A")
 
 
-
-class ActorMesh(MeshHandle):
+class ActorMesh(MeshHandle, Generic[A]):
     """Actors of one class over ``extent``; ``mesh.ENDPOINT.call(...)`` reaches them.
 
     ``len(mesh)`` is the number of actors; ``mesh.slice(gpus=slice(0, 4))`` a sub-mesh.
+    ``ActorMesh[MyActor]`` names the actor class in type hints, as in Monarch.
     """
 
-    def __init__(self, cluster_id: str, hub_address: str, name: str, class_name: str,
+    def __init__(self, cluster_id: str, hub_address: str, proc_mesh: str, name: str, class_name: str,
                  endpoints: dict[str, bool], methods: list[str], shape: Shape, addresses: list[str]):
         self._cluster_id = cluster_id
         self._hub_address = hub_address
+        self._proc_mesh_name = proc_mesh  # names are unique per proc mesh: both identify the mesh
         self._name = name
         self._class_name = class_name
         self._endpoints = endpoints
@@ -38,16 +39,26 @@ class ActorMesh(MeshHandle):
         self._addresses = addresses
 
     def __reduce__(self):
-        return (ActorMesh, (self._cluster_id, self._hub_address, self._name, self._class_name,
-                            self._endpoints, self._methods, self._shape, self._addresses))
+        return (ActorMesh, (self._cluster_id, self._hub_address, self._proc_mesh_name, self._name,
+                            self._class_name, self._endpoints, self._methods, self._shape, self._addresses))
 
     # geometry ------------------------------------------------------------------------
     def slice(self, **dims) -> "ActorMesh":
         """The sub-mesh selected by ``dims``: an int picks one index and drops the
         dimension, a ``slice`` keeps it. Raises ``ValueError`` for an unknown dimension,
         ``IndexError`` for an out-of-range index."""
-        return ActorMesh(self._cluster_id, self._hub_address, self._name, self._class_name,
-                         self._endpoints, self._methods, self._shape.slice(**dims), self._addresses)
+        return self._with_shape(self._shape.slice(**dims))
+
+    def flatten(self, name: str) -> "ActorMesh[A]":
+        """The same actors over one dimension ``name`` (in rank order), e.g. extent
+        ``{"hosts": 2, "gpus": 4}`` becomes ``{name: 8}``. Raises ``ValueError`` for a
+        slice whose actors one stride can't describe."""
+        return self._with_shape(self._shape.flatten(name))
+
+    def _with_shape(self, shape: Shape) -> "ActorMesh":
+        """This mesh's actors viewed over ``shape`` (a slice, or the same ranks reshaped)."""
+        return ActorMesh(self._cluster_id, self._hub_address, self._proc_mesh_name, self._name, self._class_name,
+                         self._endpoints, self._methods, shape, self._addresses)
 
     # endpoints -----------------------------------------------------------------------
     def __getattr__(self, name: str) -> Endpoint:
@@ -95,7 +106,12 @@ class ActorMesh(MeshHandle):
         this client (the runtime's, shared by every handle and slice)."""
         rt = runtime()
         with rt.call_loads_lock:
-            return rt.call_loads_lock, rt.call_loads.setdefault((self._cluster_id, self._name), {})
+            return rt.call_loads_lock, rt.call_loads.setdefault((self._cluster_id, self._key), {})
+
+    @property
+    def _key(self) -> str:
+        """The mesh's key in its cluster's registry: ``PROC_MESH/NAME``."""
+        return f"{self._proc_mesh_name}/{self._name}"
 
     # lifecycle -----------------------------------------------------------------------
     def restart(self, ranks: list[int] | None = None, timeout: float = 120.0) -> list[int]:
@@ -108,7 +124,7 @@ class ActorMesh(MeshHandle):
         ``ProcMesh.restart_failed`` for the errors (on ``this_proc()``:
         :class:`InvalidRequest` at once)."""
         control = self._control()
-        record = control.actor_mesh_record(self._name)
+        record = control.actor_mesh_record(self._proc_mesh_name, self._name)
         if record is None:
             raise ValueError(f"actor mesh {self._name!r} was stopped; spawn it again")
         proc_ranks = None
@@ -120,21 +136,24 @@ class ActorMesh(MeshHandle):
                 raise IndexError(f"{self._name} has ranks 0-{len(self) - 1} in this view, not {bad}")
             proc_ranks = [record["proc_ranks"][self._shape.base_rank(r)] for r in ranks]
         reply = control.restart_procs(record["proc_mesh"], proc_ranks, timeout)
-        self._addresses[:] = reply["actor_meshes"][self._name]["addresses"]  # this handle and its slices
+        self._addresses[:] = reply["actor_meshes"][self._key]["addresses"]  # this handle and its slices
         return reply["restarted"]
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "stopped by client") -> "Future[None]":
         """Stop every actor of this mesh (the whole mesh, also when called on a slice).
         Calls still queued are not run; one running is interrupted (KeyboardInterrupt at
-        its next Python line). Blocks until done; warns (``RuntimeWarning``) naming the
+        its next Python line). Runs at once and blocks until done, returning a finished
+        ``Future[None]`` (to ``await`` or ``get()`` as in Monarch; ``reason`` is accepted
+        for Monarch compatibility). Warns (``RuntimeWarning``) naming the
         ranks still running an endpoint about 2 s later (a blocking C call, or code that
         catches KeyboardInterrupt): their threads end with the proc mesh."""
-        stuck = self._control().stop_actors(self._name)
+        stuck = self._control().stop_actors(self._proc_mesh_name, self._name)
         if stuck:
             running = ", ".join(f"rank {s['rank']} in {s['running'] or 'its __init__'}" for s in stuck)
             warnings.warn(f"actor mesh {self._name!r} was stopped, but {running} did not return after an "
                           "interrupt (a blocking call, or code that catches KeyboardInterrupt); its thread "
                           "ends when its proc mesh stops", RuntimeWarning, stacklevel=2)
+        return Future.finished(runtime(), f"{self._name}.stop")
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} {self._class_name} {dict(self.extent)}>"

@@ -28,10 +28,12 @@ from .. import cluster_dir
 from ..errors import ClusterError, ClusterNotFound, InvalidRequest
 from ..mesh import Extent, Shape
 from ..proc.actor import proc_identity
+from ..protocol import hub_ops
 from ..wire import frames as wire_frames
 from ..protocol.records import LOG_FIELDS
 from . import binding, discovery
 from .actor_mesh import ActorMesh
+from .actor_meshes import ActorMeshes
 from .host_mesh import HostMesh
 from .hub_client import HubClient, watch_hub
 from .launch import HUB_START_TIMEOUT_S, launch_hub
@@ -170,13 +172,18 @@ class Cluster:
         return cls(found.name, found.path, cluster_dir.read_info(found.path))._attach()
 
     @classmethod
-    def start_ephemeral(cls, hosts: int = 1, grace_s: float = 2.0) -> "Cluster":
+    def start_ephemeral(cls, hosts: int = 1, grace_s: float = 2.0, allocator=None) -> "Cluster":
         """Start a cluster that lives and dies with this process; returns once its hub and
-        ``hosts`` host agents are up. Raises :class:`ClusterError` if they don't come up."""
+        ``hosts`` host agents are up. ``allocator``: where hosts come from instead (as for
+        :meth:`start`; it decides how many). Raises :class:`ClusterError` if they don't
+        come up."""
+        spec = _allocator_spec(allocator, None) if allocator is not None else None
         name = f"{discovery.EPHEMERAL_PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
         path, _ = cluster_dir.create(name)
         try:
-            hub = launch_hub(path, hosts=hosts, grace_s=grace_s, ephemeral_parent=os.getpid())
+            hub = launch_hub(path, hosts=allocator.hosts if allocator is not None else hosts, grace_s=grace_s,
+                             ephemeral_parent=os.getpid(), allocator=spec,
+                             timeout=HUB_START_TIMEOUT_S + getattr(allocator, "start_timeout_s", 0))
         except ClusterError:
             shutil.rmtree(path, ignore_errors=True)
             raise
@@ -205,7 +212,7 @@ class Cluster:
         could not act on), ``stalls`` (times it found itself stopped or blocked),
         ``sockets`` (open sending sockets) and ``log_store`` (``ok`` False while the
         disk fails; ``error``, ``unwritten``, ``lost``)."""
-        return self.hub.request("info", timeout=30.0)
+        return self.hub.request(hub_ops.INFO, timeout=30.0)
 
     def health(self) -> dict:
         """The cluster's health tree as data (blocks for one hub round trip: ~3 ms, and at
@@ -218,7 +225,7 @@ class Cluster:
         ``starting``; ``summary`` ("8/8 procs healthy · 1 busy · 0 failed": healthy there
         means running, busy or paused included) and ``counts`` (procs per state, and
         ``alive``). See ``monarch_nb.hub.health``."""
-        return self.hub.request("health", timeout=30.0)
+        return self.hub.request(hub_ops.HEALTH, timeout=30.0)
 
     @property
     def debugger(self) -> "Debugger":
@@ -232,9 +239,18 @@ class Cluster:
             return self._debugger
 
     def host_mesh(self) -> HostMesh:
-        """The cluster's hosts, extent ``{"hosts": N}``."""
+        """The cluster's hosts, extent ``{"hosts": N}`` (also for N = 1, as the host
+        mesh of a Monarch job; see :meth:`this_host` for one host without dimensions)."""
         info = self.info()
         return HostMesh(self._info["cluster_id"], self._info["hub"], [h["host_id"] for h in info["hosts"]])
+
+    def this_host(self) -> HostMesh:
+        """What ``this_host()`` is while this cluster is the current one: its one host
+        with no dimensions (extent ``{}``, as Monarch's ``this_host()``), so
+        ``spawn_procs(per_host=...)`` gives a proc mesh over exactly ``per_host``; with
+        N > 1 hosts, all of them over ``{"hosts": N}``."""
+        hosts = self.host_mesh()
+        return hosts.slice(hosts=0) if len(hosts) == 1 else hosts
 
     @property
     def proc_meshes(self) -> dict[str, ProcMesh]:
@@ -242,22 +258,24 @@ class Cluster:
         return {name: self._proc_mesh(record) for name, record in self.info()["proc_meshes"].items()}
 
     @property
-    def actor_meshes(self) -> dict[str, ActorMesh]:
-        """Live handles on every actor mesh of the cluster, by name (a fresh snapshot);
-        calling them reaches the same actor objects as the client that spawned them."""
-        info = self.info()
-        return {name: self._actor_mesh(record, info["proc_meshes"]) for name, record in info["actor_meshes"].items()}
+    def actor_meshes(self) -> ActorMeshes[ActorMesh]:
+        """Live handles on every actor mesh of the cluster (a fresh snapshot); calling
+        them reaches the same actor objects as the client that spawned them. Keyed
+        ``"PROC_MESH/NAME"`` (names are unique per proc mesh); ``[NAME]`` finds a mesh
+        by its bare name too while only one proc mesh has one so named, else raises
+        ``KeyError`` naming the keys."""
+        return ActorMeshes({key: self._actor_mesh(record) for key, record in self.info()["actor_meshes"].items()})
 
     def _proc_mesh(self, record: dict) -> ProcMesh:
         return ProcMesh(self._info["cluster_id"], self._info["hub"], record["name"],
                         Shape(Extent(record["extent"])), record["procs"])
 
-    def _actor_mesh(self, record: dict, proc_meshes: dict) -> ActorMesh:
+    def _actor_mesh(self, record: dict) -> ActorMesh:
         """A handle from the registry; calls to actors whose proc has exited fail at once."""
         runtime().supervision.sync(record["name"], record["addresses"], record["dead"])
-        return ActorMesh(self._info["cluster_id"], self._info["hub"], record["name"], record["class_name"],
-                         record["endpoints"], record["methods"], Shape(Extent(record["extent"])),
-                         record["addresses"])
+        return ActorMesh(self._info["cluster_id"], self._info["hub"], record["proc_mesh"], record["name"],
+                         record["class_name"], record["endpoints"], record["methods"],
+                         Shape(Extent(record["extent"])), record["addresses"])
 
     # logs ----------------------------------------------------------------------------
     def flush_logs(self, timeout: float = 5.0) -> bool:
@@ -265,7 +283,7 @@ class Cluster:
         now (the hub drains every host agent's pipes first). Returns False if not all
         arrived within ``timeout`` seconds."""
         try:
-            reply = self.hub.request("logs_flush", timeout=timeout, client_id=runtime().client_id)
+            reply = self.hub.request(hub_ops.LOGS_FLUSH, timeout=timeout, client_id=runtime().client_id)
         except ClusterError:
             return False
         return runtime().lines.wait_for(self._info["cluster_id"], reply["seq"], timeout)
@@ -284,7 +302,7 @@ class Cluster:
             ranks = [ranks]
         if since is not None and since < 0:
             since = time.time() + since
-        reply = self.hub.request("logs_query", timeout=60.0, mesh=mesh, ranks=ranks, stream=stream, since=since,
+        reply = self.hub.request(hub_ops.LOGS_QUERY, timeout=60.0, mesh=mesh, ranks=ranks, stream=stream, since=since,
                                  grep=grep, tail=tail)
         return [dict(zip(LOG_FIELDS, r)) for r in reply["records"]]
 
@@ -307,7 +325,7 @@ class Cluster:
             self.flush_logs(timeout=2.0)
         self.disconnect()
         try:
-            self.hub.request("shutdown", timeout=STOP_TIMEOUT_S)
+            self.hub.request(hub_ops.SHUTDOWN, timeout=STOP_TIMEOUT_S)
         except ClusterError:  # the hub is gone or stuck: handled below
             pass
         if self._hub_process is not None:
@@ -443,9 +461,10 @@ def default_cluster() -> Cluster:
 
 
 def this_host() -> HostMesh:
-    """The host mesh of the current cluster, extent ``{"hosts": N}``.
+    """The hosts of the current cluster: one host has no dimensions (extent ``{}``, as
+    in Monarch), N > 1 hosts have extent ``{"hosts": N}`` (see ``Cluster.this_host``).
 
     After ``connect()`` or ``Cluster.start()`` it is that cluster's. In a script with
     no cluster connected this starts an ephemeral local cluster that is torn down when
     the script exits. Blocks until the cluster is up (~0.2 s)."""
-    return default_cluster().host_mesh()
+    return default_cluster().this_host()

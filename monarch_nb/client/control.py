@@ -33,9 +33,9 @@ class ControlPlane(abc.ABC):
         Raises ``HubTimeout`` after ``timeout`` seconds."""
 
     @abc.abstractmethod
-    def stop_actors(self, name: str, timeout: float | None = None) -> list[dict]:
-        """Stop actor mesh ``name``; returns the ranks still running (``rank``,
-        ``running``) after their interrupt."""
+    def stop_actors(self, proc_mesh: str, name: str, timeout: float | None = None) -> list[dict]:
+        """Stop actor mesh ``name`` of ``proc_mesh``; returns the ranks still running
+        (``rank``, ``running``) after their interrupt."""
 
     @abc.abstractmethod
     def stop_procs(self, name: str) -> None:
@@ -51,8 +51,8 @@ class ControlPlane(abc.ABC):
         """The registry's record of proc mesh ``name`` (``procs``), ``None`` if stopped."""
 
     @abc.abstractmethod
-    def actor_mesh_record(self, name: str) -> dict | None:
-        """The registry's record of actor mesh ``name`` (``proc_mesh``, ``proc_ranks``),
+    def actor_mesh_record(self, proc_mesh: str, name: str) -> dict | None:
+        """The registry's record of actor mesh ``name`` of ``proc_mesh`` (``proc_ranks``),
         ``None`` if stopped."""
 
     @abc.abstractmethod
@@ -68,11 +68,11 @@ class ControlPlane(abc.ABC):
         """Remember each proc's torch variables (base rank -> env), for restarts."""
 
 
-def abandon_spawn(control: ControlPlane, name: str) -> None:
-    """Stop actor mesh ``name`` whose spawn this client gave up on (constructors still
-    running are interrupted)."""
+def abandon_spawn(control: ControlPlane, proc_mesh: str, name: str) -> None:
+    """Stop actor mesh ``name`` of ``proc_mesh`` whose spawn this client gave up on
+    (constructors still running are interrupted)."""
     try:
-        control.stop_actors(name, timeout=30.0)
+        control.stop_actors(proc_mesh, name, timeout=30.0)
     except ClusterError:  # the cluster itself is gone: nothing left to stop
         pass
 

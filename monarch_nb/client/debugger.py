@@ -19,6 +19,8 @@ from typing import Callable
 
 from ..errors import InvalidRequest
 from ..mesh.ranks import format_ranks, parse_ranks
+from ..protocol import debug as debug_actions
+from ..protocol import envelope, events, hub_ops, proc_ops
 from ..wire.mailbox import Gather
 from .runtime import runtime
 
@@ -131,7 +133,7 @@ class Debugger:
         self._unsubscribe = runtime().events.subscribe(self._on_event)
 
     def _on_event(self, event: dict) -> None:
-        if event.get("op") != "debug_changed" or event.get("cluster") != self._cluster_id:
+        if event.get(envelope.OP) != events.DEBUG_CHANGED or event.get(events.CLUSTER) != self._cluster_id:
             return
         with self._cond:
             self._stops = {s["key"]: s for s in event["stops"]}
@@ -145,7 +147,7 @@ class Debugger:
     def paused(self, mesh=None, ranks=None) -> list[Stop]:
         """Paused threads, by mesh and rank (one hub round trip); only those of
         ``mesh`` (a name or handle) and ``ranks`` (int, list or ``"0-3,5"``) when given."""
-        entries = self._cluster.hub.request("debug_paused", timeout=REQUEST_TIMEOUT_S)["stops"]
+        entries = self._cluster.hub.request(hub_ops.DEBUG_PAUSED, timeout=REQUEST_TIMEOUT_S)["stops"]
         with self._cond:
             self._stops = {s["key"]: s for s in entries}
         return self._select([Stop.from_entry(s) for s in entries], mesh, ranks)
@@ -238,7 +240,8 @@ class Debugger:
         with Gather(runtime().mailbox, on_reply) as gather:
             for i, stop in enumerate(stops):
                 gather.request(stop.address, self._cluster_id,
-                               {"op": "debug", "action": action, "dap_thread": stop.dap_thread, **fields}, key=i)
+                               {envelope.OP: proc_ops.DEBUG, debug_actions.ACTION: action,
+                                debug_actions.DAP_THREAD: stop.dap_thread, **fields}, key=i)
             deadline = time.monotonic() + timeout
             while not settled() and time.monotonic() < deadline:
                 gather.mailbox.wait(settled, min(0.25, max(0.0, deadline - time.monotonic())))
@@ -357,26 +360,27 @@ class Debugger:
         # Code from a notebook cell has a file name but no file: its text goes along, and
         # procs write it under that name (as ipykernel's own debugger does) for debugpy.
         source = None if os.path.exists(file) else "".join(linecache.getlines(file)) or None
-        return self._cluster.hub.request("debug_set_breakpoint", timeout=REQUEST_TIMEOUT_S, file=file, line=line,
+        return self._cluster.hub.request(hub_ops.DEBUG_SET_BREAKPOINT, timeout=REQUEST_TIMEOUT_S, file=file, line=line,
                                          mesh=_mesh_name(mesh), ranks=ranks, condition=condition,
                                          source=source)["breakpoint"]
 
     def breakpoints(self) -> list[dict]:
         """The cluster's breakpoints (``id``, ``file``, ``line``, ``mesh``, ``ranks``, ``condition``)."""
-        return self._cluster.hub.request("debug_breakpoints", timeout=REQUEST_TIMEOUT_S)["breakpoints"]
+        return self._cluster.hub.request(hub_ops.DEBUG_BREAKPOINTS, timeout=REQUEST_TIMEOUT_S)["breakpoints"]
 
     def clear_breakpoints(self, ids=None) -> int:
         """Remove breakpoints by id (an int or a list; ``None``: all); returns how many."""
         ids = [ids] if isinstance(ids, int) else (list(ids) if ids is not None else None)
-        return self._cluster.hub.request("debug_clear_breakpoints", timeout=REQUEST_TIMEOUT_S, ids=ids)["cleared"]
+        return self._cluster.hub.request(hub_ops.DEBUG_CLEAR_BREAKPOINTS, timeout=REQUEST_TIMEOUT_S, ids=ids)["cleared"]
 
     def post_mortem(self, on: bool | None = None) -> bool:
         """Turn post-mortem mode on or off (``None``: just say): with it on, a rank
         whose endpoint raises pauses in the raising frame (listed as paused, reason
         ``exception``) and the caller gets the error once it is continued."""
         if on is None:
-            return self._cluster.hub.request("debug_breakpoints", timeout=REQUEST_TIMEOUT_S)["post_mortem"]
-        return self._cluster.hub.request("debug_post_mortem", timeout=REQUEST_TIMEOUT_S, on=bool(on))["post_mortem"]
+            return self._cluster.hub.request(hub_ops.DEBUG_BREAKPOINTS, timeout=REQUEST_TIMEOUT_S)["post_mortem"]
+        return self._cluster.hub.request(hub_ops.DEBUG_POST_MORTEM, timeout=REQUEST_TIMEOUT_S,
+                                         on=bool(on))["post_mortem"]
 
     # IDEs ------------------------------------------------------------------------------
     def attach(self, mesh, rank: int, port: int = 0):

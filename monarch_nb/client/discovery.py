@@ -21,6 +21,7 @@ import psutil
 from .. import cluster_dir
 from ..allocators import base as allocators
 from ..errors import ClusterError
+from ..protocol import hub_ops
 from ..wire import frames as wire_frames
 from .hub_client import HubClient
 from .launch import HUB_START_TIMEOUT_S
@@ -65,7 +66,7 @@ def probe(name: str) -> Probe:
         return Probe(name, path, "stale", info, reason=problem)
     wire_frames.register_key(info["cluster_id"], cluster_dir.key_of(info))
     try:
-        hub_info = HubClient(info["cluster_id"], info["hub"]).request("info", timeout=PROBE_TIMEOUT_S)
+        hub_info = HubClient(info["cluster_id"], info["hub"]).request(hub_ops.INFO, timeout=PROBE_TIMEOUT_S)
     except ClusterError:
         return Probe(name, path, "stale", info,
                      reason=f"its hub (pid {info['hub_pid']}) does not answer at {info['hub']}")

@@ -12,7 +12,7 @@ import collections
 from typing import Any, Iterator
 
 from ..errors import ActorError, RemoteFailure, SupervisionError
-from ..protocol import envelope
+from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
 from ..wire.interrupts import protected
 from ..wire.mailbox import Gather
@@ -51,7 +51,7 @@ class Endpoint:
         mesh = self._mesh
         rt = runtime()
         rt.supervision.raise_armed(mesh._cluster_id, mesh._name)
-        header: dict = {"k": "call", "ep": self._name, "o": rt.origin()}
+        header: dict = {envelope.KIND: proc_ops.CALL, proc_ops.ENDPOINT: self._name, proc_ops.ORIGIN: rt.origin()}
         if route is not None:
             header.update(route)
         frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
@@ -84,7 +84,7 @@ class Endpoint:
             answered.add(i)
             try:
                 value = message.value()
-                if message.header["ok"]:
+                if message.header[envelope.OK]:
                     results[i] = value
                 else:
                     exc, tb = unpack_exception(value)
@@ -114,7 +114,7 @@ class Endpoint:
         # The port exists before anything is sent: a reply may arrive at once.
         gather = Gather(rt.mailbox, on_reply)
         route = gather.open()
-        port = route["port"]
+        port = route[envelope.PORT]
         dead = supervision.watch(mesh._cluster_id, port, targets)
         try:
             self._send([r for r in view_ranks if mesh._addresses[mesh._shape.base_rank(r)] not in dead],

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import zmq
 
+from ..protocol import envelope, events
 from ..wire import frames as wire_frames
 from ..wire import sockets
 
@@ -86,7 +87,7 @@ class EventReceiver:
         except wire_frames.BadMessage:
             return
         header = message.header
-        if header.get("op") == "log_lines":
-            self._lines.add(header["cluster"], header["seq"], header["records"])
+        if header.get(envelope.OP) == events.LOG_LINES:
+            self._lines.add(header[events.CLUSTER], header["seq"], header["records"])
         else:
             self._bus.publish(header)

@@ -103,6 +103,15 @@ class Future(Generic[R]):
                 yield from arrived.__await__()
         return self.get(0)
 
+    @classmethod
+    def finished(cls, runtime: "ClientRuntime", description: str, value: Any = None) -> "Future":
+        """A future already holding ``value``: what an operation that ran to completion
+        before returning (``ProcMesh.stop()``) gives, so callers may ignore it, ``get()``
+        it or ``await`` it alike."""
+        future = cls(runtime, description)
+        future._resolve(value)
+        return future
+
     def __repr__(self) -> str:
         state = "done" if self._done else "pending"
         return f"<Future {self._description} {state}>"

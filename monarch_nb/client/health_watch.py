@@ -11,11 +11,12 @@ import threading
 from typing import Callable
 
 from ..errors import MonarchNbError
+from ..protocol import envelope, events
 from .runtime import runtime
 
 TICK_S = 1.0  # refresh this often without events (busy/paused/memory change silently)
 MIN_INTERVAL_S = 0.25  # at most 4 refreshes a second, however many events arrive
-EVENT_OPS = ("health_changed", "actors_gone")
+EVENT_OPS = (events.HEALTH_CHANGED, events.ACTORS_GONE)
 
 
 class HealthWatch:
@@ -45,7 +46,7 @@ class HealthWatch:
         return self._thread.is_alive()
 
     def _on_event(self, header: dict) -> None:  # on the receiver thread: just a flag
-        if header.get("op") in EVENT_OPS and header.get("cluster") == self.cluster._info["cluster_id"]:
+        if header.get(envelope.OP) in EVENT_OPS and header.get(events.CLUSTER) == self.cluster._info["cluster_id"]:
             self._wake.set()
 
     def _ended(self) -> str | None:

@@ -7,6 +7,7 @@ from typing import Callable
 
 from ..errors import ClusterError, HubTimeout, InvalidRequest
 from ..mesh import Extent
+from ..protocol import envelope, hub_ops, proc_ops
 from ..wire.mailbox import Gather
 from .control import ControlPlane, init_error
 from .runtime import runtime
@@ -46,15 +47,15 @@ class HubClient:
             if while_waiting is not None:
                 while_waiting()
 
-        reply = runtime().mailbox.request(self.address, self.cluster_id, {"op": op, **fields}, body,
+        reply = runtime().mailbox.request(self.address, self.cluster_id, {envelope.OP: op, **fields}, body,
                                         buffers, timeout, check=check)
         if reply is None:
             raise HubTimeout(f"the hub at {self.address} did not answer {op!r} within {timeout} s; "
                                "is the cluster still running?")
         header = reply.header
-        if not header.get("ok"):
-            raise _ERROR_TYPES.get(header.get("error_type"), ClusterError)(header["error"])
-        return {k: v for k, v in header.items() if k not in ("port", "ok")}
+        if not header.get(envelope.OK):
+            raise _ERROR_TYPES.get(header.get("error_type"), ClusterError)(header[envelope.ERROR])
+        return {k: v for k, v in header.items() if k not in (envelope.PORT, envelope.OK)}
 
 
 class HubControl(ControlPlane):
@@ -65,47 +66,47 @@ class HubControl(ControlPlane):
         self.hub = HubClient(cluster_id, hub_address)
 
     def spawn_actors(self, proc_mesh, proc_ranks, name, fields, body, buffers, timeout, while_waiting) -> dict:
-        return self.hub.request("spawn_actors", body, buffers, timeout=timeout, while_waiting=while_waiting,
+        return self.hub.request(hub_ops.SPAWN_ACTORS, body, buffers, timeout=timeout, while_waiting=while_waiting,
                                 name=name, proc_mesh=proc_mesh, proc_ranks=proc_ranks, **fields)
 
-    def stop_actors(self, name: str, timeout: float | None = None) -> list[dict]:
-        reply = self.hub.request("stop_actors", timeout=120.0 if timeout is None else timeout, name=name)
+    def stop_actors(self, proc_mesh: str, name: str, timeout: float | None = None) -> list[dict]:
+        reply = self.hub.request(hub_ops.STOP_ACTORS, timeout=120.0 if timeout is None else timeout, proc_mesh=proc_mesh,
+                                 name=name)
         return reply.get("stuck") or []
 
     def stop_procs(self, name: str) -> None:
-        self.hub.request("stop_procs", name=name)
+        self.hub.request(hub_ops.STOP_PROCS, name=name)
 
     def restart_procs(self, proc_mesh: str, proc_ranks: list[int] | None, timeout: float) -> dict:
-        rt = runtime()
-        rt.mailbox.outbox.drop_discarded()  # calls queued for the dead must not reach the new
-        reply = self.hub.request("restart_procs", timeout=timeout, name=proc_mesh, ranks=proc_ranks)
-        for name, record in reply["actor_meshes"].items():
-            rt.supervision.sync(name, record["addresses"], record["dead"])
-            rt.supervision.clear_pending(self.cluster_id, name)
+        rt = runtime()  # (calls queued for the dead were dropped when the hub said they died)
+        reply = self.hub.request(hub_ops.RESTART_PROCS, timeout=timeout, name=proc_mesh, ranks=proc_ranks)
+        for record in reply["actor_meshes"].values():
+            rt.supervision.sync(record["name"], record["addresses"], record["dead"])
+            rt.supervision.clear_pending(self.cluster_id, record["name"])
         for handle in list(rt.proc_mesh_handles.get((self.cluster_id, proc_mesh), ())):  # all see the new procs
             handle._procs[:] = reply["proc_mesh"]["procs"]
         if reply["failures"]:  # the first actor mesh's; the procs are stopped, so health shows them all
-            name, packed = sorted(reply["failures"].items())[0]
-            record = reply["actor_meshes"][name]
-            raise init_error(name, f"{record['class_name'].rpartition('.')[2]}.__init__ (restarting)", packed,
-                             Extent(record["extent"]))
+            key, packed = sorted(reply["failures"].items())[0]
+            record = reply["actor_meshes"][key]
+            raise init_error(record["name"], f"{record['class_name'].rpartition('.')[2]}.__init__ (restarting)",
+                             packed, Extent(record["extent"]))
         return reply
 
     def proc_mesh_record(self, name: str) -> dict | None:
-        return self.hub.request("info", timeout=30.0)["proc_meshes"].get(name)
+        return self.hub.request(hub_ops.INFO, timeout=30.0)["proc_meshes"].get(name)
 
-    def actor_mesh_record(self, name: str) -> dict | None:
-        return self.hub.request("info", timeout=30.0)["actor_meshes"].get(name)
+    def actor_mesh_record(self, proc_mesh: str, name: str) -> dict | None:
+        return self.hub.request(hub_ops.INFO, timeout=30.0)["actor_meshes"].get(f"{proc_mesh}/{name}")
 
     def interrupt(self, procs: list[dict], timeout: float) -> None:
         # Straight to the procs, all at once: the hub is not on this path.
         with Gather(runtime().mailbox) as gather:
             for rank, proc in enumerate(procs):
-                gather.request(proc["address"], self.cluster_id, {"op": "interrupt"}, key=rank)
+                gather.request(proc["address"], self.cluster_id, {envelope.OP: proc_ops.INTERRUPT}, key=rank)
             gather.wait(len(procs), timeout)
 
     def paused(self, timeout: float) -> list[dict]:
-        return self.hub.request("debug_paused", timeout=timeout)["stops"]
+        return self.hub.request(hub_ops.DEBUG_PAUSED, timeout=timeout)["stops"]
 
     def set_rank_env(self, proc_mesh: str, env: dict[int, dict]) -> None:
-        self.hub.request("set_rank_env", timeout=30.0, name=proc_mesh, env=env)
+        self.hub.request(hub_ops.SET_RANK_ENV, timeout=30.0, name=proc_mesh, env=env)

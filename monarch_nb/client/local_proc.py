@@ -40,24 +40,25 @@ class LocalControl(ControlPlane):
 
     def spawn_actors(self, proc_mesh, proc_ranks, name, fields, body, buffers, timeout, while_waiting) -> dict:
         fault = not fields.get(hub_ops.RAISE_INIT_ERRORS, False)
-        header = {"op": "spawn_actor", "mesh": name, "rank": 0, "extent": {}, proc_ops.INIT_FAULT: fault}
+        header = {envelope.OP: proc_ops.SPAWN_ACTOR, proc_ops.MESH: name, envelope.RANK: 0, proc_ops.EXTENT: {},
+                  proc_ops.INIT_FAULT: fault}
         reply = self._request(header, body, buffers, timeout=timeout, check=while_waiting)
         if reply is None:
             raise HubTimeout(f"{name}: this_proc() did not construct the actor within {timeout} s")
-        if reply.header["ok"]:
-            return {"extent": {}, "addresses": [reply.header["address"]], "dead": {}}
+        if reply.header[envelope.OK]:
+            return {"extent": {}, "addresses": [reply.header[proc_ops.ADDRESS]], "dead": {}}
         if not fault:
             return {"failures": {0: bytes(reply.body)}}
         # No hub to supervise: the failure goes straight to this client's hooks, as the
         # hub's would (the actor answers calls with it).
         why = f"{name} rank 0: __init__ raised {reply.header.get(envelope.ERROR, '')}"
-        runtime().supervision.on_event({envelope.OP: events.SUPERVISION, "cluster": self.cluster_id, "failure": {
+        runtime().supervision.on_event({envelope.OP: events.SUPERVISION, events.CLUSTER: self.cluster_id, "failure": {
             "kind": "actor_failed", "proc_mesh": "this_proc", "meshes": [name], "ranks": [0], "why": why,
             "endpoint": "__init__", "traceback": reply.header.get(proc_ops.TRACEBACK, "")}})
-        return {"extent": {}, "addresses": [reply.header["address"]], "dead": {"0": why}}
+        return {"extent": {}, "addresses": [reply.header[proc_ops.ADDRESS]], "dead": {"0": why}}
 
-    def stop_actors(self, name: str, timeout: float | None = None) -> list[dict]:
-        reply = self._request({"op": "stop_actors", "name": name}, timeout=timeout)
+    def stop_actors(self, proc_mesh: str, name: str, timeout: float | None = None) -> list[dict]:
+        reply = self._request({envelope.OP: proc_ops.STOP_ACTOR, proc_ops.MESH: name}, timeout=timeout)
         if reply is None or reply.header.get("stopped") is not False:
             return []
         return [{"rank": 0, "running": reply.header.get("running")}]
@@ -72,7 +73,7 @@ class LocalControl(ControlPlane):
     def proc_mesh_record(self, name: str) -> dict | None:
         return {"procs": [self.server_record()]}
 
-    def actor_mesh_record(self, name: str) -> dict | None:
+    def actor_mesh_record(self, proc_mesh: str, name: str) -> dict | None:
         raise InvalidRequest(_NO_HUB.format(
             what="restart it", instead="stop the actor mesh (mesh.stop()) and spawn it again"))
 

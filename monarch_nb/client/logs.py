@@ -23,6 +23,10 @@ from ..protocol.records import LOG_FIELDS
 from ..wire.interrupts import protected, sleep_on
 
 FOLD_WINDOW_S = 0.1
+# A line that two or more ranks of a mesh have printed is likely printed by the rest
+# too: it waits up to this long for them (a loaded machine runs some ranks late),
+# unless all of them joined earlier. A line printed by one rank waits FOLD_WINDOW_S.
+FOLD_HOLD_S = 1.0
 
 # indices of a record as the hub sends it
 SEQ, TIME, HOST, PROC, STREAM, MESH, RANK, ORIGIN, TEXT, SIZE = range(len(LOG_FIELDS))
@@ -52,11 +56,13 @@ class Folded:
 
 class Folder:
     """Groups identical lines from different ranks that arrive within ``window``
-    seconds, keeping every rank's own lines in order. A group that every rank of its
-    mesh has joined is shown at once (a one-actor mesh's lines never wait)."""
+    seconds (``hold`` once two ranks joined), keeping every rank's own lines in order.
+    A group that every rank of its mesh has joined is shown at once (a one-actor mesh's
+    lines never wait)."""
 
-    def __init__(self, window: float = FOLD_WINDOW_S):
+    def __init__(self, window: float = FOLD_WINDOW_S, hold: float = FOLD_HOLD_S):
         self.window = window
+        self.hold = max(window, hold)
         self.enabled = True
         self._pending: list[Folded] = []
         self._open: dict[tuple, int] = {}  # (mesh, stream, origin, text) -> index in _pending
@@ -83,8 +89,7 @@ class Folder:
             n = len(self._pending)
         else:
             n = 0
-            while n < len(self._pending) and (self._pending[n].complete()
-                                              or now - self._pending[n].first >= self.window):
+            while n < len(self._pending) and now >= self._due(self._pending[n]):
                 n += 1
         if n == 0:
             return []
@@ -94,9 +99,12 @@ class Folder:
         return done
 
     def next_due(self) -> float | None:
-        if not self._pending:
-            return None
-        return 0.0 if self._pending[0].complete() else self._pending[0].first + self.window
+        return self._due(self._pending[0]) if self._pending else None
+
+    def _due(self, group: Folded) -> float:
+        if group.complete():
+            return 0.0
+        return group.first + (self.hold if len(group.ranks) > 1 else self.window)
 
 
 def fold_records(records: list[list], enabled: bool = True) -> list[Folded]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from math import prod
+
 from ..errors import InvalidRequest
 from ..mesh import Extent, Shape
 from .control import ControlPlane
@@ -31,11 +34,18 @@ class MeshHandle:
 
     @property
     def extent(self) -> Extent:
-        """Dimension labels to sizes, e.g. ``{"hosts": 1, "gpus": 8}``."""
+        """Dimension labels to sizes, e.g. ``{"hosts": 2, "gpus": 8}``."""
         return self._shape.extent
 
     def __len__(self) -> int:
         return len(self._shape)
+
+    def size(self, dim: str | Sequence[str] | None = None) -> int:
+        """How many points: in all (``None``), along ``dim``, or along several dims.
+        Raises ``KeyError`` for a dimension the mesh doesn't have."""
+        if dim is None:
+            return len(self._shape)
+        return prod(self.extent[d] for d in ([dim] if isinstance(dim, str) else dim))
 
     def _hub(self) -> HubClient:
         return HubClient(self._cluster_id, self._hub_address)

@@ -8,6 +8,7 @@ import socket
 import sys
 import threading
 
+from ..protocol import envelope, hub_ops
 from ..wire import frames as wire_frames
 from ..proc.actor import proc_identity
 from .runtime import runtime
@@ -34,7 +35,7 @@ class Presence:
         self.hub_address = hub_address
         self._closed = threading.Event()
         rt = runtime()
-        self._hello = {"op": "client_alive", "client_id": rt.client_id, "pid": os.getpid(),
+        self._hello = {envelope.OP: hub_ops.CLIENT_ALIVE, "client_id": rt.client_id, "pid": os.getpid(),
                        "hostname": socket.gethostname(), "label": _label(), "logs": rt.event_inbox().address,
                        # A proc's own output is captured already: forwarding lines to it would echo.
                        "lines": proc_identity() is None}
@@ -55,4 +56,4 @@ class Presence:
     def close(self) -> None:
         if not self._closed.is_set():
             self._closed.set()
-            self._send({"op": "client_bye", "client_id": runtime().client_id})
+            self._send({envelope.OP: hub_ops.CLIENT_BYE, "client_id": runtime().client_id})

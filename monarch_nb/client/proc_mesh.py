@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import weakref
 
 from ..errors import HubTimeout
 from ..mesh import Extent, Shape
 from ..proc.actor import Actor, endpoint_names, owner_of_new_meshes
-from ..wire import serialize
+from ..wire import serialize, sockets
 from . import progress, torch_env
 from .actor_mesh import ActorMesh
 from .control import abandon_spawn, init_error
+from .future import Future
 from .mesh_handle import MeshHandle
 from .runtime import runtime
 from .value_mesh import ValueMesh
@@ -34,7 +36,8 @@ def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
 
 
 class ProcMesh(MeshHandle):
-    """Worker processes laid out over ``extent``, e.g. ``{"hosts": 1, "gpus": 8}``."""
+    """Worker processes laid out over ``extent``, e.g. ``{"gpus": 8}`` (one host) or
+    ``{"hosts": 2, "gpus": 8}``."""
 
     def __init__(self, cluster_id: str, hub_address: str, name: str, shape: Shape, procs: list[dict]):
         self._cluster_id = cluster_id
@@ -95,18 +98,18 @@ class ProcMesh(MeshHandle):
             reply = control.spawn_actors(self._name, self._shape.base_ranks(), name, fields, body,
                                          [b.raw() for b in buffers], init_timeout, bar.tick)
         except HubTimeout:
-            abandon_spawn(control, name)
+            abandon_spawn(control, self._name, name)
             raise TimeoutError(f"{actor_class.__name__}.__init__ did not return within {init_timeout} s on every "
                                f"rank of {name!r}; the actors were interrupted and the mesh stopped") from None
         except KeyboardInterrupt:
-            abandon_spawn(control, name)
+            abandon_spawn(control, self._name, name)
             raise
         finally:
             bar.close(None)
         if "failures" in reply:
             raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
         rt.supervision.sync(name, reply["addresses"], reply["dead"])
-        return ActorMesh(self._cluster_id, self._hub_address, name, class_name, endpoints, methods,
+        return ActorMesh(self._cluster_id, self._hub_address, self._name, name, class_name, endpoints, methods,
                          Shape(Extent(reply["extent"])), reply["addresses"])
 
     def interrupt(self, timeout: float = 5.0) -> None:
@@ -150,16 +153,35 @@ class ProcMesh(MeshHandle):
         ``this_proc()`` (the client itself can't be restarted)."""
         return self._control().restart_procs(self._name, None, timeout)["restarted"]
 
+    def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: int | None = None,
+                       level: int = logging.INFO) -> Future[None]:
+        """Monarch's switch for streaming the procs' output to the client. monarch_nb
+        always shows the output a call caused under the cell (or in the terminal) that
+        made it, complete when the call returns, and keeps every line in the hub's log
+        store (``cluster.logs()``): these options are checked and change nothing.
+        Raises ``ValueError`` for ``aggregate_window_sec`` without ``stream_to_client``
+        (as Monarch does). Returns a finished ``Future[None]`` (Monarch's is awaited)."""
+        if aggregate_window_sec is not None and not stream_to_client:
+            raise ValueError("aggregate_window_sec needs stream_to_client=True")
+        return Future.finished(runtime(), f"{self._name}.logging_option")
+
     def _refresh(self) -> None:
         """Take the hub's current procs of this mesh (a restart replaces some)."""
         record = self._control().proc_mesh_record(self._name)
         if record is not None and len(record["procs"]) == len(self._procs):
             self._procs[:] = record["procs"]
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
         """Stop every proc of this mesh (the whole mesh, also when called on a slice) and
-        the actors on them. Blocks until the processes have exited."""
+        the actors on them. Runs at once and blocks until the processes have exited
+        (unlike Monarch, where nothing happens until the future is awaited); returns a
+        finished ``Future[None]`` so that ``await procs.stop()`` and
+        ``procs.stop().get()`` work as in Monarch. ``reason`` is accepted for Monarch
+        compatibility (the procs' failures say "was stopped")."""
         self._control().stop_procs(self._name)
+        for proc in self._procs:  # (the hub tells every client of the actors: Supervision.actors_gone)
+            sockets.Outbox.discard(proc["address"])
+        return Future.finished(runtime(), f"{self._name}.stop")
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._name!r} {dict(self.extent)}>"

@@ -25,6 +25,7 @@ import threading
 from typing import Callable
 
 from ..errors import MeshFailure, SupervisionError
+from ..protocol import envelope, events
 from ..wire import frames as wire_frames
 from ..wire import sockets
 from ..wire.mailbox import Mailbox
@@ -80,7 +81,7 @@ class Supervision:
     def fail(self, cluster_id: str, port: int, base_rank: int, why: str) -> None:
         """Send the waiting call at ``port`` a failure reply for ``base_rank``."""
         mailbox = self._mailbox()
-        header = {"port": port, "rank": base_rank, "ok": False, "supervision": True}
+        header = {envelope.PORT: port, envelope.RANK: base_rank, envelope.OK: False, "supervision": True}
         mailbox.send(mailbox.address, wire_frames.encode_value(cluster_id, header,
                                                                  pack_exception(SupervisionError(why))))
 
@@ -92,24 +93,25 @@ class Supervision:
     # hub events -------------------------------------------------------------------------
     def on_event(self, event: dict) -> None:
         """An event bus subscriber: ``actors_gone`` and ``supervision`` events."""
-        op = event.get("op")
-        if op == "actors_gone":
+        op = event.get(envelope.OP)
+        if op == events.ACTORS_GONE:
             self.actors_gone(event)
-        elif op == "supervision":
+        elif op == events.SUPERVISION:
             failure = MeshFailure.from_event(event["failure"])
-            self._hook(event["cluster"], failure, event["failure"].get("owner"))
+            self._hook(event[events.CLUSTER], failure, event["failure"].get("owner"))
             self._call_fault_hook(failure)
 
     def actors_gone(self, event: dict) -> None:
         """The hub's news that actors died with their proc or were stopped: fail what waits
-        on them, and drop calls still queued for them."""
+        on them, and close the sockets to them (dropping calls still queued for them)."""
         with self._lock:
             pending = []
             for address, (mesh, rank, why) in event["actors"].items():
                 self._dead[address] = f"{mesh} rank {rank}: {why}"
-                sockets.Outbox.discard(address)
                 pending += [(port, cid, base, self._dead[address])
                             for port, (cid, base) in self._waiting.pop(address, {}).items()]
+        for address in event["actors"]:  # no socket of any thread keeps reconnecting to them
+            sockets.Outbox.discard(address)
         for port, cluster_id, base_rank, reason in pending:
             self.fail(cluster_id, port, base_rank, reason)
 

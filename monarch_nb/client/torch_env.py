@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from ..errors import ClusterError, SupervisionError
+from ..protocol import envelope, proc_ops
 from ..protocol.records import exit_cause
 from ..mesh import Extent
 from ..wire.interfaces import host_of
@@ -142,7 +143,7 @@ def setup(mesh: "ProcMesh", backend: str | None = None, master_addr: str | None 
     _check_master(master_addr, master_port)
     mesh._refresh()  # a restart may have replaced procs since this handle was made
     n = len(mesh)
-    query = [{"op": "torch_env_query", "free_port": r == 0 and master_port is None} for r in range(n)]
+    query = [{envelope.OP: proc_ops.TORCH_ENV_QUERY, "free_port": r == 0 and master_port is None} for r in range(n)]
     states = _ask(mesh, query, timeout)
     envs = _live_group_env(mesh, backend, master_addr, master_port, states)
     if envs is None:
@@ -151,7 +152,7 @@ def setup(mesh: "ProcMesh", backend: str | None = None, master_addr: str | None 
         port = master_port or states[0]["picked_port"]
         wanted = [rank_env(mesh.extent, r, addr, port) for r in range(n)]
         ips = [host_of(mesh._procs[b]["address"]) for b in mesh._shape.base_ranks()]
-        envs = [s["env"] for s in _ask(mesh, [{"op": "torch_env_set", "env": e, "ip": ip}
+        envs = [s["env"] for s in _ask(mesh, [{envelope.OP: proc_ops.TORCH_ENV_SET, "env": e, "ip": ip}
                                               for e, ip in zip(wanted, ips)], timeout)]
         # a restarted proc starts with the same variables
         mesh._control().set_rank_env(mesh._name, {b: e for b, e in zip(mesh._shape.base_ranks(), envs)})

@@ -35,7 +35,7 @@ from ..proc import activity
 from ..proc.actor import current_context, proc_identity
 from ..proc.actor_loop import send_reply
 from ..protocol import debug as debug_ops
-from ..protocol import envelope, proc_ops
+from ..protocol import envelope, hub_ops, proc_ops
 from ..wire import frames as wire_frames
 from . import arming, pydevd_adapter
 from .dap import DapClient, DapError
@@ -252,7 +252,7 @@ class ProcDebugger:
                 self._stopping.discard(stop["ident"])
             activity.set_paused(stop["ident"], {"file": stop["file"], "line": stop["line"],
                                                 "function": stop["function"]})
-            self._tell_hub({envelope.OP: debug_ops.DEBUG_STOPPED, "stop": stop})
+            self._tell_hub({envelope.OP: hub_ops.DEBUG_STOPPED, "stop": stop})
             step = self._steps.pop(tid, None)
             if step is not None:
                 self._reply(step[0], {"stop": stop})
@@ -273,7 +273,7 @@ class ProcDebugger:
                 activity.set_paused(stop["ident"], None)
                 keys.append(stop["key"])
         if keys:
-            self._tell_hub({envelope.OP: debug_ops.DEBUG_RESUMED, "keys": keys})
+            self._tell_hub({envelope.OP: hub_ops.DEBUG_RESUMED, "keys": keys})
             # A resumed thread may set its trace function again on its way out of
             # debugpy's suspend loop, after we untraced it: look again a little later.
             now = time.monotonic()

@@ -20,7 +20,7 @@ import time
 from typing import Awaitable, Callable
 
 from ..proc.stdio import RECORD_FD_ENV
-from ..protocol import agent_ops, envelope
+from ..protocol import agent_ops, envelope, hub_ops
 from ..wire import frames as wire_frames
 from ..wire.aio import AioEndpoint
 from .capture import Capture
@@ -67,7 +67,7 @@ class HostAgent:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda sig=sig: asyncio.ensure_future(self._signalled(sig)))
-        await self.net.send(self.hub, {envelope.OP: agent_ops.AGENT_READY, agent_ops.HOST_ID: self.host_id,
+        await self.net.send(self.hub, {envelope.OP: hub_ops.AGENT_READY, agent_ops.HOST_ID: self.host_id,
                                        "address": self.net.address, "pid": os.getpid(),
                                        "hostname": socket.gethostname(), "node": self.node})
         tasks = [asyncio.ensure_future(self._serve()), asyncio.ensure_future(self._heartbeat())]
@@ -89,7 +89,7 @@ class HostAgent:
             return
         self.leaving = asyncio.get_running_loop().create_future()
         try:
-            await self.net.request(self.hub, {envelope.OP: agent_ops.AGENT_EXITING, agent_ops.HOST_ID: self.host_id,
+            await self.net.request(self.hub, {envelope.OP: hub_ops.AGENT_EXITING, agent_ops.HOST_ID: self.host_id,
                                               "why": f"its host agent got {signal.Signals(sig).name}"},
                                    timeout=EXIT_REPORT_TIMEOUT_S)
             self.hub_told = True
@@ -110,7 +110,7 @@ class HostAgent:
                       "stopping every proc", file=sys.stderr)
                 self.done.set()
                 return
-            await self.net.send(self.hub, {envelope.OP: agent_ops.AGENT_ALIVE, agent_ops.HOST_ID: self.host_id,
+            await self.net.send(self.hub, {envelope.OP: hub_ops.AGENT_ALIVE, agent_ops.HOST_ID: self.host_id,
                                            "dropped": wire_frames.dropped()})
             due = time.monotonic() + HEARTBEAT_S
             await asyncio.sleep(HEARTBEAT_S)
@@ -166,7 +166,7 @@ class HostAgent:
 
     async def _adopt(self, header: dict) -> None:
         # A restarted hub takes over (perhaps at a new address).
-        self.hub = header["hub"]
+        self.hub = header[agent_ops.HUB]
         await self.net.reply(header, ok=True, procs=sorted(self.procs), exited=self.exited)
 
     async def _proc_ready(self, header: dict) -> None:
@@ -174,7 +174,7 @@ class HostAgent:
         future = self.ready.get(proc_id)
         if future is not None and not future.done():
             future.set_result(header)
-            await self.net.send(self.hub, {envelope.OP: agent_ops.PROC_UP, agent_ops.PROC_ID: proc_id})  # progress
+            await self.net.send(self.hub, {envelope.OP: hub_ops.PROC_UP, agent_ops.PROC_ID: proc_id})  # progress
 
     async def _spawn_procs(self, header: dict) -> None:
         asyncio.ensure_future(self._contained(self._spawn(header), header))
@@ -247,7 +247,7 @@ class HostAgent:
             await self.leaving
             if self.hub_told:
                 return  # the hub failed this host's procs already, naming why
-        await self.net.send(self.hub, {envelope.OP: agent_ops.PROC_EXITED, agent_ops.PROC_ID: proc_id, "pid": proc.pid,
+        await self.net.send(self.hub, {envelope.OP: hub_ops.PROC_EXITED, agent_ops.PROC_ID: proc_id, "pid": proc.pid,
                                        "returncode": code, "expected": expected})
 
     def _send_lines(self) -> None:
@@ -256,7 +256,7 @@ class HostAgent:
     async def _send_lines_now(self) -> None:
         lines = self.capture.take()
         if lines:
-            await self.net.send(self.hub, {envelope.OP: agent_ops.LOG_LINES, agent_ops.HOST_ID: self.host_id,
+            await self.net.send(self.hub, {envelope.OP: hub_ops.LOG_LINES, agent_ops.HOST_ID: self.host_id,
                                            "lines": lines})
 
     async def _stop_procs(self, proc_ids: list[str]) -> None:

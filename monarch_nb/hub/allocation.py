@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..protocol import agent_ops, envelope
 from ..protocol.records import LOST_EXIT_CODE
 from ..wire.aio import AioEndpoint
 from .mesh_ops import MeshOps
@@ -53,8 +54,9 @@ class Allocation:
 
     async def agent_ready(self, header, message):
         registry = self._registry
-        registry.hosts[header["host_id"]] = HostRecord(header["host_id"], header["address"], header["pid"],
-                                                       header["hostname"], node=header.get("node", ""))
+        host_id = header[agent_ops.HOST_ID]
+        registry.hosts[host_id] = HostRecord(host_id, header["address"], header["pid"], header["hostname"],
+                                             node=header.get("node", ""))
         if registry.host_order and all(h in registry.hosts for h in registry.host_order):
             self._all_hosts_ready.set()
 
@@ -68,7 +70,8 @@ class Allocation:
         hosts: dict[str, HostRecord] = saved["hosts"]
         registry.proc_meshes, registry.actor_meshes = saved["proc_meshes"], saved["actor_meshes"]
         replies = await asyncio.gather(*(
-            self._net.request(h.address, {"op": "adopt", "hub": self._net.address}, timeout=ADOPT_TIMEOUT_S)
+            self._net.request(h.address, {envelope.OP: agent_ops.ADOPT, agent_ops.HUB: self._net.address},
+                              timeout=ADOPT_TIMEOUT_S)
             for h in hosts.values()), return_exceptions=True)
         exited: dict[str, int] = {}
         for host, reply in zip(hosts.values(), replies):
@@ -168,7 +171,7 @@ class Allocation:
     async def agent_exiting(self, header, message):
         """An agent is stopping on a signal that did not come from this hub: fail its
         host (and procs) before replying."""
-        host = self._registry.hosts.get(header["host_id"])
+        host = self._registry.hosts.get(header[agent_ops.HOST_ID])
         if host is not None and not host.cause and not self._stop_requested.is_set():
             ended = await asyncio.get_running_loop().run_in_executor(None, self.allocator.check)
             why = ended.get(host.host_id) or header.get("why", "its host agent is exiting")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ..protocol import events
+from ..protocol import envelope, events
 from ..wire.aio import AioEndpoint
 from .clients import Clients
 
@@ -22,7 +22,7 @@ class Announcer:
 
     async def announce(self, event: dict) -> None:
         """Send ``event`` to every client's event inbox (its log receiver)."""
-        event = {**event, "cluster": self._cluster_id}
+        event = {**event, events.CLUSTER: self._cluster_id}
         for client in list(self._clients.table.values()):
             if client.log_address:
                 await self._net.send(client.log_address, event)
@@ -35,6 +35,6 @@ class Announcer:
 
         def announce():
             self._health_pending = False
-            asyncio.ensure_future(self.announce({"op": events.HEALTH_CHANGED}))
+            asyncio.ensure_future(self.announce({envelope.OP: events.HEALTH_CHANGED}))
 
         asyncio.get_running_loop().call_later(EVENT_COALESCE_S, announce)

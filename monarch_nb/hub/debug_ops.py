@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ..protocol import events
+from ..protocol import debug as debug_actions
+from ..protocol import envelope, events, proc_ops
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
 from .errors import HubError
@@ -112,7 +113,7 @@ class DebugRegistry:
         if ranks is not None and mesh is None:
             raise HubError("ranks need a mesh: name the actor mesh whose ranks should stop", "ValueError")
         if mesh is not None:
-            record = self._registry.actor_meshes.get(mesh)
+            record = self._registry.find_actor_mesh(mesh)
             if record is None:
                 known = ", ".join(sorted(self._registry.actor_meshes)) or "none"
                 raise HubError(f"no actor mesh {mesh!r} (actor meshes: {known})", "ValueError")
@@ -168,7 +169,7 @@ class DebugRegistry:
         """Fields for a ``spawn_actor`` request: the cluster's debug configuration,
         when there is any (a proc applies it before the actor starts)."""
         state = self.state
-        return {"debug": state.config()} if (state.breakpoints or state.post_mortem) else {}
+        return {proc_ops.DEBUG_CONFIG: state.config()} if (state.breakpoints or state.post_mortem) else {}
 
     # internals -----------------------------------------------------------------------
     async def _sync(self) -> None:
@@ -177,11 +178,12 @@ class DebugRegistry:
         state = self.state
         state.synced = True
         replies = await asyncio.gather(*(
-            self._net.request(p.address, {"op": "debug", "action": "stops"}, timeout=SYNC_TIMEOUT_S)
+            self._net.request(p.address, {envelope.OP: proc_ops.DEBUG, debug_actions.ACTION: debug_actions.STOPS},
+                              timeout=SYNC_TIMEOUT_S)
             for p in self._registry.live_procs()), return_exceptions=True)
         for reply in replies:
             if not isinstance(reply, BaseException):
-                for stop in reply.header.get("stops", []):
+                for stop in reply.header.get(debug_actions.STOPS, []):
                     await self.debug_stopped({"stop": stop}, None)
 
     def _list(self) -> list[dict]:
@@ -190,7 +192,7 @@ class DebugRegistry:
                                      s["proc_id"], s["dap_thread"]))
 
     async def _changed(self) -> None:
-        await self._announcer.announce({"op": events.DEBUG_CHANGED, "stops": self._list()})
+        await self._announcer.announce({envelope.OP: events.DEBUG_CHANGED, "stops": self._list()})
 
     async def _push(self) -> None:
         """Send the configuration to every live proc and wait (at most ``CONFIG_TIMEOUT_S``)
@@ -205,7 +207,8 @@ class DebugRegistry:
     async def _configure(self, proc, wait: bool = False) -> None:
         state = self.state
         state.configured[proc.proc_id] = (proc.pid, state.version)
-        request = {"op": "debug", "action": "config", "config": state.config()}
+        request = {envelope.OP: proc_ops.DEBUG, debug_actions.ACTION: debug_actions.CONFIG,
+                   debug_actions.CONFIG: state.config()}
         if wait:
             await self._net.request(proc.address, request, timeout=CONFIG_TIMEOUT_S)
         else:

@@ -24,6 +24,7 @@ import asyncio
 import time
 from typing import Callable
 
+from ..protocol import envelope, proc_ops
 from ..protocol.records import LOST_EXIT_CODE, exit_cause
 from ..wire.aio import AioEndpoint
 from .mesh_ops import MeshOps
@@ -83,9 +84,10 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
                     state = "unresponsive"
                 else:
                     state = "healthy"
-                actors = [_actor_node(r, i, state, status, now) for r, i in on_proc.get(proc.proc_id, [])]
-                for a in actors:
-                    actor_nodes.setdefault(a["mesh"], {})[a["rank"]] = a
+                here = on_proc.get(proc.proc_id, [])
+                actors = [_actor_node(r, i, state, status, now) for r, i in here]
+                for (r, i), a in zip(here, actors):
+                    actor_nodes.setdefault(r.key, {})[i] = a
                 if state == "healthy":  # a proc is as busy as its busiest actor
                     for s in ("paused", "busy"):
                         if any(a["state"] == s for a in actors):
@@ -103,10 +105,10 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
                            "cause": host.cause or None, "dropped_frames": host.dropped_frames, "procs": procs})
     mesh_nodes = []
     for record in actor_meshes.values():
-        nodes = [actor_nodes.get(record.name, {}).get(i) for i in range(len(record.proc_ranks))]
+        nodes = [actor_nodes.get(record.key, {}).get(i) for i in range(len(record.proc_ranks))]
         states = [n["state"] if n else "lost" for n in nodes]
         bad = [s for s in states if s in ("failed", "lost")]
-        mesh_nodes.append({"name": record.name, "class": record.class_name, "proc_mesh": record.proc_mesh,
+        mesh_nodes.append({"name": record.name, "key": record.key, "class": record.class_name, "proc_mesh": record.proc_mesh,
                            "extent": record.extent, "alive": len(states) - len(bad), "size": len(states),
                            "state": "failed" if bad else next((s for s in ("paused", "busy") if s in states),
                                                              "healthy"),
@@ -158,7 +160,8 @@ class Health:
     async def _proc_status(self, proc: ProcRecord) -> dict | None | bool:
         """The proc's answer to ``status``; ``None`` if it did not answer in time;
         ``False`` if its exit was reported meanwhile (a dead proc is not waited for)."""
-        request = asyncio.ensure_future(self._net.request(proc.address, {"op": "status"}, timeout=STATUS_TIMEOUT_S))
+        request = asyncio.ensure_future(self._net.request(proc.address, {envelope.OP: proc_ops.STATUS},
+                                                          timeout=STATUS_TIMEOUT_S))
         while not request.done():
             await asyncio.wait([request], timeout=0.02)
             if proc.exit_code is not None:

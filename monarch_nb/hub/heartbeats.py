@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 import time
 
+from ..protocol import agent_ops, envelope
 from ..wire.aio import AioEndpoint
 from .clients import Clients
 from .registry import Registry
@@ -39,7 +40,7 @@ class Heartbeats:
         self.stalls = 0  # times this hub found its own event loop stalled
 
     async def agent_alive(self, header, message):
-        host = self._registry.hosts.get(header["host_id"])
+        host = self._registry.hosts.get(header[agent_ops.HOST_ID])
         if host is not None:
             host.last_seen = time.monotonic()
             host.heartbeats += 1
@@ -53,7 +54,7 @@ class Heartbeats:
             self._stalled(now - due + HEARTBEAT_S, now)
         hosts = self._registry.hosts
         for host in [h for h in hosts.values() if not h.lost]:  # a lost one must speak first
-            await self._net.send(host.address, {"op": "hub_alive"})
+            await self._net.send(host.address, {envelope.OP: agent_ops.HUB_ALIVE})
         heard_up_to = self._net.caught_up()
         for host in list(hosts.values()):
             if not host.lost and heard_up_to - host.last_seen > HOST_TIMEOUT_S:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from ..protocol import agent_ops, envelope
 from ..wire.aio import AioEndpoint
 from .errors import HubError
 from .records import ProcRecord
@@ -29,15 +30,15 @@ class ProcLauncher:
         hosts = list(ids_by_host)
         replies = await asyncio.gather(*(
             self._net.request(self._registry.hosts[h].address, {
-                "op": "spawn_procs", "proc_ids": ids_by_host[h], "env": launch.get("env") or {},
+                envelope.OP: agent_ops.SPAWN_PROCS, agent_ops.PROC_IDS: ids_by_host[h], "env": launch.get("env") or {},
                 "cwd": launch.get("cwd"), "python": launch.get("python"),
                 "env_by_proc": {p: env_by_proc[p] for p in ids_by_host[h] if p in (env_by_proc or {})}},
                 timeout=SPAWN_TIMEOUT_S)
             for h in hosts), return_exceptions=True)
         errors = [f"host agent {h} did not answer within {SPAWN_TIMEOUT_S:.0f} s" if isinstance(r, BaseException)
-                  else r.header["error"] for h, r in zip(hosts, replies)
-                  if isinstance(r, BaseException) or not r.header["ok"]]
-        procs = [ProcRecord(**p) for r in replies if not isinstance(r, BaseException) and r.header["ok"]
+                  else r.header[envelope.ERROR] for h, r in zip(hosts, replies)
+                  if isinstance(r, BaseException) or not r.header[envelope.OK]]
+        procs = [ProcRecord(**p) for r in replies if not isinstance(r, BaseException) and r.header[envelope.OK]
                  for p in r.header["procs"]]
         if errors:
             await self.stop(procs)
@@ -51,5 +52,6 @@ class ProcLauncher:
         for p in procs:
             by_host.setdefault(p.host_id, []).append(p.proc_id)
         await asyncio.gather(*(
-            self._net.request(hosts[h].address, {"op": "stop_procs", "proc_ids": ids}, timeout=STOP_TIMEOUT_S)
+            self._net.request(hosts[h].address, {envelope.OP: agent_ops.STOP_PROCS, agent_ops.PROC_IDS: ids},
+                              timeout=STOP_TIMEOUT_S)
             for h, ids in by_host.items() if h in hosts), return_exceptions=True)

@@ -7,7 +7,7 @@ import asyncio
 import functools
 import re
 
-from ..protocol import events
+from ..protocol import agent_ops, envelope, events
 from ..wire.aio import AioEndpoint
 from .clients import Clients
 from .errors import HubError
@@ -31,7 +31,7 @@ class LogOps:
     async def log_lines(self, header, message) -> None:
         """Store a batch from a host agent and pass each line on to the client whose call
         caused it (origin ``CLIENT_ID:...``); lines nobody's call caused go to every client."""
-        records = self.store.add(header["host_id"], header["lines"])
+        records = self.store.add(header[agent_ops.HOST_ID], header["lines"])
         clients = self._clients.table
         by_client: dict[str, list] = {}
         for record in records:
@@ -47,13 +47,15 @@ class LogOps:
             client = clients[client_id]
             if client.log_address:
                 client.log_seq += 1
-                await self._net.send(client.log_address, {"op": events.LOG_LINES, "cluster": self._cluster_id,
+                await self._net.send(client.log_address, {envelope.OP: events.LOG_LINES,
+                                                          events.CLUSTER: self._cluster_id,
                                                           "seq": client.log_seq, "records": batch})
 
     async def logs_flush(self, header, message):
         """Every line written by any proc before this request has been forwarded when the
         reply comes; it says how many batches this client has been sent."""
-        await asyncio.gather(*(self._net.request(h.address, {"op": "drain_logs"}, timeout=FLUSH_TIMEOUT_S)
+        await asyncio.gather(*(self._net.request(h.address, {envelope.OP: agent_ops.DRAIN_LOGS},
+                                                 timeout=FLUSH_TIMEOUT_S)
                                for h in self._registry.hosts.values() if not h.lost),  # a lost one would only time out
                              return_exceptions=True)
         client = self._clients.table.get(header.get("client_id"))

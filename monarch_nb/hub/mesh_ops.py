@@ -12,19 +12,20 @@ its mesh was stopped): nobody is left to use them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from typing import Awaitable, Callable
 
 from .. import cluster_dir
 from ..mesh import Extent
-from ..protocol import events, hub_ops, proc_ops
+from ..protocol import agent_ops, envelope, events, hub_ops, proc_ops
 from ..protocol.records import exit_cause
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
 from .debug_ops import DebugRegistry
 from .errors import HubError
 from .launcher import ProcLauncher
-from .records import ActorMeshRecord, ProcMeshRecord, ProcRecord
+from .records import ActorMeshRecord, ProcMeshRecord, ProcRecord, actor_mesh_key
 from .registry import Registry
 
 STOP_ACTOR_TIMEOUT_S = 5.0  # how long stopping an actor mesh waits for each of its procs
@@ -52,53 +53,74 @@ class MeshOps:
         self._spawning: dict[str, list] = {}  # proc mesh being spawned -> [procs up, spawn id, procs asked for]
         self._spawning_actors: dict[str, list[ProcRecord]] = {}  # actor mesh being constructed -> its procs
         self._abandoned: set[str] = set()  # actor meshes being constructed whose client gave up: not created
+        self._claimed: dict[str, asyncio.Event] = {}  # proc mesh name or actor mesh key being spawned -> set when done
         # Supervision's actor_died(record, rank, cause, endpoint, traceback), set by the hub
         # (supervision uses these ops): a spawned actor whose __init__ raised is a failure.
         self.actor_died: Callable[..., Awaitable[None]] | None = None
+
+    @contextlib.asynccontextmanager
+    async def _one_spawn_at_a_time(self, key: str):
+        """Spawns of one mesh (a proc mesh's name, an actor mesh's key) run one after
+        another: a second spawn, sent while the first is constructing, then finds the first's
+        mesh and returns it (spawn is idempotent) instead of making a second one. This is
+        what makes ``get_or_spawn_controller`` from two clients at once yield one controller."""
+        while (busy := self._claimed.get(key)) is not None:
+            await busy.wait()
+        done = self._claimed[key] = asyncio.Event()
+        try:
+            yield
+        finally:
+            del self._claimed[key]
+            done.set()
 
     async def spawn_procs(self, header, message):
         try:
             per_host = Extent(header["per_host"])
         except ValueError as e:
             raise HubError(f"bad per_host: {e}", "ValueError") from None
-        if "hosts" in per_host:
-            raise HubError("per_host must not name the 'hosts' dimension; the host mesh provides it",
-                           "ValueError")
         known = self._registry.hosts
         hosts = header.get("hosts") or self._registry.host_order
+        host_extent = Extent(header[hub_ops.HOST_EXTENT])
+        if host_extent.nelements != len(hosts):
+            raise HubError(f"host mesh extent {dict(host_extent)} does not match its {len(hosts)} hosts", "ValueError")
+        overlap = [label for label in per_host if label in host_extent]
+        if overlap:
+            raise HubError(f"per_host names {overlap}, which the host mesh {dict(host_extent)} already has; "
+                           "per_host gives the dimensions of the procs on each host", "ValueError")
         gone = [h for h in hosts if h not in known or known[h].lost]
         if gone:
             causes = "; ".join(f"{h}: {known[h].cause or 'its agent fell silent'}" if h in known
                                else f"{h}: unknown" for h in gone)
             raise HubError(f"can't start procs on lost host(s) ({causes}); stop this cluster and start a new one")
-        extent = {"hosts": len(hosts), **per_host}
+        extent = {**host_extent, **per_host}
         name = header.get("name")
         if name is None:
             name = f"procs{self._registry.next_number()}"
         check_mesh_name(name)
-        existing = self._registry.proc_meshes.get(name)
-        if existing is not None:
-            if header.get("replace"):
-                await self.stop_proc_mesh(existing)
-            elif existing.extent == extent:
-                return existing.public()
-            else:
-                raise HubError(f"a proc mesh named {name!r} exists with extent {existing.extent}, not "
-                               f"{extent}; choose another name, or pass replace=True to stop it first",
-                               "ValueError")
-        per = per_host.nelements
-        launch = {k: header.get(k) for k in ("env", "cwd", "python")}
-        self._spawning[name] = [0, header.get("spawn_id"), len(hosts) * per]
-        self._announcer.health_changed()
-        try:
-            procs = await self._launcher.start(
-                {host_id: [f"{name}/{h * per + i}" for i in range(per)] for h, host_id in enumerate(hosts)}, launch)
-        finally:
-            self._spawning.pop(name, None)
-        record = self._registry.proc_meshes[name] = ProcMeshRecord(name, extent, procs, owner=header.get("owner"),
-                                                                   launch=launch)
-        self._registry.save()
-        return record.public()
+        async with self._one_spawn_at_a_time(name):
+            existing = self._registry.proc_meshes.get(name)
+            if existing is not None:
+                if header.get("replace"):
+                    await self.stop_proc_mesh(existing)
+                elif existing.extent == extent:
+                    return existing.public()
+                else:
+                    raise HubError(f"a proc mesh named {name!r} exists with extent {existing.extent}, not "
+                                   f"{extent}; choose another name, or pass replace=True to stop it first",
+                                   "ValueError")
+            per = per_host.nelements
+            launch = {k: header.get(k) for k in ("env", "cwd", "python")}
+            self._spawning[name] = [0, header.get("spawn_id"), len(hosts) * per]
+            self._announcer.health_changed()
+            try:
+                procs = await self._launcher.start(
+                    {host_id: [f"{name}/{h * per + i}" for i in range(per)] for h, host_id in enumerate(hosts)}, launch)
+            finally:
+                self._spawning.pop(name, None)
+            record = self._registry.proc_meshes[name] = ProcMeshRecord(name, extent, procs, owner=header.get("owner"),
+                                                                       launch=launch)
+            self._registry.save()
+            return record.public()
 
     async def spawn_actors(self, header, message):
         name = header["name"]
@@ -106,77 +128,89 @@ class MeshOps:
         mesh = self._registry.proc_meshes.get(header["proc_mesh"])
         if mesh is None:
             raise HubError(f"no proc mesh named {header['proc_mesh']!r}; it was stopped", "ValueError")
-        existing = self._registry.actor_meshes.get(name)
-        if existing is not None:
-            same = (existing.proc_mesh == mesh.name and existing.proc_ranks == header["proc_ranks"]
-                    and existing.class_name == header["class_name"])
-            if header.get("replace"):
-                await self.stop_actor_mesh(existing)
-            elif same:
-                return self.actor_mesh_view(existing)
-            else:
-                raise HubError(f"an actor mesh named {name!r} exists ({existing.class_name} on "
-                               f"{existing.proc_mesh} {existing.extent}); choose another name, or pass "
-                               "replace=True to stop it first", "ValueError")
-        dead = [mesh.procs[r].proc_id for r in header["proc_ranks"] if mesh.procs[r].exit_code is not None]
-        if dead:
-            raise HubError(f"procs {', '.join(dead)} of {mesh.name!r} have exited; spawn a new proc mesh")
-        body = bytes(message.body)
-        buffers = [bytes(b) for b in message.buffers]
-        payload_id = f"a{self._registry.next_number()}"
-        raise_init_errors = header.get(hub_ops.RAISE_INIT_ERRORS, False)
-        constructing = self._spawning_actors[name] = [mesh.procs[r] for r in header["proc_ranks"]]
-        try:
-            replies = await asyncio.gather(*(
-                self._net.request(mesh.procs[r].address, {"op": "spawn_actor", "mesh": name, "rank": i,
-                                                           "extent": header["extent"], "o": header.get("o"),
-                                                           "main_thread": header.get("main_thread", False),
-                                                           proc_ops.INIT_FAULT: not raise_init_errors,
-                                                           "owner": header.get("owner"), **self._debug.spawn_fields()},
-                                 body, buffers)
-                for i, r in enumerate(header["proc_ranks"])))
-        finally:
-            if self._spawning_actors.get(name) is constructing:
-                del self._spawning_actors[name]
-            abandoned = name in self._abandoned
-            self._abandoned.discard(name)
-        addresses = [r.header["address"] for r in replies]
-        failures = {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}
-        record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
-                                 header["endpoints"], header.get("methods", []), addresses, payload_id,
-                                 owner=header.get("owner"))
-        if failures and (raise_init_errors or abandoned):
-            await self.stop_actor_mesh(record)
-            return {"failures": failures}
-        self._registry.actor_meshes[name] = record
-        self._registry.keep_payload(payload_id, [body, *buffers])
-        self._registry.save()
-        view = self.actor_mesh_view(record)
-        for r in replies:  # Monarch: a raising __init__ is a supervision fault, the mesh lives on
-            if not r.header["ok"]:
-                rank = r.header["rank"]
-                view["dead"][str(rank)] = f"__init__ raised {r.header.get('error', '')}"
-                await self.actor_died(record, rank, view["dead"][str(rank)], "__init__",
-                                      r.header.get(proc_ops.TRACEBACK, ""))
-        return view
+        key = actor_mesh_key(mesh.name, name)
+        async with self._one_spawn_at_a_time(key):
+            existing = self._registry.actor_meshes.get(key)
+            if existing is not None:
+                same = existing.proc_ranks == header["proc_ranks"] and existing.class_name == header["class_name"]
+                if header.get("replace"):
+                    await self.stop_actor_mesh(existing)
+                elif same:
+                    return self.actor_mesh_view(existing)
+                else:
+                    raise HubError(f"an actor mesh named {name!r} exists on proc mesh {mesh.name!r} "
+                                   f"({existing.class_name} over {existing.extent}); choose another name, or pass "
+                                   "replace=True to stop it first", "ValueError")
+            dead = [mesh.procs[r].proc_id for r in header["proc_ranks"] if mesh.procs[r].exit_code is not None]
+            if dead:
+                raise HubError(f"procs {', '.join(dead)} of {mesh.name!r} have exited; spawn a new proc mesh")
+            body = bytes(message.body)
+            buffers = [bytes(b) for b in message.buffers]
+            payload_id = f"a{self._registry.next_number()}"
+            raise_init_errors = header.get(hub_ops.RAISE_INIT_ERRORS, False)
+            constructing = self._spawning_actors[key] = [mesh.procs[r] for r in header["proc_ranks"]]
+            try:
+                replies = await asyncio.gather(*(
+                    self._net.request(mesh.procs[r].address, {
+                        envelope.OP: proc_ops.SPAWN_ACTOR, proc_ops.MESH: name, envelope.RANK: i,
+                        proc_ops.EXTENT: header["extent"], proc_ops.ORIGIN: header.get(proc_ops.ORIGIN),
+                        proc_ops.MAIN_THREAD: header.get(proc_ops.MAIN_THREAD, False),
+                        proc_ops.INIT_FAULT: not raise_init_errors,
+                        "owner": header.get("owner"), **self._debug.spawn_fields()},
+                        body, buffers)
+                    for i, r in enumerate(header["proc_ranks"])))
+            finally:
+                if self._spawning_actors.get(key) is constructing:
+                    del self._spawning_actors[key]
+                abandoned = key in self._abandoned
+                self._abandoned.discard(key)
+            addresses = [r.header[proc_ops.ADDRESS] for r in replies]
+            failures = {r.header[envelope.RANK]: bytes(r.body) for r in replies if not r.header[envelope.OK]}
+            record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
+                                     header["endpoints"], header.get("methods", []), addresses, payload_id,
+                                     owner=header.get("owner"))
+            if failures and (raise_init_errors or abandoned):
+                await self.stop_actor_mesh(record)
+                return {"failures": failures}
+            self._registry.actor_meshes[key] = record
+            self._registry.keep_payload(payload_id, [body, *buffers])
+            self._registry.save()
+            view = self.actor_mesh_view(record)
+            for r in replies:  # Monarch: a raising __init__ is a supervision fault, the mesh lives on
+                if not r.header["ok"]:
+                    rank = r.header["rank"]
+                    view["dead"][str(rank)] = f"__init__ raised {r.header.get('error', '')}"
+                    await self.actor_died(record, rank, view["dead"][str(rank)], "__init__",
+                                          r.header.get(proc_ops.TRACEBACK, ""))
+            return view
 
     async def stop_actors(self, header, message):
-        record = self._registry.actor_meshes.get(header["name"])
+        """Stop actor mesh ``name`` of ``proc_mesh`` (without ``proc_mesh``: ``name`` is a
+        key, or a name only one proc mesh has)."""
+        name = header["name"]
+        if header.get("proc_mesh") is None:
+            record = self._registry.find_actor_mesh(name)
+            key = record.key if record is not None else name
+        else:
+            key = actor_mesh_key(header["proc_mesh"], name)
+            record = self._registry.actor_meshes.get(key)
         if record is not None:
             return {"stuck": await self.stop_actor_mesh(record)}
         # Still being spawned (its client gave up waiting): interrupt the constructors;
         # the spawn then fails and stops what was made.
-        constructing = self._spawning_actors.get(header["name"], [])
+        constructing = self._spawning_actors.get(key, [])
         if constructing:
-            self._abandoned.add(header["name"])
+            self._abandoned.add(key)
+        name = key.rpartition("/")[2]
         replies = await asyncio.gather(*(
-            self._net.request(p.address, {"op": "stop_actor", "mesh": header["name"]}, timeout=STOP_ACTOR_TIMEOUT_S)
+            self._net.request(p.address, {envelope.OP: proc_ops.STOP_ACTOR, proc_ops.MESH: name},
+                              timeout=STOP_ACTOR_TIMEOUT_S)
             for p in constructing if p.exit_code is None), return_exceptions=True)
         return {"stuck": [{"rank": i, "running": r.header.get("running")} for i, r in enumerate(replies)
                           if not isinstance(r, BaseException) and r.header.get("stopped") is False]}
 
     async def proc_up(self, header, message):
-        progress = self._spawning.get(header["proc_id"].rpartition("/")[0])
+        progress = self._spawning.get(header[agent_ops.PROC_ID].rpartition("/")[0])
         if progress is not None:
             progress[0] += 1
 
@@ -212,7 +246,8 @@ class MeshOps:
         """Stop the actors of ``record``; returns those that did not stop within the
         procs' wait (``rank``, ``running``: the endpoint they are still in)."""
         self.forget_actor_mesh(record)
-        await self._announcer.announce({"op": events.ACTORS_GONE, "actors": {  # calls to them fail, now and later
+        # Calls to them fail, now and later.
+        await self._announcer.announce({envelope.OP: events.ACTORS_GONE, "actors": {
             a: (record.name, i, "its actor mesh was stopped") for i, a in enumerate(record.addresses)}})
         self.stop_orphans(set(record.addresses))
         for address in record.addresses:
@@ -222,7 +257,8 @@ class MeshOps:
             return []
         live = [(i, mesh.procs[r]) for i, r in enumerate(record.proc_ranks) if mesh.procs[r].exit_code is None]
         replies = await asyncio.gather(*(
-            self._net.request(p.address, {"op": "stop_actor", "mesh": record.name}, timeout=STOP_ACTOR_TIMEOUT_S)
+            self._net.request(p.address, {envelope.OP: proc_ops.STOP_ACTOR, proc_ops.MESH: record.name},
+                              timeout=STOP_ACTOR_TIMEOUT_S)
             for _, p in live), return_exceptions=True)
         return [{"rank": i, "running": r.header.get("running")} for (i, _), r in zip(live, replies)
                 if not isinstance(r, BaseException) and r.header.get("stopped") is False]
@@ -241,8 +277,8 @@ class MeshOps:
         await self._launcher.stop(record.procs)
 
     def forget_actor_mesh(self, record: ActorMeshRecord) -> None:
-        if self._registry.actor_meshes.get(record.name) is record:
-            del self._registry.actor_meshes[record.name]
+        if self._registry.actor_meshes.get(record.key) is record:
+            del self._registry.actor_meshes[record.key]
             self._registry.drop_payload(record.payload_id)
             self._registry.save()
 
@@ -255,7 +291,7 @@ class MeshOps:
         for mesh, rank, _, why in deaths:
             for record, i in self._registry.actors_on(mesh.name, rank):
                 actors[record.addresses[i]] = (record.name, i, why)
-        await self._announcer.announce({"op": events.ACTORS_GONE, "actors": actors})
+        await self._announcer.announce({envelope.OP: events.ACTORS_GONE, "actors": actors})
         for _, _, proc, _ in deaths:  # no more sockets to them (a host taken back makes new ones)
             self._net.forget(proc.address)
         for address in actors:

@@ -59,9 +59,15 @@ class ProcMeshRecord:
     saved = public
 
 
+def actor_mesh_key(proc_mesh: str, name: str) -> str:
+    """An actor mesh's key in the registry, ``PROC_MESH/NAME``: names are scoped to their
+    proc mesh (as in Monarch), and proc mesh names hold no ``/``."""
+    return f"{proc_mesh}/{name}"
+
+
 @dataclass
 class ActorMeshRecord:
-    name: str
+    name: str  # unique within its proc mesh only; ``key`` is unique in the cluster
     proc_mesh: str
     proc_ranks: list[int]  # base rank in the proc mesh of each actor, in actor rank order
     extent: dict[str, int]
@@ -73,10 +79,15 @@ class ActorMeshRecord:
     created: float = field(default_factory=time.time)
     owner: dict | None = None  # the actor that spawned it (mesh, rank, address); None: a client
 
-    def public(self) -> dict:
-        return asdict(self)
+    @property
+    def key(self) -> str:
+        return actor_mesh_key(self.proc_mesh, self.name)
 
-    saved = public
+    def public(self) -> dict:
+        return {**asdict(self), "key": self.key}
+
+    def saved(self) -> dict:
+        return asdict(self)  # the key follows from proc_mesh and name (state files before it load too)
 
 
 @dataclass

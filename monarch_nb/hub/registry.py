@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import state
 from .announce import Announcer
+from .errors import HubError
 from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
 
 
@@ -31,7 +32,7 @@ class Registry:
         self.hosts: dict[str, HostRecord] = {}
         self.host_order: list[str] = []
         self.proc_meshes: dict[str, ProcMeshRecord] = {}
-        self.actor_meshes: dict[str, ActorMeshRecord] = {}
+        self.actor_meshes: dict[str, ActorMeshRecord] = {}  # by key: PROC_MESH/NAME
         self.started = saved["started"] if saved else time.time()
         self.mesh_counter = saved["mesh_counter"] if saved else 0
         self._payloads: dict[str, list[bytes]] = {}  # actor mesh constructor frames, for restarts
@@ -88,6 +89,19 @@ class Registry:
                 if proc.proc_id == proc_id:
                     return mesh, rank, proc
         return None
+
+    def find_actor_mesh(self, name: str) -> ActorMeshRecord | None:
+        """The actor mesh with key ``name`` (``PROC_MESH/NAME``), or else the only one
+        named ``name``; ``None`` when there is none. Raises ``HubError`` (``ValueError``)
+        naming the keys when several proc meshes have one so named."""
+        record = self.actor_meshes.get(name)
+        if record is not None:
+            return record
+        named = [r for r in self.actor_meshes.values() if r.name == name]
+        if len(named) > 1:
+            keys = ", ".join(sorted(r.key for r in named))
+            raise HubError(f"several proc meshes have an actor mesh named {name!r}: name one of {keys}", "ValueError")
+        return named[0] if named else None
 
     def actors_on(self, proc_mesh: str, rank: int) -> list[tuple[ActorMeshRecord, int]]:
         """The actors living on rank ``rank`` of ``proc_mesh``: (actor mesh, actor rank)."""

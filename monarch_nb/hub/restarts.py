@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+from ..protocol import envelope, proc_ops
 from ..wire.aio import AioEndpoint
 from .debug_ops import DebugRegistry
 from .errors import HubError
@@ -70,7 +71,7 @@ class Restarts:
         """New procs for ``ranks``, then every actor that lived on them. A proc on which
         an actor's ``__init__`` raises again is stopped (so it stays failed, and a later
         restart tries again); returns those failures (actor mesh -> rank -> packed
-        exception, unpickled by the client only)."""
+        exception, unpickled by the client only); actor meshes by key."""
         live = [mesh.procs[r] for r in ranks if mesh.procs[r].exit_code is None]
         for proc in live:  # an explicit restart of a live rank: it is stopped, as expected
             proc.exit_code = 0
@@ -94,7 +95,7 @@ class Restarts:
         for record in [a for a in self._registry.actor_meshes.values() if a.proc_mesh == mesh.name]:
             failed = await self._respawn_actors(mesh, record, [r for r in ranks if r in record.proc_ranks])
             if failed:
-                failures[record.name] = failed
+                failures[record.key] = failed
                 broken.update(record.proc_ranks[i] for i in failed)
         if broken:
             for r in sorted(broken):
@@ -115,11 +116,12 @@ class Restarts:
         indices = [record.proc_ranks.index(r) for r in proc_ranks]
         replies = await asyncio.gather(*(
             self._net.request(mesh.procs[record.proc_ranks[i]].address, {
-                "op": "spawn_actor", "mesh": record.name, "rank": i, "extent": record.extent, "o": None,
-                "prefer": record.addresses[i], "owner": record.owner, **self._debug.spawn_fields()},
+                envelope.OP: proc_ops.SPAWN_ACTOR, proc_ops.MESH: record.name, envelope.RANK: i,
+                proc_ops.EXTENT: record.extent, proc_ops.ORIGIN: None, proc_ops.PREFER: record.addresses[i],
+                "owner": record.owner, **self._debug.spawn_fields()},
                 body, buffers)
             for i in indices))
         for r in replies:
-            record.addresses[r.header["rank"]] = r.header["address"]
+            record.addresses[r.header[envelope.RANK]] = r.header[proc_ops.ADDRESS]
         self._registry.save()
-        return {r.header["rank"]: bytes(r.body) for r in replies if not r.header["ok"]}
+        return {r.header[envelope.RANK]: bytes(r.body) for r in replies if not r.header[envelope.OK]}

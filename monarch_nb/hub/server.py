@@ -34,7 +34,7 @@ import psutil
 
 from .. import cluster_dir
 from ..allocators import base as allocators
-from ..protocol import hub_ops
+from ..protocol import agent_ops, envelope, hub_ops
 from ..wire import frames as wire_frames
 from ..wire.aio import AioEndpoint
 from . import state
@@ -192,8 +192,8 @@ class Hub:
     async def _shutdown_hosts(self) -> None:
         # Lost hosts are not told: a message queued for a dead agent would hold this
         # hub's exit for the sockets' linger time; the allocator stops what is left.
-        await asyncio.gather(*(self.net.send(h.address, {"op": "shutdown"}) for h in self.registry.hosts.values()
-                               if not h.lost), return_exceptions=True)
+        await asyncio.gather(*(self.net.send(h.address, {envelope.OP: agent_ops.SHUTDOWN})
+                               for h in self.registry.hosts.values() if not h.lost), return_exceptions=True)
         await asyncio.get_running_loop().run_in_executor(None, self.allocator.stop, 5.0)
         # They have all exited: a heartbeat still queued for one must not hold this
         # hub's exit for the sockets' linger time.
@@ -250,7 +250,7 @@ class Hub:
             try:
                 if self.net.deliver_reply(message):
                     pass
-                elif message.header.get("op") == hub_ops.LOG_LINES:  # in arrival order, before later replies
+                elif message.header.get(envelope.OP) == hub_ops.LOG_LINES:  # in arrival order, before later replies
                     await self.ops[hub_ops.LOG_LINES](message.header, message)
                 else:
                     asyncio.ensure_future(self._handle(message))
@@ -262,7 +262,7 @@ class Hub:
 
     async def _handle(self, message) -> None:
         header = message.header
-        op = header.get("op")
+        op = header.get(envelope.OP)
         if op is None:
             return  # a reply that came after its request gave up
         handler = self.ops.get(op) if isinstance(op, str) else None
@@ -284,7 +284,7 @@ class Hub:
         with the error if it asked for a reply."""
         self.malformed += 1
         wire_frames.count_dropped()
-        op = header.get("op")
+        op = header.get(envelope.OP)
         if self.malformed <= MALFORMED_LOGGED:
             print(f"monarch_nb hub: failed on a {op!r} message: {type(error).__name__}: {error} "
                   f"({self.malformed} so far)", file=sys.stderr)
@@ -297,9 +297,9 @@ class Hub:
         try:
             await self.net.reply(header, **fields)
         except Exception as e:
-            print(f"monarch_nb hub: could not reply to {header.get('op')!r}: {type(e).__name__}: {e}",
+            print(f"monarch_nb hub: could not reply to {header.get(envelope.OP)!r}: {type(e).__name__}: {e}",
                   file=sys.stderr)
-            if fields.get("ok"):  # tell the caller at least that it failed
+            if fields.get(envelope.OK):  # tell the caller at least that it failed
                 await self._reply(header, ok=False, error=f"hub could not send its reply: {type(e).__name__}: {e}",
                                   error_type="ClusterError")
 

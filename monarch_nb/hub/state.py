@@ -55,7 +55,7 @@ def load(path: Path) -> dict | None:
         "proc_meshes": {m["name"]: ProcMeshRecord(m["name"], m["extent"], [ProcRecord(**p) for p in m["procs"]],
                                                    m["created"], m.get("owner"), m.get("launch", {}),
                                                    m.get("rank_env", {})) for m in data["proc_meshes"]},
-        "actor_meshes": {m["name"]: ActorMeshRecord(**m) for m in data["actor_meshes"]},
+        "actor_meshes": {r.key: r for r in (ActorMeshRecord(**m) for m in data["actor_meshes"])},
     }
 
 

@@ -31,13 +31,13 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from ..protocol import events, hub_ops
+from ..protocol import agent_ops, envelope, events, hub_ops, proc_ops
 from ..protocol.records import LOST_EXIT_CODE, exit_cause
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
 from .logstore import LogStore
 from .mesh_ops import MeshOps
-from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
+from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord, actor_mesh_key
 from .registry import Registry
 
 SUPERVISE_TIMEOUT_S = 10.0  # an owner busy longer than this leaves the failure unhandled
@@ -76,7 +76,7 @@ class Supervision:
             for rank, proc in enumerate(mesh.procs):
                 # The pid too: a late report about a stopped mesh's proc must not hit the
                 # new proc of the same id in a mesh spawned again under that name.
-                if proc.proc_id == header["proc_id"] and proc.pid == header.get("pid", proc.pid):
+                if proc.proc_id == header[agent_ops.PROC_ID] and proc.pid == header.get("pid", proc.pid):
                     if proc.exit_code is not None:
                         return  # already failed (lost with its host, or stopped for a restart)
                     proc.exit_code = header["returncode"]
@@ -114,7 +114,8 @@ class Supervision:
             return
         self._rejoining.add(host.host_id)
         try:
-            reply = await self._net.request(host.address, {"op": "adopt", "hub": self._net.address},
+            reply = await self._net.request(host.address,
+                                            {envelope.OP: agent_ops.ADOPT, agent_ops.HUB: self._net.address},
                                             timeout=REJOIN_TIMEOUT_S)
         except asyncio.TimeoutError:
             return  # still lost; tried again at its next heartbeat
@@ -141,7 +142,7 @@ class Supervision:
               f" with {len(back)} live actor(s)" + (f"; procs {', '.join(died)} exited meanwhile" if died else ""),
               file=sys.stderr)
         self._registry.save()
-        await self._announcer.announce({"op": events.ACTORS_BACK, "actors": back})
+        await self._announcer.announce({envelope.OP: events.ACTORS_BACK, "actors": back})
 
     def _lose_procs_of(self, host: HostRecord) -> list[tuple[ProcMeshRecord, int, ProcRecord]]:
         """Mark the live procs of ``host`` lost; returns them (mesh, rank, proc)."""
@@ -183,7 +184,8 @@ class Supervision:
     async def actor_failed(self, header, message):
         """An actor's ``broadcast`` endpoint raised (the actor lives on), or an endpoint
         killed its actor (``ACTOR_DEAD``)."""
-        record = self._registry.actor_meshes.get(header["mesh"])
+        proc_mesh = header.get(proc_ops.PROC, "").rpartition("/")[0]  # proc ids are PROC_MESH/RANK
+        record = self._registry.actor_meshes.get(actor_mesh_key(proc_mesh, header["mesh"]))
         if record is None:
             return
         endpoint, rank = header[hub_ops.FAILED_ENDPOINT], header["rank"]
@@ -206,7 +208,7 @@ class Supervision:
         awaited (the owner may be the actor waiting for this mesh's spawn)."""
         why = f"{record.name} rank {rank}: {cause}"
         address = record.addresses[rank]
-        await self._announcer.announce({"op": events.ACTORS_GONE, "actors": {address: (record.name, rank, why)}})
+        await self._announcer.announce({envelope.OP: events.ACTORS_GONE, "actors": {address: (record.name, rank, why)}})
         self._meshes.stop_orphans({address})
         failure = {"kind": "actor_failed", "proc_mesh": record.proc_mesh, "meshes": [record.name],
                    "ranks": [rank], "why": why, "endpoint": endpoint, "traceback": traceback}
@@ -227,12 +229,13 @@ class Supervision:
             why = failure["why"] + (f"; not handled by {owner['mesh']} rank {owner['rank']}"
                                     + (f" ({outcome['error']})" if outcome.get("error") else ""))
             failure = {**failure, "why": why, "owner": owner}
-        await self._announcer.announce({"op": events.SUPERVISION, "failure": failure})
+        await self._announcer.announce({envelope.OP: events.SUPERVISION, "failure": failure})
 
     async def _offer_to_owner(self, failure: dict, owner: dict) -> dict:
         try:
-            reply = await self._net.request(owner["address"], {"k": "supervise", "failure": failure},
+            reply = await self._net.request(owner["address"],
+                                            {envelope.KIND: proc_ops.SUPERVISE, proc_ops.FAILURE: failure},
                                             timeout=SUPERVISE_TIMEOUT_S)
         except asyncio.TimeoutError:
             return {"handled": False, "error": f"the owner did not answer within {SUPERVISE_TIMEOUT_S} s"}
-        return {"handled": bool(reply.header.get("handled")), "error": reply.header.get("error")}
+        return {"handled": bool(reply.header.get(proc_ops.HANDLED)), "error": reply.header.get(envelope.ERROR)}

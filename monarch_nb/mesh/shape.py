@@ -209,6 +209,16 @@ class Shape:
                            for p in self.extent.points()]
         return self._ranks
 
+    def flatten(self, label: str) -> "Shape":
+        """The same points as one dimension ``label``, in this view's rank order. Raises
+        ``ValueError`` when the view's base ranks are not evenly spaced (a slice that
+        one stride can't describe)."""
+        ranks = self._base_list()
+        step = ranks[1] - ranks[0] if len(ranks) > 1 else 1
+        if any(b - a != step for a, b in zip(ranks, ranks[1:])):
+            raise ValueError(f"can't flatten {self.extent!r}: its ranks {ranks} are not evenly spaced")
+        return Shape(Extent({label: len(ranks)}), ranks[0] if ranks else 0, (step,))
+
     def slice(self, **dims: Index) -> "Shape":
         """A sub-view. An int selects one index and drops that dimension; a slice
         (step >= 1) keeps it. Raises ``ValueError`` for an unknown dimension and

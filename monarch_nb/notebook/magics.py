@@ -21,10 +21,12 @@ from ..allocators import slurm_options
 from ..client import cluster as cluster_mod
 from ..client import logs
 from ..client.actor_mesh import ActorMesh
+from ..client.actor_meshes import resolve
 from ..client.proc_mesh import ProcMesh
 from ..client.runtime import runtime
 from ..client.value_mesh import ValueMesh
 from ..errors import ActorError, MonarchNbError, RemoteFailure, SupervisionError
+from ..protocol import hub_ops
 from ..protocol.records import LOG_FIELDS
 from ..mesh import Extent
 from ..mesh.ranks import format_ranks, parse_ranks
@@ -162,8 +164,12 @@ class MonarchMagics(Magics):
         info = cluster.info()
         if name in info["proc_meshes"]:
             return cluster._proc_mesh(info["proc_meshes"][name])
-        if name in info["actor_meshes"]:
-            return cluster._actor_mesh(info["actor_meshes"][name], info["proc_meshes"])
+        try:
+            key = resolve(info["actor_meshes"], name)
+        except KeyError as e:
+            raise UsageError(e.args[0]) from None
+        if key is not None:
+            return cluster._actor_mesh(info["actor_meshes"][key])
         known = sorted(info["proc_meshes"]) + sorted(info["actor_meshes"])
         raise UsageError(f"no mesh {name!r}: not a mesh variable nor a mesh of the cluster "
                          f"(meshes: {', '.join(known) or 'none'})")
@@ -175,8 +181,7 @@ class MonarchMagics(Magics):
             return mesh
         cluster = self._cluster()
         info = cluster.info()
-        record = info["actor_meshes"][mesh.name]
-        return cluster._proc_mesh(info["proc_meshes"][record["proc_mesh"]])
+        return cluster._proc_mesh(info["proc_meshes"][mesh._proc_mesh_name])
 
     @staticmethod
     def _print(*renderables) -> None:
@@ -232,8 +237,7 @@ class MonarchMagics(Magics):
                 raise UsageError(f"--per-host {args.per_host!r}: write LABEL=SIZE[,LABEL=SIZE], e.g. gpus=8")
             per_host[label.strip()] = int(size)
         Extent(per_host)
-        host = self._cluster().host_mesh()
-        procs = host.spawn_procs(per_host=per_host, name=args.name or args.var)
+        procs = self._cluster().this_host().spawn_procs(per_host=per_host, name=args.name or args.var)
         self.shell.user_ns[args.var] = procs
         self.last_procs = args.var
         print(f"monarch: {args.var} = {procs!r}")
@@ -273,7 +277,8 @@ class MonarchMagics(Magics):
         self._show_records([[r[f] for f in LOG_FIELDS] for r in found])
         if not found and not args.follow:
             info = cluster.info()
-            if mesh_name is not None and mesh_name not in info["proc_meshes"] and mesh_name not in info["actor_meshes"]:
+            actor_names = {k.rpartition("/")[2] for k in info["actor_meshes"]}
+            if mesh_name is not None and mesh_name not in info["proc_meshes"] and mesh_name not in actor_names:
                 known = sorted(info["proc_meshes"]) + sorted(info["actor_meshes"])
                 raise UsageError(f"%monarch logs: no mesh {mesh_name!r} and no lines of it in the store "
                                  f"(meshes: {', '.join(known) or 'none'})")
@@ -282,7 +287,7 @@ class MonarchMagics(Magics):
         while args.follow:
             try:
                 time.sleep(FOLLOW_POLL_S)  # polling the store; Ctrl-C (kernel interrupt) ends it
-                reply = cluster.hub.request("logs_query", timeout=30.0, mesh=mesh_name, ranks=ranks,
+                reply = cluster.hub.request(hub_ops.LOGS_QUERY, timeout=30.0, mesh=mesh_name, ranks=ranks,
                                             stream=args.stream, grep=args.grep, after_seq=last)
             except KeyboardInterrupt:
                 return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 from dataclasses import dataclass
@@ -93,15 +94,48 @@ def endpoint_names(cls: type) -> dict[str, bool]:
     return found
 
 
+class ActorAborted(BaseException):
+    """Raised by :meth:`ActorInstance.abort`: a ``BaseException`` that is not an
+    ``Exception``, so that the actor dies of it (a supervision fault) unless user code
+    catches it on its way out."""
+
+
 @dataclass(frozen=True)
 class ActorInstance:
-    """Who is running: the actor mesh name, this actor's point in it, and its proc."""
+    """Who is running: the actor mesh name, this actor's point in it, and its proc.
+
+    Monarch's ``context().actor_instance``: ``rank``, ``name``, ``class_name``,
+    ``proc_id``, ``actor_id`` and ``abort()``."""
 
     mesh_name: str
     rank: Point
     proc_id: str
     pid: int
     address: str = ""  # where its messages go (set once its socket is bound)
+    class_name: str = ""  # the actor's class, "module.QualName" (set once constructed)
+
+    @property
+    def name(self) -> str:
+        """The name its actor mesh was spawned with (``"client"`` in the client)."""
+        return self.mesh_name
+
+    @property
+    def actor_id(self) -> str:
+        """This actor, unique in its cluster: ``PROC_ID.MESH[RANK]`` (e.g.
+        ``procs1/3.trainers[3]``); ``client`` outside an actor."""
+        if self.mesh_name == "client":
+            return "client"
+        return f"{self.proc_id}.{self.mesh_name}[{self.rank.rank}]"
+
+    def abort(self, reason: str | None = None) -> None:
+        """End this actor with a failure, as in Monarch: raises :class:`ActorAborted`
+        (do not catch it), which kills the actor. The call being handled and every later
+        call to it raise :class:`SupervisionError`, and the failure goes to the mesh's
+        owner (``__supervise__``) or the client's ``unhandled_fault_hook``, naming
+        ``reason`` (default ``"no reason provided"``). In ``__init__`` it is the
+        ``__init__`` failure fault. Never returns."""
+        raise ActorAborted(f"{self.actor_id} ({self.class_name or 'client'}) aborted: "
+                           f"{reason or 'no reason provided'}")
 
 
 @dataclass(frozen=True)
@@ -128,13 +162,27 @@ def proc_identity() -> dict | None:
 
 def owner_of_new_meshes() -> dict | None:
     """The actor a mesh spawned now belongs to (its supervisor): the one handling the
-    current message on this thread, or ``None`` (the client owns it)."""
+    current message on this thread, or ``None`` (the client owns it, or the cluster in an
+    :func:`unowned` block)."""
     ctx = current_context()
-    if ctx is None:
+    if ctx is None or getattr(_current, "unowned", False):
         return None
     actor = ctx.actor_instance
     return {"mesh": actor.mesh_name, "rank": actor.rank.rank, "address": actor.address}
 _current = threading.local()
+
+
+@contextlib.contextmanager
+def unowned():
+    """Meshes spawned by this thread inside this block belong to the cluster, not to
+    the actor running here: they outlive it and no ``__supervise__`` hears of their
+    failures (controllers live so)."""
+    before = getattr(_current, "unowned", False)
+    _current.unowned = True
+    try:
+        yield
+    finally:
+        _current.unowned = before
 
 
 def _set_current(ctx: Context | None) -> None:
@@ -157,11 +205,17 @@ def context() -> Context:
     return ctx
 
 
+def current_actor_name() -> str:
+    """A name for the running actor, unique in its cluster: ``PROC_ID.MESH[RANK]``
+    (e.g. ``procs1/3.trainers[3]``); ``client`` outside an actor."""
+    return context().actor_instance.actor_id
+
+
 def current_rank() -> Point:
     """This actor's point in its mesh (``.rank`` is the int rank); ``{}`` in the client."""
     return context().actor_instance.rank
 
 
 def current_size() -> dict[str, int]:
-    """This actor's mesh extent as a dict, e.g. ``{"hosts": 1, "gpus": 8}``; ``{}`` in the client."""
+    """This actor's mesh extent as a dict, e.g. ``{"hosts": 2, "gpus": 8}``; ``{}`` in the client."""
     return dict(context().actor_instance.rank.extent)

@@ -197,6 +197,9 @@ class ActorThread:
             instance, error = None, e
         else:
             if isinstance(cls, type) and issubclass(cls, Actor):
+                self._instance_info = dataclasses.replace(self._instance_info,
+                                                          class_name=f"{cls.__module__}.{cls.__qualname__}")
+                _set_current(self._context())
                 self.current = ("__init__", time.time())
                 self.busy = True
                 instance, error = self._call_user(cls, *args, **kwargs)
@@ -404,7 +407,8 @@ class ActorThread:
     def _report_failure(self, name: str, cause: str, tb: str, dead: bool) -> None:
         if self.hub is not None:
             self.outbox.send(self.hub, wire_frames.encode(self.cluster_id, {
-                envelope.OP: hub_ops.ACTOR_FAILED, proc_ops.MESH: self.mesh_name, envelope.RANK: self.point.rank,
+                envelope.OP: hub_ops.ACTOR_FAILED, proc_ops.MESH: self.mesh_name,
+                proc_ops.PROC: self._instance_info.proc_id, envelope.RANK: self.point.rank,
                 hub_ops.FAILED_ENDPOINT: name, envelope.ERROR: cause, hub_ops.FAILED_TRACEBACK: tb,
                 hub_ops.ACTOR_DEAD: dead}))
 

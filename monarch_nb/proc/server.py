@@ -52,7 +52,6 @@ class ProcServer:
         self.ops: dict[str, Callable[[wire_frames.Message], str | None]] = {
             proc_ops.SPAWN_ACTOR: self._spawn_actor,
             proc_ops.STOP_ACTOR: self._stop,
-            proc_ops.STOP_ACTORS: self._stop,  # this_proc() acting as its own hub
             proc_ops.INTERRUPT: self._interrupt,
             proc_ops.STATUS: self._status,
             proc_ops.TORCH_ENV_QUERY: self._torch_env,  # ProcMesh.setup_torch_distributed
@@ -205,7 +204,7 @@ class ProcServer:
 
     def _stop(self, message: wire_frames.Message) -> None:
         header = message.header
-        actor = self.actors.pop(header.get(proc_ops.MESH) or header.get(proc_ops.NAME), None)
+        actor = self.actors.pop(header.get(proc_ops.MESH), None)
         if actor is None or actor.finished.is_set():
             self._reply(header, stopped=True)
         else:

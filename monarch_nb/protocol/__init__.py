@@ -11,8 +11,10 @@ vocabulary as a bare string. This package imports nothing of monarch_nb (it is b
 - ``events``: what the hub sends to clients' event inboxes (health, logs, debug,
   supervision).
 - ``records``: the log record layout, exit causes.
-- ``agent_ops``: the ops a host agent answers, and the reports it sends the hub.
-- ``proc_ops``: a proc's control ops, the kinds and header keys of actor messages, and
-  what a proc reports to the hub.
-- ``debug``: the debug channel's actions and keys, and a proc debugger's reports.
+- ``agent_ops``: the ops a host agent answers.
+- ``proc_ops``: a proc's control ops, and the kinds and header keys of actor messages.
+- ``debug``: the debug channel's actions and keys.
+
+Each name is defined once, by the module of the process that answers it: what a host
+agent, a proc or its debugger reports to the hub is a ``hub_ops`` op.
 """

@@ -1,4 +1,7 @@
-"""The host agent's conversation: the ops it answers and the reports it sends the hub."""
+"""The ops a host agent answers, and their header keys.
+
+What an agent reports to the hub (``AGENT_READY``, ``PROC_EXITED``, ``LOG_LINES``...)
+are ops the hub answers: ``hub_ops``."""
 
 from __future__ import annotations
 
@@ -14,15 +17,8 @@ PROC_READY = "proc_ready"  # from a proc it started: bound, with its address and
 # Ops that come from the hub: each shows it is alive.
 FROM_HUB = (HUB_ALIVE, ADOPT, SPAWN_PROCS, STOP_PROCS, SHUTDOWN, DRAIN_LOGS)
 
-# Reports a host agent sends the hub (ops the hub answers).
-AGENT_READY = "agent_ready"  # this agent started: its host id, address, pid, hostname, node
-AGENT_ALIVE = "agent_alive"  # heartbeat, with this process's dropped-frame count
-AGENT_EXITING = "agent_exiting"  # stopped from outside (a signal): why, before its procs exit
-PROC_UP = "proc_up"  # one proc of a spawn reported ready (progress)
-PROC_EXITED = "proc_exited"  # a proc exited: pid, returncode, whether it was stopped on purpose
-LOG_LINES = "log_lines"  # procs' output lines, batched
-
 # Header keys of these ops.
 HOST_ID = "host_id"  # the agent's index in the hosts dimension, as the hub named it
 PROC_ID = "proc_id"  # one proc, ``MESH/RANK``
 PROC_IDS = "proc_ids"  # the procs a spawn or stop concerns
+HUB = "hub"  # ADOPT: the address of the hub that takes the agent over

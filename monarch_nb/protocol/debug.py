@@ -1,5 +1,6 @@
-"""The debug channel: the actions of a proc's ``proc_ops.DEBUG`` op, the relay's
-messages, and what a proc's debugger reports to the hub."""
+"""The debug channel: the actions of a proc's ``proc_ops.DEBUG`` op and the relay's
+messages. What a proc's debugger reports to the hub (``DEBUG_STOPPED``,
+``DEBUG_RESUMED``) are ops the hub answers: ``hub_ops``."""
 
 from __future__ import annotations
 
@@ -34,7 +35,3 @@ WAIT_S = "wait_s"  # STEP/NEXT/OUT: how long to wait for the thread to stop agai
 SESSION = "session"  # the relay session an IDE's bytes belong to
 DATA = "data"  # DAP bytes, either way
 TO = "to"  # RELAY_OPEN: the relay's inbox
-
-# What a proc's debugger reports to the hub (ops the hub answers).
-DEBUG_STOPPED = "debug_stopped"  # a thread paused: the registry entry (STOP)
-DEBUG_RESUMED = "debug_resumed"  # threads ran on: their registry KEYS

@@ -1,13 +1,16 @@
 """The events the hub sends to clients' event inboxes (a client's log receiver).
 
 An event is a one-way message whose ``op`` is one of these names; every event carries
-``cluster`` (the cluster id).
+``CLUSTER`` (the cluster id).
 """
 
 from __future__ import annotations
 
+CLUSTER = "cluster"  # header key of every event: the id of the cluster it comes from
+
 HEALTH_CHANGED = "health_changed"  # the registry changed (coalesced): ask for the health tree again
 LOG_LINES = "log_lines"  # log records for this client (``seq``: its batch count, ``records``)
+# (hub_ops.LOG_LINES, from host agents to the hub, is another message of the same name)
 ACTORS_GONE = "actors_gone"  # actors died or were stopped: address -> (mesh, rank, why)
 ACTORS_BACK = "actors_back"  # actors of a lost host live again: address -> (mesh, rank)
 SUPERVISION = "supervision"  # a failure no owning actor handled (``failure``)

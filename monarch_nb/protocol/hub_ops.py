@@ -37,6 +37,7 @@ SHUTDOWN = "shutdown"  # stop every proc and host agent, then the hub; replied t
 
 # from clients (and actors that spawn meshes): meshes -------------------------------------
 SPAWN_PROCS = "spawn_procs"  # start a proc mesh on the hosts
+HOST_EXTENT = "host_extent"  # spawn_procs field: the host mesh's extent ({} for one host), which the procs' extends
 SPAWN_PROGRESS = "spawn_progress"  # how many procs of a spawn have started so far
 SPAWN_ACTORS = "spawn_actors"  # construct an actor mesh on a proc mesh (payload: class and arguments)
 RAISE_INIT_ERRORS = "raise_init_errors"  # SPAWN_ACTORS: fail the spawn when an __init__ raises (else a fault)

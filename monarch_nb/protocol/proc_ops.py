@@ -1,12 +1,14 @@
-"""A proc's conversation: the ops its control inbox answers, the kinds and header keys
-of messages to an actor's own inbox, and what a proc reports to the hub."""
+"""A proc's conversation: the ops its control inbox answers, and the kinds and header
+keys of messages to an actor's own inbox.
+
+What a proc reports to the hub (``ACTOR_FAILED``, its debugger's stops) are ops the hub
+answers: ``hub_ops``."""
 
 from __future__ import annotations
 
 # Ops a proc's control inbox answers (header key ``envelope.OP``).
 SPAWN_ACTOR = "spawn_actor"  # construct one actor (MESH at RANK of EXTENT); answered once constructed
 STOP_ACTOR = "stop_actor"  # stop the actor of mesh MESH; answered when its thread ended (or not)
-STOP_ACTORS = "stop_actors"  # the same, by NAME: this_proc() acting as its own hub
 INTERRUPT = "interrupt"  # KeyboardInterrupt into the endpoints running here
 STATUS = "status"  # what each actor is doing, and the proc's usage (in the reply's header)
 TORCH_ENV_QUERY = "torch_env_query"  # the torch elastic variables here (ProcMesh.setup_torch_distributed)
@@ -17,7 +19,7 @@ EXIT = "exit"  # end the control loop (the proc exits)
 
 # Header keys of control ops.
 MESH = "mesh"  # the actor mesh an op concerns
-NAME = "name"  # the same, in STOP_ACTORS
+PROC = "proc"  # ACTOR_FAILED: the proc id (PROC_MESH/RANK): names an actor mesh only with MESH
 EXTENT = "extent"  # the actor mesh's extent, in SPAWN_ACTOR
 MAIN_THREAD = "main_thread"  # SPAWN_ACTOR: run the actor on the proc's main thread (%%monarch exec)
 PREFER = "prefer"  # SPAWN_ACTOR: the address a restarted actor takes back when free
@@ -37,6 +39,3 @@ HANDLED = "handled"  # SUPERVISE's reply: did __supervise__ handle it
 ADDRESS = "address"  # SPAWN_ACTOR's reply: the actor's inbox
 TRACEBACK = "traceback"  # SPAWN_ACTOR's failed reply: the remote traceback (with ERROR)
 DIED = "supervision"  # a CALL's failed reply: the actor is dead (the client raises SupervisionError)
-
-# What a proc reports to the hub (ops the hub answers).
-ACTOR_FAILED = "actor_failed"  # a broadcast endpoint raised with nobody to reply to

@@ -24,6 +24,7 @@ from typing import Callable, Hashable, Iterable
 
 import zmq
 
+from ..protocol import envelope
 from . import frames as wire_frames
 from . import sockets
 from .interrupts import checkpoint, guard_main_thread, protected, sleep_on
@@ -140,7 +141,7 @@ class Mailbox:
             message = wire_frames.decode(frames, self.guard)
         except wire_frames.BadMessage:
             return
-        callback = self._ports.get(message.header.get("port"))
+        callback = self._ports.get(message.header.get(envelope.PORT))
         if callback is not None:
             try:
                 callback(message)
@@ -242,7 +243,7 @@ class Gather:
         mailbox = self.mailbox
         port = mailbox.open_port(arrived)
         self._ports.append(port)
-        return {"port": port, "reply": mailbox.address}
+        return {envelope.PORT: port, envelope.REPLY: mailbox.address}
 
     def send(self, addresses: Iterable[str], frames: list) -> None:
         """Send one encoded (and signed) frame set to every address of ``addresses``."""

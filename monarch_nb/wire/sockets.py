@@ -3,7 +3,8 @@
 Every participant (client, proc actor, hub, host agent) receives on PULL sockets it
 binds on loopback (or the interface an allocator names) and sends through PUSH
 sockets connected to the peer's address, cached per thread (zmq sockets must not be
-shared between threads). The reply address travels in each message's header.
+used by two threads at once) and closed once the peer is known gone or they go unused
+(``Outbox``). The reply address travels in each message's header.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 
 import zmq
 
@@ -73,44 +75,92 @@ def recv_frames(sock: zmq.Socket, flags: int = 0) -> list:
     return sock.recv_multipart(flags, copy=False)
 
 
-# Bumped when an address's peer is known dead: every thread's socket to it is then
-# closed before its next use, dropping what it still queues (see Outbox.discard).
-_generations: dict[str, int] = {}
+class _ThreadSockets:
+    """One thread's sending sockets of one :class:`Outbox`: the thread creates and uses
+    them; any thread may close them (a peer known gone, an idle sweep). ``lock`` is held
+    around every use and close: zmq sockets may change threads only across such a
+    barrier, and a socket must not be closed in the middle of a send."""
+
+    __slots__ = ("lock", "sockets", "used", "pid", "__weakref__")
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.sockets: dict[str, zmq.Socket] = {}
+        self.used: dict[str, float] = {}  # address -> when last sent to (monotonic)
+        self.pid = os.getpid()
+
+    def close(self, address: str, linger: int | None = None) -> None:
+        """Close the socket to ``address`` if there is one; the caller holds ``lock``.
+        ``linger``: ms to keep delivering what it queues (``None``: ``SEND_LINGER_MS``)."""
+        self.used.pop(address, None)
+        sock = self.sockets.pop(address, None)
+        if sock is not None:
+            sock.close(linger)
+
+
+# Every thread's sockets in this process, so that a peer known gone has its sockets
+# closed in all of them at once, and idle ones are swept whichever thread still sends.
+_tables: "weakref.WeakSet[_ThreadSockets]" = weakref.WeakSet()
+_tables_lock = threading.Lock()
+_next_sweep = time.monotonic() + IDLE_SOCKET_S
+
+
+def _after_fork_in_child() -> None:
+    global _tables, _tables_lock
+    _tables, _tables_lock = weakref.WeakSet(), threading.Lock()  # the parent's sockets are not ours
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _all_tables() -> list[_ThreadSockets]:
+    with _tables_lock:
+        return list(_tables)
+
+
+@protected
+def _sweep_idle(now: float) -> None:
+    """Close every thread's sockets unused for ``IDLE_SOCKET_S`` (after they deliver
+    what they hold): the backstop for peers nobody said were gone."""
+    global _next_sweep
+    _next_sweep = now + IDLE_SOCKET_S
+    for table in _all_tables():
+        with table.lock:
+            for address in [a for a, t in table.used.items() if now - t > IDLE_SOCKET_S]:
+                table.close(address)
 
 
 class Outbox:
-    """Per-thread PUSH sockets, one per destination address; those unused for
-    ``IDLE_SOCKET_S`` seconds are closed (after delivering what they hold)."""
+    """Per-thread PUSH sockets, one per destination address. Those to a peer known gone
+    are closed at once in every thread (:meth:`discard`); those unused for
+    ``IDLE_SOCKET_S`` seconds are closed at the next send of any thread after that
+    (after delivering what they hold), so that a long-lived client keeps a flat number
+    of file descriptors and libzmq does not keep reconnecting to dead addresses."""
 
     def __init__(self, ctx: zmq.Context | None = None):
         self._ctx = ctx
         self._local = threading.local()
 
-    def _socket(self, address: str) -> zmq.Socket:
-        local = self._local
-        if getattr(local, "pid", None) != os.getpid():
-            local.sockets, local.used, local.generations, local.pid = {}, {}, {}, os.getpid()
-            local.next_sweep = time.monotonic() + IDLE_SOCKET_S
-        now = time.monotonic()
-        local.used[address] = now
-        sock = local.sockets.get(address)
-        generation = _generations.get(address, 0)
-        if sock is not None and local.generations.get(address, 0) != generation:
-            sock.close(0)  # queued for a dead peer: must not reach whoever binds the address next
-            sock = None
+    def _table(self) -> _ThreadSockets:
+        """This thread's sockets (made and registered on first use in a process)."""
+        table = getattr(self._local, "table", None)
+        if table is None or table.pid != os.getpid():
+            table = self._local.table = _ThreadSockets()
+            with _tables_lock:
+                _tables.add(table)
+        return table
+
+    def _socket(self, table: _ThreadSockets, address: str, now: float) -> zmq.Socket:
+        """This thread's socket to ``address``; the caller holds ``table.lock``."""
+        table.used[address] = now
+        sock = table.sockets.get(address)
         if sock is None:
             sock = (self._ctx or context()).socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, SEND_LINGER_MS)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
             sock.connect(address)
-            local.sockets[address] = sock
-            local.generations[address] = generation
-        if now > local.next_sweep:
-            local.next_sweep = now + IDLE_SOCKET_S
-            for idle in [a for a, t in local.used.items() if now - t > IDLE_SOCKET_S]:
-                local.used.pop(idle)
-                local.sockets.pop(idle).close()
+            table.sockets[address] = sock
         return sock
 
     @protected
@@ -123,16 +173,21 @@ class Outbox:
 
         Raises :class:`ClusterError` when they can't leave within
         ``SEND_DRAIN_TIMEOUT_S`` (the peer is gone or not reading)."""
-        sock = self._socket(address)
+        now = time.monotonic()
+        if now > _next_sweep:
+            _sweep_idle(now)  # before taking this thread's lock: it takes every thread's
+        table = self._table()
         buffers = frames[wire_frames.FIXED_FRAMES:]
         try:
-            if sum(memoryview(f).nbytes for f in buffers) < zmq.COPY_THRESHOLD:
-                # send_multipart's per-frame enum arithmetic costs more than a small send.
-                for frame in frames[:-1]:
-                    sock.send(frame, _SNDMORE)
-                sock.send(frames[-1])
-                return
-            tracker = sock.send_multipart(frames, copy=False, track=True)
+            with table.lock:
+                sock = self._socket(table, address, now)
+                if sum(memoryview(f).nbytes for f in buffers) < zmq.COPY_THRESHOLD:
+                    # send_multipart's per-frame enum arithmetic costs more than a small send.
+                    for frame in frames[:-1]:
+                        sock.send(frame, _SNDMORE)
+                    sock.send(frames[-1])
+                    return
+                tracker = sock.send_multipart(frames, copy=False, track=True)
         except BaseException:
             self.forget(address)
             raise
@@ -146,30 +201,26 @@ class Outbox:
             ) from None
 
     @staticmethod
+    @protected
     def discard(address: str) -> None:
-        """The peer at ``address`` is dead: messages still queued for it, in any thread,
-        are dropped (an actor restarted at the same address must not get them)."""
-        _generations[address] = _generations.get(address, 0) + 1
+        """The peer at ``address`` is gone: close every thread's socket to it now,
+        dropping what they still queue (an actor restarted at the same address must not
+        get it, and nothing keeps reconnecting to a dead address)."""
+        for table in _all_tables():
+            with table.lock:
+                table.close(address, 0)
 
-    def drop_discarded(self) -> None:
-        """Close now this thread's sockets to discarded peers (before a restart binds
-        their addresses again; other threads close theirs at their next send)."""
-        local = self._local
-        for address, sock in list(getattr(local, "sockets", {}).items()):
-            if local.generations.get(address, 0) != _generations.get(address, 0):
-                local.sockets.pop(address).close(0)
-                local.used.pop(address, None)
-
+    @protected
     def close_thread_sockets(self) -> None:
         """Close this thread's sockets, delivering what they hold (a thread about to end)."""
-        local = self._local
-        for sock in getattr(local, "sockets", {}).values():
-            sock.close()
-        local.sockets, local.used, local.generations = {}, {}, {}
+        table = self._table()
+        with table.lock:
+            for address in list(table.sockets):
+                table.close(address)
 
+    @protected
     def forget(self, address: str) -> None:
         """Close this thread's socket to ``address`` (dropping anything queued)."""
-        getattr(self._local, "used", {}).pop(address, None)
-        sock = getattr(self._local, "sockets", {}).pop(address, None)
-        if sock is not None:
-            sock.close(0)
+        table = self._table()
+        with table.lock:
+            table.close(address, 0)

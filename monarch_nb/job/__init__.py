@@ -1,0 +1,26 @@
+"""Jobs: Monarch's way to get host meshes (``monarch.job``).
+
+    from monarch_nb.job import ProcessJob
+
+    job = ProcessJob({"trainers": 2, "dataloaders": 1})
+    state = job.state(cached_path=None)      # applies the job: starts its hosts
+    procs = state.trainers.spawn_procs(per_host={"gpus": 4})
+    ...
+    job.kill()                               # ends every process of the job
+
+A job is a thin layer over a monarch_nb cluster: applying it starts one cluster whose
+hosts come from the matching allocator (:class:`ProcessJob`: local host agents;
+:class:`SlurmJob`: a batch job; :class:`SSHJob` / :class:`LoginJob`: agents started
+through ``ssh`` or another command prefix) and ``state()`` hands out runs of its hosts
+as named host meshes. The contract is in :mod:`.job`, the cluster-backed jobs in
+:mod:`.cluster_job`. Sits above ``client`` (and ``allocators``), beside ``actor``.
+"""
+
+from .cluster_job import ClusterJob
+from .job import DEFAULT_JOB_PATH, JobState, JobTrait, job_load, job_loads
+from .login import LoginJob, SSHJob
+from .process import LocalJob, ProcessJob
+from .slurm import SlurmJob
+
+__all__ = ["ClusterJob", "DEFAULT_JOB_PATH", "JobState", "JobTrait", "LocalJob", "LoginJob", "ProcessJob",
+           "SSHJob", "SlurmJob", "job_load", "job_loads"]
