@@ -123,6 +123,41 @@ class AsyncSuperviseOwner(AsyncOwner):
         return super().__supervise__(failure)
 
 
+class CleansUp(Actor):
+    """Writes what happened to ``path``: its waiting call's cancellation, then __cleanup__."""
+
+    def __init__(self, path: str):
+        self.file = open(path, "w")
+        self.open = asyncio.Event()
+
+    @concurrent_endpoint(explicit_response_port=True)
+    async def run(self, port: Port) -> None:
+        port.send("started")
+        try:
+            await self.open.wait()
+        finally:
+            self.file.write("task_cancelled\n")
+            self.file.flush()
+
+    async def __cleanup__(self, exc) -> None:
+        await asyncio.sleep(0)
+        self.file.write(f"cleanup {exc}\n")
+        self.file.close()
+
+
+class SyncCleansUp(Actor):
+    def __init__(self, path: str):
+        self.path = path
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    def __cleanup__(self, exc) -> None:
+        with open(self.path, "w") as f:
+            f.write(f"cleanup {exc}")
+
+
 @pytest.fixture(scope="module")
 def procs(host):
     procs = host.spawn_procs(per_host={"gpus": 1}, name="concurrent1")
@@ -201,6 +236,23 @@ def test_stopping_the_procs_cancels_the_async_calls_in_progress(host, tmp_path):
     assert gate.started_then_wait.call_one(str(path)).get(timeout=BOUND_S) == "started"
     procs.stop()
     assert path.read_text() == "cancelled"
+
+
+def test_stopping_the_procs_cancels_calls_then_runs_cleanup(host, tmp_path):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="cleanup_procs")
+    path = tmp_path / "log"
+    actor = procs.spawn("cleans_up", CleansUp, str(path))
+    assert actor.run.call_one().get(timeout=BOUND_S) == "started"
+    procs.stop()
+    assert path.read_text() == "task_cancelled\ncleanup None\n"
+
+
+def test_stopping_a_sync_actor_runs_its_cleanup(procs, tmp_path):
+    path = tmp_path / "log"
+    actor = procs.spawn("sync_cleans_up", SyncCleansUp, str(path))
+    assert actor.ping.call_one().get(timeout=BOUND_S) == "pong"
+    actor.stop()
+    assert path.read_text() == "cleanup None"
 
 
 def test_an_interrupt_reaches_an_awaiting_async_endpoint(procs):

@@ -23,7 +23,7 @@ from . import actor, stdio
 from .server import ProcServer
 
 
-CANCEL_ON_TERM_S = 1.0  # how long a terminated proc lets cancelled async calls unwind (< the agent's grace)
+CANCEL_ON_TERM_S = 1.0  # how long a terminated proc lets its actors stop (< the agent's grace)
 
 
 def main() -> None:
@@ -77,11 +77,12 @@ def main() -> None:
 
 def _terminate(server: ProcServer) -> None:
     """SIGTERM (the host agent stopping this proc; SIGKILL follows ``STOP_GRACE_S`` later):
-    async actors' calls in progress are cancelled first, off the signal handler, then the
-    proc dies of the SIGTERM as before (its exit status unchanged)."""
+    async actors' calls in progress are cancelled and ``__cleanup__`` hooks run first, off
+    the signal handler, then the proc dies of the SIGTERM as before (its exit status
+    unchanged)."""
     def cancel_then_die() -> None:
         try:
-            server.cancel_async_calls(CANCEL_ON_TERM_S)
+            server.stop_actors_before_exit(CANCEL_ON_TERM_S)
             stdio.flush_all()
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -88,6 +88,7 @@ class ActorThread:
         self._instance_info = ActorInstance(mesh_name, point, proc_id, os.getpid())
         self._loop: asyncio.AbstractEventLoop | None = None  # a sync actor's, for awaitables its endpoints return
         self._async: AsyncServer | None = None  # an async actor's message loop
+        self._has_cleanup = False
         self.address: str | None = None
         self.busy = False  # handling a message (an interrupt is delivered only then)
         self._running = 0  # calls in progress (several for an async actor's concurrent endpoints)
@@ -108,6 +109,11 @@ class ActorThread:
     def is_async(self) -> bool:
         """Its endpoints are ``async def``: it serves its inbox on its own event loop."""
         return self._async is not None
+
+    @property
+    def has_cleanup(self) -> bool:
+        """It defines Monarch's ``__cleanup__``: a stop must reach it before its proc exits."""
+        return self._has_cleanup
 
     @property
     def on_main_thread(self) -> bool:
@@ -222,6 +228,7 @@ class ActorThread:
                 inbox.close(0)
                 return
             self.dead = f"{self.mesh_name} rank {self.point.rank}: __init__ raised {cause}"
+        self._has_cleanup = hasattr(instance, "__cleanup__")
         if self.stopping:  # stopped while __init__ ran: its stop message had nowhere to go
             inbox.close(0)
             return
@@ -266,8 +273,25 @@ class ActorThread:
         return handler(instance, message, reply_to)
 
     def _stop(self, instance, message: wire_frames.Message, reply_to) -> str:
-        send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank)
+        cleanup = self.cleanup_hook(instance)
+        if cleanup is not None:
+            self.cleaned_up(self._call_user(self._run_endpoint, cleanup, "__cleanup__", (None,), {})[1])
+        self.stopped(reply_to)
         return proc_ops.STOP
+
+    def stopped(self, reply_to) -> None:
+        """Answer the stop message: this actor's loop ends."""
+        send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank)
+
+    def cleanup_hook(self, instance) -> Callable | None:
+        """Monarch's ``__cleanup__(exc)`` of a live actor, called (``exc`` ``None``) as it
+        is stopped, after the calls in progress ended (``def`` or ``async def``)."""
+        return getattr(instance, "__cleanup__", None) if self.dead is None else None
+
+    def cleaned_up(self, error: BaseException | None) -> None:
+        if error is not None:
+            type_name, text, tb, _ = pack_exception(error)
+            print(f"__cleanup__ raised:\n{tb}", file=sys.stderr, end="")
 
     def _call(self, instance, message: wire_frames.Message, reply_to) -> None:
         if self.dead is not None:

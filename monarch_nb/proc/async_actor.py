@@ -127,7 +127,14 @@ class AsyncServer:
         finally:
             self.loop.remove_reader(fd)
         await self._shut_down(serial)
-        self.actor._stop(self.instance, None, reply_to)
+        actor = self.actor
+        cleanup = actor.cleanup_hook(self.instance)
+        if cleanup is not None:
+            coro, error = actor._call_user(cleanup, None)
+            if error is None and asyncio.iscoroutine(coro):
+                _, error = await _Stepped(actor, coro, _Call(), None, "__cleanup__")
+            actor.cleaned_up(error)
+        actor.stopped(reply_to)
 
     def _readable(self) -> None:
         """Take every message queued at the inbox (its descriptor is edge-triggered)."""
