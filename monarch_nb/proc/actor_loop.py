@@ -1,9 +1,9 @@
 """One actor's message loop: its own thread, its own inbox socket.
 
 Messages to an actor go straight to its socket (no hand-off through the proc), and
-are handled one at a time in arrival order. ``async def`` endpoints run to
-completion on the actor's own event loop before the next message is taken.
-Replies go straight to the caller's mailbox.
+are handled one at a time in arrival order. An actor whose endpoints are ``async def``
+serves its inbox on its own event loop instead (``async_actor``: concurrent endpoints,
+``__supervise__`` while a call awaits). Replies go straight to the caller's mailbox.
 
 Interrupts (``%monarch interrupt``, Ctrl-C in the notebook) land only in the actor's
 own code: its ``__init__`` and its endpoints. Each actor holds a *gate* lock while it
