@@ -16,9 +16,10 @@ Names are Monarch's (``monarch.actor``'s ``__all__``) for everything monarch_nb 
 
 from .client.accumulator import Accumulator
 from .client.actor_mesh import ActorMesh
+from .client.channel import Channel, PortReceiver
 from .client.cluster import Cluster, this_host
 from .client.controller import get_or_spawn_controller
-from .client.endpoint import Endpoint
+from .client.endpoint import Endpoint, send
 from .client.future import Future
 from .client.host_mesh import HostMesh
 from .client.local_proc import this_proc
@@ -28,7 +29,9 @@ from .client.value_mesh import ValueMesh
 from .errors import (ActorError, ClusterError, InvalidRequest, MeshFailure, MessageTooLarge, MonarchNbError,
                      RemoteException, SerializationError, SupervisionError)
 from .mesh import Extent, Point, Shape
-from .proc.actor import Actor, Context, context, current_actor_name, current_rank, current_size, endpoint
+from .proc.actor import (Actor, Context, concurrent_endpoint, context, current_actor_name, current_rank, current_size,
+                         endpoint)
+from .wire.port import Port
 
 
 
@@ -49,9 +52,10 @@ def unhandled_fault_hook(failure: MeshFailure) -> None:
 runtime().supervision.fault_hook = lambda: globals()["unhandled_fault_hook"]
 
 __all__ = [
-    "Accumulator", "Actor", "ActorError", "ActorMesh", "Cluster", "ClusterError", "Context", "Endpoint", "Extent",
-    "Future", "HostMesh", "InvalidRequest", "MeshFailure", "MessageTooLarge", "MonarchNbError", "Point", "ProcMesh",
-    "RemoteException", "SerializationError", "Shape", "SupervisionError", "ValueMesh", "context",
-    "current_actor_name", "current_rank", "current_size", "endpoint", "get_or_spawn_controller", "set_failure_hook",
+    "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Cluster", "ClusterError", "Context", "Endpoint",
+    "Extent", "Future", "HostMesh", "InvalidRequest", "MeshFailure", "MessageTooLarge", "MonarchNbError", "Point",
+    "Port", "PortReceiver", "ProcMesh", "RemoteException", "SerializationError", "Shape", "SupervisionError",
+    "ValueMesh", "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
+    "get_or_spawn_controller", "send", "set_failure_hook",
     "this_host", "this_proc", "unhandled_fault_hook",
 ]

@@ -53,3 +53,16 @@ class Paused(Actor):
 
 
 COMPUTE_LINE = 24
+
+
+class AsyncPaused(Actor):
+    """An async actor: its endpoints run on its event loop, on its own thread."""
+
+    @endpoint
+    async def work(self, x: int) -> int:
+        import asyncio
+
+        await asyncio.sleep(0)
+        y = x * 10 + current_rank().rank
+        breakpoint()
+        return y + 1

@@ -16,7 +16,7 @@ from monarch_nb.actor import ActorError, SupervisionError
 from monarch_nb.errors import InvalidRequest
 
 from conftest import pids_alive, wait_until
-from debug_actors import BREAK_LINE, COMPUTE_LINE, Paused
+from debug_actors import BREAK_LINE, COMPUTE_LINE, AsyncPaused, Paused
 import debug_actors
 
 FILE = os.path.abspath(debug_actors.__file__)
@@ -61,6 +61,16 @@ def test_breakpoint_pauses_every_rank_eval_in_all_then_continue_returns(dbg, pau
     assert sorted(dbg.continue_("paused")) == [0, 1, 2, 3]
     assert list(future.get(timeout=30).values()) == [41, 42, 43, 44]
     assert wait_until(lambda: not dbg.paused(), 10)
+
+
+def test_breakpoint_pauses_an_async_actor_too(dbg, procs4):
+    mesh = procs4.slice(gpus=0).spawn("apaused", AsyncPaused)
+    future = mesh.work.call_one(4)
+    stops = dbg.wait_paused(1, "apaused", timeout=60)
+    assert [(s.function, s.endpoint) for s in stops] == [("work", "work")]
+    assert list(dbg.eval("y", "apaused").values()) == ["40"]
+    dbg.continue_("apaused")
+    assert future.get(timeout=30) == 41
 
 
 def test_after_continue_nothing_is_traced_until_a_breakpoint_is_set(dbg, paused4):

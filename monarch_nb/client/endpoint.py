@@ -16,6 +16,7 @@ from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
 from ..wire.interrupts import protected
 from ..wire.mailbox import Gather
+from ..wire.port import Port
 from ..wire.remote_error import unpack_exception
 from .future import Future
 from .runtime import runtime
@@ -199,6 +200,19 @@ class Endpoint:
         """Send to every actor without waiting for or returning results (fire and
         forget). An exception in the endpoint is printed to that proc's stderr."""
         self._send(list(range(len(self._mesh))), args, kwargs)
+
+
+def send(endpoint: Endpoint, args: tuple, kwargs: dict, port: Port | None = None,
+         selection: str = "all") -> None:
+    """Monarch's lowest-level send: call ``endpoint`` on every actor (``selection``
+    ``"all"``) or on one (``"choose"``) without a future; each actor's return value (or
+    error) goes to ``port`` (tagged with its rank), or nowhere without one."""
+    if selection not in ("all", "choose"):
+        raise ValueError(f"selection must be 'all' or 'choose', not {selection!r}")
+    mesh = endpoint._mesh
+    ranks = list(range(len(mesh))) if selection == "all" else [mesh._least_loaded()]
+    route = None if port is None else {envelope.PORT: port.port, envelope.REPLY: port.address}
+    endpoint._send(ranks, args, kwargs, route=route)
 
 
 def _paused_ranks_hint(mesh: "ActorMesh", by_base: dict[int, int]) -> str:

@@ -18,8 +18,12 @@ from .. import cluster_dir, lifeline
 from ..debug import session as debug_session
 from ..protocol import agent_ops, envelope
 from ..wire import frames as wire_frames
+from ..wire import port as wire_port
 from . import actor, stdio
 from .server import ProcServer
+
+
+CANCEL_ON_TERM_S = 1.0  # how long a terminated proc lets its actors stop (< the agent's grace)
 
 
 def main() -> None:
@@ -35,6 +39,7 @@ def main() -> None:
     info = cluster_dir.read_info(Path(args.cluster_dir))
     cluster_id = info["cluster_id"]
     wire_frames.register_key(cluster_id, cluster_dir.key_of(info))
+    wire_port.bind_cluster(cluster_id)  # ports unpickled here sign for this cluster
 
     stdio.install()
     faulthandler.enable()  # a crash (SIGSEGV, abort) leaves its Python stack in the last stderr lines
@@ -45,6 +50,7 @@ def main() -> None:
     server = ProcServer(cluster_id, args.proc_id, main_work)
     debug_session.install(server)  # breakpoint() pauses under debugpy, armed on first use
     signal.signal(signal.SIGINT, lambda _, frame: server.interrupt(frame))
+    signal.signal(signal.SIGTERM, lambda *_: _terminate(server))
     server.outbox.send(args.agent, wire_frames.encode(
         cluster_id, {envelope.OP: agent_ops.PROC_READY, agent_ops.PROC_ID: args.proc_id, "address": server.address,
                      "pid": os.getpid()}))
@@ -67,6 +73,22 @@ def main() -> None:
     # Actor threads may be busy in user code; exit without waiting for them.
     stdio.flush_all()
     os._exit(0)
+
+
+def _terminate(server: ProcServer) -> None:
+    """SIGTERM (the host agent stopping this proc; SIGKILL follows ``STOP_GRACE_S`` later):
+    async actors' calls in progress are cancelled and ``__cleanup__`` hooks run first, off
+    the signal handler, then the proc dies of the SIGTERM as before (its exit status
+    unchanged)."""
+    def cancel_then_die() -> None:
+        try:
+            server.stop_actors_before_exit(CANCEL_ON_TERM_S)
+            stdio.flush_all()
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=cancel_then_die, name="monarch-nb-terminate", daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ from typing import Any, Callable
 from ..mesh import Extent, Point
 
 _ENDPOINT_MARK = "__monarch_nb_endpoint__"
+_EXPLICIT_PORT_MARK = "__monarch_nb_explicit_port__"
+_CONCURRENT_MARK = "__monarch_nb_concurrent__"
 
 
 class Actor:
@@ -23,17 +25,45 @@ class Actor:
     """
 
 
-def endpoint(fn: Callable | None = None, *, propagate: Any = None) -> Callable:
+def endpoint(fn: Callable | None = None, *, propagate: Any = None,
+             explicit_response_port: bool = False) -> Callable:
     """Mark an ``Actor`` method as callable from clients (``mesh.method.call(...)``).
 
     Usable bare (``@endpoint``) or with keyword options (``@endpoint()``);
-    ``propagate`` is accepted for Monarch compatibility and ignored.
+    ``propagate`` is accepted for Monarch compatibility and ignored. With
+    ``explicit_response_port=True`` the method gets the caller's
+    :class:`~monarch_nb.wire.port.Port` as first argument (after ``self``) and answers
+    through it, now or later, from any thread; its return value is ignored, and an
+    exception it raises kills the actor (as in Monarch).
     """
+    return _marker(fn, explicit_response_port, concurrent=False)
 
+
+def concurrent_endpoint(fn: Callable | None = None, *, propagate: Any = None,
+                        explicit_response_port: bool = False) -> Callable:
+    """An ``async def`` endpoint whose calls run concurrently on the actor's event loop:
+    the actor takes its next message as soon as such a call starts, while plain
+    endpoints (``def`` or ``async def``) run one at a time in arrival order. Options as
+    :func:`endpoint`; it does not wrap ``@endpoint`` (raises ``ValueError``)."""
+
+    def check(f: Callable) -> Callable:
+        if is_endpoint(f):
+            raise ValueError("concurrent_endpoint does not wrap @endpoint; pass endpoint options to "
+                             "@concurrent_endpoint")
+        if not inspect.iscoroutinefunction(f):
+            raise ValueError("concurrent_endpoint can only wrap async endpoints")
+        return _marker(f, explicit_response_port, concurrent=True)
+
+    return check(fn) if fn is not None else check
+
+
+def _marker(fn: Callable | None, explicit_response_port: bool, concurrent: bool) -> Callable:
     def mark(f: Callable) -> Callable:
         if not callable(f):
             raise TypeError(f"@endpoint decorates methods, not {type(f).__name__}")
         setattr(f, _ENDPOINT_MARK, True)
+        setattr(f, _EXPLICIT_PORT_MARK, explicit_response_port)
+        setattr(f, _CONCURRENT_MARK, concurrent)
         return f
 
     return mark(fn) if fn is not None else mark
@@ -41,6 +71,16 @@ def endpoint(fn: Callable | None = None, *, propagate: Any = None) -> Callable:
 
 def is_endpoint(obj: Any) -> bool:
     return callable(obj) and getattr(obj, _ENDPOINT_MARK, False) is True
+
+
+def takes_port(method: Any) -> bool:
+    """Whether endpoint ``method`` answers through an explicit port (its first argument)."""
+    return getattr(method, _EXPLICIT_PORT_MARK, False) is True
+
+
+def is_concurrent(method: Any) -> bool:
+    """Whether endpoint ``method``'s calls run concurrently (``@concurrent_endpoint``)."""
+    return getattr(method, _CONCURRENT_MARK, False) is True
 
 
 def endpoint_names(cls: type) -> dict[str, bool]:

@@ -1,9 +1,9 @@
 """One actor's message loop: its own thread, its own inbox socket.
 
 Messages to an actor go straight to its socket (no hand-off through the proc), and
-are handled one at a time in arrival order. ``async def`` endpoints run to
-completion on the actor's own event loop before the next message is taken.
-Replies go straight to the caller's mailbox.
+are handled one at a time in arrival order. An actor whose endpoints are ``async def``
+serves its inbox on its own event loop instead (``async_actor``: concurrent endpoints,
+``__supervise__`` while a call awaits). Replies go straight to the caller's mailbox.
 
 Interrupts (``%monarch interrupt``, Ctrl-C in the notebook) land only in the actor's
 own code: its ``__init__`` and its endpoints. Each actor holds a *gate* lock while it
@@ -43,30 +43,21 @@ from ..mesh import Point
 from ..protocol import envelope, hub_ops, proc_ops
 from ..wire import frames as wire_frames
 from ..wire import interrupts, sockets
+from ..wire import port as wire_port
 from ..wire.remote_error import pack_exception
 from . import activity
-from .actor import Actor, ActorInstance, Context, _set_current, is_endpoint
+from .actor import Actor, ActorInstance, Context, _set_current, endpoint_names, is_endpoint, takes_port
+from .async_actor import AsyncServer
 from .stdio import end_of_call, set_call_origin
 
 
 def send_reply(outbox: sockets.Outbox, cluster_id: str, reply_to: tuple[str, int] | None,
                rank: int, value=None, error: BaseException | None = None, what: str = "return value",
                extra: dict | None = None) -> None:
-    """Send ``value`` (or ``error``) to ``reply_to = (address, port)``; no-op without one.
-
-    A value that can't be pickled is turned into an error reply naming it."""
-    if reply_to is None:
-        return
-    address, port = reply_to
-    header = {envelope.PORT: port, envelope.RANK: rank, **(extra or {})}
-    if error is None:
-        try:
-            frames = wire_frames.encode_value(cluster_id, {envelope.OK: True, **header}, value, what)
-        except Exception as e:  # SerializationError, MessageTooLarge
-            error = e
-    if error is not None:
-        frames = wire_frames.encode_value(cluster_id, {**header, envelope.OK: False}, pack_exception(error, 1))
-    outbox.send(address, frames)
+    """Send ``value`` (or ``error``) to ``reply_to = (address, port)``; no-op without one
+    (``wire.port.deliver``)."""
+    if reply_to is not None:
+        wire_port.deliver(outbox, cluster_id, *reply_to, rank, value, error, what, extra)
 
 
 def _landing() -> None:
@@ -95,9 +86,12 @@ class ActorThread:
         self._spawn = spawn
         self._reply_to = reply_to
         self._instance_info = ActorInstance(mesh_name, point, proc_id, os.getpid())
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # a sync actor's, for awaitables its endpoints return
+        self._async: AsyncServer | None = None  # an async actor's message loop
+        self._has_cleanup = False
         self.address: str | None = None
         self.busy = False  # handling a message (an interrupt is delivered only then)
+        self._running = 0  # calls in progress (several for an async actor's concurrent endpoints)
         self.calls = 0  # endpoint calls begun: tells an interrupt meant for one call from the next
         self.stopping = False  # set by the proc's stop: calls still queued are refused, not run
         self.finished = threading.Event()  # its loop has ended (the thread is done with user code)
@@ -110,6 +104,16 @@ class ActorThread:
         # in a blocking call such as time.sleep: SIGINT interrupts the main thread only.
         self.thread = (threading.main_thread() if main_thread else
                        threading.Thread(target=self._run, name=f"actor-{mesh_name}-{point.rank}", daemon=True))
+
+    @property
+    def is_async(self) -> bool:
+        """Its endpoints are ``async def``: it serves its inbox on its own event loop."""
+        return self._async is not None
+
+    @property
+    def has_cleanup(self) -> bool:
+        """It defines Monarch's ``__cleanup__``: a stop must reach it before its proc exits."""
+        return self._has_cleanup
 
     @property
     def on_main_thread(self) -> bool:
@@ -129,7 +133,15 @@ class ActorThread:
         finishes first. False when the actor is not in user code at this instant (the
         caller may try again)."""
         ident = self.thread.ident
-        if self.on_main_thread or ident is None or not self._gate.acquire(blocking=False):
+        if self.on_main_thread or ident is None:
+            return False
+        if self._async is not None and (self.stopping or not self._gate.acquire(blocking=False)):
+            # An async actor's calls are awaiting: thrown into them on its loop. A stop
+            # only cancels them, and must not interrupt the code handling the cancellation.
+            if self.busy:
+                self._async.interrupt()
+            return self.busy
+        if self._async is None and not self._gate.acquire(blocking=False):
             return False
         try:
             if not interrupts.allows(sys._current_frames().get(ident)):
@@ -216,6 +228,7 @@ class ActorThread:
                 inbox.close(0)
                 return
             self.dead = f"{self.mesh_name} rank {self.point.rank}: __init__ raised {cause}"
+        self._has_cleanup = hasattr(instance, "__cleanup__")
         if self.stopping:  # stopped while __init__ ran: its stop message had nowhere to go
             inbox.close(0)
             return
@@ -227,6 +240,10 @@ class ActorThread:
                 self._loop.close()
 
     def _serve(self, inbox: zmq.Socket, instance) -> None:
+        if instance is not None and any(endpoint_names(type(instance)).values()):
+            self._async = AsyncServer(self, inbox, instance)
+            self._async.run()
+            return
         guard = wire_frames.ReplayGuard()
         while True:
             try:
@@ -256,8 +273,25 @@ class ActorThread:
         return handler(instance, message, reply_to)
 
     def _stop(self, instance, message: wire_frames.Message, reply_to) -> str:
-        send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank)
+        cleanup = self.cleanup_hook(instance)
+        if cleanup is not None:
+            self.cleaned_up(self._call_user(self._run_endpoint, cleanup, "__cleanup__", (None,), {})[1])
+        self.stopped(reply_to)
         return proc_ops.STOP
+
+    def stopped(self, reply_to) -> None:
+        """Answer the stop message: this actor's loop ends."""
+        send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank)
+
+    def cleanup_hook(self, instance) -> Callable | None:
+        """Monarch's ``__cleanup__(exc)`` of a live actor, called (``exc`` ``None``) as it
+        is stopped, after the calls in progress ended (``def`` or ``async def``)."""
+        return getattr(instance, "__cleanup__", None) if self.dead is None else None
+
+    def cleaned_up(self, error: BaseException | None) -> None:
+        if error is not None:
+            type_name, text, tb, _ = pack_exception(error)
+            print(f"__cleanup__ raised:\n{tb}", file=sys.stderr, end="")
 
     def _call(self, instance, message: wire_frames.Message, reply_to) -> None:
         if self.dead is not None:
@@ -278,45 +312,92 @@ class ActorThread:
         """A mesh this actor spawned failed: ``__supervise__(failure)`` decides (truthy:
         handled). Without the method, or when it raises, the failure goes on up."""
         handler = getattr(instance, "__supervise__", None) if self.dead is None else None
-        handled, error = False, None
+        verdict, error = False, None
         if handler is not None:
-            verdict, e = self._call_user(lambda: bool(handler(MeshFailure.from_event(failure))))
-            if e is None:
-                handled = verdict
-            else:
-                type_name, text, tb, _ = pack_exception(e)
-                error = f"__supervise__ raised {type_name.rsplit('.', 1)[-1]}: {text}"
-                print(tb, file=sys.stderr, end="")
+            verdict, error = self._call_user(handler, MeshFailure.from_event(failure))
+        self.supervised(verdict, error, reply_to)
+
+    def supervised(self, verdict, error: BaseException | None, reply_to) -> None:
+        """Reply what ``__supervise__`` returned (``verdict``) or raised (``error``)."""
+        why = None
+        if error is not None:
+            type_name, text, tb, _ = pack_exception(error)
+            why = f"__supervise__ raised {type_name.rsplit('.', 1)[-1]}: {text}"
+            print(tb, file=sys.stderr, end="")
         send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
-                   extra={proc_ops.HANDLED: handled, envelope.ERROR: error})
+                   extra={proc_ops.HANDLED: error is None and bool(verdict), envelope.ERROR: why})
 
     def _handle(self, instance, name: str, message: wire_frames.Message, reply_to) -> None:
-        result, error = None, None
+        call = self.prepare(instance, name, message, reply_to)
+        if isinstance(call, BaseException):
+            self.finish(name, None, call, reply_to, explicit=False)
+            return
+        method, args, kwargs, explicit = call
+        self.begin(name)
+        result, error = self._call_user(self._run_endpoint, method, name, args, kwargs)
+        self.end()
+        self.finish(name, result, error, reply_to, explicit)
+
+    def prepare(self, instance, name: str, message: wire_frames.Message, reply_to):
+        """The call ``message`` asks for: ``(method, args, kwargs, explicit)`` (an
+        explicit-port endpoint gets its port as first argument), or the error to reply."""
         method = getattr(instance, name, None)
         if not is_endpoint(method):
-            error = AttributeError(f"{type(instance).__name__}.{name} is not an endpoint")
-        else:
-            try:
-                args, kwargs = message.value()
-            except BaseException as e:  # noqa: BLE001 - e.g. an argument's class is not importable here
-                error = e
-            else:
-                self.current = (name, time.time())
-                self.calls += 1
-                self.busy = True  # interrupts land only while user code runs
-                result, error = self._call_user(self._run_endpoint, method, name, args, kwargs)
-                self.busy = False
-                self.current = None
-                end_of_call()  # a last line without newline goes out before the reply
+            return AttributeError(f"{type(instance).__name__}.{name} is not an endpoint")
+        try:
+            args, kwargs = message.value()
+        except BaseException as e:  # noqa: BLE001 - e.g. an argument's class is not importable here
+            return e
+        explicit = takes_port(method)
+        if explicit:  # it answers through this port itself, as often and as late as it likes
+            args = (self._port(reply_to), *args)
+        return method, args, kwargs, explicit
+
+    def begin(self, name: str) -> None:
+        """A call of endpoint ``name`` starts (interrupts land only while calls run)."""
+        self.current = (name, time.time())
+        self.calls += 1
+        self._running += 1
+        self.busy = True
+
+    def end(self) -> None:
+        self._running -= 1
+        if self._running == 0:
+            self.busy = False
+            self.current = None
+        end_of_call()  # a last line without newline goes out before the reply
+
+    def finish(self, name: str, result, error: BaseException | None, reply_to, explicit: bool) -> None:
+        """Reply a finished call's ``result`` or ``error``; an error may kill the actor."""
         if error is None:
-            send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, value=result,
-                       what=f"return value of {self.mesh_name}.{name}")
-        elif kills_actor(error):
+            if not explicit:
+                send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, value=result,
+                           what=f"return value of {self.mesh_name}.{name}")
+        elif kills_actor(error) or (explicit and not isinstance(error, KeyboardInterrupt)):
+            # Monarch: an explicit-port endpoint that raises instead of answering kills its actor.
             self._die(name, error, reply_to)
         elif reply_to is not None:
             send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, error=error)
         else:  # nobody to reply to: a supervision event
             self._report_broadcast_failure(name, error)
+
+    def step_endpoint(self, step: Callable, arg, name: str):
+        """One step of an async endpoint's coroutine (``send`` or ``throw``), telling the
+        proc's hooks of an exception it ends with, as :meth:`_run_endpoint` does."""
+        try:
+            return step(arg)
+        except StopIteration:
+            raise
+        except BaseException as e:
+            if self._on_endpoint_error is not None:
+                self._on_endpoint_error(e, name)  # the debugger's post-mortem: paused here first
+            raise
+
+    def _port(self, reply_to: tuple[str, int] | None) -> wire_port.Port:
+        """The port a call's caller waits on (one that drops values, for a broadcast)."""
+        if reply_to is None:
+            return wire_port.Port(None, 0, self.point.rank, self.cluster_id)
+        return wire_port.Port(*reply_to, self.point.rank, self.cluster_id)
 
     def _run_endpoint(self, method, name: str, args, kwargs):
         try:

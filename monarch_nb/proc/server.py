@@ -112,6 +112,20 @@ class ProcServer:
         self._reply(header, stopped=stopped, running=None if stopped or current is None else current[0])
         self.outbox.close_thread_sockets()  # this thread ends
 
+    def stop_actors_before_exit(self, timeout: float) -> None:
+        """Before this proc is terminated: stop its async actors that are running calls,
+        so that their calls see ``CancelledError`` and may clean up, and the actors that
+        define ``__cleanup__`` (as in Monarch, where stopping a proc stops its actors).
+        Waits up to ``timeout`` s."""
+        busy = [a for a in list(self.actors.values()) if a.address is not None and not a.finished.is_set()
+                and ((a.is_async and a.busy) or a.has_cleanup)]
+        for actor in busy:
+            actor.stopping = True
+            self.outbox.send(actor.address, wire_frames.encode(self.cluster_id, {envelope.KIND: proc_ops.STOP}))
+        deadline = time.monotonic() + timeout
+        for actor in busy:
+            actor.finished.wait(max(0.0, deadline - time.monotonic()))
+
     @staticmethod
     def _interrupt_threads(targets: list) -> None:
         deadline = time.monotonic() + INTERRUPT_FOR_S

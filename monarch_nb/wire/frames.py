@@ -66,6 +66,11 @@ def register_key(cluster_id: str, key: bytes) -> None:
     _keys[cluster_id.encode()] = hmac.new(key, digestmod=hashlib.sha256)
 
 
+def trusted_clusters() -> list[str]:
+    """The clusters whose keys this process holds, in the order registered."""
+    return [c.decode() for c in _keys]
+
+
 def dropped() -> int:
     """How many frame sets this process dropped for a missing or bad signature."""
     return _dropped

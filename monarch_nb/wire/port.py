@@ -1,0 +1,112 @@
+"""Ports: the sending end of a reply route, as a value (Monarch's ``Port``).
+
+A port names a mailbox port in some process (``address``, ``port``) and the rank its
+values are sent as. Every reply an actor sends goes through :func:`deliver`; a
+:class:`Port` is the same route handed to user code: an endpoint declared with
+``explicit_response_port=True`` gets its caller's port as first argument, and
+``Channel.open()`` makes one whose values a ``PortReceiver`` receives. A port pickles
+to its route only, so it may travel as an argument to another actor, which then sends
+through it straight to the receiver's inbox, signed like every message.
+
+Signing needs the key of the cluster both ends trust. A port made in a proc carries
+its cluster; a port made in a client (``cluster_id`` ``None``) is re-bound, when
+unpickled in a proc, to that proc's cluster (the client trusts the keys of every
+cluster it attached to); one sent from its own client process signs with any key it
+trusts (its receiver is in the same process, which verifies with the same keys).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Generic, TypeVar
+
+from ..protocol import envelope
+from . import frames as wire_frames
+from . import sockets
+from .remote_error import pack_exception
+
+_local = {"cluster": None, "outbox": None}  # this proc's cluster; the outbox ports send through
+_outbox_lock = threading.Lock()
+
+
+def bind_cluster(cluster_id: str) -> None:
+    """Called once by a proc's entry point: ports unpickled here sign for its cluster."""
+    _local["cluster"] = cluster_id
+
+
+def local_cluster() -> str | None:
+    """This proc's cluster (``None`` in a client)."""
+    return _local["cluster"]
+
+
+def _outbox() -> sockets.Outbox:
+    if _local["outbox"] is None:
+        with _outbox_lock:
+            if _local["outbox"] is None:
+                _local["outbox"] = sockets.Outbox()
+    return _local["outbox"]
+
+
+def deliver(outbox: sockets.Outbox, cluster_id: str, address: str, port: int, rank: int | None,
+            value=None, error: BaseException | None = None, what: str = "return value",
+            extra: dict | None = None) -> None:
+    """Send ``value`` (or ``error``) to ``port`` of the mailbox at ``address``, as ``rank``.
+
+    A value that can't be pickled is turned into an error reply naming it."""
+    header = {envelope.PORT: port, envelope.RANK: rank, **(extra or {})}
+    if error is None:
+        try:
+            frames = wire_frames.encode_value(cluster_id, {envelope.OK: True, **header}, value, what)
+        except Exception as e:  # SerializationError, MessageTooLarge
+            error = e
+    if error is not None:
+        frames = wire_frames.encode_value(cluster_id, {**header, envelope.OK: False}, pack_exception(error, 1))
+    outbox.send(address, frames)
+
+
+R = TypeVar("R")
+
+
+class Port(Generic[R]):
+    """Where values for one receiver go; :meth:`send` them in order, or an
+    :meth:`exception` the receiver raises. Usable from any thread. A port with no
+    ``address`` (a broadcast's, which nobody waits on) drops what it is sent."""
+
+    __slots__ = ("address", "port", "rank", "cluster_id")
+
+    def __init__(self, address: str | None, port: int, rank: int | None = None, cluster_id: str | None = None):
+        self.address = address
+        self.port = port
+        self.rank = rank
+        self.cluster_id = cluster_id
+
+    def send(self, value) -> None:
+        """Send ``value`` to the receiver (fire and forget, in order with this port's
+        other values). A value that can't be pickled reaches it as that error."""
+        if self.address is not None:
+            deliver(_outbox(), self._cluster(), self.address, self.port, self.rank, value=value,
+                    what="a value sent through a port")
+
+    def exception(self, exc: BaseException) -> None:
+        """Make the receiver raise ``exc`` (a caller waiting on this port's call gets
+        it as the call's error)."""
+        if self.address is not None:
+            deliver(_outbox(), self._cluster(), self.address, self.port, self.rank, error=exc)
+
+    def _cluster(self) -> str:
+        if self.cluster_id is not None:
+            return self.cluster_id
+        trusted = wire_frames.trusted_clusters()
+        if not trusted:
+            raise RuntimeError("this port has no cluster to sign for: attach to a cluster first")
+        return trusted[0]
+
+    def __reduce__(self):
+        return _rebuilt, (self.address, self.port, self.rank, self.cluster_id)
+
+    def __repr__(self) -> str:
+        return f"<Port {self.address} #{self.port}{'' if self.rank is None else f' rank {self.rank}'}>"
+
+
+def _rebuilt(address: str | None, port: int, rank: int | None, cluster_id: str | None) -> Port:
+    return Port(address, port, rank, local_cluster() or cluster_id)
