@@ -180,3 +180,14 @@ def test_a_line_without_newline_and_a_threads_lines_belong_to_the_call(cluster, 
     printers.slice(gpus=1).in_thread.call_one("from a thread of the actor").get()
     assert cluster.flush_logs()
     assert shown.lines == ["stdout: [printers 2] done, no newline", "stdout: [printers 1] from a thread of the actor"]
+
+
+def test_stopping_procs_leaves_nothing_on_their_stderr(cluster, host):
+    # A proc's SIGTERM handler once set a signal handler off the main thread: every
+    # stopped proc printed a traceback under the cell that stopped it.
+    procs = host.spawn_procs(per_host={"gpus": 2}, name="quiet")
+    procs.spawn("printers", Printer).say.call(["before the stop"]).get()
+    procs.stop()
+    assert cluster.flush_logs()
+    assert len(cluster.logs(mesh="printers", grep="before the stop")) == 2
+    assert [r["text"] for r in cluster.logs(mesh="quiet", stream="stderr")] == []

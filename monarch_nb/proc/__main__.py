@@ -80,12 +80,15 @@ def _terminate(server: ProcServer) -> None:
     async actors' calls in progress are cancelled and ``__cleanup__`` hooks run first, off
     the signal handler, then the proc dies of the SIGTERM as before (its exit status
     unchanged)."""
+    # Here, in the main thread (the handler runs there): only it may set handlers. A
+    # second SIGTERM meanwhile ends the proc at once.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
     def cancel_then_die() -> None:
         try:
             server.stop_actors_before_exit(CANCEL_ON_TERM_S)
             stdio.flush_all()
         finally:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=cancel_then_die, name="monarch-nb-terminate", daemon=True).start()
