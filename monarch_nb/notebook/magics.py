@@ -284,16 +284,16 @@ class MonarchMagics(Magics):
                                  f"(meshes: {', '.join(known) or 'none'})")
             print(f"monarch: no lines{' for ' + mesh_name if mesh_name else ''} match")
         last = found[-1]["seq"] if found else 0
-        while args.follow:
-            try:
-                time.sleep(FOLLOW_POLL_S)  # polling the store; Ctrl-C (kernel interrupt) ends it
+        try:  # Ctrl-C (a kernel interrupt) ends the follow, wherever in the loop it lands
+            while args.follow:
+                time.sleep(FOLLOW_POLL_S)  # polling the store
                 reply = cluster.hub.request(hub_ops.LOGS_QUERY, timeout=30.0, mesh=mesh_name, ranks=ranks,
                                             stream=args.stream, grep=args.grep, after_seq=last)
-            except KeyboardInterrupt:
-                return
-            if reply["records"]:
-                last = reply["records"][-1][logs.SEQ]
-                self._show_records(reply["records"])
+                if reply["records"]:
+                    last = reply["records"][-1][logs.SEQ]
+                    self._show_records(reply["records"])
+        except KeyboardInterrupt:
+            return
 
     @staticmethod
     def _show_records(records: list[list]) -> None:
