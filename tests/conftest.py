@@ -3,6 +3,7 @@ and a check that every process a test started is gone afterwards."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
@@ -13,11 +14,9 @@ import pytest
 
 # Before anything starts a cluster: never touch the user's real cluster directory.
 os.environ["MONARCH_NB_HOME"] = tempfile.mkdtemp(prefix="monarch-nb-test-")
-
-
-def pytest_sessionfinish(session, exitstatus):
-    # Every cluster of the run has been stopped by its test: leave no folder in /tmp.
-    shutil.rmtree(os.environ["MONARCH_NB_HOME"], ignore_errors=True)
+# Leave no folder in /tmp. Registered before monarch_nb is imported, so it runs after
+# monarch_nb's own exit handlers have torn down this process's ephemeral clusters.
+atexit.register(shutil.rmtree, os.environ["MONARCH_NB_HOME"], ignore_errors=True)
 
 
 def cluster_processes(path) -> list[psutil.Process]:
