@@ -8,6 +8,7 @@ from typing import Callable
 from ..errors import ClusterError, HubTimeout, InvalidRequest
 from ..mesh import Extent
 from ..protocol import envelope, hub_ops, proc_ops
+from ..wire import sockets
 from ..wire.mailbox import Gather
 from .control import ControlPlane, init_error
 from .runtime import runtime
@@ -43,7 +44,13 @@ class HubClient:
 
         def check() -> None:
             if alive is not None:
-                alive()
+                try:
+                    alive()
+                except ClusterError:
+                    # The request waits in our socket's queue; a hub recovered at this
+                    # address would run it after we told the caller it failed.
+                    sockets.Outbox.discard(self.address)
+                    raise
             if while_waiting is not None:
                 while_waiting()
 
