@@ -26,7 +26,7 @@ from .client.local_proc import this_proc
 from .client.proc_mesh import ProcMesh
 from .client.runtime import runtime, set_failure_hook
 from .client.value_mesh import ValueMesh
-from .errors import (ActorError, ClusterError, InvalidRequest, MeshFailure, MessageTooLarge, MonarchNbError,
+from .errors import (ActorError, CallCycleError, ClusterError, InvalidRequest, MeshFailure, MessageTooLarge, MonarchNbError,
                      RemoteException, SerializationError, SupervisionError)
 from .mesh import Extent, Point, Shape
 from .proc.actor import (Actor, Context, concurrent_endpoint, context, current_actor_name, current_rank, current_size,
@@ -52,7 +52,7 @@ def unhandled_fault_hook(failure: MeshFailure) -> None:
 runtime().supervision.fault_hook = lambda: globals()["unhandled_fault_hook"]
 
 __all__ = [
-    "Accumulator", "Actor", "ActorError", "ActorMesh", "Channel", "Cluster", "ClusterError", "Context", "Endpoint",
+    "Accumulator", "Actor", "ActorError", "ActorMesh", "CallCycleError", "Channel", "Cluster", "ClusterError", "Context", "Endpoint",
     "Extent", "Future", "HostMesh", "InvalidRequest", "MeshFailure", "MessageTooLarge", "MonarchNbError", "Point",
     "Port", "PortReceiver", "ProcMesh", "RemoteException", "SerializationError", "Shape", "SupervisionError",
     "ValueMesh", "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",

@@ -101,6 +101,20 @@ class SupervisionError(MonarchNbError):
         return (_supervision_error, (str(self), self.failures, self.events))
 
 
+class CallCycleError(MonarchNbError, RuntimeError):
+    """A wait on a call that can never be answered: the call goes to an actor that is
+    itself waiting on the caller (itself, or around a cycle such as A → B → A), and an
+    actor runs one call at a time. ``cycle``: the actors, as ``MESH[RANK]``, from the
+    one called to the one waiting. The call was sent; it runs once the actor is free."""
+
+    def __init__(self, message: str, cycle=()):
+        super().__init__(message)
+        self.cycle = list(cycle)
+
+    def __reduce__(self):
+        return (CallCycleError, (str(self), self.cycle))
+
+
 @dataclass(frozen=True)
 class MeshFailure:
     """A failure that supervision reports: what ``__supervise__(failure)`` receives and

@@ -11,7 +11,8 @@ from __future__ import annotations
 import collections
 from typing import Any, Iterator
 
-from ..errors import ActorError, RemoteFailure, SupervisionError
+from ..errors import ActorError, CallCycleError, RemoteFailure, SupervisionError
+from ..proc import call_chain
 from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
 from ..wire.interrupts import protected
@@ -52,6 +53,9 @@ class Endpoint:
         rt = runtime()
         rt.supervision.raise_armed(mesh._cluster_id, mesh._name)
         header: dict = {envelope.KIND: proc_ops.CALL, proc_ops.ENDPOINT: self._name, proc_ops.ORIGIN: rt.origin()}
+        chain = call_chain.current()
+        if chain:
+            header[proc_ops.CHAIN] = chain
         if route is not None:
             header.update(route)
         frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
@@ -126,10 +130,26 @@ class Endpoint:
         for address, why in dead.items():
             supervision.fail(mesh._cluster_id, port, targets[address], why)
         mesh._track(view_ranks, future)
+        future._cycle = self._cycle_error(targets)
         future._ranks = len(view_ranks)
         future._why_slow = lambda: _paused_ranks_hint(mesh, by_base)
         future._answered = lambda: len(view_ranks) - remaining[0]
         return future
+
+    def _cycle_error(self, targets) -> CallCycleError | None:
+        """What waiting on a call to ``targets`` (addresses) raises when one of them is
+        held up waiting on this caller (``proc.call_chain``); ``None`` when none is."""
+        cycle = call_chain.cycle(call_chain.current(), targets)
+        if cycle is None:
+            return None
+        waiting = cycle[-1]
+        path = " → ".join([*cycle, cycle[0]]) if len(cycle) > 1 else f"{waiting} → {waiting}"
+        what = "itself" if len(cycle) == 1 else f"{cycle[0]}, which is waiting on it"
+        return CallCycleError(
+            f"waiting on {self._mesh._name}.{self._name} would deadlock: {waiting} would wait on {what} "
+            f"(call cycle {path}), and an actor runs one call at a time. Call it without waiting "
+            f"(broadcast, or keep the future), make the waiting endpoint a @concurrent_endpoint, "
+            f"or run the work in a helper method instead of an endpoint call", cycle)
 
     def _error(self, failures: list[RemoteFailure], total: int,
                dead: list[RemoteFailure]) -> ActorError | SupervisionError:
@@ -187,6 +207,9 @@ class Endpoint:
         ranks = list(range(len(self._mesh)))
         arrived: collections.deque = collections.deque()
         self._call_each(ranks, args, kwargs, arrived.append)
+        cycle = self._cycle_error(set(self._mesh._addresses[self._mesh._shape.base_rank(r)] for r in ranks))
+        if cycle is not None:
+            raise cycle
         for _ in ranks:
             mailbox.wait(lambda: bool(arrived))
             yield arrived.popleft()

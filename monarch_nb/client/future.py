@@ -36,6 +36,9 @@ class Future(Generic[R]):
         self._ranks = 1  # how many ranks answer this call, and how many have (for progress)
         self._answered: Callable[[], int] = lambda: int(self._done)
         self._why_slow: Callable[[], str] = lambda: ""  # appended to the TimeoutError (e.g. paused ranks)
+        # Raised by a wait that could never end: the call goes to an actor waiting on this
+        # caller (``proc.call_chain``).
+        self._cycle: BaseException | None = None
 
     # completion (called from the thread dispatching replies) ---------------------------
     @protected
@@ -58,8 +61,12 @@ class Future(Generic[R]):
 
         Raises the call's error (e.g. :class:`~monarch_nb.errors.ActorError`), or
         ``TimeoutError`` when nothing arrived in time (the call keeps running and a
-        later ``get()`` may still succeed).
+        later ``get()`` may still succeed), or, at once,
+        :class:`~monarch_nb.errors.CallCycleError` inside an endpoint whose actor the
+        call waits on (a call to its own actor, or around a cycle).
         """
+        if not self._done and self._cycle is not None:
+            raise self._cycle
         if not self._done and not progress.wait(self._mailbox, self._runtime.bar_factory, lambda: self._done,
                                                 timeout, self._description, self._ranks, self._answered):
             raise TimeoutError(f"{self._description} did not finish within {timeout} s{self._why_slow()}")
@@ -91,6 +98,8 @@ class Future(Generic[R]):
         fn(self)
 
     def __await__(self):
+        if not self._done and self._cycle is not None:
+            raise self._cycle
         if not self._done:
             loop = asyncio.get_running_loop()
             arrived = loop.create_future()

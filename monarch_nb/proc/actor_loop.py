@@ -45,7 +45,7 @@ from ..wire import frames as wire_frames
 from ..wire import interrupts, sockets
 from ..wire import port as wire_port
 from ..wire.remote_error import pack_exception
-from . import activity
+from . import activity, call_chain
 from .actor import Actor, ActorInstance, Context, _set_current, endpoint_names, is_endpoint, takes_port
 from .async_actor import AsyncServer
 from .stdio import end_of_call, set_call_origin
@@ -260,6 +260,7 @@ class ActorThread:
                 traceback.print_exc()
             finally:
                 set_call_origin(None)
+                call_chain.set_chain(None)
 
     def _serve_one(self, instance, message: wire_frames.Message) -> str | None:
         """Handle one message by its kind; returns ``proc_ops.STOP`` to end the loop.
@@ -303,7 +304,14 @@ class ActorThread:
                        error=RuntimeError(f"actor mesh {self.mesh_name} was stopped before this call ran"))
             return
         set_call_origin(message.header.get(proc_ops.ORIGIN))
+        call_chain.set_chain(self.chain(message, holds=True))
         self._handle(instance, message.header[proc_ops.ENDPOINT], message, reply_to)
+
+    def chain(self, message: wire_frames.Message, holds: bool) -> call_chain.Chain:
+        """The chain of actors waiting on the call ``message`` asks for, this one
+        included when the call ``holds`` it (``proc.call_chain``)."""
+        return call_chain.extend(message.header.get(proc_ops.CHAIN), self.address,
+                                 f"{self.mesh_name}[{self.point.rank}]", holds)
 
     def _supervise_message(self, instance, message: wire_frames.Message, reply_to) -> None:
         self._supervise(instance, message.header[proc_ops.FAILURE], reply_to)

@@ -32,6 +32,7 @@ from ..errors import MeshFailure
 from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
 from ..wire import sockets
+from . import call_chain
 from .actor import is_concurrent
 from .stdio import set_call_origin
 
@@ -55,19 +56,22 @@ class _Stepped:
     A cancellation of its task is thrown into ``coro`` as ``KeyboardInterrupt`` when
     the call was interrupted, as ``CancelledError`` otherwise."""
 
-    def __init__(self, actor, coro, call: _Call, origin: str | None, name: str):
+    def __init__(self, actor, coro, call: _Call, origin: str | None, name: str, chain: call_chain.Chain = ()):
         self._actor, self._coro, self._call, self._origin, self._name = actor, coro, call, origin, name
+        self._chain = chain
 
     def __await__(self):
         actor, coro = self._actor, self._coro
         value, thrown = None, None
         while True:
             set_call_origin(self._origin)  # calls interleave: each step prints for its own caller
+            call_chain.set_chain(self._chain)  # ... and calls on for its own chain
             if thrown is None:
                 yielded, error = actor._call_user(actor.step_endpoint, coro.send, value, self._name)
             else:
                 yielded, error = actor._call_user(actor.step_endpoint, coro.throw, thrown, self._name)
             set_call_origin(None)
+            call_chain.set_chain(None)
             if error is not None:
                 if isinstance(error, StopIteration):
                     return error.value, None
@@ -226,11 +230,16 @@ class AsyncServer:
             return
         method, args, kwargs, explicit = prepared
         origin = message.header.get(proc_ops.ORIGIN)
+        chain = actor.chain(message, holds=not is_concurrent(method))
         actor.begin(name)
         try:
-            result, error = actor._call_user(method, *args, **kwargs)
+            call_chain.set_chain(chain)  # a plain ``def`` endpoint runs whole in this first step
+            try:
+                result, error = actor._call_user(method, *args, **kwargs)
+            finally:
+                call_chain.set_chain(None)
             if error is None and asyncio.iscoroutine(result):
-                result, error = await _Stepped(actor, result, call, origin, name)
+                result, error = await _Stepped(actor, result, call, origin, name, chain)
         finally:
             actor.end()
         if actor.stopping and isinstance(error, asyncio.CancelledError):  # not a fault: no actor dies of it

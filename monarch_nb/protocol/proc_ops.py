@@ -34,6 +34,7 @@ STOP = "stop"  # end the actor's message loop (sent by its proc's STOP_ACTOR)
 # Header keys of actor messages.
 ENDPOINT = "ep"  # the endpoint a CALL is for
 ORIGIN = "o"  # ``CLIENT_ID:...`` of the call that caused this message: where its output is shown
+CHAIN = "w"  # CALL: the actors held up waiting along the calls that led to it (proc.call_chain)
 FAILURE = "failure"  # SUPERVISE: the failure event
 HANDLED = "handled"  # SUPERVISE's reply: did __supervise__ handle it
 ADDRESS = "address"  # SPAWN_ACTOR's reply: the actor's inbox
