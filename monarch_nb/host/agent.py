@@ -2,7 +2,8 @@
 everything when the hub is gone for longer than the grace period.
 
 Procs are this process's children and die with it (``PR_SET_PDEATHSIG``), so a host
-agent that exits takes its procs along.
+agent that exits takes its procs along. What a proc starts ends with the proc
+(``descendants``): the agent ends it once the proc has exited, for any reason.
 
 The grace period counts only time this agent was itself running and reading its
 inbox: a hub stopped for less than the grace period (SIGSTOP, a suspended laptop)
@@ -12,6 +13,7 @@ finds everything still running, and so does a hub after this agent was stalled.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import socket
@@ -23,6 +25,7 @@ from ..proc.stdio import RECORD_FD_ENV
 from ..protocol import agent_ops, envelope, hub_ops
 from ..wire import frames as wire_frames
 from ..wire.aio import AioEndpoint
+from . import descendants
 from .capture import Capture
 
 HEARTBEAT_S = 0.5
@@ -31,6 +34,7 @@ STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this many seconds
 EXIT_REPORT_TIMEOUT_S = 1.0  # how long a signalled agent waits for the hub to take note
 STALL_S = 1.0  # a heartbeat this much later than due: this agent was stopped or blocked
 MALFORMED_LOGGED = 10  # stderr names the first this many messages no handler could act on
+REAP_EVERY = 10  # heartbeats between two reapings of orphans that exited
 
 
 class HostAgent:
@@ -47,6 +51,8 @@ class HostAgent:
         self.ready: dict[str, asyncio.Future] = {}
         self.stopping: set[str] = set()
         self.exited: dict[str, int] = {}  # exit codes, told to a hub that adopts this agent
+        # Resolved once a proc has exited and what it left behind has ended (``descendants``).
+        self.ended: dict[str, asyncio.Future] = {}
         self.capture = Capture(self._send_lines)
         self.done = asyncio.Event()
         self.leaving: asyncio.Future | None = None  # set when a signal from outside stops this agent
@@ -64,6 +70,7 @@ class HostAgent:
         }
 
     async def run(self) -> None:
+        descendants.become_subreaper()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda sig=sig: asyncio.ensure_future(self._signalled(sig)))
@@ -101,7 +108,9 @@ class HostAgent:
 
     async def _heartbeat(self) -> None:
         due = time.monotonic()
-        while True:
+        for beat in itertools.count():
+            if beat % REAP_EVERY == 0:
+                descendants.reap_orphans(self._proc_pids())
             now = time.monotonic()
             if now - due > STALL_S:  # this agent did not run: the hub was not silent, we were deaf
                 self.hub_seen = max(self.hub_seen, now)
@@ -209,14 +218,17 @@ class HostAgent:
                         request.get("python") or sys.executable, "-m", "monarch_nb.proc",
                         "--cluster-dir", self.cluster_dir, "--agent", self.net.address,
                         "--proc-id", proc_id, "--ppid", str(os.getpid()),
-                        env={**env, **env_by_proc.get(proc_id, {}), RECORD_FD_ENV: str(records)},
+                        env={**env, **env_by_proc.get(proc_id, {}), RECORD_FD_ENV: str(records),
+                             descendants.PROC_ID_ENV: proc_id},
                         cwd=request.get("cwd") or None, stdin=asyncio.subprocess.DEVNULL,
-                        stdout=out, stderr=err, pass_fds=(records,))
+                        stdout=out, stderr=err, pass_fds=(records,),
+                        start_new_session=True)  # its own process group: what it starts ends with it
                 finally:
                     os.close(out)
                     os.close(err)
                     os.close(records)
                 self.procs[proc_id] = proc
+                self.ended[proc_id] = loop.create_future()
                 asyncio.ensure_future(self._watch(proc_id, proc))
             reports = await asyncio.wait_for(
                 asyncio.gather(*(self.ready[p] for p in proc_ids)), PROC_READY_TIMEOUT_S)
@@ -232,9 +244,14 @@ class HostAgent:
              agent_ops.HOST_ID: self.host_id}
             for r in reports])
 
+    def _proc_pids(self) -> set[int]:
+        return {proc.pid for proc in self.procs.values()}
+
     async def _watch(self, proc_id: str, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
         self.procs.pop(proc_id, None)
+        # The proc's leftovers end meanwhile: the hub hears of the exit without waiting for them.
+        ending = asyncio.ensure_future(self._end_descendants(proc_id, proc.pid))
         self.capture.close(proc_id)  # its last words go out before the news of its exit
         await self._send_lines_now()
         future = self.ready.get(proc_id)
@@ -243,12 +260,23 @@ class HostAgent:
         expected = proc_id in self.stopping
         self.stopping.discard(proc_id)
         self.exited[proc_id] = code
-        if self.leaving is not None:
-            await self.leaving
-            if self.hub_told:
-                return  # the hub failed this host's procs already, naming why
-        await self.net.send(self.hub, {envelope.OP: hub_ops.PROC_EXITED, agent_ops.PROC_ID: proc_id, "pid": proc.pid,
-                                       "returncode": code, "expected": expected})
+        try:
+            if self.leaving is not None:
+                await self.leaving
+                if self.hub_told:
+                    return  # the hub failed this host's procs already, naming why
+            await self.net.send(self.hub, {envelope.OP: hub_ops.PROC_EXITED, agent_ops.PROC_ID: proc_id,
+                                           "pid": proc.pid, "returncode": code, "expected": expected})
+        finally:
+            await ending
+
+    async def _end_descendants(self, proc_id: str, pgid: int) -> None:
+        try:
+            await descendants.end(proc_id, pgid, self._proc_pids(), STOP_GRACE_S)
+        finally:
+            ended = self.ended.pop(proc_id, None)
+            if ended is not None and not ended.done():
+                ended.set_result(None)
 
     def _send_lines(self) -> None:
         asyncio.ensure_future(self._send_lines_now())
@@ -260,8 +288,10 @@ class HostAgent:
                                            "lines": lines})
 
     async def _stop_procs(self, proc_ids: list[str]) -> None:
-        """SIGTERM, then SIGKILL those still alive after ``STOP_GRACE_S``; waits for all."""
+        """SIGTERM, then SIGKILL those still alive after ``STOP_GRACE_S``; waits for all,
+        and for what they started to end (``descendants``)."""
         procs = [(p, self.procs[p]) for p in proc_ids if p in self.procs]
+        ended = [self.ended[p] for p, _ in procs if p in self.ended]
         for proc_id, proc in procs:
             self.stopping.add(proc_id)
             if proc.returncode is None:
@@ -275,6 +305,8 @@ class HostAgent:
                 proc.kill()
         if pending:
             await asyncio.wait(pending)
+        if ended:
+            await asyncio.wait(ended)
 
     async def _stop_and_reply(self, request: dict) -> None:
         await self._stop_procs(request[agent_ops.PROC_IDS])
