@@ -6,6 +6,13 @@ buffers, which the transport sends as their own zmq frames without copying.
 
 torch is never imported here; tensors get the out-of-band path only when torch is
 already imported by the caller (``"torch" in sys.modules``).
+
+A class defined here (a notebook's ``class Cfg``) is pickled by value, and a value of
+it coming back names the same class: cloudpickle then finds this process's own class
+and would overwrite its attributes with the sender's copy (``Cfg.level = 3`` in the
+kernel reset to the worker's 1 by a returned ``Cfg()``). :func:`loads` never lets a
+value change a class of this process's own; a class it made from a pickle is still
+updated by later pickles, so a worker follows the notebook's edits.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import marshal
 import pickle
 import sys
 import types
+import weakref
 from typing import Any
 
 import cloudpickle
@@ -94,6 +102,46 @@ def dumps(obj: Any, what: str = "value") -> tuple[bytes, list[pickle.PickleBuffe
     return stream.getvalue(), buffers
 
 
+_cloudpickle = cloudpickle.cloudpickle
+# Classes this process made from a pickle: their sender owns them, and may update them.
+_reconstructed: "weakref.WeakSet[type]" = weakref.WeakSet()
+
+
+def _tracked(make: Any, tracker_id_at: int):
+    """``make`` (cloudpickle's skeleton maker), noting the classes it creates rather
+    than finds (argument ``tracker_id_at`` is the class's tracker id)."""
+    def make_or_find(*args):
+        tracker_id = args[tracker_id_at]
+        known = tracker_id is not None and tracker_id in _cloudpickle._DYNAMIC_CLASS_TRACKER_BY_ID
+        cls = make(*args)
+        if not known:
+            _reconstructed.add(cls)
+        return cls
+    return make_or_find
+
+
+def _class_setstate(cls, state):
+    """cloudpickle's, except on a class of this process's own (never made from a pickle)."""
+    if cls in _cloudpickle._DYNAMIC_CLASS_TRACKER_BY_CLASS and cls not in _reconstructed:
+        return cls
+    return _cloudpickle._class_setstate(cls, state)
+
+
+_GUARDED = {
+    "_make_skeleton_class": _tracked(_cloudpickle._make_skeleton_class, 4),
+    "_make_skeleton_enum": _tracked(_cloudpickle._make_skeleton_enum, 5),
+    "_class_setstate": _class_setstate,
+}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if module == "cloudpickle.cloudpickle" and name in _GUARDED:
+            return _GUARDED[name]
+        return super().find_class(module, name)
+
+
 def loads(stream, buffers=()) -> Any:
-    """Inverse of :func:`dumps`. Only ever call on verified (signed) frames."""
-    return pickle.loads(stream, buffers=buffers)
+    """Inverse of :func:`dumps`; never changes a class of this process's own (see the
+    module docstring). Only ever call on verified (signed) frames."""
+    return _Unpickler(io.BytesIO(stream), buffers=buffers).load()
