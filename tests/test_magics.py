@@ -278,6 +278,32 @@ def test_a_proc_dying_between_cells_is_shown_at_the_start_of_the_next_cell(kerne
     assert kernel.run("victims.stop()\n'stopped'", timeout=30)
 
 
+def test_a_failure_the_cells_own_call_raised_gets_no_banner_then_or_later(kernel, talkers):
+    kernel.run("%monarch procs survivors --per-host gpus=1\n%monarch spawn survivor Talker --procs survivors\n"
+               "import monarch_nb.actor\nfaults = []\nmonarch_nb.actor.unhandled_fault_hook = faults.append")
+    msg_id = kernel.execute(
+        "import os, signal\nfrom monarch_nb.actor import SupervisionError\n"
+        "pid = survivor.pid.call_one().get()\nwaiting = survivor.spin.call_one(60)\nos.kill(pid, signal.SIGKILL)\n"
+        "try:\n    waiting.get(timeout=30)\nexcept SupervisionError:\n    print('handled')")
+    assert kernel.finish(msg_id, timeout=40)["status"] == "ok"
+    assert "handled" in kernel.text(msg_id)
+    # Cells run until the failure has reached the kernel's hooks (the banner's, then
+    # Monarch's), and one more: none of them, nor the cell that handled it, shows a banner.
+    cells = [msg_id]
+
+    def hooks_heard() -> bool:
+        cells.append(kernel.execute("len(faults)"))
+        assert kernel.finish(cells[-1], timeout=30)["status"] == "ok"
+        return kernel.text(cells[-1]).strip().splitlines()[-1] == "1"
+
+    assert wait_until(hooks_heard, 15)
+    cells.append(kernel.execute("'later'"))
+    assert kernel.finish(cells[-1], timeout=30)["status"] == "ok"
+    assert not [kernel.text(cell, "stderr") for cell in cells if "unhandled failure" in kernel.text(cell, "stderr")]
+    kernel.run("monarch_nb.actor.unhandled_fault_hook = lambda failure: None\nsurvivors.stop()\n'stopped'",
+               timeout=30)
+
+
 def test_ctrl_c_while_waiting_on_a_call_gives_one_keyboard_interrupt_and_later_calls_are_right(kernel, talkers):
     # Interrupted once the cell runs (a SIGINT before that is the kernel's own, not the cell's).
     msg_id = kernel.execute("print('waiting', flush=True)\ntalkers.spin.call(5).get()")

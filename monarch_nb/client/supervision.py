@@ -45,6 +45,9 @@ class Supervision:
         self._dead: dict[str, str] = {}  # actor address -> why it is gone
         self._waiting: dict[str, dict[int, tuple[str, int]]] = {}  # address -> port -> (cluster id, base rank)
         self._armed: dict[tuple[str, str], list[MeshFailure]] = {}  # (cluster id, actor mesh) -> failures
+        self._names: dict[str, tuple[str, str, int]] = {}  # dead actor's address -> (cluster id, mesh, rank)
+        # (cluster id, mesh, rank) of dead actors whose death failed a call of this client
+        self._told: set[tuple[str, str, int]] = set()
         self._hook: FailureHook = self.arm
         # Gives Monarch's unhandled_fault_hook as it is now (set by monarch_nb.actor).
         self.fault_hook: Callable[[], Callable[[MeshFailure], object]] | None = None
@@ -56,7 +59,9 @@ class Supervision:
         with self._lock:
             for address in targets:
                 self._waiting.setdefault(address, {})[port] = (cluster_id, targets[address])
-            return {a: self._dead[a] for a in targets if a in self._dead}
+            dead = {a: self._dead[a] for a in targets if a in self._dead}
+            self._told.update(self._names[a] for a in dead if a in self._names)
+            return dead
 
     def unwatch(self, port: int, addresses) -> None:
         with self._lock:
@@ -108,14 +113,23 @@ class Supervision:
             pending = []
             for address, (mesh, rank, why) in event["actors"].items():
                 self._dead[address] = f"{mesh} rank {rank}: {why}"
-                pending += [(port, cid, base, self._dead[address])
-                            for port, (cid, base) in self._waiting.pop(address, {}).items()]
+                self._names[address] = (event.get(events.CLUSTER, ""), mesh, rank)
+                waiting = self._waiting.pop(address, {})
+                if waiting:
+                    self._told.add(self._names[address])
+                pending += [(port, cid, base, self._dead[address]) for port, (cid, base) in waiting.items()]
         for address in event["actors"]:  # no socket of any thread keeps reconnecting to them
             sockets.Outbox.discard(address)
         for port, cluster_id, base_rank, reason in pending:
             self.fail(cluster_id, port, base_rank, reason)
 
     # unhandled failures -----------------------------------------------------------------
+    def reached_a_call(self, cluster_id: str, failure: MeshFailure) -> bool:
+        """Whether ``failure`` (a death) already failed a call of this client: that call's
+        ``get()`` raises it, so whoever waits on the call has it to handle."""
+        with self._lock:
+            return any((cluster_id, mesh, rank) in self._told for mesh in failure.meshes for rank in failure.ranks)
+
     def arm(self, cluster_id: str, failure: MeshFailure, owner: dict | None = None) -> None:
         """The default failure hook: the next call on the affected mesh raises ``failure``."""
         meshes = [owner["mesh"]] if owner else (failure.meshes if failure.kind == "endpoint_failed" else ())

@@ -106,8 +106,13 @@ class CellLogs:
 
     def on_failure(self, cluster_id: str, failure: MeshFailure, owner: dict | None) -> None:
         """Failure hook: the next call on the mesh raises it (the default), and the
-        notebook shows it now, under the running cell, or at the start of the next."""
-        runtime().supervision.arm(cluster_id, failure, owner)
+        notebook shows it now, under the running cell, or at the start of the next,
+        once. Not shown when it failed a call of this kernel: that call's ``get()``
+        raises it, so the cell (its ``try/except``, or its traceback) deals with it."""
+        supervision = runtime().supervision
+        supervision.arm(cluster_id, failure, owner)
+        if supervision.reached_a_call(cluster_id, failure):
+            return
         where = f"{owner['mesh']} rank {owner['rank']} did not handle: " if owner else ""
         text = f"[monarch] unhandled failure: {where}{failure.why}"
         if failure.kind == "endpoint_failed" or owner:
