@@ -2,7 +2,8 @@
 
 At start it loads the ``monarch_nb`` extension (``%monarch`` magics, actor output
 under cells) and connects to the retained cluster named by ``MONARCH_NB_CLUSTER``
-(default ``default``) when that cluster is running; the first cell's output says so.
+(default ``default``) when that cluster is running, binding it to ``cluster`` in the
+user's namespace; the first cell's output says so and how to get mesh handles.
 Shutting the kernel down or restarting it never stops the cluster.
 """
 
@@ -22,12 +23,14 @@ class MonarchKernel(IPythonKernel):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.shell.extension_manager.load_extension("monarch_nb")
-        self._greeting = self._connect()
+        self._greeting = self._connect(self.shell.user_ns)
         if self._greeting:
             self.shell.events.register("pre_run_cell", self._greet)
 
     @staticmethod
-    def _connect() -> str:
+    def _connect(namespace: dict) -> str:
+        """Connect to the cluster and bind it to ``cluster`` in ``namespace``; returns
+        what the first cell shows ("" when there is no cluster to connect to)."""
         from .client import cluster as cluster_mod
         from .client import discovery
 
@@ -39,9 +42,13 @@ class MonarchKernel(IPythonKernel):
             info = cluster.info()
         except Exception as e:  # never keep the kernel from starting
             return f"monarch: could not connect to cluster {name!r}: {e}"
+        namespace["cluster"] = cluster
+        meshes = [key.rpartition("/")[2] for key in info["actor_meshes"] if not key.endswith(".exec")]
+        example = f"cluster.actor_meshes[{meshes[0]!r}]" if meshes else "cluster.actor_meshes['NAME']"
         return (f"monarch: connected to cluster {name!r} ({len(info['hosts'])} host(s), "
                 f"proc meshes: {', '.join(info['proc_meshes']) or 'none'}, "
-                f"actor meshes: {', '.join(info['actor_meshes']) or 'none'})")
+                f"actor meshes: {', '.join(info['actor_meshes']) or 'none'})\n"
+                f"monarch: it is `cluster`; mesh handles: {example}, cluster.proc_meshes[...]")
 
     def _greet(self, info=None) -> None:
         print(self._greeting)

@@ -327,3 +327,10 @@ def test_logs_from_before_a_kernel_restart_are_queryable_after_it(kernel, talker
         f"[talkers {r}] rank {r}" for r in range(4)]
     out = kernel.run("import monarch_nb\nmonarch_nb.connect().actor_meshes['talkers'].talk.call(0).get()")
     assert "ValueMesh" in out
+
+
+def test_the_kernel_binds_the_cluster_it_connected_to_as_cluster(kernel, talkers):
+    kernel.restart()
+    out = kernel.run("cluster.actor_meshes['talkers'].talk.call(0).get(timeout=30).values()")
+    assert "monarch: it is `cluster`; mesh handles: cluster.actor_meshes['" in out
+    assert out.strip().splitlines()[-1] == "[0, 1, 2, 3]"
