@@ -34,14 +34,12 @@ def _kernelspec(kernel_dir: Path, name: str) -> None:
     (kernel_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
 
 
-def _python3_kernelspec_dir() -> str:
-    """A Jupyter data dir whose ``python3`` and ``monarch`` kernels are this
-    interpreter, so a notebook runs with the packages of the environment ``monarch-nb``
-    is installed in."""
-    root = tempfile.mkdtemp(prefix="monarch-nb-kernels-")
+def _write_kernelspecs(root: str) -> None:
+    """Make ``root`` a Jupyter data dir whose ``python3`` and ``monarch`` kernels are
+    this interpreter, so a notebook runs with the packages of the environment
+    ``monarch-nb`` is installed in."""
     for name in ("python3", "monarch"):
         _kernelspec(Path(root, "kernels", name), name)
-    return root
 
 
 def install_kernel(user: bool = False, sys_prefix: bool = False, prefix: str | None = None) -> str:
@@ -77,18 +75,20 @@ def run_notebook(path: str | Path, output: str | Path | None = None, timeout: fl
     output = Path(output) if output else path.with_name(f"{path.stem}.executed.ipynb")
     nb = nbformat.read(path, as_version=4)
     previous = os.environ.get("JUPYTER_PATH")
-    os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [_python3_kernelspec_dir(), previous]))
     kernel = nb.metadata.get("kernelspec", {}).get("name", "python3")
     client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name=kernel if kernel == "monarch" else "python3",
                                      resources={"metadata": {"path": str(path.parent.resolve())}})
-    try:
-        client.execute()
-    finally:
-        nbformat.write(nb, output)
-        if previous is None:
-            os.environ.pop("JUPYTER_PATH", None)
-        else:
-            os.environ["JUPYTER_PATH"] = previous
+    with tempfile.TemporaryDirectory(prefix="monarch-nb-kernels-") as kernels:
+        _write_kernelspecs(kernels)
+        os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [kernels, previous]))
+        try:
+            client.execute()
+        finally:
+            nbformat.write(nb, output)
+            if previous is None:
+                os.environ.pop("JUPYTER_PATH", None)
+            else:
+                os.environ["JUPYTER_PATH"] = previous
     return output
 
 

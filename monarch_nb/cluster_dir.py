@@ -50,16 +50,38 @@ def cluster_path(name: str) -> Path:
 def locked(name: str):
     """Hold the lock of cluster ``name`` (a file beside its directory, so that removing
     the directory keeps it): starting, recovering and clearing a cluster take it, so
-    two clients doing so at once never make two hubs or delete a starting cluster."""
+    two clients doing so at once never make two hubs or delete a starting cluster.
+    The holder that finds no directory left as it lets go removes the file (a stopped
+    cluster leaves nothing in the clusters folder)."""
     root = clusters_root()
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    cluster_path(name)  # validate
-    fd = os.open(root / f".{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
+    lock = root / f".{cluster_path(name).name}.lock"  # cluster_path validates the name
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        # The holder we waited for removed the file: our lock is on a file nobody else
+        # will open again. Take the lock of the file that is there now.
+        os.close(fd)
+    try:
         yield
     finally:
-        os.close(fd)
+        try:
+            if not (root / name).exists():
+                os.unlink(lock)  # while held: a waiter sees the file gone and opens a new one
+        finally:
+            os.close(fd)
+
+
+def forget_lock(name: str) -> None:
+    """Remove the lock file of cluster ``name`` if its directory is gone (after a
+    stop); waits for a holder of the lock first. Never call while holding it."""
+    with locked(name):
+        pass
 
 
 def create(name: str) -> tuple[Path, dict]:

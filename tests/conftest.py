@@ -12,11 +12,16 @@ import time
 import psutil
 import pytest
 
-# Before anything starts a cluster: never touch the user's real cluster directory.
-os.environ["MONARCH_NB_HOME"] = tempfile.mkdtemp(prefix="monarch-nb-test-")
-# Leave no folder in /tmp. Registered before monarch_nb is imported, so it runs after
-# monarch_nb's own exit handlers have torn down this process's ephemeral clusters.
-atexit.register(shutil.rmtree, os.environ["MONARCH_NB_HOME"], ignore_errors=True)
+HOME_PREFIX = "monarch-nb-test-"
+# Before anything starts a cluster: never touch the user's real cluster directory. A
+# proc that imports a test module (to unpickle its actor class) imports this too, with
+# the run's home already set: it keeps it (a folder of its own would be left behind,
+# since procs end without exit handlers).
+if not os.path.basename(os.environ.get("MONARCH_NB_HOME", "")).startswith(HOME_PREFIX):
+    os.environ["MONARCH_NB_HOME"] = tempfile.mkdtemp(prefix=HOME_PREFIX)
+    # Leave no folder in /tmp. Registered before monarch_nb is imported, so it runs after
+    # monarch_nb's own exit handlers have torn down this process's ephemeral clusters.
+    atexit.register(shutil.rmtree, os.environ["MONARCH_NB_HOME"], ignore_errors=True)
 
 
 def cluster_processes(path) -> list[psutil.Process]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from jupyter_client import KernelManager
 
-from monarch_nb.cli import _python3_kernelspec_dir
+from monarch_nb.cli import _write_kernelspecs
 
 TESTS = Path(__file__).resolve().parent
 
@@ -32,7 +32,9 @@ class Kernel:
     so output that reaches an earlier cell later can be checked too."""
 
     def __init__(self, name: str = "python3", env: dict | None = None):
-        os.environ["JUPYTER_PATH"] = _python3_kernelspec_dir()
+        specs = os.path.join(os.environ["MONARCH_NB_HOME"], "jupyter")  # removed with the run's home
+        _write_kernelspecs(specs)
+        os.environ["JUPYTER_PATH"] = specs
         self.km = KernelManager(kernel_name=name)
         self.km.start_kernel(cwd=str(TESTS), env={**os.environ, **(env or {})})
         self.outputs: dict[str, list[dict]] = collections.defaultdict(list)

@@ -140,6 +140,18 @@ def _wire_strings(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
+def test_a_proc_importing_the_test_helpers_keeps_the_runs_home_and_makes_no_folder(tmp_path):
+    home, tmp = tmp_path / "monarch-nb-test-run", tmp_path / "tmp"
+    home.mkdir()
+    tmp.mkdir()
+    done = subprocess.run([sys.executable, "-c", "import os, conftest; print(os.environ['MONARCH_NB_HOME'])"],
+                          cwd=pathlib.Path(__file__).parent, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "MONARCH_NB_HOME": str(home), "TMPDIR": str(tmp)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(home)
+    assert not list(tmp.iterdir())
+
+
 def test_wire_vocabulary_is_spelled_only_in_protocol():
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):

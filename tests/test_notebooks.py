@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -62,3 +63,13 @@ def test_a_monarch_program_runs_with_only_its_imports_changed(tmp_path):
     assert "caught ZeroDivisionError" in text and "actor died: True" in text and "later calls fail too" in text
     assert "['worker 0', 'worker 1', 'worker 2', 'worker 3']" in text  # one controller for all
     assert "Traceback" not in text.replace("[fragile 2] Traceback", "")  # only the dead actor's
+
+
+def test_running_a_notebook_leaves_no_folder_behind(tmp_path, monkeypatch):
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+    nbformat.write(notebook, tmp_path / "tiny.ipynb")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where run_notebook's folders go
+    (tmp_path / "tmp").mkdir()
+    executed = run_notebook(tmp_path / "tiny.ipynb", tmp_path / "tiny.executed.ipynb", timeout=120)
+    assert "42" in _text_outputs(nbformat.read(executed, as_version=4))
+    assert not list((tmp_path / "tmp").iterdir())

@@ -211,6 +211,7 @@ def test_stop_leaves_no_process_and_no_file(clusters):
     assert not pids_alive(everything)
     assert not cluster.path.exists()
     assert "tidy" not in [c["name"] for c in monarch_nb.list_clusters()]
+    assert not list(cluster_dir.clusters_root().glob(".tidy.lock"))  # no empty lock file either
 
 
 @pytest.mark.parametrize("pid_kind", ["dead", "reused"])

@@ -343,6 +343,8 @@ class Cluster:
                 time.sleep(0.01)
             discovery.end_hub(self._info)  # killed if it is still running
         discovery.remove_stale(self.path)
+        if self.path.parent == cluster_dir.clusters_root():
+            cluster_dir.forget_lock(self.name)
         rt = runtime()
         with rt.cluster_lock:
             if rt.cluster is self:
