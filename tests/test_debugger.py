@@ -149,6 +149,9 @@ def test_conditional_breakpoint_pauses_only_rank_2(dbg, paused4):
     stops = dbg.wait_paused(1, "paused", timeout=60)
     assert [f.get(timeout=30) for i, f in enumerate(futures) if i != 2] == [20, 22, 26]
     assert [(s.rank, s.line) for s in dbg.paused()] == [(2, COMPUTE_LINE)] == [(s.rank, s.line) for s in stops]
+    results = dbg.eval("1 + 1", "paused", "0-3")  # evaluated where paused; the others named
+    assert dict(results) == {("paused", 2): "2"} and results.not_paused == ("paused", [0, 1, 3])
+    assert repr(results).splitlines() == ["[paused 2] 2", "(paused rank(s) 0-1,3 not paused: not evaluated)"]
     dbg.continue_("paused", 2)
     assert futures[2].get(timeout=30) == 24
 
@@ -176,6 +179,8 @@ def test_bad_breakpoints_and_requests_name_the_problem(dbg, paused4):
         dbg.set_breakpoint(test_bad_breakpoints_and_requests_name_the_problem, 1)
     with pytest.raises(InvalidRequest, match="no rank of 'paused' is paused"):
         dbg.eval("1", "paused")
+    with pytest.raises(InvalidRequest, match=r"no rank 99 in 'paused' \(ranks 0-3\)"):
+        dbg.where("paused", 99)
     with pytest.raises(InvalidRequest, match="no breakpoint with id 999"):
         dbg.clear_breakpoints(999)
     assert list(paused4.spin.call(10).get(timeout=30).values()) == [45] * 4  # still healthy

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Callable
 
-from ..errors import InvalidRequest
+from ..errors import ClusterError, InvalidRequest
 from ..mesh.ranks import format_ranks, parse_ranks
 from ..protocol import debug as debug_actions
 from ..protocol import envelope, events, hub_ops, proc_ops
@@ -90,6 +90,7 @@ class EvalResults(dict):
         super().__init__()
         self.expression = expression
         self.errors: set = set()
+        self.not_paused: tuple[str, list[int]] | None = None  # (mesh, ranks) selected but not paused
 
     def folded(self) -> list[tuple[str, list[int], str]]:
         """``(mesh, ranks, text)`` groups, in rank order of their first member."""
@@ -101,6 +102,9 @@ class EvalResults(dict):
     def __repr__(self) -> str:
         lines = [f"[{mesh} {format_ranks([r for r in ranks if r is not None])}] {text}"
                  for mesh, ranks, text in self.folded()]
+        if self.not_paused:
+            mesh, ranks = self.not_paused
+            lines.append(f"({mesh} rank(s) {format_ranks(ranks)} not paused: not evaluated)")
         return "\n".join(lines) if lines else f"(no paused rank evaluated {self.expression!r})"
 
     def _repr_pretty_(self, p, cycle) -> None:
@@ -186,9 +190,11 @@ class Debugger:
 
         return unwatch
 
-    def _targets(self, mesh, ranks, what: str) -> list[Stop]:
+    def _targets(self, mesh, ranks, what: str, missing: list[int] | None = None) -> list[Stop]:
         """The paused actor threads of ``mesh`` at ``ranks`` (``None``: every paused one);
-        ``InvalidRequest`` naming what is not paused."""
+        ``InvalidRequest`` naming a rank the mesh does not have, or what is not paused.
+        Given a ``missing`` list, ranks not paused go there instead, and only none
+        paused at all raises."""
         name = _mesh_name(mesh)
         if name is None:
             raise InvalidRequest(f"{what}: which mesh? pass the actor mesh (name or handle)")
@@ -201,12 +207,25 @@ class Debugger:
             if not by_rank:
                 raise InvalidRequest(f"{what}: no rank of {name!r} is paused")
             return [by_rank[r] for r in sorted(by_rank, key=lambda r: -1 if r is None else r)]
-        missing = [r for r in wanted if r not in by_rank]
-        if missing:
-            paused = format_ranks([r for r in by_rank if r is not None]) or "none"
-            raise InvalidRequest(f"{what}: rank(s) {format_ranks(missing)} of {name!r} are not paused "
-                                 f"(paused: {paused})")
-        return [by_rank[r] for r in wanted]
+        absent = [r for r in wanted if r not in by_rank]
+        if absent:
+            size = self._size(name)
+            beyond = [r for r in absent if size is not None and not 0 <= r < size]
+            if beyond:
+                raise InvalidRequest(f"{what}: no rank {format_ranks(beyond)} in {name!r} (ranks 0-{size - 1})")
+            if missing is None or len(absent) == len(wanted):
+                paused = format_ranks([r for r in by_rank if r is not None]) or "none"
+                raise InvalidRequest(f"{what}: rank(s) {format_ranks(absent)} of {name!r} are not paused "
+                                     f"(paused: {paused})")
+            missing.extend(absent)
+        return [by_rank[r] for r in wanted if r in by_rank]
+
+    def _size(self, name: str) -> int | None:
+        """How many actors mesh ``name`` has (``None``: unknown to the hub)."""
+        try:
+            return len(self._cluster.actor_meshes[name])
+        except (KeyError, ClusterError):
+            return None
 
     def _one(self, mesh, rank, what: str) -> Stop:
         if rank is None:
@@ -270,12 +289,16 @@ class Debugger:
     def eval(self, expression: str, mesh, ranks=None, timeout: float = REQUEST_TIMEOUT_S) -> EvalResults:
         """Evaluate ``expression`` (or run a statement) in the top user frame of every
         selected paused rank, in parallel; results are repr texts. ``ranks=None``: every
-        paused rank of ``mesh``. Raises ``InvalidRequest`` when a selected rank is not
-        paused; an expression that fails gives that rank an error text."""
+        paused rank of ``mesh``. Selected ranks that are not paused are skipped and named
+        (``results.not_paused``); ``InvalidRequest`` when none is, or a rank is not in
+        the mesh. An expression that fails gives that rank an error text."""
         if not isinstance(expression, str) or not expression.strip():
             raise InvalidRequest("eval needs an expression, e.g. 'loss.item()'")
-        stops = self._targets(mesh, ranks, "eval")
+        missing: list[int] = []
+        stops = self._targets(mesh, ranks, "eval", missing)
         results = EvalResults(expression)
+        if missing:
+            results.not_paused = (_mesh_name(mesh), missing)
         for stop, answer in zip(stops, self._ask(stops, "eval", timeout, expression=expression)):
             if "error" in answer:  # debugpy sends the whole traceback; its last line says it
                 lines = [line for line in answer["error"].strip().splitlines() if line.strip()]
