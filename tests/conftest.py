@@ -36,6 +36,18 @@ def cluster_processes(path) -> list[psutil.Process]:
     return found
 
 
+REQUIRE_SYSTEM_ENV = "MONARCH_NB_REQUIRE_SYSTEM"  # "1" (set by .ci/run): missing system parts fail
+
+
+def system_part_missing(why: str) -> None:
+    """A test's system part (Slurm, network namespaces, a browser) is missing here: skip
+    the test saying ``why``, or fail it where ``MONARCH_NB_REQUIRE_SYSTEM=1`` makes
+    them required (CI sets them up, so there a missing one is a failure)."""
+    if os.environ.get(REQUIRE_SYSTEM_ENV) == "1":
+        pytest.fail(f"{why} ({REQUIRE_SYSTEM_ENV}=1 requires it)", pytrace=False)
+    pytest.skip(why)
+
+
 def wait_until(condition, timeout: float, interval: float = 0.02):
     """Poll ``condition`` until it returns a truthy value or ``timeout`` seconds pass;
     returns its last value."""

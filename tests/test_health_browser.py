@@ -27,7 +27,7 @@ from selenium.webdriver.common.by import By
 
 from monarch_nb.cli import _write_kernelspecs
 
-from conftest import pids_alive, wait_until
+from conftest import pids_alive, system_part_missing, wait_until
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / ".ci" / "artifacts"
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -125,7 +125,8 @@ def lab():
 
 @pytest.fixture
 def browser():
-    assert CHROMIUM and CHROMEDRIVER, "needs Debian's chromium and chromium-driver: bash .ci/setup.d/20-browser.sh"
+    if not (CHROMIUM and CHROMEDRIVER):
+        system_part_missing("needs Debian's chromium and chromium-driver: bash .ci/setup.d/20-browser.sh")
     options = Options()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",

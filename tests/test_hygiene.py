@@ -152,6 +152,22 @@ def test_a_proc_importing_the_test_helpers_keeps_the_runs_home_and_makes_no_fold
     assert not list(tmp.iterdir())
 
 
+@pytest.mark.parametrize("required", [False, True])
+def test_a_missing_system_part_skips_saying_why_unless_required(tmp_path, required):
+    (tmp_path / "test_part.py").write_text(
+        "from conftest import system_part_missing\n\n"
+        "def test_needs_a_widget():\n    system_part_missing('no widget daemon here')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pathlib.Path(__file__).parent),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    env.pop("MONARCH_NB_REQUIRE_SYSTEM", None)
+    if required:
+        env["MONARCH_NB_REQUIRE_SYSTEM"] = "1"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "test_part.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert "no widget daemon here" in done.stdout
+    assert ("1 failed" if required else "1 skipped") in done.stdout, done.stdout
+
+
 def test_wire_vocabulary_is_spelled_only_in_protocol():
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):

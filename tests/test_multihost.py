@@ -15,7 +15,7 @@ import pytest
 
 from monarch_nb import cluster_dir
 
-from conftest import cluster_processes, wait_until
+from conftest import cluster_processes, system_part_missing, wait_until
 
 TESTS = Path(__file__).parent
 
@@ -34,6 +34,10 @@ def network():
     made: list[tuple[str, ...]] = []
     try:
         ip("link", "add", bridge, "type", "bridge")
+    except (OSError, subprocess.CalledProcessError) as e:  # no `ip`, or no right to make links (not root)
+        system_part_missing(f"network namespaces: `ip link add` failed ({getattr(e, 'stderr', '') or e}); "
+                            "run as root with iproute2 (`bash .ci/setup.d/10-netns.sh`)")
+    try:
         made.append(("link", "del", bridge))
         ip("addr", "add", f"{root}/24", "dev", bridge)
         ip("link", "set", bridge, "up")
