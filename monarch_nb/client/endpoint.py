@@ -54,7 +54,7 @@ class Endpoint:
         rt.supervision.raise_armed(mesh._cluster_id, mesh._name)
         header: dict = {envelope.KIND: proc_ops.CALL, proc_ops.ENDPOINT: self._name, proc_ops.ORIGIN: rt.origin()}
         chain = call_chain.current()
-        if chain:
+        if chain and route is not None:  # a broadcast: nobody waits on it, so it holds nobody up
             header[proc_ops.CHAIN] = chain
         if route is not None:
             header.update(route)

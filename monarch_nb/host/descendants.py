@@ -51,11 +51,14 @@ def _belongs(process: psutil.Process, proc_id: str, pgid: int) -> bool:
 def _children() -> set[int] | None:
     """This process's children, read cheaply from ``/proc`` (Linux); ``None`` where
     that is not possible."""
+    children: set[int] = set()
     try:
-        return {int(pid) for task in os.listdir("/proc/self/task")
-                for pid in open(f"/proc/self/task/{task}/children").read().split()}
-    except OSError:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                children.update(int(pid) for pid in f.read().split())
+    except (OSError, ValueError):
         return None
+    return children
 
 
 def _may_have_left(pgid: int, procs: set[int]) -> bool:
@@ -114,15 +117,14 @@ async def end(proc_id: str, pgid: int, procs: set[int], grace_s: float) -> int:
 def reap_orphans(procs: set[int]) -> None:
     """Reap this process's children that exited and are not procs (``procs``: their
     pids): orphans re-parented here, which would otherwise stay zombies."""
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return
-    for child in children:
-        if child.pid in procs:
-            continue  # asyncio's child watcher reaps those, with their exit code
+    children = _children()
+    if children is None:
         try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                os.waitpid(child.pid, os.WNOHANG)
-        except (OSError, psutil.Error):
+            children = {p.pid for p in psutil.Process().children()}
+        except psutil.Error:
+            return
+    for pid in children - procs:  # asyncio's child watcher reaps procs, with their exit code
+        try:
+            os.waitpid(pid, os.WNOHANG)  # reaps it if it has exited; a live one is left alone
+        except OSError:
             pass
