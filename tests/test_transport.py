@@ -32,6 +32,21 @@ def test_tampered_or_resplit_frames_are_rejected():
     assert frames.dropped() == before + 4
 
 
+def test_a_large_buffer_changed_by_one_byte_or_moved_between_frames_is_rejected():
+    frames.register_key("t", b"k" * 32)
+    big = bytearray(frames.BLAKE3_MIN_BYTES * 3)
+    good = frames.encode("t", {"a": 1}, b"body", [bytes(big), b"tail"])
+    assert frames.decode(good, frames.ReplayGuard()).buffers[0].nbytes == len(big)
+    big[len(big) // 2] = 1
+    flipped = [*good[:3], bytes(big), good[4]]
+    moved = [*good[:3], good[3][:-4], good[3][-4:] + good[4]]
+    before = frames.dropped()
+    for bad in (flipped, moved):
+        with pytest.raises(frames.BadMessage, match="bad signature"):
+            frames.decode(bad, frames.ReplayGuard())
+    assert frames.dropped() == before + 2
+
+
 def test_a_replayed_frame_set_is_refused_by_the_inbox_that_saw_it():
     frames.register_key("t", b"k" * 32)
     guard = frames.ReplayGuard()
