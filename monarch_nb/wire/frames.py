@@ -41,7 +41,7 @@ from typing import Any
 import blake3
 
 from ..errors import MessageTooLarge
-from . import serialize
+from . import serialize, shm
 
 MAGIC = b"MNB1"
 FIXED_FRAMES = 3  # magic + signature + stamp + cluster id, header, body; out-of-band buffers follow
@@ -202,14 +202,25 @@ def encode_value(cluster_id: str, header: dict, value: Any, what: str = "value")
     return encode(cluster_id, header, body, [b.raw() for b in buffers])
 
 
+def cluster_of(frames: list) -> str:
+    """The cluster id of an encoded frame set (as :func:`encode` made it)."""
+    return bytes(frames[0])[_STAMP_AT.stop:].decode()
+
+
 def decode(frames: list, guard: ReplayGuard | None) -> Message:
-    """Verify and parse frames; raises :class:`BadMessage` (and counts a drop) on a
+    """Verify and parse frames (large ones mapped from shared memory first: ``wire.shm``); raises :class:`BadMessage` (and counts a drop) on a
     missing or bad signature, a replay (``guard``: the receiving inbox's; ``None`` only
     where one frame set may legitimately arrive twice) or a header that is not a dict.
     Only the header is unpickled here (with the standard library's pickle)."""
     global _dropped
     try:
         prefix = bytes(frames[0])
+        if prefix.startswith(shm.MARKER):
+            try:
+                frames = shm.restore(frames, trusted_clusters())
+            except shm.SegmentError as e:
+                raise BadMessage(str(e)) from None
+            prefix = bytes(frames[0])
         if len(frames) < FIXED_FRAMES or not prefix.startswith(MAGIC) or len(prefix) < _STAMP_AT.stop:
             raise BadMessage("not a monarch_nb frame set")
         key = _keys.get(prefix[_STAMP_AT.stop:])
