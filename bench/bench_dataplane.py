@@ -10,7 +10,10 @@ Figures (see bench/README.md, "bench_dataplane.py"):
   2. call_one  small-message call_one median, interleaved with a raw zmq echo floor
                (the "small messages unchanged" check: compare across commits by ratio)
   3. memory    peak RSS above baseline of the client and of the actor's proc while 1 GiB
-               of bytes goes client -> actor (psutil sampling every 5 ms)
+               of bytes, then of a numpy array, goes client -> actor (psutil sampling every 5 ms)
+  4. threshold one frame set of one buffer, encoded, sent to an inbox of this process and
+               decoded, through shared memory vs through loopback TCP, at sizes around
+               wire.shm.MIN_BYTES (interleaved; what the threshold was chosen from)
 
 Runs in an isolated MONARCH_NB_HOME (a temp dir unless already set) and checks that no
 process it started is left behind; exit status 1 if one is.
@@ -129,6 +132,37 @@ class PeakRss:
         return [peak - base for peak, base in zip(self.peaks, self.base)]
 
 
+def shm_threshold(reps: int) -> list[tuple[int, float, float]]:
+    """(size, seconds through shared memory, seconds through TCP) for one encoded frame
+    set of one buffer, sent to an inbox of this process and decoded."""
+    import numpy as np
+
+    from monarch_nb.wire import frames, shm, sockets
+
+    frames.register_key("bench-threshold", os.urandom(32))
+    inbox, address = sockets.bind_inbox()
+    outbox = sockets.Outbox()
+    default = shm.MIN_BYTES
+    out = []
+    try:
+        for size in (256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20):
+            encoded = frames.encode("bench-threshold", {}, b"", [np.ones(size, np.uint8)])
+
+            def through(min_bytes):
+                shm.MIN_BYTES = min_bytes
+                outbox.send(address, encoded)
+                frames.decode(sockets.recv_frames(inbox), None)
+
+            got = interleaved({"shm": lambda: through(1), "tcp": lambda: through(1 << 62)},
+                              total=reps * 4, blocks=4, warmup=2)
+            out.append((size, statistics.median(got["shm"]), statistics.median(got["tcp"])))
+    finally:
+        shm.MIN_BYTES = default
+        outbox.close_thread_sockets()
+        inbox.close(0)
+    return out
+
+
 def payloads(nbytes: int) -> dict:
     import numpy as np
 
@@ -187,19 +221,29 @@ def main() -> int:
         rows.append(("call_one median (ms)", one_med, floor_med, one_med / floor_med))
         # 3. peak memory of 1 GiB ------------------------------------------------------
         if not args.no_memory:
+            import numpy as np
+
             proc_pid = sink.pid.call_one().get()
-            big = bytes(GiB)
-            sampler = PeakRss([os.getpid(), proc_pid])
-            t0 = time.perf_counter()
-            assert sink.take.call_one(big).get() == GiB
-            took = time.perf_counter() - t0
-            client_extra, proc_extra = sampler.stop()
-            big = None
-            log(f"[3] 1 GiB bytes client->actor in {took:.2f} s: peak RSS above baseline "
-                f"client {client_extra / GiB:.2f} GiB, actor's proc {proc_extra / GiB:.2f} GiB")
-            rows.append(("1 GiB peak client (GiB above base)", client_extra / GiB, 1.2, client_extra / GiB / 1.2))
-            rows.append(("1 GiB peak proc (GiB above base)", proc_extra / GiB, 1.2, proc_extra / GiB / 1.2))
+            for kind, make in (("bytes", lambda: bytes(GiB)), ("numpy", lambda: np.zeros(GiB, np.uint8))):
+                big = make()
+                sampler = PeakRss([os.getpid(), proc_pid])
+                t0 = time.perf_counter()
+                assert sink.take.call_one(big).get() == GiB
+                took = time.perf_counter() - t0
+                client_extra, proc_extra = sampler.stop()
+                big = None
+                log(f"[3] 1 GiB {kind} client->actor in {took:.2f} s: peak RSS above baseline "
+                    f"client {client_extra / GiB:.2f} GiB, actor's proc {proc_extra / GiB:.2f} GiB")
+                rows.append((f"1 GiB {kind} peak client (GiB over base)", client_extra / GiB, 1.2,
+                             client_extra / GiB / 1.2))
+                rows.append((f"1 GiB {kind} peak proc (GiB over base)", proc_extra / GiB, 1.2,
+                             proc_extra / GiB / 1.2))
         procs.stop()
+        # 4. the shared-memory threshold ------------------------------------------------
+        for size, shm_s, tcp_s in shm_threshold(reps):
+            log(f"[4] {size // 1024} KiB frame to this host: shared memory {shm_s * 1e3:.3f} ms, "
+                f"loopback TCP {tcp_s * 1e3:.3f} ms ({tcp_s / shm_s:.2f}x)")
+            rows.append((f"{size // 1024} KiB via shm, TCP=base (ms)", shm_s * 1e3, tcp_s * 1e3, shm_s / tcp_s))
     finally:
         raw.close()
         echo_floor.close()

@@ -17,9 +17,6 @@ from monarch_nb.wire import shm
 from conftest import wait_until
 from sample_actors import Arrays
 
-_MiB = 1 << 20
-
-
 def segments(cluster_id: str) -> list[str]:
     return shm._segments(cluster_id)
 
@@ -32,7 +29,7 @@ def arrays(host):
 
 
 def test_large_arrays_round_trip_through_shared_memory_and_leave_no_segment(cluster, arrays):
-    a = np.random.default_rng(0).integers(0, 2**20, size=4 * _MiB, dtype=np.int32)  # 16 MiB
+    a = np.random.default_rng(0).integers(0, 2**20, size=shm.MIN_BYTES // 4, dtype=np.int32)
     back = arrays.echo.call_one(a).get(timeout=60)
     assert np.array_equal(back, a)
     back[0] = 7  # a mapped segment is an ordinary writable array here
@@ -43,11 +40,11 @@ def test_large_arrays_round_trip_through_shared_memory_and_leave_no_segment(clus
 def test_without_shared_memory_calls_go_through_the_socket_with_one_warning(arrays, monkeypatch):
     monkeypatch.setattr(shm, "SHM_DIR", "/nonexistent/monarch_nb_shm")
     monkeypatch.setattr(shm, "_warned", False)
-    data = bytes(range(256)) * (8 * 4096)  # 8 MiB
+    data = bytes(range(256)) * (shm.MIN_BYTES // 256)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
-            assert arrays.checksum.call_one(np.frombuffer(data, np.uint8)).get(timeout=60)[3] == sum(range(256)) * 8 * 4096
+            assert arrays.checksum.call_one(np.frombuffer(data, np.uint8)).get(timeout=60)[3] == sum(range(256)) * (shm.MIN_BYTES // 256)
     assert len([w for w in caught if "shared memory" in str(w.message)]) == 1
 
 
@@ -79,10 +76,10 @@ def test_a_descriptor_naming_a_foreign_or_missing_segment_is_dropped():
     from monarch_nb.wire import frames
 
     frames.register_key("shm-test", b"k" * 32)
-    good = frames.encode("shm-test", {"a": 1}, b"", [bytes(2 * _MiB)])
+    good = frames.encode("shm-test", {"a": 1}, b"", [bytes(shm.MIN_BYTES)])
     sent = shm.offload("tcp://127.0.0.1:1", "shm-test", good, frames.FIXED_FRAMES)
     assert bytes(sent[0]).startswith(shm.MARKER)
-    assert frames.decode(list(sent), frames.ReplayGuard()).buffers[0].nbytes == 2 * _MiB
+    assert frames.decode(list(sent), frames.ReplayGuard()).buffers[0].nbytes == shm.MIN_BYTES
     before = frames.dropped()
     with pytest.raises(frames.BadMessage):  # taken already: the segment is gone
         frames.decode(list(sent), frames.ReplayGuard())

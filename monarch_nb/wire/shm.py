@@ -46,9 +46,11 @@ import psutil
 
 SHM_DIR = "/dev/shm"
 MARKER = b"MNBSHM1 "
-# Frames this large go through shared memory (bytes): below it, creating and mapping a
-# segment costs more than loopback TCP (bench/bench_dataplane.py, figure 4).
-MIN_BYTES = 1 << 20
+# Frames this large go through shared memory (bytes). A fresh segment's pages cost a
+# fault each, where libzmq's receive buffers below ~32 MiB are reused heap: on the 2-core
+# VM here (bench/bench_dataplane.py, figure 4) shm took 1.9x TCP's time at 1 MiB, 4.3x at
+# 16 MiB, 0.94x at 64 MiB.
+MIN_BYTES = 32 << 20
 # A dead sender's segment is swept only this long after it was written (seconds): a
 # message from a sender that exited at once (a reply, then the actor stopped) may still
 # be on its way.
