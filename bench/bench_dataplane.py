@@ -11,6 +11,9 @@ Figures (see bench/README.md, "bench_dataplane.py"):
                (the "small messages unchanged" check: compare across commits by ratio)
   3. memory    peak RSS above baseline of the client and of the actor's proc while 1 GiB
                of bytes, then of a numpy array, goes client -> actor (psutil sampling every 5 ms)
+  5. RDMA      1 GiB actor -> actor on one host through RDMABuffer.read_into (timed in the
+               reading actor, destination preallocated), against a memcpy of 1 GiB (numpy
+               copyto) in that actor, interleaved
   4. threshold one frame set of one buffer, encoded, sent to an inbox of this process and
                decoded, through shared memory vs through loopback TCP, at sizes around
                wire.shm.MIN_BYTES (interleaved; what the threshold was chosen from)
@@ -105,6 +108,35 @@ class Sink(Actor):
     @endpoint
     def pid(self):
         return os.getpid()
+
+    @endpoint
+    def own(self, nbytes: int):
+        import numpy as np
+
+        from monarch_nb.rdma import RDMABuffer
+
+        self.owned = np.ones(nbytes, np.uint8)
+        return RDMABuffer(memoryview(self.owned))
+
+    @endpoint
+    def pull(self, buffer, reps: int) -> tuple[list[float], list[float]]:
+        """(seconds per read_into, seconds per memcpy of as many bytes here), interleaved."""
+        import numpy as np
+
+        dst = np.zeros(buffer.size(), np.uint8)
+        local = np.ones(buffer.size(), np.uint8)
+        np.copyto(dst, local)  # fault the destination in before timing either
+        reads, copies = [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            buffer.read_into(memoryview(dst)).get()
+            t1 = time.perf_counter()
+            np.copyto(dst, local)
+            reads.append(t1 - t0)
+            copies.append(time.perf_counter() - t1)
+        buffer.read_into(memoryview(dst)).get()
+        assert dst[0] == 1 and dst[-1] == 1
+        return reads, copies
 
 
 class PeakRss:
@@ -238,6 +270,18 @@ def main() -> int:
                              client_extra / GiB / 1.2))
                 rows.append((f"1 GiB {kind} peak proc (GiB over base)", proc_extra / GiB, 1.2,
                              proc_extra / GiB / 1.2))
+        # 5. RDMA 1 GiB actor -> actor, against memcpy ----------------------------------
+        from monarch_nb.rdma import get_rdma_backend
+
+        procs2 = this_host().spawn_procs(per_host={"gpus": 1}, name="bench_dataplane_reader")
+        reader = procs2.spawn("reader", Sink)
+        handle = sink.own.call_one(GiB).get(timeout=120)
+        reads, copies = reader.pull.call_one(handle, reps).get(timeout=600)
+        rdma_s, copy_s = statistics.median(reads), statistics.median(copies)
+        log(f"[5] 1 GiB RDMABuffer.read_into actor->actor ({get_rdma_backend()}): {GiB / rdma_s / 1e9:.2f} GB/s, "
+            f"memcpy {GiB / copy_s / 1e9:.2f} GB/s ({copy_s / rdma_s:.2f}x)")
+        rows.append(("1 GiB RDMA read actor->actor (GB/s)", GiB / rdma_s / 1e9, GiB / copy_s / 1e9, copy_s / rdma_s))
+        procs2.stop()
         procs.stop()
         # 4. the shared-memory threshold ------------------------------------------------
         for size, shm_s, tcp_s in shm_threshold(reps):

@@ -62,3 +62,10 @@ def test_a_monarch_program_runs_with_only_its_imports_changed(tmp_path):
     assert "caught ZeroDivisionError" in text and "actor died: True" in text and "later calls fail too" in text
     assert "['worker 0', 'worker 1', 'worker 2', 'worker 3']" in text  # one controller for all
     assert "Traceback" not in text.replace("[fragile 2] Traceback", "")  # only the dead actor's
+
+
+def test_weight_sync_notebook_pulls_256_mib_with_rdma_and_plots(tmp_path):
+    nb, text = _run_without_errors("weight_sync", tmp_path)
+    assert "published 256 MiB of weights to 2 generators" in text
+    assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    assert "was dropped by its owner" in text

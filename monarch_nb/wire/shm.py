@@ -48,9 +48,9 @@ SHM_DIR = "/dev/shm"
 MARKER = b"MNBSHM1 "
 # Frames this large go through shared memory (bytes). A fresh segment's pages cost a
 # fault each, where libzmq's receive buffers below ~32 MiB are reused heap: on the 2-core
-# VM here (bench/bench_dataplane.py, figure 4) shm took 1.9x TCP's time at 1 MiB, 4.3x at
-# 16 MiB, 0.94x at 64 MiB.
-MIN_BYTES = 32 << 20
+# VM here (bench/bench_dataplane.py, figure 4, three runs) shm took 1.1-2.0x TCP's time at
+# 1 MiB, 1.5-4.3x at 16 MiB and 0.94-1.16x at 64 MiB: it only breaks even at 64 MiB.
+MIN_BYTES = 64 << 20
 # A dead sender's segment is swept only this long after it was written (seconds): a
 # message from a sender that exited at once (a reply, then the actor stopped) may still
 # be on its way.
