@@ -159,9 +159,9 @@ class _Registry:
         token = secrets.randbits(63) | 1
         cell = ctypes.c_uint64(token)
         with self.lock:
-            self.buffers[token] = (addr, size, keep, cell)
             if self.address is None:
                 self._start_server()
+            self.buffers[token] = (addr, size, keep, cell)
         return token, ctypes.addressof(cell)
 
     def drop(self, token: int) -> None:
@@ -384,6 +384,7 @@ class RDMAAction:
                 future._resolve(None, error)
                 return
             deliver(_worker_outbox, cluster, route[envelope.REPLY], route[envelope.PORT], None, None, error)
+            _worker_outbox.close_thread_sockets()  # this thread ends: no socket left behind
 
         threading.Thread(target=run, name="monarch-nb-rdma-op", daemon=True).start()
         return future

@@ -72,7 +72,7 @@ def test_cluster_stop_removes_every_segment_of_the_cluster():
     assert wait_until(lambda: segments(cluster_id) == [], 10)
 
 
-def test_a_descriptor_naming_a_foreign_or_missing_segment_is_dropped():
+def test_a_malformed_descriptor_or_one_naming_a_foreign_or_missing_segment_is_dropped():
     from monarch_nb.wire import frames
 
     frames.register_key("shm-test", b"k" * 32)
@@ -86,4 +86,7 @@ def test_a_descriptor_naming_a_foreign_or_missing_segment_is_dropped():
     foreign = [shm.MARKER + b"3 4096 mnb-0000000000000000-1-0000000000000000", *good]
     with pytest.raises(frames.BadMessage, match="not one of this process's clusters"):
         frames.decode(foreign, frames.ReplayGuard())
-    assert frames.dropped() == before + 2
+    for garbage in (b"3 x", b"\xff\xfe", b""):
+        with pytest.raises(frames.BadMessage, match="malformed"):
+            frames.decode([shm.MARKER + garbage, *good], frames.ReplayGuard())
+    assert frames.dropped() == before + 5

@@ -141,7 +141,11 @@ def restore(frames: list, cluster_ids) -> list:
     emptied frame. Raises :class:`SegmentError` for a segment that is missing, not
     of ``cluster_ids``, not this user's own, or of the wrong size; every segment the
     descriptor names is unlinked either way."""
-    entries = [line.split(" ") for line in bytes(frames[0])[len(MARKER):].decode().split("\n")]
+    try:
+        entries = [(int(i), int(n), name) for i, n, name in
+                   (line.split(" ") for line in bytes(frames[0])[len(MARKER):].decode().split("\n"))]
+    except ValueError:  # UnicodeDecodeError too
+        raise SegmentError("malformed shared-memory descriptor") from None
     out = list(frames[1:])
     prefixes = tuple(_prefix(c) for c in cluster_ids)
     error = None
@@ -150,7 +154,7 @@ def restore(frames: list, cluster_ids) -> list:
             error = error or SegmentError(f"segment {name!r} is not one of this process's clusters")
             continue
         try:
-            out[int(index)] = _map(name, int(size))
+            out[index] = _map(name, size)
         except (OSError, SegmentError, IndexError) as e:
             error = error or SegmentError(f"segment {name}: {e}")
     if error is not None:
