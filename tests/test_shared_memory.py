@@ -90,3 +90,15 @@ def test_a_malformed_descriptor_or_one_naming_a_foreign_or_missing_segment_is_dr
         with pytest.raises(frames.BadMessage, match="malformed"):
             frames.decode([shm.MARKER + garbage, *good], frames.ReplayGuard())
     assert frames.dropped() == before + 5
+
+
+def test_segments_sent_to_a_peer_known_gone_are_unlinked_by_the_sender():
+    from monarch_nb.wire import frames, sockets
+
+    frames.register_key("shm-gone", b"k" * 32)
+    encoded = frames.encode("shm-gone", {}, b"", [bytes(shm.MIN_BYTES)])
+    address = "tcp://127.0.0.1:9"  # nobody reads it
+    shm.offload(address, "shm-gone", encoded, frames.FIXED_FRAMES)
+    assert len(segments("shm-gone")) == 1
+    sockets.Outbox.discard(address)
+    assert segments("shm-gone") == []

@@ -13,8 +13,9 @@ segments before anything is unpickled. Only this user can create, open or write 
 segment (mode 0600, created exclusively; the receiver refuses one owned by anyone else
 or readable by others), the receiver unlinks it before mapping it, and the sender has
 closed its own mapping by then, so what was verified is what gets unpickled. The
-descriptor frame itself is not signed; a forged one can only name segments that fail
-the signature check.
+descriptor frame itself is not signed: a forged one naming segments of its own fails
+the signature check, and one naming a real segment would have to guess its 64 random
+bits (it could then only make the real message be dropped).
 
 Names are ``mnb-<cluster tag>-<sender pid>-<random>`` in ``/dev/shm`` (the tag: a hash
 of the cluster id, so that no cluster's names are a prefix of another's), so that every
