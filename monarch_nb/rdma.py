@@ -187,6 +187,9 @@ class _Registry:
             except wire_frames.BadMessage:
                 continue
             header = message.header
+            if envelope.REPLY not in header or envelope.PORT not in header:
+                wire_frames.count_dropped()  # signed, but nobody to answer: this thread serves on
+                continue
             value, error = None, None
             try:
                 with self.lock:
@@ -202,7 +205,10 @@ class _Registry:
                     ctypes.memmove(addr, _local_memory(data, False)[0], min(size, data.nbytes))
             except Exception as e:  # noqa: BLE001 - every failure goes back to the reader
                 error = e
-            deliver(outbox, self.cluster, header[envelope.REPLY], header[envelope.PORT], None, value, error)
+            try:
+                deliver(outbox, self.cluster, header[envelope.REPLY], header[envelope.PORT], None, value, error)
+            except Exception:  # noqa: BLE001 - a reader gone mid-reply: it times out; serve the next
+                pass
 
 
 _registry = _Registry()

@@ -103,3 +103,17 @@ def test_reading_from_a_dead_owner_raises_supervision_error(host):
     with pytest.raises(SupervisionError):
         buffer.read_into(memoryview(bytearray(buffer.size()))).get(timeout=30)
     procs.stop()
+
+
+def test_a_malformed_request_does_not_stop_the_owners_server(backend):
+    from monarch_nb.protocol import envelope, rdma_ops
+    from monarch_nb.wire import frames, sockets
+
+    mine = RDMABuffer(memoryview(bytearray(b"z" * 100)))
+    outbox = sockets.Outbox()
+    outbox.send(mine._server, frames.encode(mine._cluster, {envelope.OP: rdma_ops.READ}))  # no reply route
+    outbox.close_thread_sockets()
+    got = bytearray(100)
+    mine.read_into(memoryview(got)).get(timeout=30)
+    assert got == b"z" * 100
+    mine.drop()
