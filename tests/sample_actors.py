@@ -121,6 +121,10 @@ class Arrays(Actor):
         return data
 
     @endpoint
+    def type_of(self, *values) -> list:
+        return [type(v).__name__ for v in values]
+
+    @endpoint
     def scaled(self, data, factor):
         return data * factor
 

@@ -73,3 +73,10 @@ def test_running_a_notebook_leaves_no_folder_behind(tmp_path, monkeypatch):
     executed = run_notebook(tmp_path / "tiny.ipynb", tmp_path / "tiny.executed.ipynb", timeout=120)
     assert "42" in _text_outputs(nbformat.read(executed, as_version=4))
     assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_weight_sync_notebook_pulls_256_mib_with_rdma_and_plots(tmp_path):
+    nb, text = _run_without_errors("weight_sync", tmp_path)
+    assert "published 256 MiB of weights to 2 generators" in text
+    assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    assert "was dropped by its owner" in text

@@ -32,6 +32,21 @@ def test_tampered_or_resplit_frames_are_rejected():
     assert frames.dropped() == before + 4
 
 
+def test_a_large_buffer_changed_by_one_byte_or_moved_between_frames_is_rejected():
+    frames.register_key("t", b"k" * 32)
+    big = bytearray(frames.BLAKE3_MIN_BYTES * 3)
+    good = frames.encode("t", {"a": 1}, b"body", [bytes(big), b"tail"])
+    assert frames.decode(good, frames.ReplayGuard()).buffers[0].nbytes == len(big)
+    big[len(big) // 2] = 1
+    flipped = [*good[:3], bytes(big), good[4]]
+    moved = [*good[:3], good[3][:-4], good[3][-4:] + good[4]]
+    before = frames.dropped()
+    for bad in (flipped, moved):
+        with pytest.raises(frames.BadMessage, match="bad signature"):
+            frames.decode(bad, frames.ReplayGuard())
+    assert frames.dropped() == before + 2
+
+
 def test_a_replayed_frame_set_is_refused_by_the_inbox_that_saw_it():
     frames.register_key("t", b"k" * 32)
     guard = frames.ReplayGuard()
@@ -82,6 +97,26 @@ def test_numpy_and_torch_travel_out_of_band():
     assert np.array_equal(arr, arr2) and torch.equal(t, t2)
 
 
+def test_bytes_bytearray_and_memoryview_travel_out_of_band_and_keep_their_type():
+    big = bytes(range(256)) * 1024  # 256 KiB
+    grid = memoryview(np.arange(1 << 15, dtype=np.float64).reshape(8, -1))
+    value = (big, bytearray(big), grid, b"small", big)
+    stream, buffers = serialize.dumps(value)
+    assert len(buffers) == 3 and len(stream) < 4096  # the same bytes object twice: one buffer
+    got = serialize.loads(stream, [memoryview(bytearray(b.raw())) for b in buffers])
+    assert [type(v) for v in got] == [bytes, bytearray, memoryview, bytes, bytes]
+    assert got[0] == big and got[1] == big and got[3] == b"small" and got[4] == big
+    assert (got[2].format, got[2].shape, got[2].tolist()) == ("d", (8, 4096), grid.tolist())
+    assert not got[2].readonly and got[2].obj is not None
+
+
+def test_small_and_strided_memoryviews_round_trip():
+    for view in (memoryview(b"abc"), memoryview(bytes(200_000))[::2], memoryview(bytearray(b"xy"))):
+        back = _round_trip(view)
+        assert (back.format, back.shape, back.tolist(), back.readonly) == (
+            view.format, view.shape, view.tolist(), view.readonly)
+
+
 def _round_trip(obj):
     stream, buffers = serialize.dumps(obj)
     return serialize.loads(stream, [b.raw() for b in buffers])
@@ -116,6 +151,15 @@ def test_64mib_tensor_and_array_round_trip_uncorrupted(arrays):
     back_a = one.echo.call_one(a).get(timeout=60)
     assert back_a.dtype == a.dtype and np.array_equal(back_a, a)
     back_a[0] = 7  # received arrays are ordinary writable arrays
+
+
+def test_large_bytes_arguments_and_results_reach_the_endpoint_as_bytes(arrays):
+    data = np.random.default_rng(1).bytes(8 * _MiB)
+    one = arrays.slice(gpus=0)
+    assert one.type_of.call_one(data, bytearray(data), memoryview(data)).get(timeout=60) == [
+        "bytes", "bytearray", "memoryview"]
+    back = one.echo.call_one(data).get(timeout=60)
+    assert type(back) is bytes and back == data
 
 
 def test_noncontiguous_and_strided_tensors_round_trip(arrays):

@@ -24,6 +24,7 @@ from typing import Awaitable, Callable
 from ..proc.stdio import RECORD_FD_ENV
 from ..protocol import agent_ops, envelope, hub_ops
 from ..wire import frames as wire_frames
+from ..wire import shm
 from ..wire.aio import AioEndpoint
 from . import descendants
 from .capture import Capture
@@ -33,6 +34,7 @@ PROC_READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 2.0  # SIGTERM, then SIGKILL after this many seconds
 EXIT_REPORT_TIMEOUT_S = 1.0  # how long a signalled agent waits for the hub to take note
 STALL_S = 1.0  # a heartbeat this much later than due: this agent was stopped or blocked
+SHM_SWEEP_S = 5.0  # how often segments of this host's dead senders are swept (wire.shm)
 MALFORMED_LOGGED = 10  # stderr names the first this many messages no handler could act on
 REAP_EVERY = 10  # heartbeats between two reapings of orphans that exited
 
@@ -41,6 +43,7 @@ class HostAgent:
     def __init__(self, cluster_id: str, cluster_dir: str, hub: str, host_id: str, grace_s: float,
                  node: str = ""):
         self.net = AioEndpoint(cluster_id)
+        self.cluster_id = cluster_id
         self.node = node
         self.cluster_dir = cluster_dir
         self.hub = hub
@@ -85,6 +88,7 @@ class HostAgent:
         self.capture.drain()
         await self._send_lines_now()
         self.capture.close_all()
+        shm.remove_all(self.cluster_id)  # this host's procs are gone: no segment has a reader left
         self.net.close()
 
     async def _signalled(self, sig: signal.Signals) -> None:
@@ -108,10 +112,14 @@ class HostAgent:
 
     async def _heartbeat(self) -> None:
         due = time.monotonic()
+        next_sweep = due + SHM_SWEEP_S
         for beat in itertools.count():
             if beat % REAP_EVERY == 0:
                 descendants.reap_orphans(self._proc_pids())
             now = time.monotonic()
+            if now > next_sweep:
+                next_sweep = now + SHM_SWEEP_S
+                shm.sweep_dead(self.cluster_id)
             if now - due > STALL_S:  # this agent did not run: the hub was not silent, we were deaf
                 self.hub_seen = max(self.hub_seen, now)
             if self.net.caught_up() - self.hub_seen > self.grace_s:

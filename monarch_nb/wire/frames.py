@@ -8,8 +8,12 @@ A message is a list of zmq frames::
 reply address); ``body`` is a cloudpickle stream whose out-of-band buffers follow as
 their own frames. ``signature`` (32 bytes) is HMAC-SHA256 (RFC 2104) with the cluster's key
 over the stamp and every frame after it, each prefixed by its 8-byte length so frames
-can't be re-split. A receiver verifies the signature before unpickling anything; frame
-sets that fail are dropped and counted (:func:`dropped`), never unpickled.
+can't be re-split. A frame of ``BLAKE3_MIN_BYTES`` or more enters the HMAC as its keyed
+BLAKE3 digest instead of its bytes: keyed BLAKE3 is itself a MAC, under a key derived
+from the cluster's, and it runs at memory speed on several threads where HMAC-SHA256
+runs at ~1.5 GB/s on one; each side hashes a large buffer once. A receiver verifies the
+signature before unpickling anything; frame sets that fail are dropped and counted
+(:func:`dropped`), never unpickled.
 
 The ``stamp`` (24 bytes) stops replays: the sender's id (8 random bytes per process
 and thread), a sequence number counting that sender's messages, and its wall-clock
@@ -34,8 +38,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import blake3
+
 from ..errors import MessageTooLarge
-from . import serialize
+from . import serialize, shm
 
 MAGIC = b"MNB1"
 FIXED_FRAMES = 3  # magic + signature + stamp + cluster id, header, body; out-of-band buffers follow
@@ -50,7 +56,18 @@ _LEN = struct.Struct("<Q")
 REPLAY_WINDOW = 1024
 CLOCK_SKEW_S = 30.0
 
-_keys: dict[bytes, "hmac.HMAC"] = {}  # cluster id -> keyed HMAC to copy() per message
+# Frames this large are MACed with keyed BLAKE3 (see the module docstring): below it,
+# one HMAC pass costs less than starting BLAKE3's threads.
+BLAKE3_MIN_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class _Keys:
+    hmac: "hmac.HMAC"  # keyed, to copy() per message
+    blake3: bytes  # 32 bytes, derived from the cluster's key
+
+
+_keys: dict[bytes, _Keys] = {}  # cluster id -> its keys
 _dropped = 0
 _dropped_lock = threading.Lock()
 
@@ -63,7 +80,8 @@ def max_message_bytes() -> int:
 
 def register_key(cluster_id: str, key: bytes) -> None:
     """Trust ``key`` for messages of ``cluster_id`` (both signing and verifying)."""
-    _keys[cluster_id.encode()] = hmac.new(key, digestmod=hashlib.sha256)
+    _keys[cluster_id.encode()] = _Keys(hmac.new(key, digestmod=hashlib.sha256),
+                                       hmac.digest(key, b"monarch_nb large frames, keyed BLAKE3", "sha256"))
 
 
 def trusted_clusters() -> list[str]:
@@ -146,13 +164,16 @@ class Message:
         return serialize.loads(self.body, self.buffers) if self.body is not None else None
 
 
-def _mac(keyed: "hmac.HMAC", stamp: bytes, parts) -> bytes:
-    mac = keyed.copy()
+def _mac(keys: _Keys, stamp: bytes, parts) -> bytes:
+    mac = keys.hmac.copy()
     mac.update(stamp)
     for part in parts:
         view = memoryview(part)
         mac.update(_LEN.pack(view.nbytes))
-        mac.update(view)
+        if view.nbytes >= BLAKE3_MIN_BYTES:  # the length says which: no frame is read both ways
+            mac.update(blake3.blake3(view, key=keys.blake3, max_threads=blake3.blake3.AUTO).digest())
+        else:
+            mac.update(view)
     return mac.digest()
 
 
@@ -181,14 +202,25 @@ def encode_value(cluster_id: str, header: dict, value: Any, what: str = "value")
     return encode(cluster_id, header, body, [b.raw() for b in buffers])
 
 
+def cluster_of(frames: list) -> str:
+    """The cluster id of an encoded frame set (as :func:`encode` made it)."""
+    return bytes(frames[0])[_STAMP_AT.stop:].decode()
+
+
 def decode(frames: list, guard: ReplayGuard | None) -> Message:
-    """Verify and parse frames; raises :class:`BadMessage` (and counts a drop) on a
+    """Verify and parse frames (large ones mapped from shared memory first: ``wire.shm``); raises :class:`BadMessage` (and counts a drop) on a
     missing or bad signature, a replay (``guard``: the receiving inbox's; ``None`` only
     where one frame set may legitimately arrive twice) or a header that is not a dict.
     Only the header is unpickled here (with the standard library's pickle)."""
     global _dropped
     try:
         prefix = bytes(frames[0])
+        if prefix.startswith(shm.MARKER):
+            try:
+                frames = shm.restore(frames, trusted_clusters())
+            except shm.SegmentError as e:
+                raise BadMessage(str(e)) from None
+            prefix = bytes(frames[0])
         if len(frames) < FIXED_FRAMES or not prefix.startswith(MAGIC) or len(prefix) < _STAMP_AT.stop:
             raise BadMessage("not a monarch_nb frame set")
         key = _keys.get(prefix[_STAMP_AT.stop:])

@@ -1,8 +1,19 @@
 """Pickling with out-of-band buffers (PEP 574, pickle protocol 5).
 
-Large contiguous buffers (numpy arrays, CPU torch tensors, bytes-like objects) are
-not copied into the pickle stream: they come back from :func:`dumps` as separate
-buffers, which the transport sends as their own zmq frames without copying.
+Large contiguous buffers are not copied into the pickle stream: they come back from
+:func:`dumps` as separate buffers, which the transport sends as their own zmq frames
+without copying. What the receiver gets, for arguments and return values alike:
+
+- numpy arrays and CPU torch tensors: the same type, dtype and shape, writable, backed
+  by the received frame (no copy on either side);
+- ``memoryview``: a ``memoryview`` of the same format and shape, writable when the
+  caller's was, over the received frame (no copy on either side when C-contiguous);
+- ``bytes`` and ``bytearray`` of ``OUT_OF_BAND_MIN_BYTES`` or more: the same type, so
+  endpoint code sees what the caller passed. The sender does not copy; the receiver
+  copies once, because a ``bytes`` object can't own memory it did not allocate. Pass a
+  numpy array, a tensor or a memoryview for no copy at all.
+
+Smaller bytes-like values stay in the pickle stream, where they cost less than a frame.
 
 torch is never imported here; tensors get the out-of-band path only when torch is
 already imported by the caller (``"torch" in sys.modules``).
@@ -30,6 +41,10 @@ import cloudpickle
 from ..errors import SerializationError
 
 PROTOCOL = 5
+
+# bytes-like values at least this large travel as their own frame (a frame costs a few
+# microseconds; copying 64 KiB into the stream costs about as much).
+OUT_OF_BAND_MIN_BYTES = 1 << 16
 
 
 def _rebuild_tensor(array, torch_dtype, requires_grad):
@@ -74,9 +89,57 @@ def _reduce_code(code: types.CodeType):
     return marshal.loads, (marshal.dumps(code),)
 
 
+_BYTES_LIKE = frozenset((bytes, bytearray, memoryview))
+
+
+def _rebuild_memoryview(buffer, fmt, shape):
+    return memoryview(buffer).cast("B").cast(fmt, shape)
+
+
+class _Unpickler(pickle.Unpickler):
+    def persistent_load(self, pid):
+        kind, buffer, *shape = pid
+        if kind is memoryview:
+            return _rebuild_memoryview(buffer, *shape)
+        if kind is bytes or kind is bytearray:
+            return kind(buffer)  # the one copy: these types own their memory
+        raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
+
+    def find_class(self, module: str, name: str):
+        if module == "cloudpickle.cloudpickle" and name in _GUARDED:
+            return _GUARDED[name]
+        return super().find_class(module, name)
+
+
 class _Pickler(cloudpickle.Pickler):
+    # bytes and bytearray never reach reducer_override (the C pickler saves them
+    # first), but persistent_id sees every object: a bytes-like value becomes an id
+    # holding a PickleBuffer, which pickle sends out of band (see _Unpickler).
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._ids: dict[int, tuple] = {}  # id(obj) -> (persistent id, obj: kept so the id stays its)
+
+    def persistent_id(self, obj):
+        kind = type(obj)
+        if kind in _BYTES_LIKE and (obj.nbytes if kind is memoryview else len(obj)) >= OUT_OF_BAND_MIN_BYTES:
+            known = self._ids.get(id(obj))
+            if known is not None:  # the same object again: the same (memoized) id, one frame
+                return known[0]
+            if kind is memoryview:
+                view = obj if obj.c_contiguous else memoryview(obj.tobytes()).cast(obj.format, obj.shape)
+                pid = (memoryview, pickle.PickleBuffer(view), view.format, view.shape)
+            else:
+                pid = (kind, pickle.PickleBuffer(obj))
+            self._ids[id(obj)] = (pid, obj)
+            return pid
+        return None
+
     def reducer_override(self, obj):
-        if type(obj) is types.CodeType:
+        kind = type(obj)
+        if kind is memoryview:  # a small one (large ones are persistent ids)
+            data = obj.tobytes()
+            return _rebuild_memoryview, (data if obj.readonly else bytearray(data), obj.format, obj.shape)
+        if kind is types.CodeType:
             return _reduce_code(obj)
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) is torch.Tensor:
@@ -132,13 +195,6 @@ _GUARDED = {
     "_make_skeleton_enum": _tracked(_cloudpickle._make_skeleton_enum, 5),
     "_class_setstate": _class_setstate,
 }
-
-
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        if module == "cloudpickle.cloudpickle" and name in _GUARDED:
-            return _GUARDED[name]
-        return super().find_class(module, name)
 
 
 def loads(stream, buffers=()) -> Any:

@@ -18,6 +18,7 @@ import zmq
 
 from ..errors import ClusterError
 from . import frames as wire_frames
+from . import shm
 from .interrupts import protected
 
 # How long a closed sending socket keeps trying to deliver what it has queued (ms).
@@ -168,8 +169,8 @@ class Outbox:
         """Send ``frames`` to ``address``, whole: never interrupted between two frames
         (``wire.interrupts``); a send that fails half way closes its socket, so that
         the torn message is never completed by the next one. When the message carries
-        large buffers, wait until they have left this process so the caller may reuse
-        them.
+        large buffers, wait until they have left this process (or were copied to shared
+        memory, for a peer on this host: ``wire.shm``) so the caller may reuse them.
 
         Raises :class:`ClusterError` when they can't leave within
         ``SEND_DRAIN_TIMEOUT_S`` (the peer is gone or not reading)."""
@@ -177,6 +178,8 @@ class Outbox:
         if now > _next_sweep:
             _sweep_idle(now)  # before taking this thread's lock: it takes every thread's
         table = self._table()
+        if len(frames) > wire_frames.FIXED_FRAMES and shm.is_local(address):
+            frames = shm.offload(address, wire_frames.cluster_of(frames), frames, wire_frames.FIXED_FRAMES)
         buffers = frames[wire_frames.FIXED_FRAMES:]
         try:
             with table.lock:
@@ -209,6 +212,7 @@ class Outbox:
         for table in _all_tables():
             with table.lock:
                 table.close(address, 0)
+        shm.unlink_sent(address)
 
     @protected
     def close_thread_sockets(self) -> None:

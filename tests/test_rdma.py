@@ -1,0 +1,119 @@
+"""monarch_nb.rdma: Monarch's RDMABuffer API over this host's memory and TCP."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from monarch_nb import rdma
+from monarch_nb.errors import SupervisionError
+from monarch_nb.rdma import RDMAAction, RDMABuffer
+from conftest import wait_until
+from rdma_actors import Holder
+
+_EXPECTED = bytes(bytearray(range(256)) * 4096)
+
+
+@pytest.fixture(scope="module")
+def holders(host):
+    procs = host.spawn_procs(per_host={"gpus": 2}, name="rdma")
+    yield procs.spawn("holders", Holder)
+    procs.stop()
+
+
+@pytest.fixture(params=["shm", "tcp"])
+def backend(request, monkeypatch):
+    if request.param == "shm" and rdma.get_rdma_backend() != "shm":
+        pytest.skip("processes of this host can't read each other's memory here")
+    monkeypatch.setattr(rdma, "_BACKEND", request.param)  # this process reads through it
+    return request.param
+
+
+def test_a_buffer_an_actor_owns_is_read_and_written_one_sided(holders, backend):
+    owner = holders.slice(gpus=0)
+    buffer = owner.create.call_one().get()
+    assert buffer.size() == len(_EXPECTED) and buffer.backend == backend
+    dst = torch.zeros(len(_EXPECTED), dtype=torch.uint8)
+    assert buffer.read_into(dst).get(timeout=30) is None
+    assert bytes(dst.numpy()) == _EXPECTED
+    src = bytearray(b"\x07" * 1000)
+    buffer.write_from(memoryview(src)).get(timeout=30)
+    assert owner.contents.call_one().get()[:1001] == b"\x07" * 1000 + _EXPECTED[1000:1001]
+
+
+def test_an_actor_reads_a_buffer_the_client_owns_and_one_another_actor_owns(holders):
+    weights = torch.arange(1 << 18, dtype=torch.float32)
+    mine = RDMABuffer(weights.view(torch.uint8))
+    assert holders.slice(gpus=1).read.call_one(mine).get(timeout=30) == bytes(weights.numpy())
+    theirs = holders.slice(gpus=0).create.call_one().get()
+    assert holders.slice(gpus=1).read.call_one(theirs).get(timeout=30) == _EXPECTED
+    mine.drop()
+
+
+def test_an_action_batches_reads_and_writes(holders):
+    buffer = holders.slice(gpus=0).create.call_one().get()
+    first, second = bytearray(buffer.size()), bytearray(buffer.size())
+    RDMAAction().read_remote(memoryview(first), buffer).read_remote(memoryview(second), buffer) \
+        .submit(timeout=30).get(timeout=30)
+    assert bytes(first) == bytes(second) == _EXPECTED
+
+
+def test_bad_memory_is_refused_at_once():
+    with pytest.raises(ValueError, match="1-D"):
+        RDMABuffer(torch.zeros(4, 4))
+    with pytest.raises(ValueError, match="1-D"):
+        RDMABuffer(torch.zeros(8)[::2])
+    with pytest.raises(ValueError, match="size 0"):
+        RDMABuffer(memoryview(bytearray()))
+    buffer = RDMABuffer(memoryview(bytearray(100)))
+    with pytest.raises(ValueError, match="smaller"):
+        buffer.read_into(memoryview(bytearray(10)))
+    with pytest.raises(ValueError, match="larger"):
+        buffer.write_from(memoryview(bytearray(200)))
+    with pytest.raises(ValueError, match="read-only"):
+        buffer.read_into(memoryview(bytes(100)))
+    buffer.drop()
+
+
+def test_reading_a_dropped_buffer_fails(holders, backend):
+    owner = holders.slice(gpus=0)
+    buffer = owner.create.call_one().get()
+    owner.drop.call_one().get()
+    with pytest.raises(RuntimeError, match="dropped"):
+        buffer.read_into(memoryview(bytearray(buffer.size()))).get(timeout=30)
+
+
+def test_a_transfer_past_its_timeout_is_cancelled(holders):
+    buffer = holders.slice(gpus=0).create.call_one().get()
+    with pytest.raises(TimeoutError):
+        buffer.read_into(memoryview(bytearray(buffer.size())), timeout=0).get(timeout=30)
+
+
+def test_reading_from_a_dead_owner_raises_supervision_error(host):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="rdma_doomed")
+    owner = procs.spawn("doomed", Holder)
+    buffer = owner.create.call_one().get()
+    pid = owner.pid.call_one().get()
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
+                      open(f"/proc/{pid}/stat").read().split()[2] == "Z", 10)
+    with pytest.raises(SupervisionError):
+        buffer.read_into(memoryview(bytearray(buffer.size()))).get(timeout=30)
+    procs.stop()
+
+
+def test_a_malformed_request_does_not_stop_the_owners_server(backend):
+    from monarch_nb.protocol import envelope, rdma_ops
+    from monarch_nb.wire import frames, sockets
+
+    mine = RDMABuffer(memoryview(bytearray(b"z" * 100)))
+    outbox = sockets.Outbox()
+    outbox.send(mine._server, frames.encode(mine._cluster, {envelope.OP: rdma_ops.READ}))  # no reply route
+    outbox.close_thread_sockets()
+    got = bytearray(100)
+    mine.read_into(memoryview(got)).get(timeout=30)
+    assert got == b"z" * 100
+    mine.drop()
