@@ -135,5 +135,5 @@ def test_a_child_killed_by_a_base_exception_reaches_its_owners_supervise(host, f
 
 
 def test_an_actor_mixing_sync_and_async_endpoints_is_refused_at_spawn(procs4):
-    with pytest.raises(ValueError, match=r"Mixed mixes sync endpoints \(now\) and async endpoints \(later\)"):
+    with pytest.raises(ValueError, match=r"Mixed mixes both async and sync endpoints: sync now; async later"):
         procs4.spawn("mixed", Mixed)
