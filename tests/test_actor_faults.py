@@ -137,3 +137,45 @@ def test_a_child_killed_by_a_base_exception_reaches_its_owners_supervise(host, f
 def test_an_actor_mixing_sync_and_async_endpoints_is_refused_at_spawn(procs4):
     with pytest.raises(ValueError, match=r"Mixed mixes both async and sync endpoints: sync now; async later"):
         procs4.spawn("mixed", Mixed)
+
+
+class Parent(Actor):
+    """Spawns a child mesh named "kids" on ``procs`` (the same name in every parent)."""
+
+    def __init__(self, procs):
+        self.kids = procs.spawn("kids", Exits)
+        self.failures: list[str] = []
+
+    @endpoint
+    def kids_name(self) -> str:
+        return self.kids.name
+
+    @endpoint
+    def kill_kids(self) -> None:
+        with pytest.raises(SupervisionError):
+            self.kids.leave.call_one().get(timeout=30)
+
+    @endpoint
+    def seen(self) -> list[str]:
+        return self.failures
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.failures.append(failure.meshes[0])
+        return True
+
+
+def test_actors_spawning_one_name_each_get_and_supervise_their_own_mesh(host, faults):
+    kid_procs = host.spawn_procs(per_host={"gpus": 1}, name="kidprocs")
+    procs = host.spawn_procs(per_host={"gpus": 2}, name="parents")
+    try:
+        parents = procs.spawn("parents", Parent, kid_procs)
+        names = parents.kids_name.call().get(timeout=30).values()
+        assert sorted(names) in (["kids", "kids.parents-1"], ["kids", "kids.parents-0"])
+        parents.slice(gpus=1).kill_kids.call_one().get(timeout=30)
+        assert wait_until(lambda: parents.slice(gpus=1).seen.call_one().get(timeout=30), BOUND_S) == [names[1]]
+        assert parents.slice(gpus=0).seen.call_one().get(timeout=30) == []
+        assert parents.slice(gpus=0).kids_name.call_one().get(timeout=30) == names[0]  # its own, still alive
+        assert not faults  # handled by the owner
+    finally:
+        procs.stop()
+        kid_procs.stop()

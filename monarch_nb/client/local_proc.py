@@ -46,7 +46,7 @@ class LocalControl(ControlPlane):
         if reply is None:
             raise HubTimeout(f"{name}: this_proc() did not construct the actor within {timeout} s")
         if reply.header[envelope.OK]:
-            return {"extent": {}, "addresses": [reply.header[proc_ops.ADDRESS]], "dead": {}}
+            return {"name": name, "extent": {}, "addresses": [reply.header[proc_ops.ADDRESS]], "dead": {}}
         if not fault:
             return {"failures": {0: bytes(reply.body)}}
         # No hub to supervise: the failure goes straight to this client's hooks, as the
@@ -56,7 +56,7 @@ class LocalControl(ControlPlane):
             "kind": "actor_failed", "proc_mesh": "this_proc", "meshes": [name], "ranks": [0], "why": why,
             "endpoint": "__init__", "traceback": reply.header.get(proc_ops.TRACEBACK, "")}})
         report = actor_gone_report(actor_name(fields["class_name"], name, {}, 0), why)
-        return {"extent": {}, "addresses": [reply.header[proc_ops.ADDRESS]], "dead": {"0": report}}
+        return {"name": name, "extent": {}, "addresses": [reply.header[proc_ops.ADDRESS]], "dead": {"0": report}}
 
     def stop_actors(self, proc_mesh: str, name: str, timeout: float | None = None) -> list[dict]:
         reply = self._request({envelope.OP: proc_ops.STOP_ACTOR, proc_ops.MESH: name}, timeout=timeout)

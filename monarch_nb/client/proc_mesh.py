@@ -109,8 +109,9 @@ class ProcMesh(MeshHandle):
         if "failures" in reply:
             raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
         rt.supervision.sync(reply["addresses"], reply["dead"])
-        return ActorMesh(self._cluster_id, self._hub_address, self._name, name, class_name, endpoints, methods,
-                         Shape(Extent(reply["extent"])), reply["addresses"])
+        # (an actor spawning a name another owner's mesh has gets its own, under its own name)
+        return ActorMesh(self._cluster_id, self._hub_address, self._name, reply["name"], class_name, endpoints,
+                         methods, Shape(Extent(reply["extent"])), reply["addresses"])
 
     def interrupt(self, timeout: float = 5.0) -> None:
         """Raise ``KeyboardInterrupt`` in every endpoint running in this mesh's procs (or

@@ -133,6 +133,13 @@ class MeshOps:
         key = actor_mesh_key(mesh.name, name)
         async with self._one_spawn_at_a_time(key):
             existing = self._registry.actor_meshes.get(key)
+            owner = header.get("owner")
+            if existing is not None and owner is not None and not header.get("replace") and (
+                    existing.owner or {}).get("address") != owner["address"]:
+                # As in Monarch, an actor spawning a name another owner's mesh has gets a
+                # mesh of its own (which it supervises), named for it.
+                return await self.spawn_actors({**header, "name": f"{name}.{owner['mesh']}-{owner['rank']}"},
+                                               message)
             if existing is not None:
                 same = existing.proc_ranks == header["proc_ranks"] and existing.class_name == header["class_name"]
                 if header.get("replace"):
