@@ -3,6 +3,7 @@ that is not an ``Exception``, kill the actor; ``unhandled_fault_hook`` hears of 
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -179,3 +180,40 @@ def test_actors_spawning_one_name_each_get_and_supervise_their_own_mesh(host, fa
     finally:
         procs.stop()
         kid_procs.stop()
+
+
+class AsyncOwner(Actor):
+    """Its ``async def __supervise__`` is still recording when the next call arrives."""
+
+    def __init__(self):
+        self.failures: list[str] = []
+        self.supervising = asyncio.Event()
+
+    @endpoint
+    async def kill_child(self) -> None:
+        self.child = monarch_nb.actor.this_host().spawn_procs(per_host={"gpus": 1}, name="async-owned").spawn(
+            "async-owned", Exits)
+        with pytest.raises(SupervisionError):
+            await self.child.leave.call_one()
+        await asyncio.wait_for(self.supervising.wait(), 30)
+
+    @endpoint
+    async def seen(self) -> list[str]:
+        return self.failures
+
+    async def __supervise__(self, failure: MeshFailure) -> bool:
+        self.supervising.set()
+        await asyncio.sleep(0.5)  # a window for the next call to run too early: it must not
+        self.failures.append(failure.meshes[0])
+        return True
+
+
+def test_a_call_taken_after_an_async_supervise_began_sees_what_it_recorded(host, faults):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="async-owner")
+    try:
+        owner = procs.spawn("async-owner", AsyncOwner)
+        owner.kill_child.call_one().get(timeout=60)
+        assert owner.seen.call_one().get(timeout=30) == ["async-owned"]
+        assert not faults  # handled by the owner
+    finally:
+        procs.stop()
