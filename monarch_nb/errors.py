@@ -84,8 +84,9 @@ class RemoteException(Exception):
         return (RemoteException, (self.type_name, self.message))
 
 
-class SupervisionError(MonarchNbError):
-    """A proc or actor that a call involves has failed (exited, killed, lost).
+class SupervisionError(MonarchNbError, RuntimeError):
+    """A proc or actor that a call involves has failed (exited, killed, lost) or was
+    stopped. A ``RuntimeError`` too, as in Monarch.
 
     ``failures``: a :class:`RemoteFailure` per failed rank of the call (empty when the
     error stands for one rank); the message names mesh, rank, host, pid and cause.
@@ -142,12 +143,37 @@ class MeshFailure:
                    event.get("proc_mesh"), event.get("rank"), event.get("endpoint"), event.get("traceback", ""))
 
     def __str__(self) -> str:
-        return self.why
+        # Monarch's layout: programs written for Monarch look for these fields in it.
+        return f"MeshFailure(mesh_name={self.mesh_name}, crashed_ranks={list(self.ranks)}, event={self.why})"
+
+    @property
+    def mesh_name(self) -> str:
+        """The name of the (first) actor mesh hit, else of the proc mesh (Monarch's name)."""
+        return self.meshes[0] if self.meshes else (self.proc_mesh or "<none>")
 
     def report(self) -> str:
         """A readable report of this failure (Monarch's name): ``why`` and, for an
         endpoint's failure, the remote traceback."""
         return f"{self.why}\n{self.traceback}".rstrip() if self.traceback else self.why
+
+
+def actor_name(class_name: str, mesh: str, extent: dict, rank: int) -> str:
+    """An actor as supervision names it, in Monarch's form: ``module.Class
+    mesh{'gpus': 1/4}`` (each dimension: index/size) for rank 1 of a ``{"gpus": 4}`` mesh."""
+    coords, left = [], rank
+    for label, size in reversed(list(extent.items())):  # row-major: the last dimension varies fastest
+        left, index = divmod(left, size)
+        coords.append(f"{label!r}: {index}/{size}")
+    return f"{class_name} {mesh}{{{', '.join(reversed(coords))}}}"
+
+
+def actor_gone_report(actor: str, why: str, stopped: bool = False) -> str:
+    """Why a call can't reach ``actor`` (see :func:`actor_name`): it failed for ``why``
+    (which names mesh, rank and cause), or it was ``stopped``. The first line is
+    Monarch's wording, which programs written for Monarch match."""
+    if stopped:
+        return f"Supervision event: actor {actor} has status:\n  stopped: {why}"
+    return f"The actor {actor} and all its descendants have failed:\n  {why}"
 
 
 class ClusterNotFound(MonarchNbError, LookupError):

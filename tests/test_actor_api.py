@@ -198,6 +198,20 @@ def test_unpicklable_argument_raises_in_client_and_cluster_stays_healthy(counter
     assert len(counters.get.call().get()) == 4
 
 
+class RefusesToPickle:
+    def __getstate__(self):
+        raise RuntimeError("__getstate__ says no")
+
+
+def test_what_an_arguments_getstate_raises_reaches_the_caller_as_it_is(counters):
+    # Monarch lets it propagate: its tests expect the RuntimeError itself.
+    with pytest.raises(RuntimeError, match="__getstate__ says no") as info:
+        counters.record.call(RefusesToPickle())
+    assert not isinstance(info.value, SerializationError)
+    assert "(raised while pickling an argument of counters.record)" in info.value.__notes__
+    assert len(counters.get.call().get()) == 4
+
+
 def test_message_over_size_limit_raises_in_client(counters, monkeypatch):
     monkeypatch.setenv("MONARCH_NB_MAX_MESSAGE_BYTES", "4096")
     with pytest.raises(MessageTooLarge, match="over the 4096-byte limit"):

@@ -3,6 +3,7 @@ that is not an ``Exception``, kill the actor; ``unhandled_fault_hook`` hears of 
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -135,5 +136,84 @@ def test_a_child_killed_by_a_base_exception_reaches_its_owners_supervise(host, f
 
 
 def test_an_actor_mixing_sync_and_async_endpoints_is_refused_at_spawn(procs4):
-    with pytest.raises(ValueError, match=r"Mixed mixes sync endpoints \(now\) and async endpoints \(later\)"):
+    with pytest.raises(ValueError, match=r"Mixed mixes both async and sync endpoints: sync now; async later"):
         procs4.spawn("mixed", Mixed)
+
+
+class Parent(Actor):
+    """Spawns a child mesh named "kids" on ``procs`` (the same name in every parent)."""
+
+    def __init__(self, procs):
+        self.kids = procs.spawn("kids", Exits)
+        self.failures: list[str] = []
+
+    @endpoint
+    def kids_name(self) -> str:
+        return self.kids.name
+
+    @endpoint
+    def kill_kids(self) -> None:
+        with pytest.raises(SupervisionError):
+            self.kids.leave.call_one().get(timeout=30)
+
+    @endpoint
+    def seen(self) -> list[str]:
+        return self.failures
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.failures.append(failure.meshes[0])
+        return True
+
+
+def test_actors_spawning_one_name_each_get_and_supervise_their_own_mesh(host, faults):
+    kid_procs = host.spawn_procs(per_host={"gpus": 1}, name="kidprocs")
+    procs = host.spawn_procs(per_host={"gpus": 2}, name="parents")
+    try:
+        parents = procs.spawn("parents", Parent, kid_procs)
+        names = parents.kids_name.call().get(timeout=30).values()
+        assert sorted(names) in (["kids", "kids.parents-1"], ["kids", "kids.parents-0"])
+        parents.slice(gpus=1).kill_kids.call_one().get(timeout=30)
+        assert wait_until(lambda: parents.slice(gpus=1).seen.call_one().get(timeout=30), BOUND_S) == [names[1]]
+        assert parents.slice(gpus=0).seen.call_one().get(timeout=30) == []
+        assert parents.slice(gpus=0).kids_name.call_one().get(timeout=30) == names[0]  # its own, still alive
+        assert not faults  # handled by the owner
+    finally:
+        procs.stop()
+        kid_procs.stop()
+
+
+class AsyncOwner(Actor):
+    """Its ``async def __supervise__`` is still recording when the next call arrives."""
+
+    def __init__(self):
+        self.failures: list[str] = []
+        self.supervising = asyncio.Event()
+
+    @endpoint
+    async def kill_child(self) -> None:
+        self.child = monarch_nb.actor.this_host().spawn_procs(per_host={"gpus": 1}, name="async-owned").spawn(
+            "async-owned", Exits)
+        with pytest.raises(SupervisionError):
+            await self.child.leave.call_one()
+        await asyncio.wait_for(self.supervising.wait(), 30)
+
+    @endpoint
+    async def seen(self) -> list[str]:
+        return self.failures
+
+    async def __supervise__(self, failure: MeshFailure) -> bool:
+        self.supervising.set()
+        await asyncio.sleep(0.5)  # a window for the next call to run too early: it must not
+        self.failures.append(failure.meshes[0])
+        return True
+
+
+def test_a_call_taken_after_an_async_supervise_began_sees_what_it_recorded(host, faults):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="async-owner")
+    try:
+        owner = procs.spawn("async-owner", AsyncOwner)
+        owner.kill_child.call_one().get(timeout=60)
+        assert owner.seen.call_one().get(timeout=30) == ["async-owned"]
+        assert not faults  # handled by the owner
+    finally:
+        procs.stop()

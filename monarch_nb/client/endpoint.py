@@ -153,11 +153,14 @@ class Endpoint:
 
     def _error(self, failures: list[RemoteFailure], total: int,
                dead: list[RemoteFailure]) -> ActorError | SupervisionError:
-        """``SupervisionError`` when a rank's proc died (``dead``), else ``ActorError``."""
+        """``SupervisionError`` when a rank's actor or proc is gone (``dead``), else
+        ``ActorError``. The former starts as Monarch's does (``Endpoint call M.E() failed,``)
+        then gives each gone rank's report."""
         if dead:
-            causes = "; ".join(str(f.exception) for f in dead)
-            return SupervisionError(f"{self._mesh._name}.{self._name}: {len(dead)} of {total} rank(s) failed: "
-                                    f"{causes}", failures)
+            reports = "\n".join(str(f.exception) for f in dead)
+            count = f"\n({len(dead)} of {total} ranks)" if total > 1 else ""
+            return SupervisionError(f"Endpoint call {self._mesh._name}.{self._name}() failed, {reports}{count}",
+                                    failures)
         return ActorError(self._mesh._name, self._name, failures, total)
 
     # adverbs ---------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import os
 import secrets
 import threading
 
-from ..errors import HubTimeout, InvalidRequest
+from ..errors import HubTimeout, InvalidRequest, actor_gone_report, actor_name
 from ..mesh import Extent, Shape
 from ..proc.server import ProcServer
 from ..protocol import envelope, events, hub_ops, proc_ops
@@ -46,7 +46,7 @@ class LocalControl(ControlPlane):
         if reply is None:
             raise HubTimeout(f"{name}: this_proc() did not construct the actor within {timeout} s")
         if reply.header[envelope.OK]:
-            return {"extent": {}, "addresses": [reply.header[proc_ops.ADDRESS]], "dead": {}}
+            return {"name": name, "extent": {}, "addresses": [reply.header[proc_ops.ADDRESS]], "dead": {}}
         if not fault:
             return {"failures": {0: bytes(reply.body)}}
         # No hub to supervise: the failure goes straight to this client's hooks, as the
@@ -55,7 +55,8 @@ class LocalControl(ControlPlane):
         runtime().supervision.on_event({envelope.OP: events.SUPERVISION, events.CLUSTER: self.cluster_id, "failure": {
             "kind": "actor_failed", "proc_mesh": "this_proc", "meshes": [name], "ranks": [0], "why": why,
             "endpoint": "__init__", "traceback": reply.header.get(proc_ops.TRACEBACK, "")}})
-        return {"extent": {}, "addresses": [reply.header[proc_ops.ADDRESS]], "dead": {"0": why}}
+        report = actor_gone_report(actor_name(fields["class_name"], name, {}, 0), why)
+        return {"name": name, "extent": {}, "addresses": [reply.header[proc_ops.ADDRESS]], "dead": {"0": report}}
 
     def stop_actors(self, proc_mesh: str, name: str, timeout: float | None = None) -> list[dict]:
         reply = self._request({envelope.OP: proc_ops.STOP_ACTOR, proc_ops.MESH: name}, timeout=timeout)

@@ -29,8 +29,8 @@ def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
     if len(set(endpoints.values())) > 1:  # Monarch's rule: a sync endpoint that waits would block the async ones
         sync = sorted(n for n, a in endpoints.items() if not a)
         asynchronous = sorted(n for n, a in endpoints.items() if a)
-        raise ValueError(f"{cls.__name__} mixes sync endpoints ({', '.join(sync)}) and async endpoints "
-                         f"({', '.join(asynchronous)}); make them all `def` or all `async def` (as Monarch requires)")
+        raise ValueError(f"{cls.__name__} mixes both async and sync endpoints: sync {', '.join(sync)}; async "
+                         f"{', '.join(asynchronous)}; make them all `def` or all `async def` (as Monarch requires)")
     methods = [n for n, v in inspect.getmembers(cls, callable) if not n.startswith("_") and n not in endpoints]
     return f"{cls.__module__}.{cls.__qualname__}", endpoints, methods
 
@@ -108,9 +108,10 @@ class ProcMesh(MeshHandle):
             bar.close(None)
         if "failures" in reply:
             raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
-        rt.supervision.sync(name, reply["addresses"], reply["dead"])
-        return ActorMesh(self._cluster_id, self._hub_address, self._name, name, class_name, endpoints, methods,
-                         Shape(Extent(reply["extent"])), reply["addresses"])
+        rt.supervision.sync(reply["addresses"], reply["dead"])
+        # (an actor spawning a name another owner's mesh has gets its own, under its own name)
+        return ActorMesh(self._cluster_id, self._hub_address, self._name, reply["name"], class_name, endpoints,
+                         methods, Shape(Extent(reply["extent"])), reply["addresses"])
 
     def interrupt(self, timeout: float = 5.0) -> None:
         """Raise ``KeyboardInterrupt`` in every endpoint running in this mesh's procs (or

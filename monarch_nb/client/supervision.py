@@ -72,16 +72,16 @@ class Supervision:
                     if not ports:
                         del self._waiting[address]
 
-    def sync(self, mesh: str, addresses: list[str], dead: dict) -> None:
+    def sync(self, addresses: list[str], dead: dict) -> None:
         """The hub's view of an actor mesh: the actors at ``addresses`` are alive except
-        those whose rank is in ``dead`` (rank -> why its proc is gone)."""
+        those whose rank is in ``dead`` (rank -> why it is gone: the report calls raise)."""
         with self._lock:
             for rank, address in enumerate(addresses):
                 why = dead.get(str(rank), dead.get(rank))
                 if why is None:
                     self._dead.pop(address, None)  # a live actor; its port may be a dead one's, reused
                 else:
-                    self._dead[address] = f"{mesh} rank {rank}: {why}"
+                    self._dead[address] = why
 
     def fail(self, cluster_id: str, port: int, base_rank: int, why: str) -> None:
         """Send the waiting call at ``port`` a failure reply for ``base_rank``."""
@@ -112,12 +112,12 @@ class Supervision:
         with self._lock:
             pending = []
             for address, (mesh, rank, why) in event["actors"].items():
-                self._dead[address] = f"{mesh} rank {rank}: {why}"
+                self._dead[address] = why
                 self._names[address] = (event.get(events.CLUSTER, ""), mesh, rank)
                 waiting = self._waiting.pop(address, {})
                 if waiting:
                     self._told.add(self._names[address])
-                pending += [(port, cid, base, self._dead[address]) for port, (cid, base) in waiting.items()]
+                pending += [(port, cid, base, why) for port, (cid, base) in waiting.items()]
         for address in event["actors"]:  # no socket of any thread keeps reconnecting to them
             sockets.Outbox.discard(address)
         for port, cluster_id, base_rank, reason in pending:
@@ -163,7 +163,7 @@ class Supervision:
         if failures:
             failures.sort(key=lambda f: f.ranks)
             error = SupervisionError(f"{mesh}: unhandled failure since the last call: "
-                                     + "; ".join(str(f) for f in failures))
+                                     + "; ".join(f.why for f in failures))
             error.events = failures
             raise error
 

@@ -127,10 +127,19 @@ class MeshOps:
         check_mesh_name(name)
         mesh = self._registry.proc_meshes.get(header["proc_mesh"])
         if mesh is None:
-            raise HubError(f"no proc mesh named {header['proc_mesh']!r}; it was stopped", "ValueError")
+            # Monarch's words, which programs written for it match.
+            raise HubError(f"`ProcMesh` has already been stopped: proc mesh {header['proc_mesh']!r} is gone; "
+                           "spawn new procs (host.spawn_procs) to spawn actors", "ValueError")
         key = actor_mesh_key(mesh.name, name)
         async with self._one_spawn_at_a_time(key):
             existing = self._registry.actor_meshes.get(key)
+            owner = header.get("owner")
+            if existing is not None and owner is not None and not header.get("replace") and (
+                    existing.owner or {}).get("address") != owner["address"]:
+                # As in Monarch, an actor spawning a name another owner's mesh has gets a
+                # mesh of its own (which it supervises), named for it.
+                return await self.spawn_actors({**header, "name": f"{name}.{owner['mesh']}-{owner['rank']}"},
+                                               message)
             if existing is not None:
                 same = existing.proc_ranks == header["proc_ranks"] and existing.class_name == header["class_name"]
                 if header.get("replace"):
@@ -179,9 +188,9 @@ class MeshOps:
             for r in replies:  # Monarch: a raising __init__ is a supervision fault, the mesh lives on
                 if not r.header["ok"]:
                     rank = r.header["rank"]
-                    view["dead"][str(rank)] = f"__init__ raised {r.header.get('error', '')}"
-                    await self.actor_died(record, rank, view["dead"][str(rank)], "__init__",
-                                          r.header.get(proc_ops.TRACEBACK, ""))
+                    cause = f"__init__ raised {r.header.get('error', '')}"
+                    view["dead"][str(rank)] = record.gone_report(rank, cause)
+                    await self.actor_died(record, rank, cause, "__init__", r.header.get(proc_ops.TRACEBACK, ""))
             return view
 
     async def stop_actors(self, header, message):
@@ -230,16 +239,18 @@ class MeshOps:
         return {}
 
     def actor_mesh_view(self, record: ActorMeshRecord) -> dict:
-        """What clients are told of an actor mesh: the record, and ``dead`` (rank -> why)
-        for ranks whose proc is gone, so that calls to them fail at once."""
+        """What clients are told of an actor mesh: the record, and ``dead`` (rank -> why,
+        see ``ActorMeshRecord.gone_report``) for ranks whose proc is gone, so that calls
+        to them fail at once."""
         mesh = self._registry.proc_meshes.get(record.proc_mesh)
         dead = {}
         for i, r in enumerate(record.proc_ranks):
             proc = mesh.procs[r] if mesh is not None and r < len(mesh.procs) else None
             if proc is None:
-                dead[str(i)] = "its proc mesh was stopped"
+                dead[str(i)] = record.gone_report(i, "its proc mesh was stopped", stopped=True)
             elif proc.exit_code is not None:
-                dead[str(i)] = f"proc {proc.proc_id} (pid {proc.pid}) {proc.cause or exit_cause(proc.exit_code)}"
+                dead[str(i)] = record.gone_report(
+                    i, f"proc {proc.proc_id} (pid {proc.pid}) {proc.cause or exit_cause(proc.exit_code)}")
         return {**record.public(), "dead": dead}
 
     async def stop_actor_mesh(self, record: ActorMeshRecord) -> list[dict]:
@@ -248,7 +259,8 @@ class MeshOps:
         self.forget_actor_mesh(record)
         # Calls to them fail, now and later.
         await self._announcer.announce({envelope.OP: events.ACTORS_GONE, "actors": {
-            a: (record.name, i, "its actor mesh was stopped") for i, a in enumerate(record.addresses)}})
+            a: (record.name, i, record.gone_report(i, "its actor mesh was stopped", stopped=True))
+            for i, a in enumerate(record.addresses)}})
         self.stop_orphans(set(record.addresses))
         for address in record.addresses:
             self._net.forget(address)
@@ -269,7 +281,8 @@ class MeshOps:
         del self._registry.proc_meshes[record.name]  # before any await: a second stop returns above
         describe = self._registry.describe
         gone = await self.actors_gone([(record, rank, proc, f"{describe(proc)} {proc.cause or 'was stopped'}")
-                                       for rank, proc in enumerate(record.procs) if proc.exit_code is None])
+                                       for rank, proc in enumerate(record.procs) if proc.exit_code is None],
+                                      stopped=True)
         self.stop_orphans(gone)  # (waiting calls failed above)
         for actor_mesh in [a for a in self._registry.actor_meshes.values() if a.proc_mesh == record.name]:
             self.forget_actor_mesh(actor_mesh)
@@ -282,15 +295,16 @@ class MeshOps:
             self._registry.drop_payload(record.payload_id)
             self._registry.save()
 
-    async def actors_gone(self, deaths: list[tuple[ProcMeshRecord, int, ProcRecord, str]]) -> set[str]:
-        """These procs died (mesh, rank, proc, why): every client learns, in one event,
-        which actors died with them and why, so that calls waiting on them fail now
-        (``SupervisionError``, naming every dead rank) instead of never. Returns the
-        addresses of those actors (whose orphans the caller stops)."""
+    async def actors_gone(self, deaths: list[tuple[ProcMeshRecord, int, ProcRecord, str]],
+                          stopped: bool = False) -> set[str]:
+        """These procs died (mesh, rank, proc, why), or were ``stopped``: every client
+        learns, in one event, which actors went with them and why, so that calls waiting
+        on them fail now (``SupervisionError``, naming every dead rank) instead of never.
+        Returns the addresses of those actors (whose orphans the caller stops)."""
         actors: dict[str, tuple[str, int, str]] = {}
         for mesh, rank, _, why in deaths:
             for record, i in self._registry.actors_on(mesh.name, rank):
-                actors[record.addresses[i]] = (record.name, i, why)
+                actors[record.addresses[i]] = (record.name, i, record.gone_report(i, why, stopped))
         await self._announcer.announce({envelope.OP: events.ACTORS_GONE, "actors": actors})
         for _, _, proc, _ in deaths:  # no more sockets to them (a host taken back makes new ones)
             self._net.forget(proc.address)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
+from ..errors import actor_gone_report, actor_name
+
 
 @dataclass
 class HostRecord:
@@ -82,6 +84,11 @@ class ActorMeshRecord:
     @property
     def key(self) -> str:
         return actor_mesh_key(self.proc_mesh, self.name)
+
+    def gone_report(self, rank: int, cause: str, stopped: bool = False) -> str:
+        """Why calls to actor ``rank`` fail: it failed for ``cause``, or was ``stopped``."""
+        return actor_gone_report(actor_name(self.class_name, self.name, self.extent, rank),
+                                 f"{self.name} rank {rank}: {cause}", stopped)
 
     def public(self) -> dict:
         return {**asdict(self), "key": self.key}

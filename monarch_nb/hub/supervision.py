@@ -167,7 +167,7 @@ class Supervision:
             failures.append(({"kind": "proc_failed", "proc_mesh": mesh.name, "rank": rank,
                               "meshes": sorted({n for n, _ in hit}), "ranks": sorted({i for _, i in hit}),
                               "why": why, "endpoint": None}, mesh.owner))
-        gone = await self._meshes.actors_gone(dying)
+        gone = await self._meshes.actors_gone(dying, stopped=expected)
         for failure, owner in failures:
             asyncio.ensure_future(self.escalate(failure, owner))
         self._meshes.stop_orphans(gone)
@@ -208,7 +208,8 @@ class Supervision:
         awaited (the owner may be the actor waiting for this mesh's spawn)."""
         why = f"{record.name} rank {rank}: {cause}"
         address = record.addresses[rank]
-        await self._announcer.announce({envelope.OP: events.ACTORS_GONE, "actors": {address: (record.name, rank, why)}})
+        await self._announcer.announce({envelope.OP: events.ACTORS_GONE,
+                                        "actors": {address: (record.name, rank, record.gone_report(rank, cause))}})
         self._meshes.stop_orphans({address})
         failure = {"kind": "actor_failed", "proc_mesh": record.proc_mesh, "meshes": [record.name],
                    "ranks": [rank], "why": why, "endpoint": endpoint, "traceback": traceback}

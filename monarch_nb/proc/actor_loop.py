@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import zmq
 
-from ..errors import MeshFailure, SupervisionError
+from ..errors import MeshFailure, SupervisionError, actor_gone_report, actor_name
 from ..mesh import Point
 from ..protocol import envelope, hub_ops, proc_ops
 from ..wire import frames as wire_frames
@@ -297,7 +297,7 @@ class ActorThread:
     def _call(self, instance, message: wire_frames.Message, reply_to) -> None:
         if self.dead is not None:
             send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
-                       error=SupervisionError(f"the actor {self.dead}"), extra={proc_ops.DIED: True})
+                       error=self._gone(), extra={proc_ops.DIED: True})
             return
         if self.stopping:
             send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
@@ -433,8 +433,13 @@ class ActorThread:
         self.dead = f"{self.mesh_name} rank {self.point.rank}: {name} raised {cause}"
         print(f"{name} raised {cause}; the actor is dead:\n{tb}", file=sys.stderr, end="")
         send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
-                   error=SupervisionError(f"the actor {self.dead}"), extra={proc_ops.DIED: True})
+                   error=self._gone(), extra={proc_ops.DIED: True})
         self._report_failure(name, cause, tb, dead=True)
+
+    def _gone(self) -> SupervisionError:
+        """What a call to this dead actor fails with: its failure report (see ``dead``)."""
+        name = actor_name(self._instance_info.class_name, self.mesh_name, dict(self.point.extent), self.point.rank)
+        return SupervisionError(actor_gone_report(name, self.dead))
 
     def _report_failure(self, name: str, cause: str, tb: str, dead: bool) -> None:
         if self.hub is not None:

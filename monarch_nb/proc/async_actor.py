@@ -8,8 +8,9 @@ taken at once, so such calls interleave at their awaits (e.g. an actor's endpoin
 awaits a call to a mesh which calls it back). A supervision message (a mesh this
 actor owns failed) is handled as it arrives, also while a call awaits, so
 ``__supervise__`` runs while the endpoint that spawned the failed mesh is waiting on
-it. A stop cancels the calls in progress (their callers hear that the actor was
-stopped), refuses those still queued, and ends the loop.
+it; calls taken after it wait until it has returned. A stop cancels the calls in
+progress (their callers hear that the actor was stopped), refuses those still queued,
+and ends the loop.
 
 Interrupts land only in the actor's code, as for a thread actor (``actor_loop``): each
 step of a call's coroutine runs with the actor's gate open, between steps the loop's
@@ -98,6 +99,7 @@ class AsyncServer:
         self.guard = wire_frames.ReplayGuard()
         self.queue: collections.deque = collections.deque()  # (message, reply_to) calls not yet started
         self.calls: set[_Call] = set()
+        self._supervising: set[asyncio.Task] = set()  # async __supervise__ calls in progress
         self.loop = asyncio.new_event_loop()
         self._queued = asyncio.Event()
         self._stopped: asyncio.Future | None = None  # set with the stop message's reply_to
@@ -167,7 +169,9 @@ class AsyncServer:
             self._queued.set()
         elif kind == proc_ops.SUPERVISE:  # now, even while a call awaits
             if inspect.iscoroutinefunction(getattr(self.instance, "__supervise__", None)):
-                self._start(self._supervise(message.header[proc_ops.FAILURE], reply_to))
+                task = self._start(self._supervise(message.header[proc_ops.FAILURE], reply_to)).task
+                self._supervising.add(task)
+                task.add_done_callback(self._supervising.discard)
             else:
                 self.actor._supervise_message(self.instance, message, reply_to)
         elif kind == proc_ops.STOP:
@@ -181,6 +185,10 @@ class AsyncServer:
                 self._queued.clear()
                 await self._queued.wait()
             message, reply_to = self.queue.popleft()
+            if self._supervising:
+                # It starts after the __supervise__ calls begun before it have returned, as
+                # after a sync one: it sees what they recorded (Monarch's order).
+                await asyncio.wait(list(self._supervising))
             name = message.header[proc_ops.ENDPOINT]
             if is_concurrent(getattr(self.instance, name, None)):
                 self._start(functools.partial(self._run, message=message, name=name, reply_to=reply_to))

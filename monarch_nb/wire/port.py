@@ -57,7 +57,7 @@ def deliver(outbox: sockets.Outbox, cluster_id: str, address: str, port: int, ra
     if error is None:
         try:
             frames = wire_frames.encode_value(cluster_id, {envelope.OK: True, **header}, value, what)
-        except Exception as e:  # SerializationError, MessageTooLarge
+        except Exception as e:  # SerializationError, MessageTooLarge, what its __getstate__ raised
             error = e
     if error is not None:
         frames = wire_frames.encode_value(cluster_id, {**header, envelope.OK: False}, pack_exception(error, 1))

@@ -150,18 +150,24 @@ class _Pickler(cloudpickle.Pickler):
 def dumps(obj: Any, what: str = "value") -> tuple[bytes, list[pickle.PickleBuffer]]:
     """Pickle ``obj``; returns ``(stream, out_of_band_buffers)``.
 
-    Raises :class:`SerializationError` naming ``what`` when ``obj`` cannot be pickled.
+    Raises :class:`SerializationError` naming ``what`` when pickle refuses ``obj`` (a
+    lock, a file, a generator...). What an object's own ``__getstate__`` or
+    ``__reduce__`` raises is that code's error: it propagates as it is (as in Monarch),
+    with a note naming ``what``.
     """
     buffers: list[pickle.PickleBuffer] = []
     stream = io.BytesIO()
     try:
         _Pickler(stream, protocol=PROTOCOL, buffer_callback=buffers.append).dump(obj)
-    except Exception as e:
+    except (TypeError, AttributeError, RecursionError, pickle.PicklingError) as e:
         raise SerializationError(
             f"{what} could not be pickled ({type(e).__name__}: {e}); pass only picklable "
             "values (no open files, sockets, locks or generators), or create such objects "
             "inside the actor"
         ) from e
+    except Exception as e:
+        e.add_note(f"(raised while pickling {what})")
+        raise
     return stream.getvalue(), buffers
 
 
