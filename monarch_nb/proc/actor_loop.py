@@ -108,6 +108,7 @@ class ActorThread:
         self._gate.acquire()
         self.current: tuple[str, float] | None = None  # endpoint running, since (wall clock, s)
         self.dead: str | None = None  # why this actor died: every later call fails with it
+        self.actor_class: type | None = None  # once constructed (the debugger binds breakpoints to its code)
         # An actor on the proc's main thread (``%%monarch exec``) can be interrupted even
         # in a blocking call such as time.sleep: SIGINT interrupts the main thread only.
         self.thread = (threading.main_thread() if main_thread else
@@ -229,6 +230,7 @@ class ActorThread:
                 self.current = ("__init__", time.time())
                 self.busy = True
                 instance, error = self._call_user(cls, *args, **kwargs)
+                self.actor_class = cls
                 self.busy = False
                 self.current = None
             else:
