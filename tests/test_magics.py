@@ -278,6 +278,24 @@ def test_a_proc_dying_between_cells_is_shown_at_the_start_of_the_next_cell(kerne
     assert kernel.run("victims.stop()\n'stopped'", timeout=30)
 
 
+def test_a_remote_traceback_shows_the_cells_source_and_no_client_frames(kernel, talkers):
+    with pytest.raises(CellError) as failed:
+        kernel.run("talkers.fail.call().get()")
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", str(failed.value))
+    assert 'raise ValueError("bad batch")' in shown  # the line in the cell, under the remote frame
+    assert "future.py" not in shown and "raise self._error" not in shown
+
+
+def test_a_value_mesh_shows_as_a_table_by_point_and_a_short_line(kernel, talkers):
+    msg_id = kernel.execute("talkers.talk.call(0).get()")
+    kernel.finish(msg_id)
+    data = next(m["content"]["data"] for m in kernel.outputs[msg_id] if m["msg_type"] == "execute_result")
+    assert "<th>gpus</th><th>value</th>" in data["text/html"] and data["text/html"].count("<tr>") == 5
+    assert data["text/plain"].startswith("ValueMesh({'gpus': 4}, {{gpus=0}: 0,")
+    long = kernel.run("from monarch_nb.actor import ValueMesh, Extent\nValueMesh(Extent({'r': 2}), ['x' * 5000, 1])")
+    assert len(long) < 200
+
+
 def _interrupt_cell(kernel: Kernel, code: str) -> dict:
     """Run ``code`` (which prints 'waiting' once its calls are sent), Ctrl-C it, and
     return its execute_reply."""
