@@ -88,11 +88,13 @@ def with_cell_source(text: str) -> str:
 
 
 def _cell_line(file: str, number: int) -> str:
+    # Entries are (size, mtime, lines, path); IPython's cells have no mtime; lazy
+    # entries (a loader, not yet read) are 1-tuples.
     entry = linecache.cache.get(file)
-    if entry is None:  # the cell under this kernel's name for it (IPython's entries have no mtime)
+    if entry is None or len(entry) != 4:  # the cell under this kernel's name for it
         name = os.path.basename(file)
         entry = next((e for path, e in list(linecache.cache.items())
-                      if e[1] is None and os.path.basename(path) == name), None)
-    if entry is None or len(entry) < 3 or not 0 < number <= len(entry[2]):
+                      if len(e) == 4 and e[1] is None and os.path.basename(path) == name), None)
+    if entry is None or not 0 < number <= len(entry[2]):
         return ""
     return entry[2][number - 1].strip()
