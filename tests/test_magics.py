@@ -296,6 +296,16 @@ def test_a_value_mesh_shows_as_a_table_by_point_and_a_short_line(kernel, talkers
     assert len(long) < 200
 
 
+def test_status_in_a_kernel_has_plain_text_without_ansi_codes_and_no_header_that_goes_stale(kernel, talkers):
+    msg_id = kernel.execute("%monarch status")
+    assert kernel.finish(msg_id)["status"] == "ok"
+    plain = [m["content"]["data"]["text/plain"] for m in kernel.outputs[msg_id] if m["msg_type"] == "display_data"]
+    plain += [m["content"]["text"] for m in kernel.outputs[msg_id] if m["msg_type"] == "stream"]
+    assert plain and not any("\x1b[" in text for text in plain)
+    assert not any("procs alive" in text for text in plain)  # the live widget's own summary says it
+    assert any("talkers" in text for text in plain)  # the tree's plain fallback
+
+
 def _interrupt_cell(kernel: Kernel, code: str) -> dict:
     """Run ``code`` (which prints 'waiting' once its calls are sent), Ctrl-C it, and
     return its execute_reply."""

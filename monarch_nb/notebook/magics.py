@@ -7,6 +7,7 @@ one line with a hint, no traceback.
 from __future__ import annotations
 
 import ast
+import io
 import shlex
 import sys
 import time
@@ -30,6 +31,7 @@ from ..protocol import hub_ops
 from ..protocol.records import LOG_FIELDS
 from ..mesh import Extent
 from ..mesh.ranks import format_ranks, parse_ranks
+from ..proc import exec_actor
 from ..proc.exec_actor import Exec
 from . import debug_magics
 from .interrupts import CellInterrupts
@@ -114,6 +116,8 @@ __DEBUG_HELP__
 MESH and P are variables of this notebook or names of meshes in the cluster."""
 HELP = HELP.replace("__DEBUG_HELP__", debug_magics.HELP)
 FOLLOW_POLL_S = 0.5
+NOTEBOOK_WIDTH = 160  # columns of rich output in a kernel (tables shrink to their content)
+_HTML_FORMAT = '<pre style="font-family:var(--jp-code-font-family,monospace);line-height:1.3">{code}</pre>'
 
 
 @magics_class
@@ -190,11 +194,24 @@ class MonarchMagics(Magics):
         info = cluster.info()
         return cluster._proc_mesh(info["proc_meshes"][mesh._proc_mesh_name])
 
-    @staticmethod
-    def _print(*renderables) -> None:
-        console = Console(highlight=False)  # no guessing: "host(s)" is not a call
+    def _print(self, *renderables) -> None:
+        """Show rich renderables: in a terminal, printed; in a kernel, one display whose
+        ``text/html`` has the colours and whose ``text/plain`` has none (no ANSI codes)
+        and is not cut at rich's 80 columns (kernels have no TTY to measure)."""
+        if getattr(self.shell, "kernel", None) is None:
+            console = Console(highlight=False)  # no guessing: "host(s)" is not a call
+            for r in renderables:
+                console.print(r)
+            return
+        from IPython.display import display
+
+        console = Console(highlight=False, record=True, file=io.StringIO(), width=NOTEBOOK_WIDTH,
+                          force_jupyter=False, force_terminal=True, color_system="truecolor")
         for r in renderables:
             console.print(r)
+        text = "\n".join(line.rstrip() for line in console.export_text(clear=False).splitlines())
+        display({"text/plain": text, "text/html": console.export_html(inline_styles=True, code_format=_HTML_FORMAT)},
+                raw=True)
 
     # subcommands ---------------------------------------------------------------------
     def _help(self, args, cell=None) -> None:
@@ -232,7 +249,8 @@ class MonarchMagics(Magics):
             return
         from IPython.display import display
 
-        self._print(render.status_line(info))
+        # No header line: the widget's own summary line stays true (a static "running ·
+        # 4/4 procs alive" would not, once the cluster stops).
         display(cluster)  # the live health tree widget (html/plain where widgets don't render)
         self._print(render.clients_table(info))
 
@@ -319,7 +337,7 @@ class MonarchMagics(Magics):
     def _exec(self, args, cell: str):
         procs = self._procs_of(args.mesh)
         ranks = parse_ranks(args.ranks, len(procs)) if args.ranks else list(range(len(procs)))
-        runner = procs.spawn(f"{procs.name}.exec", Exec)
+        runner = procs.spawn(exec_actor.mesh_name(procs.name), Exec)
         name = f"<%%monarch exec {procs.name}>"
         if ranks == list(range(len(procs))):
             future = runner.run.call(cell, name)
