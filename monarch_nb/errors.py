@@ -7,11 +7,33 @@ also a classic Python error (a bad value, a bad type) it derives from that too, 
 
 from __future__ import annotations
 
+import os
+import traceback as tb_module
 from dataclasses import dataclass
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class MonarchNbError(Exception):
     """Base class of every monarch_nb error."""
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows instead of its own traceback: the caller's frames without
+        monarch_nb's (the client's waits and re-raises are noise there), then the error
+        (an :class:`ActorError`'s with the remote traceback, whose frames of notebook
+        cells carry their source lines: ``wire.remote_error``)."""
+        frames = [tb_module.FrameSummary(t.tb_frame.f_code.co_filename, t.tb_lineno, t.tb_frame.f_code.co_name)
+                  for t in _walk(self.__traceback__)
+                  if not t.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR)
+                  and not t.tb_frame.f_locals.get("__tracebackhide__")]  # IPython's own frames say so
+        local = "".join(tb_module.format_list(frames)).rstrip("\n").splitlines()
+        return ["Traceback (most recent call last):", *local, f"{type(self).__name__}: {self}"]
+
+
+def _walk(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
 
 
 class ActorError(MonarchNbError):

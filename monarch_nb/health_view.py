@@ -20,6 +20,8 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
+from .proc import exec_actor
+
 # One colour per state: CSS for HTML and the widget, rich style names for terminals.
 STATE_COLOURS = {
     "healthy": ("#2e7d32", "green"),
@@ -33,8 +35,10 @@ STATE_COLOURS = {
     "stopped": ("#757575", "grey50"),
 }
 OPEN_PROCS_UP_TO = 8  # with this many procs or fewer, their actors show at first
+OPEN_HOSTS_UP_TO = 4  # with more hosts, each opens on a click: the tree starts as one line per host
 
-STATE_MARKS = {"healthy": "●", "busy": "◐", "paused": "⏸", "starting": "◌", "unresponsive": "?",
+# Glyphs Debian's default fonts have (DejaVu): "⏸" (U+23F8) showed as an empty box.
+STATE_MARKS = {"healthy": "●", "busy": "◐", "paused": "‖", "starting": "◌", "unresponsive": "?",
                "failed": "✗", "lost": "✗", "degraded": "◐", "stopped": "■"}
 
 
@@ -142,9 +146,23 @@ def _proc_node(proc: dict, cpu: dict[str, float], open_: bool) -> Node:
                 actors, open=open_)
 
 
-def nodes(tree: dict, previous: dict | None = None) -> list[Node]:
+def _internal(mesh: str) -> bool:
+    """An actor mesh of monarch_nb's own machinery (``%%monarch exec``'s)."""
+    return mesh.endswith(exec_actor.MESH_SUFFIX)
+
+
+def _without_internal(tree: dict) -> dict:
+    hosts = [{**h, "procs": [{**p, "actors": [a for a in p["actors"] if not _internal(a["mesh"])]}
+                             for p in h["procs"]]} for h in tree["hosts"]]
+    return {**tree, "hosts": hosts, "actor_meshes": [m for m in tree["actor_meshes"] if not _internal(m["name"])]}
+
+
+def nodes(tree: dict, previous: dict | None = None, internal: bool = False) -> list[Node]:
     """The two top levels of ``tree`` (a ``Cluster.health()`` answer): hosts -> procs ->
-    actors, then actor meshes -> actors. ``previous`` (the tree before) gives CPU %."""
+    actors, then actor meshes -> actors. ``previous`` (the tree before) gives CPU %.
+    ``internal``: show monarch_nb's own actor meshes too (``P.exec``, hidden by default)."""
+    if not internal:
+        tree = _without_internal(tree)
     cpu = cpu_percent(previous, tree)
     few = sum(len(h["procs"]) for h in tree["hosts"]) <= OPEN_PROCS_UP_TO
     hosts = []
@@ -155,7 +173,7 @@ def nodes(tree: dict, previous: dict | None = None) -> list[Node]:
                                     else "")
         text = f"{host['state']}{': ' + cause if cause else ''} · {where} · agent pid {host['pid']} · {len(procs)} procs"
         hosts.append(Node(f"host:{host['host_id']}", "host", host["state"], host["host_id"], text, cause, procs,
-                          open=True))
+                          open=len(tree["hosts"]) <= OPEN_HOSTS_UP_TO))
     for starting in tree.get("starting", []):
         hosts.append(Node(f"starting:{starting['proc_mesh']}", "starting", "starting", starting["proc_mesh"],
                           f"starting: {starting['up']}/{starting['total']} procs up"))

@@ -160,3 +160,39 @@ def test_paused_ranks_survive_a_kernel_restart(kernel):
 
     assert kernel.wait_for(widget_emptied, 10)  # updated by the hub's event, no new cell needed
     assert "no paused ranks" in kernel.run("%monarch debug")
+
+
+WORKER = textwrap.dedent("""\
+    from monarch_nb.actor import Actor, endpoint, current_rank
+
+    class Worker(Actor):
+        @endpoint
+        def compute(self, x):
+            y = x + current_rank().rank
+            return y
+    """)
+
+
+# After test_paused_ranks_survive_a_kernel_restart: this one restarts the kernel too.
+def test_a_breakpoint_by_name_after_a_kernel_restart_binds_to_the_code_the_actors_run(kernel):
+    kernel.run(WORKER)
+    kernel.run("%monarch procs wprocs --per-host gpus=4\n%monarch spawn w Worker --procs wprocs")
+    old_file = kernel.run("print(Worker.compute.__code__.co_filename)").strip()
+    kernel.restart()
+    kernel.run(f"%load_ext monarch_nb\n%monarch connect {NAME}")
+    kernel.run(WORKER)  # the same cell again: a new kernel's file name for it
+    assert kernel.run("print(Worker.compute.__code__.co_filename)").strip() != old_file
+    out = kernel.run("%monarch break Worker.compute w --ranks 2")
+    assert f"bound in 1 proc(s) at {old_file}, the code the actors run" in out
+    kernel.run("import monarch_nb\nc = monarch_nb.connect()\nw = c.actor_meshes['w']\nfut = w.compute.call(5)\n"
+               "c.debugger.wait_paused(1, 'w', timeout=60)")
+    rows = [line.split() for line in kernel.run("%monarch debug").splitlines() if line.startswith("w ")]
+    assert [row[1] for row in rows] == ["2"]
+    assert "continued w rank(s) 2" in kernel.run("%monarch debug continue w")
+    assert kernel.run("print(list(fut.get(timeout=30).values()))").strip() == "[5, 6, 7, 8]"
+    kernel.run("%monarch break --clear")
+    # The class changed since the actors were spawned: nothing they run matches; say so at once.
+    kernel.run(WORKER.replace("return y", "return y * 2"))
+    out = kernel.run("%monarch break Worker.compute w --ranks 2")
+    assert "binds nowhere yet: no actor of w runs this code" in out
+    kernel.run("%monarch break --clear")

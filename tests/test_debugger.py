@@ -9,11 +9,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from monarch_nb.actor import ActorError, SupervisionError
+from monarch_nb.client.debugger import Debugger
+from monarch_nb.client.hub_client import HubClient
 from monarch_nb.errors import InvalidRequest
+from monarch_nb.protocol import hub_ops
 
 from conftest import pids_alive, wait_until
 from debug_actors import BREAK_LINE, COMPUTE_LINE, AsyncPaused, Paused
@@ -61,6 +65,32 @@ def test_breakpoint_pauses_every_rank_eval_in_all_then_continue_returns(dbg, pau
     assert sorted(dbg.continue_("paused")) == [0, 1, 2, 3]
     assert list(future.get(timeout=30).values()) == [41, 42, 43, 44]
     assert wait_until(lambda: not dbg.paused(), 10)
+
+
+def test_a_listing_older_than_a_stop_event_does_not_hide_the_stop(cluster, paused4, monkeypatch):
+    # Seen under load: the event of a new stop overtakes a listing the hub made before
+    # it; wait_paused must still see the stop (it timed out while health showed it).
+    fresh = Debugger(cluster)
+    heard = threading.Event()
+    fresh.watch(lambda stops: stops and heard.set())
+    real, calls = HubClient.request, []
+
+    def listing_overtaken_by_the_event(self, op, *args, **kwargs):
+        reply = real(self, op, *args, **kwargs)
+        if op == hub_ops.DEBUG_PAUSED and not calls:  # made before the stop: returned after its event
+            calls.append(paused4.slice(gpus=1).work.call_one(4))
+            assert heard.wait(60)
+        return reply
+
+    monkeypatch.setattr(HubClient, "request", listing_overtaken_by_the_event)
+    try:
+        stops = fresh.wait_paused(1, "paused", timeout=20)
+    finally:
+        monkeypatch.undo()
+        fresh.close()
+    assert [s.rank for s in stops] == [1]
+    cluster.debugger.continue_all()
+    assert calls[0].get(timeout=30) == 42
 
 
 def test_breakpoint_pauses_an_async_actor_too(dbg, procs4):
@@ -144,7 +174,8 @@ def test_breakpoint_from_client_on_function_pickled_by_value(dbg, procs4):
 
 def test_conditional_breakpoint_pauses_only_rank_2(dbg, paused4):
     bp = dbg.set_breakpoint(f"{FILE}:{COMPUTE_LINE}", mesh="paused", condition="rank == 2")
-    assert dbg.breakpoints() == [bp]
+    assert {b["proc_id"] for b in bp["bound"]} == {f"procs4/{r}" for r in range(4)}
+    assert dbg.breakpoints() == [{k: v for k, v in bp.items() if k != "bound"}]  # where it bound: at set time only
     futures = [paused4.slice(gpus=r).compute.call_one(10) for r in range(4)]
     stops = dbg.wait_paused(1, "paused", timeout=60)
     assert [f.get(timeout=30) for i, f in enumerate(futures) if i != 2] == [20, 22, 26]

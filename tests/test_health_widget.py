@@ -239,3 +239,42 @@ def test_cli_status_watch_shows_a_proc_turning_failed(cluster, workers):
 def test_cli_status_watch_ends_after_count(cluster):
     out, _ = (watch := _status(cluster.name, "--watch", "--interval", "0.05", "--count", "3")).communicate(timeout=60)
     assert watch.returncode == 0 and out.count(f"cluster {cluster.name} · ") == 3 and "refresh 3" in out
+
+
+def _synthetic_tree(hosts: int, procs_per_host: int, meshes: tuple[str, ...] = ("w",)) -> dict:
+    """A health tree as the hub answers it, without a cluster."""
+    def proc(h: int, r: int) -> dict:
+        return {"proc_id": f"p/{h * procs_per_host + r}", "pid": 100 + r, "state": "healthy",
+                "actors": [{"mesh": m, "rank": h * procs_per_host + r, "class": "W", "state": "healthy"}
+                           for m in meshes]}
+
+    size = hosts * procs_per_host
+    return {"cluster": "synthetic", "state": "healthy", "summary": f"{size}/{size} procs healthy",
+            "hosts": [{"host_id": f"host{h}", "hostname": "vm", "pid": 10 + h, "state": "healthy",
+                       "procs": [proc(h, r) for r in range(procs_per_host)]} for h in range(hosts)],
+            "actor_meshes": [{"name": m, "class": "W", "proc_mesh": "p", "extent": {"procs": size}, "alive": size,
+                              "size": size, "state": "healthy", "actors": []} for m in meshes]}
+
+
+def test_a_large_tree_starts_as_one_closed_line_per_host():
+    hosts = health_view.nodes(_synthetic_tree(16, 8))[0].children
+    assert len(hosts) == 16 and not any(h.open for h in hosts)
+    assert health_view.to_html(_synthetic_tree(16, 8)).count("<details open>") == 2  # the two sections only
+    assert all(h.open for h in health_view.nodes(_synthetic_tree(2, 4))[0].children)  # a small one opens
+
+
+def test_exec_meshes_of_the_magic_are_hidden_unless_asked_for():
+    tree = _synthetic_tree(1, 2, meshes=("w", "p.exec"))
+    plain = health_view.to_plain(tree)
+    assert "w[0]" in plain and "p.exec" not in plain and "actor meshes (1)" in plain
+    shown = health_view.nodes(tree, internal=True)
+    assert [m.title for m in shown[1].children] == ["w", "p.exec"]
+
+
+def test_state_marks_have_a_glyph_in_the_fonts_a_debian_desktop_has():
+    if subprocess.run(["sh", "-c", "command -v fc-list"], capture_output=True).returncode != 0:
+        pytest.skip("fontconfig's fc-list is not installed")
+    missing = [f"{state} {mark!r}" for state, mark in health_view.STATE_MARKS.items()
+               if not subprocess.run(["fc-list", f":charset={ord(mark):x}", "family"], capture_output=True,
+                                     text=True).stdout.strip()]
+    assert not missing, f"no installed font draws: {', '.join(missing)}"

@@ -186,3 +186,15 @@ def test_protocol_imports_nothing_of_monarch_nb():
                     f"{path.name} imports {node.module}")
             elif isinstance(node, ast.Import):
                 assert not any(a.name.startswith("monarch_nb") for a in node.names), f"{path.name} imports monarch_nb"
+
+
+def test_the_notebook_extra_needs_an_ipykernel_that_parents_each_threads_output():
+    # ipykernel 6.x has no per-thread stream parent: actor lines printed after their
+    # cell finished went out with an empty parent header, and no frontend showed them.
+    import tomllib
+
+    from ipykernel.iostream import OutStream
+
+    extra = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    floor = next(req for req in extra["notebook"] if req.startswith("ipykernel"))
+    assert floor == "ipykernel>=7" and hasattr(OutStream, "set_thread_parent")

@@ -304,17 +304,74 @@ def test_a_failure_the_cells_own_call_raised_gets_no_banner_then_or_later(kernel
                timeout=30)
 
 
-def test_ctrl_c_while_waiting_on_a_call_gives_one_keyboard_interrupt_and_later_calls_are_right(kernel, talkers):
-    # Interrupted once the cell runs (a SIGINT before that is the kernel's own, not the cell's).
-    msg_id = kernel.execute("print('waiting', flush=True)\ntalkers.spin.call(5).get()")
-    assert kernel.wait_for(lambda: "waiting" in kernel.text(msg_id), 10)
+def test_a_remote_traceback_shows_the_cells_source_and_no_client_frames(kernel, talkers):
+    with pytest.raises(CellError) as failed:
+        kernel.run("talkers.fail.call().get()")
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", str(failed.value))
+    assert 'raise ValueError("bad batch")' in shown  # the line in the cell, under the remote frame
+    assert "future.py" not in shown and "raise self._error" not in shown
+
+
+def test_a_value_mesh_shows_as_a_table_by_point_and_a_short_line(kernel, talkers):
+    msg_id = kernel.execute("talkers.talk.call(0).get()")
+    kernel.finish(msg_id)
+    data = next(m["content"]["data"] for m in kernel.outputs[msg_id] if m["msg_type"] == "execute_result")
+    assert "<th>gpus</th><th>value</th>" in data["text/html"] and data["text/html"].count("<tr>") == 5
+    assert data["text/plain"].startswith("ValueMesh({'gpus': 4}, {{gpus=0}: 0,")
+    long = kernel.run("from monarch_nb.actor import ValueMesh, Extent\nValueMesh(Extent({'r': 2}), ['x' * 5000, 1])")
+    assert len(long) < 200
+
+
+def test_status_in_a_kernel_has_plain_text_without_ansi_codes_and_no_header_that_goes_stale(kernel, talkers):
+    msg_id = kernel.execute("%monarch status")
+    assert kernel.finish(msg_id)["status"] == "ok"
+    plain = [m["content"]["data"]["text/plain"] for m in kernel.outputs[msg_id] if m["msg_type"] == "display_data"]
+    plain += [m["content"]["text"] for m in kernel.outputs[msg_id] if m["msg_type"] == "stream"]
+    assert plain and not any("\x1b[" in text for text in plain)
+    assert not any("procs alive" in text for text in plain)  # the live widget's own summary says it
+    assert any("talkers" in text for text in plain)  # the tree's plain fallback
+
+
+def _interrupt_cell(kernel: Kernel, code: str) -> dict:
+    """Run ``code`` (which prints 'waiting' once its calls are sent), Ctrl-C it, and
+    return its execute_reply."""
+    msg_id = kernel.execute(code)
+    assert kernel.wait_for(lambda: "waiting" in kernel.text(msg_id), 20)
     kernel.km.interrupt_kernel()
-    reply = kernel.finish(msg_id, timeout=20)
+    return kernel.finish(msg_id, timeout=30)
+
+
+def test_ctrl_c_while_waiting_on_calls_interrupts_them_on_the_ranks_and_the_next_call_runs_at_once(kernel, talkers):
+    reply = _interrupt_cell(kernel, "f = talkers.spin.call(300)\nqueued = talkers.spin.call(300)\n"
+                                    "print('waiting', flush=True)\nf.get()")
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
-    traceback = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(reply["traceback"]))
-    assert traceback.count("Traceback (most recent call last)") == 1 and "During handling" not in traceback
-    # The late replies of the abandoned call go nowhere; the next call gets its own.
+    # One short line naming the calls, not a traceback through the client's wait.
+    assert reply["traceback"] == ["KeyboardInterrupt: interrupted talkers.spin (ranks 0-3) on the cluster"]
+    # Neither the running call nor the one queued behind it goes on: the next call is
+    # answered now, not after 600 s of spinning.
     assert kernel.run("talkers.talk.call(0).get(timeout=30).values()", timeout=40).strip().splitlines()[-1] == "[0, 1, 2, 3]"
+    out = kernel.run("for g in (f, queued):\n    try:\n        g.get(timeout=30)\n    except Exception as e:\n"
+                     "        print(type(e).__name__, type(e.exception).__name__)")
+    assert out.split("\n")[:2] == ["ActorError KeyboardInterrupt"] * 2
+
+
+def test_ctrl_c_with_interrupt_remote_off_leaves_the_calls_running(kernel, talkers):
+    assert kernel.run("%monarch config interrupt_remote off").strip() == "interrupt_remote off"
+    try:
+        reply = _interrupt_cell(kernel, "f = talkers.spin.call(8)\nprint('waiting', flush=True)\nf.get()")
+        assert reply["traceback"] == [
+            "KeyboardInterrupt: talkers.spin (ranks 0-3) still running on the cluster "
+            "(%monarch config interrupt_remote on: Ctrl-C interrupts them too)"]
+        out = kernel.run("print(f.get(timeout=60).values())", timeout=70)  # ran to the end
+        assert out.strip().splitlines()[-1] == "[None, None, None, None]"
+    finally:
+        kernel.run("%monarch config interrupt_remote on")
+
+
+def test_ctrl_c_in_a_cell_without_calls_in_flight_shows_the_usual_traceback(kernel):
+    reply = _interrupt_cell(kernel, "import time\nprint('waiting', flush=True)\ntime.sleep(60)")
+    assert reply["ename"] == "KeyboardInterrupt"
+    assert "time.sleep(60)" in re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(reply["traceback"]))
 
 
 # Last: the kernel restarts (later tests would not find the names defined before).

@@ -56,6 +56,15 @@ class Trainer(Actor):
     def set_greeting(self, greeting: str) -> None:
         self.greeting = greeting
 
+    @endpoint
+    def srun(self, *argv: str) -> str:
+        """An srun of the actor's own: a step of the cluster's job."""
+        try:
+            done = subprocess.run(["srun", *argv], capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            return "srun did not start within 60 s"
+        return done.stdout.strip() or done.stderr.strip()
+
 
 def scontrol_job(job_id: str) -> dict | None:
     out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
@@ -146,6 +155,15 @@ def test_a_two_node_job_runs_the_quickstart_and_stop_leaves_nothing(started):
     assert wait_until(lambda: not job_steps_alive(job_id) and not cluster_processes(path), 10), (
         job_steps_alive(job_id), cluster_processes(path))
     assert not path.exists()
+
+
+def test_an_actors_own_srun_runs_inside_the_clusters_job(started):
+    started.append("slurm-srun")
+    cluster = Cluster.start("slurm-srun", allocator=SlurmAllocator(nodes=1, partition="debug", start_timeout=60))
+    trainer = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}).spawn("trainer", Trainer)
+    # The agents' step holds the node's CPUs; without --overlap this srun waits forever.
+    out = trainer.srun.call_one("--nodes=1", "--ntasks=1", "printenv", "SLURM_STEP_ID").get(timeout=90)
+    assert out.isdigit() and out != "0", out
 
 
 def test_scancel_from_outside_fails_calls_and_shows_failed_hosts(started):

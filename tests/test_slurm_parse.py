@@ -130,3 +130,9 @@ def test_sbatch_answers_give_the_job_id(text, job_id):
 def test_sbatch_without_a_job_id_is_an_error_quoting_it():
     with pytest.raises(ValueError, match="invalid partition"):
         sp.parse_sbatch("sbatch: error: invalid partition specified: nope\n")
+
+
+@pytest.mark.parametrize("text, version", [("slurm 23.02.7\n", (23, 2)), ("slurm-wlm 22.05.8\n", (22, 5)),
+                                           ("slurm 20.02.1", (20, 2)), ("srun: command not understood", None)])
+def test_srun_version_is_read_for_the_overlap_decision(text, version):
+    assert sp.parse_version(text) == version

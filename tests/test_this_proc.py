@@ -52,6 +52,27 @@ def test_interrupt_of_a_this_proc_actor_spares_the_client():
         mesh.stop()
 
 
+def test_interrupting_a_cells_calls_on_this_proc_stops_them_and_refuses_the_queued_one():
+    # What Ctrl-C in a notebook does to the cell's calls (``client.in_flight``).
+    from monarch_nb.client import in_flight
+    from monarch_nb.client.runtime import runtime
+
+    mesh = this_proc().spawn("local_cell_calls", Napper)
+    rt = runtime()
+    rt.cell, before = "a-cell", rt.cell
+    try:
+        running, queued = mesh.nap.call_one(30.0), mesh.nap.call_one(30.0)
+        assert in_flight.interrupt(rt.in_flight.of_cell("a-cell")) == ["local_cell_calls.nap (ranks 0)"]
+        for call in (running, queued):
+            with pytest.raises(ActorError, match="KeyboardInterrupt"):
+                call.get(timeout=10)
+        assert rt.in_flight.of_cell("a-cell") == []
+        assert mesh.ping.call_one().get(timeout=10) == os.getpid()  # the client and the actor carry on
+    finally:
+        rt.cell = before
+        mesh.stop()
+
+
 def test_a_cluster_displays_without_ipywidgets():
     code = textwrap.dedent("""
         import sys

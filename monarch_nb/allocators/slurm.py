@@ -15,6 +15,11 @@ The job is the allocation: stopping the cluster ends it (agents exit, then
 failure, preemption) shows up within about a second as failed hosts whose procs'
 calls raise ``SupervisionError`` naming the job's state. Accounting is not needed:
 job state comes from ``scontrol show job``.
+
+The agents' step runs with ``--overlap`` (Slurm >= 20.11) and exports ``SLURM_OVERLAP``
+to the procs, so an ``srun`` started by an actor becomes a step of the same job that
+shares the node's CPUs instead of waiting forever for the agents' step to end; on older
+Slurm such an ``srun`` fails after ``STEP_WAIT_S`` seconds when it can't get CPUs.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from ..errors import ClusterError
 from ..wire import interfaces
 from . import slurm_parse
 
+OVERLAP_SINCE = (20, 11)  # srun --overlap; before it, the steps of a job shared CPUs by default
+STEP_WAIT_S = 60  # without --overlap: how long an actor's own srun waits for CPUs before it fails
 COMMAND_TIMEOUT_S = 30.0  # sbatch/scontrol/scancel; they block while the controller is unreachable
 CANCEL_WAIT_S = 10.0  # how long stop() waits for a cancelled job to end
 POLL_S = 0.1
@@ -157,13 +164,22 @@ class SlurmAllocator:
         step = ["srun", "--kill-on-bad-exit=0", "--ntasks-per-node=1"]
         if self.options["cpus_per_task"]:  # srun no longer inherits it from sbatch (Slurm >= 22.05)
             step.append(f"--cpus-per-task={self.options['cpus_per_task']}")
+        # The agents' step holds the job's CPUs for as long as the cluster runs: an actor's
+        # own srun (a step of the same job: procs inherit the job's variables) must share
+        # them, or it waits forever. SLURM_OVERLAP is --overlap for every srun that inherits it.
+        version = slurm_parse.parse_version(_run(["srun", "--version"]))
+        if version is not None and version >= OVERLAP_SINCE:
+            step.append("--overlap")
+            share = "export SLURM_OVERLAP=1\n"
+        else:  # no --overlap here: an actor's srun that can't get CPUs fails after a while instead
+            share = f"export SLURM_IMMEDIATE={STEP_WAIT_S}\n"
         agent = ('exec "$0" -m monarch_nb.host --cluster-dir "$1" --hub "$2" --grace "$3" --bind auto '
                  '--host-id "host$SLURM_PROCID" --node "$SLURMD_NODENAME"')
         args = [sys.executable, self.cluster_dir, hub_address, str(self.grace_s)]
         return ("#!/bin/sh\n"
                 f"# monarch_nb cluster {Path(self.cluster_dir).name}: one host agent per node, dialing the hub.\n"
                 'echo "monarch_nb: job $SLURM_JOB_ID running on $SLURM_JOB_NODELIST at $(date +%s.%N)"\n'
-                f"exec {shlex.join(step)} /bin/sh -c {shlex.quote(agent)} {shlex.join(args)}\n")
+                f"{share}exec {shlex.join(step)} /bin/sh -c {shlex.quote(agent)} {shlex.join(args)}\n")
 
     def adopt(self, pids: dict[str, int]) -> None:
         """Nothing to do: the agents run under the job restored from the spec."""

@@ -137,3 +137,10 @@ def parse_squeue(text: str, fields: list[str], sep: str = "|") -> list[dict[str,
         if len(parts) == len(fields) and parts[0][:1].isdigit():
             rows.append(dict(zip(fields, (p.strip() for p in parts))))
     return rows
+
+
+def parse_version(text: str) -> tuple[int, int] | None:
+    """``(major, minor)`` from ``srun --version`` (``"slurm 23.02.7"``, ``"slurm-wlm
+    22.05.8"``), or None when the text names no version."""
+    m = re.search(r"slurm\S*\s+(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else None

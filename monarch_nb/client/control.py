@@ -60,6 +60,15 @@ class ControlPlane(abc.ABC):
         """KeyboardInterrupt into every endpoint running in ``procs`` (their records)."""
 
     @abc.abstractmethod
+    def interrupt_calls(self, proc_mesh: str, name: str, routes: dict[int, list[tuple[str, int]]],
+                        timeout: float) -> None:
+        """Interrupt calls of actor mesh ``name``: for each base rank, the calls whose
+        replies go to ``routes[rank]`` (``(address, port)``) get KeyboardInterrupt if
+        running, and are refused if they have not begun; other calls and other actors
+        of the procs carry on (an ``async`` actor's running calls are all interrupted).
+        Waits up to ``timeout`` seconds for the procs to confirm."""
+
+    @abc.abstractmethod
     def paused(self, timeout: float) -> list[dict]:
         """The paused threads (debugger stops) of the cluster."""
 

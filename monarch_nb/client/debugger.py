@@ -132,7 +132,8 @@ class Debugger:
         self._cluster = cluster
         self._cluster_id = cluster._info["cluster_id"]
         self._cond = threading.Condition()
-        self._stops: dict[str, dict] | None = None  # from debug_changed events, once one came
+        self._stops: dict[str, dict] | None = None  # the newest list heard of (events, replies)
+        self._seq: tuple[str, int] | None = None  # its version: (hub epoch, changes)
         self._watchers: list[Callable[[list[Stop]], None]] = []
         self._unsubscribe = runtime().events.subscribe(self._on_event)
 
@@ -140,7 +141,8 @@ class Debugger:
         if event.get(envelope.OP) != events.DEBUG_CHANGED or event.get(events.CLUSTER) != self._cluster_id:
             return
         with self._cond:
-            self._stops = {s["key"]: s for s in event["stops"]}
+            if not self._keep(event["stops"], event.get(events.SEQ)):
+                return  # a listing newer than this event came first
             self._cond.notify_all()
             watchers = list(self._watchers)
         stops = [Stop.from_entry(s) for s in event["stops"]]
@@ -151,10 +153,20 @@ class Debugger:
     def paused(self, mesh=None, ranks=None) -> list[Stop]:
         """Paused threads, by mesh and rank (one hub round trip); only those of
         ``mesh`` (a name or handle) and ``ranks`` (int, list or ``"0-3,5"``) when given."""
-        entries = self._cluster.hub.request(hub_ops.DEBUG_PAUSED, timeout=REQUEST_TIMEOUT_S)["stops"]
+        reply = self._cluster.hub.request(hub_ops.DEBUG_PAUSED, timeout=REQUEST_TIMEOUT_S)
         with self._cond:
-            self._stops = {s["key"]: s for s in entries}
+            self._keep(reply["stops"], reply.get(events.SEQ))
+            entries = list(self._stops.values())  # an event that came while we asked may be newer
         return self._select([Stop.from_entry(s) for s in entries], mesh, ranks)
+
+    def _keep(self, entries: list[dict], seq) -> bool:
+        """Hold ``entries`` as the list unless the one held is newer (an event and a
+        listing cross on the way); call with ``_cond`` held. True if kept."""
+        seq = tuple(seq) if seq else None
+        if seq is not None and self._seq is not None and seq[0] == self._seq[0] and seq[1] < self._seq[1]:
+            return False
+        self._stops, self._seq = {s["key"]: s for s in entries}, seq
+        return True
 
     @staticmethod
     def _select(stops: list[Stop], mesh, ranks) -> list[Stop]:
@@ -375,14 +387,24 @@ class Debugger:
         its file, default its first body line) — also one defined in a notebook cell
         (the procs run it pickled by value, under the cell's file name). ``mesh``/
         ``ranks``: only those actors stop (default: any thread of any proc);
-        ``condition``: a Python expression evaluated in the frame. Returns the
-        breakpoint (``id``, ``file``, ``line``, ...). Raises ``InvalidRequest`` for an
+        ``condition``: a Python expression evaluated in the frame. Notebook code binds
+        to the actors' code from the same cell text, also after a kernel restart. Returns
+        the breakpoint (``id``, ``file``, ``line``, ..., and ``bound``: one
+        ``{"proc_id", "file"}`` per proc whose actors run that code, empty when it bound
+        nowhere yet). Raises ``InvalidRequest`` for an
         unknown mesh, ranks outside it, or a condition that is not an expression."""
         file, line = _location(where, line)
         ranks = _ranks_of(ranks)
         # Code from a notebook cell has a file name but no file: its text goes along, and
-        # procs write it under that name (as ipykernel's own debugger does) for debugpy.
-        source = None if os.path.exists(file) else "".join(linecache.getlines(file)) or None
+        # procs write it under that name (as ipykernel's own debugger does) for debugpy,
+        # and bind it to the actors' code from the same cell (``debug.binding``). A proc on
+        # this machine may have written the file already: IPython's cache entry (no
+        # mtime) tells a cell from a file.
+        cached = linecache.cache.get(file)
+        if cached is not None and cached[1] is None:
+            source = "".join(cached[2]) or None
+        else:
+            source = None if os.path.exists(file) else "".join(linecache.getlines(file)) or None
         return self._cluster.hub.request(hub_ops.DEBUG_SET_BREAKPOINT, timeout=REQUEST_TIMEOUT_S, file=file, line=line,
                                          mesh=_mesh_name(mesh), ranks=ranks, condition=condition,
                                          source=source)["breakpoint"]

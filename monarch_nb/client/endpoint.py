@@ -20,6 +20,7 @@ from ..wire.mailbox import Gather
 from ..wire.port import Port
 from ..wire.remote_error import unpack_exception
 from .future import Future
+from .in_flight import Call
 from .runtime import runtime
 from .value_mesh import ValueMesh
 
@@ -131,6 +132,8 @@ class Endpoint:
             supervision.fail(mesh._cluster_id, port, targets[address], why)
         mesh._track(view_ranks, future)
         future._cycle = self._cycle_error(targets)
+        rt.in_flight.add(future, Call(mesh, self._name, rt.cell, (route[envelope.REPLY], port),
+                                      lambda: [b for b, i in by_base.items() if i not in answered]))
         future._ranks = len(view_ranks)
         future._why_slow = lambda: _paused_ranks_hint(mesh, by_base)
         future._answered = lambda: len(view_ranks) - remaining[0]

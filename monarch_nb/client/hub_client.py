@@ -112,6 +112,19 @@ class HubControl(ControlPlane):
                 gather.request(proc["address"], self.cluster_id, {envelope.OP: proc_ops.INTERRUPT}, key=rank)
             gather.wait(len(procs), timeout)
 
+    def interrupt_calls(self, proc_mesh: str, name: str, routes: dict[int, list[tuple[str, int]]],
+                        timeout: float) -> None:
+        info = self.hub.request(hub_ops.INFO, timeout=timeout)
+        record, procs = info["actor_meshes"].get(f"{proc_mesh}/{name}"), info["proc_meshes"].get(proc_mesh)
+        if record is None or procs is None:
+            return  # stopped meanwhile: nothing runs there any more
+        with Gather(runtime().mailbox) as gather:
+            for rank, calls in routes.items():
+                address = procs["procs"][record["proc_ranks"][rank]]["address"]
+                header = {envelope.OP: proc_ops.INTERRUPT, proc_ops.MESH: name, proc_ops.ROUTES: calls}
+                gather.request(address, self.cluster_id, header, key=rank)
+            gather.wait(len(routes), timeout)
+
     def paused(self, timeout: float) -> list[dict]:
         return self.hub.request(hub_ops.DEBUG_PAUSED, timeout=timeout)["stops"]
 

@@ -85,6 +85,11 @@ class LocalControl(ControlPlane):
             threading.Thread(target=ProcServer._interrupt_threads, args=(targets,), daemon=True,
                              name="monarch-nb-interrupt").start()
 
+    def interrupt_calls(self, proc_mesh: str, name: str, routes: dict[int, list[tuple[str, int]]],
+                        timeout: float) -> None:
+        header = {envelope.OP: proc_ops.INTERRUPT, proc_ops.MESH: name, proc_ops.ROUTES: routes.get(0, [])}
+        self._request(header, timeout=timeout)
+
     def paused(self, timeout: float) -> list[dict]:
         return []  # no debug registry without a hub
 

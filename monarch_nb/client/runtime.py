@@ -9,8 +9,9 @@ One per process (:func:`runtime`), owning
 - the forwarded log lines (folding, where they are shown) and the origin put on calls;
 - where progress bars go;
 - the connected (default) cluster, and the in-process control plane of ``this_proc()``;
-- the calls outstanding per actor (``choose()`` balances on them) and how to tell that
-  a hub is dead (requests to it give up early).
+- the calls outstanding per actor (``choose()`` balances on them), the calls in flight
+  by cell (what a notebook's Ctrl-C interrupts: ``in_flight``) and how to tell that a
+  hub is dead (requests to it give up early).
 
 The notebook registers display hooks here (:meth:`ClientRuntime.set_line_sink`,
 :meth:`~ClientRuntime.set_bar_factory`, :meth:`~ClientRuntime.set_failure_hook`); a
@@ -35,6 +36,7 @@ from ..proc import stdio
 from ..wire.mailbox import Mailbox
 from . import progress
 from .events import EventBus, EventReceiver
+from .in_flight import InFlight
 from .logs import Folded, LogLines, print_sink
 from .supervision import Supervision
 
@@ -69,6 +71,7 @@ class ClientRuntime:
         self.call_loads: dict[tuple[str, str], dict[int, int]] = {}
         self.call_loads_lock = threading.Lock()
         self.choose_turn = itertools.count()  # round-robin among equally loaded actors
+        self.in_flight = InFlight()  # calls waiting on actors, by cell (what Ctrl-C interrupts)
         # hub address -> a function that raises ClusterError once that hub is known dead
         self.hub_liveness: dict[str, Callable[[], None]] = {}
 

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import html
+import reprlib
 from typing import Any, Generic, Iterator, TypeVar
 
 from ..mesh import Extent, Point
 
 R = TypeVar("R")
+REPR_POINTS, REPR_CHARS = 8, 60  # the text repr: how many points, how long a value
+HTML_POINTS, HTML_CHARS = 64, 200  # the HTML table's
+
+
+def _short(value: Any, limit: int) -> str:
+    """``value``'s repr in at most ``limit`` characters, never building a huge one."""
+    shorter = reprlib.Repr()
+    shorter.maxstring = shorter.maxother = limit
+    shorter.maxlist = shorter.maxtuple = shorter.maxdict = shorter.maxset = max(6, limit // 10)
+    text = shorter.repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 class ValueMesh(Generic[R]):
@@ -49,9 +62,24 @@ class ValueMesh(Generic[R]):
         return isinstance(other, ValueMesh) and self._extent == other._extent and self._values == other._values
 
     def __repr__(self) -> str:
-        shown = ", ".join(f"{p}: {v!r}" for p, v in list(self.items())[:8])
-        more = f", ... ({len(self) - 8} more)" if len(self) > 8 else ""
+        """Short: the first ``REPR_POINTS`` points, each value's repr cut to
+        ``REPR_CHARS`` characters."""
+        shown = ", ".join(f"{p}: {_short(v, REPR_CHARS)}" for p, v in list(self.items())[:REPR_POINTS])
+        more = f", ... ({len(self) - REPR_POINTS} more)" if len(self) > REPR_POINTS else ""
         return f"ValueMesh({dict(self._extent)}, {{{shown}{more}}})"
+
+    def _repr_html_(self) -> str:
+        """A table by point (one column per dimension, then the value), the first
+        ``HTML_POINTS`` rows, each value's repr cut to ``HTML_CHARS`` characters."""
+        labels = self._extent.labels
+        head = "".join(f"<th>{html.escape(label)}</th>" for label in labels) + "<th>value</th>"
+        rows = ["<tr>" + "".join(f"<td>{point[label]}</td>" for label in labels)
+                + f"<td style='text-align:left'><code>{html.escape(_short(value, HTML_CHARS))}</code></td></tr>"
+                for point, value in list(self.items())[:HTML_POINTS]]
+        if len(self) > HTML_POINTS:
+            rows.append(f"<tr><td colspan='{len(labels) + 1}'>... {len(self) - HTML_POINTS} more</td></tr>")
+        return (f"<div><b>ValueMesh</b> {html.escape(str(dict(self._extent)))}"
+                f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
 
     def __reduce__(self):
         return (ValueMesh, (self._extent, self._values))

@@ -37,7 +37,7 @@ from ..proc.actor_loop import send_reply
 from ..protocol import debug as debug_ops
 from ..protocol import envelope, hub_ops, proc_ops
 from ..wire import frames as wire_frames
-from . import arming, pydevd_adapter
+from . import arming, binding, pydevd_adapter
 from .dap import DapClient, DapError
 from .mux import Mux
 
@@ -80,6 +80,8 @@ class ProcDebugger:
         self._arm_error: str | None = None
         self._names: dict[int, str] = {}  # DAP thread id -> thread name
         self._applied: set[str] = set()  # files we set breakpoints in
+        self._files: dict[int, str] = {}  # breakpoint id -> the file it is set in here (``binding``)
+        self._bound: dict[int, str] = {}  # breakpoint id -> the file, where the actors here run that code
         self._steps: dict[int, tuple[dict, float]] = {}  # DAP thread id -> (request header, deadline)
         self._pm_endpoint: dict[int, str] = {}  # thread ident -> endpoint that raised (post-mortem)
         self._stopping: set[int] = set()  # threads between breakpoint() and their stop: keep tracing
@@ -221,8 +223,10 @@ class ProcDebugger:
                     self._request(item)
                 elif kind == "config":
                     self._apply_config()
-                    if envelope.PORT in item:
-                        self._reply(item, {"armed": self.armed})
+                    if envelope.PORT in item:  # in the header: the hub never unpickles
+                        send_reply(self.server.outbox, self.server.cluster_id,
+                                   (item[envelope.REPLY], item[envelope.PORT]), 0, value={"armed": self.armed},
+                                   extra={debug_ops.BOUND: sorted(self._bound.items())})
             except Exception as e:  # keep serving; the requester gets the error
                 if kind in ("request", "config") and envelope.PORT in item:
                     self._reply(item, {"error": f"{type(e).__name__}: {e}"})
@@ -408,12 +412,24 @@ class ProcDebugger:
         if not self._relevant(meshes):
             return
         self.arm()
+        actors = dict(self.server.actors)
         by_file: dict[str, list[dict]] = {}
+        self._files, self._bound = {}, {}
         for bp in self.config.get("breakpoints", []):
             if bp.get("mesh") is None or bp["mesh"] in meshes:
-                by_file.setdefault(bp["file"], []).append(bp)
+                concerned = [a for name, a in actors.items() if bp.get("mesh") in (None, name)
+                             and (bp.get("ranks") is None or a.point.rank in bp["ranks"])]
+                classes = [a.actor_class for a in concerned if a.actor_class is not None]
+                bound = None
+                if concerned:
+                    bound = binding.bind(bp["file"], bool(bp.get("source")), binding.code_files(classes))
+                # Not bound (yet): where it was set, for an actor about to start with that code.
+                file = self._files[bp["id"]] = bound or bp["file"]
+                if bound is not None:
+                    self._bound[bp["id"]] = bound
+                by_file.setdefault(file, []).append(bp)
                 if bp.get("source"):
-                    arming.materialize(bp["file"], bp["source"])
+                    arming.materialize(file, bp["source"])
         for path in set(by_file) | self._applied:
             self.set_source_breakpoints(path)
         self._applied = set(by_file)
@@ -423,7 +439,7 @@ class ProcDebugger:
         meshes = set(self.server.actors)
         return [{"line": bp["line"], **({"condition": c} if (c := _condition(bp)) else {})}
                 for bp in self.config.get("breakpoints", [])
-                if bp["file"] == path and (bp.get("mesh") is None or bp["mesh"] in meshes)]
+                if self._files.get(bp["id"], bp["file"]) == path and (bp.get("mesh") is None or bp["mesh"] in meshes)]
 
     def set_source_breakpoints(self, path: str) -> None:
         """Send debugpy every breakpoint in ``path``: the cluster's and each IDE's."""

@@ -23,6 +23,7 @@ keep applying theirs until the next change).
 from __future__ import annotations
 
 import asyncio
+import secrets
 from dataclasses import dataclass, field
 
 from ..protocol import debug as debug_actions
@@ -49,6 +50,10 @@ class DebugState:
     next_id: int = 1
     configured: dict[str, tuple[int, int]] = field(default_factory=dict)  # proc id -> (pid, config version)
     version: int = 0
+    # The list's version: every change counts one, under this hub's own epoch (a recovered
+    # hub counts anew), so that a client keeps the newest of replies and events.
+    changes: int = 0
+    epoch: str = field(default_factory=lambda: secrets.token_hex(4))
     synced: bool = False  # a recovered hub asked the procs for their stops
     sweeper: "asyncio.Task | None" = None
 
@@ -99,7 +104,7 @@ class DebugRegistry:
             await self._sync()
         if self._sweep_once():
             await self._changed()
-        return {"stops": self._list()}
+        return {"stops": self._list(), **self._seq()}
 
     async def debug_set_breakpoint(self, header, message):
         """Add a breakpoint at ``file``:``line`` (absolute path as the procs see it),
@@ -134,8 +139,11 @@ class DebugRegistry:
             bp["source"] = header["source"]
         state.next_id += 1
         state.breakpoints.append(bp)
-        await self._push()
-        return {"breakpoint": _public(bp)}
+        bound = await self._push()
+        # Where it bound: one entry per proc whose actors run the code (see debug.binding).
+        return {"breakpoint": {**_public(bp), "bound": [{"proc_id": proc_id, "file": file}
+                                                       for proc_id, files in sorted(bound.items())
+                                                       for bp_id, file in files if bp_id == bp["id"]]}}
 
     async def debug_breakpoints(self, header, message):
         return {"breakpoints": [_public(b) for b in self.state.breakpoints], "post_mortem": self.state.post_mortem}
@@ -192,27 +200,34 @@ class DebugRegistry:
                                      s["proc_id"], s["dap_thread"]))
 
     async def _changed(self) -> None:
-        await self._announcer.announce({envelope.OP: events.DEBUG_CHANGED, "stops": self._list()})
+        self.state.changes += 1
+        await self._announcer.announce({envelope.OP: events.DEBUG_CHANGED, "stops": self._list(), **self._seq()})
 
-    async def _push(self) -> None:
+    def _seq(self) -> dict:
+        return {events.SEQ: [self.state.epoch, self.state.changes]}
+
+    async def _push(self) -> dict[str, list]:
         """Send the configuration to every live proc and wait (at most ``CONFIG_TIMEOUT_S``)
         until each has applied it, so that a call made right after a breakpoint was set
-        stops there."""
+        stops there. Returns, per proc id, the ``[breakpoint id, file]`` it bound."""
         state = self.state
         state.version += 1
-        await asyncio.gather(*(self._configure(p, wait=True) for p in self._registry.live_procs()),
-                             return_exceptions=True)
+        procs = list(self._registry.live_procs())
+        replies = await asyncio.gather(*(self._configure(p, wait=True) for p in procs), return_exceptions=True)
         self._sweep_start()
+        return {p.proc_id: reply.header.get(debug_actions.BOUND) or [] for p, reply in zip(procs, replies)
+                if not isinstance(reply, BaseException) and reply is not None}
 
-    async def _configure(self, proc, wait: bool = False) -> None:
+    async def _configure(self, proc, wait: bool = False):
+        """Send the configuration to ``proc``; with ``wait``, return its reply."""
         state = self.state
         state.configured[proc.proc_id] = (proc.pid, state.version)
         request = {envelope.OP: proc_ops.DEBUG, debug_actions.ACTION: debug_actions.CONFIG,
                    debug_actions.CONFIG: state.config()}
         if wait:
-            await self._net.request(proc.address, request, timeout=CONFIG_TIMEOUT_S)
-        else:
-            await self._net.send(proc.address, request)
+            return await self._net.request(proc.address, request, timeout=CONFIG_TIMEOUT_S)
+        await self._net.send(proc.address, request)
+        return None
 
     def _sweep_once(self) -> bool:
         """Drop stops of procs that are gone; True if any was dropped."""

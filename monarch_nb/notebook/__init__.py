@@ -4,7 +4,8 @@ kernel loads it) and every display of monarch_nb objects.
 It adds the ``%monarch`` magics (``magics``; the debugger's in ``debug_magics``, the
 JupyterLab debugger panel's bridge in ``lab_debugger``), shows actor output under the
 cell that caused it (``cells``), a progress bar (ipywidgets) while a call over many
-ranks takes more than a second (``progress``), and the health tree as a live widget
+ranks takes more than a second (``progress``), makes Ctrl-C interrupt the cell's calls on
+the cluster too (``interrupts``), and shows the health tree as a live widget
 with ``text/html`` and ``text/plain`` fallbacks (``display``, ``health_widget``).
 
 It plugs in only by registering hooks on the client runtime (line sink, bar factory,
@@ -26,22 +27,29 @@ import sys
 
 from . import progress
 from .cells import CellLogs
+from .interrupts import CellInterrupts
 from .magics import ExecFailed, MonarchMagics
 
 _installed: dict[int, CellLogs] = {}
 
 
-def _show_exec_failure(shell, etype, value, tb, tb_offset=None):
-    # The per-rank tracebacks are already shown (stderr); the local one would be noise.
-    print(f"{etype.__name__}: {value}", file=sys.stderr, flush=True)
-    return None
+def _custom_exc(interrupts: CellInterrupts):
+    def show(shell, etype, value, tb, tb_offset=None):
+        if issubclass(etype, KeyboardInterrupt):
+            interrupts.show(shell, etype, value, tb, tb_offset)
+        else:  # ExecFailed: the per-rank tracebacks are already shown (stderr); the local one would be noise
+            print(f"{etype.__name__}: {value}", file=sys.stderr, flush=True)
+        return None
+
+    return show
 
 
 def load_ipython_extension(shell) -> None:
     if id(shell) in _installed:
         return
-    shell.register_magics(MonarchMagics)
-    shell.set_custom_exc((ExecFailed,), _show_exec_failure)
+    interrupts = CellInterrupts()
+    shell.register_magics(MonarchMagics(shell, interrupts))
+    shell.set_custom_exc((ExecFailed, KeyboardInterrupt), _custom_exc(interrupts))
     cells = _installed[id(shell)] = CellLogs(shell)
     cells.register()
     if getattr(shell, "kernel", None) is not None:  # a notebook frontend: widgets can render

@@ -123,7 +123,20 @@ def _break(magics, rest: str) -> None:
     where, line = _resolve(magics, args.location)
     mesh = _mesh_name(magics, args.mesh) if args.mesh else None
     bp = dbg.set_breakpoint(where, line, mesh=mesh, ranks=args.ranks, condition=args.condition)
-    print(f"monarch: {_describe_breakpoint(bp)}")
+    print(f"monarch: {_describe_breakpoint(bp)}{_describe_binding(bp)}")
+
+
+def _describe_binding(bp: dict) -> str:
+    """Where the breakpoint bound: in how many procs, and in which file when the actors
+    run the code from elsewhere (an earlier kernel's cell); or that it bound nowhere."""
+    files = sorted({b["file"] for b in bp["bound"]})
+    if not files:
+        whose = f"no actor of {bp['mesh']}" if bp["mesh"] else "no actor"
+        return (f"\nmonarch: it binds nowhere yet: {whose} runs this code (changed since they were spawned? "
+                "spawn them again with replace=True); actors spawned later with it stop there")
+    elsewhere = [f for f in files if f != bp["file"]]
+    where = f" at {', '.join(elsewhere)}, the code the actors run" if elsewhere else ""
+    return f", bound in {len(bp['bound'])} proc(s){where}"
 
 
 def _describe_breakpoint(bp: dict) -> str:

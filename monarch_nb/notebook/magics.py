@@ -7,6 +7,7 @@ one line with a hint, no traceback.
 from __future__ import annotations
 
 import ast
+import io
 import shlex
 import sys
 import time
@@ -30,8 +31,10 @@ from ..protocol import hub_ops
 from ..protocol.records import LOG_FIELDS
 from ..mesh import Extent
 from ..mesh.ranks import format_ranks, parse_ranks
+from ..proc import exec_actor
 from ..proc.exec_actor import Exec
 from . import debug_magics
+from .interrupts import CellInterrupts
 
 
 class ExecFailed(MonarchNbError):
@@ -71,6 +74,9 @@ def _parser() -> MagicArgumentParser:
     log.add_argument("--follow", action="store_true", help="keep showing new lines until interrupted")
     log.add_argument("--fold", choices=("on", "off"), default=None, help="fold identical lines across ranks")
     verbs.add_parser("interrupt", help="KeyboardInterrupt into the endpoints running on a mesh").add_argument("mesh")
+    config = verbs.add_parser("config", help="notebook settings (no value: show them)")
+    config.add_argument("setting", nargs="?", choices=("interrupt_remote",))
+    config.add_argument("value", nargs="?", choices=("on", "off"))
     # Parsed by debug_magics on the raw line; listed here so that mistakes name them.
     verbs.add_parser("break", help="breakpoints in actor code (see %monarch help)", add_help=False)
     verbs.add_parser("debug", help="paused ranks: list, where, locals, eval, step, continue, attach", add_help=False)
@@ -101,6 +107,8 @@ HELP = """%monarch: drive a monarch_nb cluster from the notebook.
                 [--stream stdout|stderr] [--follow] [--fold on|off]
                                                           lines from the cluster's log store
   %monarch interrupt MESH                                 KeyboardInterrupt into endpoints running there
+  %monarch config [interrupt_remote on|off]               Ctrl-C in a cell also interrupts its calls on the
+                                                          cluster (on, the default) or leaves them running
   %%monarch exec MESH [--ranks 0-3] [--no-block]          run the cell in every proc of MESH
 __DEBUG_HELP__
   %monarch help                                           this help
@@ -108,19 +116,22 @@ __DEBUG_HELP__
 MESH and P are variables of this notebook or names of meshes in the cluster."""
 HELP = HELP.replace("__DEBUG_HELP__", debug_magics.HELP)
 FOLLOW_POLL_S = 0.5
+NOTEBOOK_WIDTH = 160  # columns of rich output in a kernel (tables shrink to their content)
+_HTML_FORMAT = '<pre style="font-family:var(--jp-code-font-family,monospace);line-height:1.3">{code}</pre>'
 
 
 @magics_class
 class MonarchMagics(Magics):
     """The ``%monarch`` line magic and ``%%monarch exec`` cell magic."""
 
-    def __init__(self, shell):
+    def __init__(self, shell, interrupts: CellInterrupts):
         super().__init__(shell)
         self.last_procs: str | None = None  # the variable of the last `%monarch procs`
+        self.interrupts = interrupts  # what Ctrl-C does to the cell's calls (`%monarch config`)
 
     @line_cell_magic
     def monarch(self, line: str, cell: str | None = None):
-        """%monarch start|connect|list|stop|procs|spawn|status|logs|interrupt|break|debug|help ...
+        """%monarch start|connect|list|stop|procs|spawn|status|logs|interrupt|config|break|debug|help ...
         %%monarch exec MESH [--ranks SPEC] [--no-block]"""
         verb, _, raw = line.strip().partition(" ")
         if verb in ("break", "debug") and cell is None:  # raw: `debug eval` takes Python as typed
@@ -183,11 +194,24 @@ class MonarchMagics(Magics):
         info = cluster.info()
         return cluster._proc_mesh(info["proc_meshes"][mesh._proc_mesh_name])
 
-    @staticmethod
-    def _print(*renderables) -> None:
-        console = Console(highlight=False)  # no guessing: "host(s)" is not a call
+    def _print(self, *renderables) -> None:
+        """Show rich renderables: in a terminal, printed; in a kernel, one display whose
+        ``text/html`` has the colours and whose ``text/plain`` has none (no ANSI codes)
+        and is not cut at rich's 80 columns (kernels have no TTY to measure)."""
+        if getattr(self.shell, "kernel", None) is None:
+            console = Console(highlight=False)  # no guessing: "host(s)" is not a call
+            for r in renderables:
+                console.print(r)
+            return
+        from IPython.display import display
+
+        console = Console(highlight=False, record=True, file=io.StringIO(), width=NOTEBOOK_WIDTH,
+                          force_jupyter=False, force_terminal=True, color_system="truecolor")
         for r in renderables:
             console.print(r)
+        text = "\n".join(line.rstrip() for line in console.export_text(clear=False).splitlines())
+        display({"text/plain": text, "text/html": console.export_html(inline_styles=True, code_format=_HTML_FORMAT)},
+                raw=True)
 
     # subcommands ---------------------------------------------------------------------
     def _help(self, args, cell=None) -> None:
@@ -225,7 +249,8 @@ class MonarchMagics(Magics):
             return
         from IPython.display import display
 
-        self._print(render.status_line(info))
+        # No header line: the widget's own summary line stays true (a static "running ·
+        # 4/4 procs alive" would not, once the cluster stops).
         display(cluster)  # the live health tree widget (html/plain where widgets don't render)
         self._print(render.clients_table(info))
 
@@ -304,10 +329,15 @@ class MonarchMagics(Magics):
         procs.interrupt()
         print(f"monarch: interrupted the endpoints running on {procs.name} ({len(procs)} procs)")
 
+    def _config(self, args, cell=None) -> None:
+        if args.value is not None:
+            self.interrupts.remote = args.value == "on"
+        print(f"interrupt_remote {'on' if self.interrupts.remote else 'off'}")
+
     def _exec(self, args, cell: str):
         procs = self._procs_of(args.mesh)
         ranks = parse_ranks(args.ranks, len(procs)) if args.ranks else list(range(len(procs)))
-        runner = procs.spawn(f"{procs.name}.exec", Exec)
+        runner = procs.spawn(exec_actor.mesh_name(procs.name), Exec)
         name = f"<%%monarch exec {procs.name}>"
         if ranks == list(range(len(procs))):
             future = runner.run.call(cell, name)
@@ -326,10 +356,6 @@ class MonarchMagics(Magics):
             self._show_failures(runner.name, ranks, e, name)
             raise ExecFailed(f"exec failed on rank(s) {format_ranks(_failed_ranks(ranks, e))} of "
                              f"{procs.name}; tracebacks above") from None
-        except KeyboardInterrupt:
-            procs.interrupt()
-            print(f"monarch: interrupted exec on {procs.name}", file=sys.stderr)
-            raise
         result = values if isinstance(values, ValueMesh) else ValueMesh(extent, values)
         self._cluster().flush_logs()  # what the cell printed comes before its values
         self._show_values(runner.name, ranks, list(result.values()))

@@ -51,6 +51,9 @@ from .async_actor import AsyncServer
 from .stdio import end_of_call, set_call_origin
 
 
+CANCELLED_KEPT = 4096  # interrupted calls remembered per actor (a call comes at most once)
+
+
 def send_reply(outbox: sockets.Outbox, cluster_id: str, reply_to: tuple[str, int] | None,
                rank: int, value=None, error: BaseException | None = None, what: str = "return value",
                extra: dict | None = None) -> None:
@@ -93,6 +96,11 @@ class ActorThread:
         self.busy = False  # handling a message (an interrupt is delivered only then)
         self._running = 0  # calls in progress (several for an async actor's concurrent endpoints)
         self.calls = 0  # endpoint calls begun: tells an interrupt meant for one call from the next
+        # The synchronous call running now: (its number in ``calls``, its reply route), or None.
+        self.running_call: tuple[int, tuple[str, int] | None] | None = None
+        # Reply routes of calls their caller interrupted (Ctrl-C), maybe before they began:
+        # such a call is refused when it comes. Bounded: the oldest are forgotten.
+        self._cancelled: dict[tuple[str, int], None] = {}
         self.stopping = False  # set by the proc's stop: calls still queued are refused, not run
         self.finished = threading.Event()  # its loop has ended (the thread is done with user code)
         # Held by the actor's thread except while user code runs: see the module docstring.
@@ -100,6 +108,7 @@ class ActorThread:
         self._gate.acquire()
         self.current: tuple[str, float] | None = None  # endpoint running, since (wall clock, s)
         self.dead: str | None = None  # why this actor died: every later call fails with it
+        self.actor_class: type | None = None  # once constructed (the debugger binds breakpoints to its code)
         # An actor on the proc's main thread (``%%monarch exec``) can be interrupted even
         # in a blocking call such as time.sleep: SIGINT interrupts the main thread only.
         self.thread = (threading.main_thread() if main_thread else
@@ -150,6 +159,18 @@ class ActorThread:
             return True
         finally:
             self._gate.release()
+
+    def cancel(self, route: tuple[str, int]) -> int | None:
+        """The caller waiting on ``route`` gave up (Ctrl-C): refuse that call if it has
+        not begun; if it is running now, return its number (to interrupt it)."""
+        self._cancelled[route] = None  # first: a call beginning now sees it, or is seen below
+        while len(self._cancelled) > CANCELLED_KEPT:
+            del self._cancelled[next(iter(self._cancelled))]
+        running = self.running_call
+        return running[0] if running is not None and running[1] == route else None
+
+    def cancelled(self, route: tuple[str, int] | None) -> bool:
+        return route is not None and route in self._cancelled
 
     def in_user_code(self, frame) -> bool:
         """For the main-thread actor, in its own SIGINT handler: whether ``frame`` (where
@@ -209,6 +230,7 @@ class ActorThread:
                 self.current = ("__init__", time.time())
                 self.busy = True
                 instance, error = self._call_user(cls, *args, **kwargs)
+                self.actor_class = cls
                 self.busy = False
                 self.current = None
             else:
@@ -342,13 +364,20 @@ class ActorThread:
             return
         method, args, kwargs, explicit = call
         self.begin(name)
-        result, error = self._call_user(self._run_endpoint, method, name, args, kwargs)
+        self.running_call = (self.calls, reply_to)  # then checked: see cancel()
+        if self.cancelled(reply_to):
+            result, error = None, _refused()
+        else:
+            result, error = self._call_user(self._run_endpoint, method, name, args, kwargs)
+        self.running_call = None
         self.end()
         self.finish(name, result, error, reply_to, explicit)
 
     def prepare(self, instance, name: str, message: wire_frames.Message, reply_to):
         """The call ``message`` asks for: ``(method, args, kwargs, explicit)`` (an
         explicit-port endpoint gets its port as first argument), or the error to reply."""
+        if self.cancelled(reply_to):
+            return _refused()
         method = getattr(instance, name, None)
         if not is_endpoint(method):
             return AttributeError(f"{type(instance).__name__}.{name} is not an endpoint")
@@ -448,6 +477,10 @@ class ActorThread:
                 proc_ops.PROC: self._instance_info.proc_id, envelope.RANK: self.point.rank,
                 hub_ops.FAILED_ENDPOINT: name, envelope.ERROR: cause, hub_ops.FAILED_TRACEBACK: tb,
                 hub_ops.ACTOR_DEAD: dead}))
+
+
+def _refused() -> KeyboardInterrupt:
+    return KeyboardInterrupt("the caller interrupted this call (Ctrl-C) before it began")
 
 
 def kills_actor(error: BaseException) -> bool:

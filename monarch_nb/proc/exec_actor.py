@@ -8,6 +8,11 @@ import ast
 from .actor import Actor, endpoint
 
 _namespace: dict = {"__name__": "__monarch_exec__"}
+MESH_SUFFIX = ".exec"  # the exec actor mesh of proc mesh P is P.exec: the magic's machinery, hidden in views
+
+
+def mesh_name(proc_mesh: str) -> str:
+    return f"{proc_mesh}{MESH_SUFFIX}"
 
 
 class Exec(Actor):

@@ -100,17 +100,22 @@ class ProcServer:
         actor.stopping = True
         if actor.address is not None:
             self.outbox.send(actor.address, wire_frames.encode(self.cluster_id, {envelope.KIND: proc_ops.STOP}))
-        if actor.busy:
-            if actor.on_main_thread:
-                self._main_redelivery = True  # only the main thread's actor, not every actor
-                _thread.interrupt_main(signal.SIGINT)
-            else:
-                threading.Thread(target=self._interrupt_threads, args=([(actor, actor.calls)],), daemon=True,
-                                 name="monarch-nb-interrupt").start()
+        self._interrupt_actor(actor)
         stopped = actor.finished.wait(STOP_WAIT_S)
         current = actor.current
         self._reply(header, stopped=stopped, running=None if stopped or current is None else current[0])
         self.outbox.close_thread_sockets()  # this thread ends
+
+    def _interrupt_actor(self, actor: ActorThread) -> None:
+        """KeyboardInterrupt into the call ``actor`` is running now, if any (not a later one)."""
+        if not actor.busy:
+            return
+        if actor.on_main_thread:
+            self._main_redelivery = True  # only the main thread's actor, not every actor
+            os.kill(os.getpid(), signal.SIGINT)  # a real signal: it also ends a blocking call (time.sleep)
+        else:
+            threading.Thread(target=self._interrupt_threads, args=([(actor, actor.calls)],), daemon=True,
+                             name="monarch-nb-interrupt").start()
 
     def stop_actors_before_exit(self, timeout: float) -> None:
         """Before this proc is terminated: stop its async actors that are running calls,
@@ -214,8 +219,21 @@ class ProcServer:
                              name="monarch-nb-stop").start()
 
     def _interrupt(self, message: wire_frames.Message) -> None:
-        os.kill(os.getpid(), signal.SIGINT)  # handled on the main thread: see interrupt()
-        self._reply(message.header)
+        header = message.header
+        actor = self.actors.get(header.get(proc_ops.MESH))
+        if proc_ops.MESH not in header:
+            os.kill(os.getpid(), signal.SIGINT)  # every actor, handled on the main thread: see interrupt()
+        elif actor is not None:
+            for address, port in header.get(proc_ops.ROUTES, ()):
+                running = actor.cancel((address, port))
+                if running is not None and not actor.on_main_thread:
+                    threading.Thread(target=self._interrupt_threads, args=([(actor, running)],), daemon=True,
+                                     name="monarch-nb-interrupt").start()
+                elif running is not None:
+                    self._interrupt_actor(actor)
+            if actor.is_async:  # its calls run concurrently: every one running now is interrupted
+                self._interrupt_actor(actor)
+        self._reply(header)
 
     def _status(self, message: wire_frames.Message) -> None:
         self._reply(message.header, **self.status())  # in the header: the hub never unpickles

@@ -8,6 +8,7 @@ ACTION = "action"  # header key: which of the actions below a DEBUG op asks for
 
 # Actions the hub sends.
 CONFIG = "config"  # the cluster's breakpoints and post-mortem setting (header key CONFIG)
+BOUND = "bound"  # CONFIG's reply: [breakpoint id, file] of each breakpoint bound to code the actors there run
 STOPS = "stops"  # what is paused here (a recovered hub asks; answered in the header)
 
 # Actions a client sends about one paused thread (header key DAP_THREAD).

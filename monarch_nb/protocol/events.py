@@ -14,4 +14,5 @@ LOG_LINES = "log_lines"  # log records for this client (``seq``: its batch count
 ACTORS_GONE = "actors_gone"  # actors died or were stopped: address -> (mesh, rank, why: the whole report)
 ACTORS_BACK = "actors_back"  # actors of a lost host live again: address -> (mesh, rank)
 SUPERVISION = "supervision"  # a failure no owning actor handled (``failure``)
-DEBUG_CHANGED = "debug_changed"  # the list of threads paused in the debugger changed (``stops``)
+DEBUG_CHANGED = "debug_changed"  # the list of threads paused in the debugger changed (``stops``, ``SEQ``)
+SEQ = "seq"  # DEBUG_CHANGED and the DEBUG_PAUSED reply: [hub epoch, changes]: which list is newer

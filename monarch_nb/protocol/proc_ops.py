@@ -9,7 +9,8 @@ from __future__ import annotations
 # Ops a proc's control inbox answers (header key ``envelope.OP``).
 SPAWN_ACTOR = "spawn_actor"  # construct one actor (MESH at RANK of EXTENT); answered once constructed
 STOP_ACTOR = "stop_actor"  # stop the actor of mesh MESH; answered when its thread ended (or not)
-INTERRUPT = "interrupt"  # KeyboardInterrupt into the endpoints running here
+INTERRUPT = "interrupt"  # KeyboardInterrupt into the endpoints running here; with MESH and ROUTES: only
+#   those calls of that mesh's actor (refused if they have not begun)
 STATUS = "status"  # what each actor is doing, and the proc's usage (in the reply's header)
 TORCH_ENV_QUERY = "torch_env_query"  # the torch elastic variables here (ProcMesh.setup_torch_distributed)
 TORCH_ENV_SET = "torch_env_set"  # set them, then answer as TORCH_ENV_QUERY
@@ -19,6 +20,7 @@ EXIT = "exit"  # end the control loop (the proc exits)
 
 # Header keys of control ops.
 MESH = "mesh"  # the actor mesh an op concerns
+ROUTES = "routes"  # INTERRUPT: the reply routes [address, port] of the calls to interrupt
 PROC = "proc"  # ACTOR_FAILED: the proc id (PROC_MESH/RANK): names an actor mesh only with MESH
 EXTENT = "extent"  # the actor mesh's extent, in SPAWN_ACTOR
 MAIN_THREAD = "main_thread"  # SPAWN_ACTOR: run the actor on the proc's main thread (%%monarch exec)

@@ -1,0 +1,97 @@
+"""The endpoint calls this client is waiting on, by the cell that made them: what a
+Ctrl-C in the notebook interrupts on the cluster.
+
+``Endpoint`` registers each call it sends with :meth:`InFlight.add`; the call leaves
+the registry when its future is done. :func:`interrupt` raises ``KeyboardInterrupt``
+in those calls where they run and has the actors refuse those not begun yet (only
+those calls: other calls of the same actors run normally).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import ClusterError
+from ..mesh.ranks import format_ranks
+
+# "ActorMesh" and "Future" in annotations name ``actor_mesh.ActorMesh`` and
+# ``future.Future``, not imported: both lead back here (through ``endpoint`` and the
+# runtime), and a cycle, even for type checkers only, is one the layers forbid.
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call in flight: on which mesh, from which cell, where its replies go
+    (``(address, port)``: names the call to its actors) and which of its actors (base
+    ranks of the mesh) have not answered yet."""
+
+    mesh: "ActorMesh"
+    endpoint: str
+    cell: str
+    route: tuple[str, int]
+    outstanding: Callable[[], list[int]]
+
+
+class InFlight:
+    """The calls in flight from this process (thread-safe: replies end them on the
+    thread that dispatches them)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._calls: dict[int, Call] = {}
+
+    def add(self, future: "Future", call: Call) -> None:
+        """Keep ``call`` until ``future`` is done."""
+        key = id(future)
+        with self._lock:
+            self._calls[key] = call
+
+        def done(_) -> None:
+            with self._lock:
+                self._calls.pop(key, None)
+
+        future.add_done_callback(done)
+
+    def of_cell(self, cell: str) -> list[Call]:
+        """The calls made while notebook cell ``cell`` ran that still wait on an actor."""
+        with self._lock:
+            calls = [c for c in self._calls.values() if c.cell == cell]
+        return [c for c in calls if c.outstanding()]
+
+
+def _by_mesh(calls: list[Call]) -> list[tuple["ActorMesh", dict[int, list[tuple[str, int]]], str]]:
+    """``calls`` grouped by actor mesh: (mesh, base rank -> routes of the calls that
+    rank still runs, a description such as ``"trainers.step (ranks 0-3)"``)."""
+    by_mesh: dict[tuple, tuple["ActorMesh", dict[int, list], set[str]]] = {}
+    for call in calls:
+        mesh = call.mesh
+        _, routes, endpoints = by_mesh.setdefault((mesh._cluster_id, mesh._proc_mesh_name, mesh._name),
+                                                  (mesh, {}, set()))
+        for rank in call.outstanding():
+            routes.setdefault(rank, []).append(call.route)
+        endpoints.add(call.endpoint)
+    return [(mesh, routes, f"{mesh._name}.{'/'.join(sorted(endpoints))} (ranks {format_ranks(sorted(routes))})")
+            for mesh, routes, endpoints in by_mesh.values()]
+
+
+def describe(calls: list[Call]) -> list[str]:
+    """One description per mesh, e.g. ``"trainers.step (ranks 0-3)"``."""
+    return [what for _, _, what in _by_mesh(calls)]
+
+
+def interrupt(calls: list[Call], timeout: float = 5.0) -> list[str]:
+    """Interrupt ``calls`` where they still run (``ControlPlane.interrupt_calls``: each
+    then fails with an ``ActorError`` wrapping ``KeyboardInterrupt``; the actors carry
+    on, and calls of theirs not yet begun are refused). Waits up to ``timeout`` seconds
+    per mesh for its procs to confirm. Returns :func:`describe`'s descriptions; a mesh
+    whose cluster can't be reached has the reason added."""
+    said = []
+    for mesh, routes, what in _by_mesh(calls):
+        try:
+            mesh._control().interrupt_calls(mesh._proc_mesh_name, mesh._name, routes, timeout)
+        except ClusterError as e:
+            what += f" not reached: {e}"
+        said.append(what)
+    return said
