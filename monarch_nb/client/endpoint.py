@@ -181,15 +181,20 @@ class Endpoint:
         return self._gather([view_rank], args, kwargs, finish)
 
     def stream(self, *args, **kwargs) -> Iterator[Future]:
-        """Call every actor; yield one done future per actor, in the order replies
-        arrive. A failed rank's future raises :class:`ActorError` from ``get()``."""
+        """Call every actor now; the returned iterator yields one done future per
+        actor, in the order replies arrive, blocking until the next one has. A failed
+        rank's future raises :class:`ActorError` from ``get()``."""
         mailbox = runtime().mailbox
         ranks = list(range(len(self._mesh)))
         arrived: collections.deque = collections.deque()
         self._call_each(ranks, args, kwargs, arrived.append)
-        for _ in ranks:
-            mailbox.wait(lambda: bool(arrived))
-            yield arrived.popleft()
+
+        def replies() -> Iterator[Future]:
+            for _ in ranks:
+                mailbox.wait(lambda: bool(arrived))
+                yield arrived.popleft()
+
+        return replies()
 
     @protected
     def _call_each(self, ranks: list[int], args, kwargs, on_done) -> None:
