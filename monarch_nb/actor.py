@@ -17,7 +17,7 @@ Names are Monarch's (``monarch.actor``'s ``__all__``) for everything monarch_nb 
 from .client.accumulator import Accumulator
 from .client.actor_mesh import ActorMesh
 from .client.channel import Channel, PortReceiver
-from .client.cluster import Cluster, this_host
+from .client.cluster import Cluster, shutdown_context, this_host
 from .client.controller import get_or_spawn_controller
 from .client.endpoint import Endpoint, send
 from .client.future import Future
@@ -56,6 +56,6 @@ __all__ = [
     "Extent", "Future", "HostMesh", "InvalidRequest", "MeshFailure", "MessageTooLarge", "MonarchNbError", "Point",
     "Port", "PortReceiver", "ProcMesh", "RemoteException", "SerializationError", "Shape", "SupervisionError",
     "ValueMesh", "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
-    "get_or_spawn_controller", "send", "set_failure_hook",
+    "get_or_spawn_controller", "send", "set_failure_hook", "shutdown_context",
     "this_host", "this_proc", "unhandled_fault_hook",
 ]
