@@ -57,6 +57,8 @@ class HostMesh(MeshHandle):
         # shutdown() retired it. Per handle, like Monarch's owned host mesh: not pickled.
         self._spawned: list[ProcMesh] = []
         self._shut_down = False
+        # What shutdown() also ends: the cluster made for this mesh alone (attach_to_workers).
+        self._release: Callable[[], None] | None = None
 
     def __reduce__(self):
         return (HostMesh, (self._cluster_id, self._hub_address, self._hosts, self._python, self.extent, False))
@@ -182,13 +184,16 @@ class HostMesh(MeshHandle):
         ``RuntimeError``. The hosts themselves (host agents) belong to the cluster and
         end with ``Cluster.stop()`` (or the script, for an ephemeral cluster). Blocks;
         returns a finished ``Future[None]``. Raises ``RuntimeError`` on a reference (a
-        slice, an unpickled handle) and on a handle already shut down, as in Monarch."""
+        slice, an unpickled handle) and on a handle already shut down, as in Monarch.
+        The mesh of ``attach_to_workers`` ends its cluster, and so its workers."""
         if not self._owned:
             raise RuntimeError("cannot shut down `HostMesh` that is a reference instead of owned (a slice, or a "
                                "handle received from another process); shut down the host mesh it came from")
         self._check_live()
         self.stop()
         self._shut_down = True
+        if self._release is not None:
+            self._release()
         return Future.finished(runtime(), "hosts.shutdown")
 
     async def __aenter__(self) -> "HostMesh":
