@@ -107,6 +107,8 @@ def test_proc_bind_pins_each_proc_of_a_host_to_its_cpus(host):
         host.spawn_procs(per_host={"gpus": 2}, proc_bind=[{"cpus": "0"}])
     with pytest.raises(ValueError, match="membind"):
         host.spawn_procs(per_host={"gpus": 1}, proc_bind=[{"membind": "0"}])
+    with pytest.raises(ValueError, match="a list such as"):
+        host.spawn_procs(per_host={"gpus": 1}, proc_bind=[{"cpus": "first"}])
     procs = host.spawn_procs(per_host={"gpus": 2}, proc_bind=[{"cpus": str(cpus[0])}, {"cpus": str(cpus[1])}],
                              name="bound")
     try:

@@ -40,7 +40,10 @@ def check_bind(proc_bind: list[dict[str, str]], procs_per_host: int) -> None:
             raise ValueError(f"proc_bind key(s) {', '.join(unknown)} are not supported: monarch_nb binds CPUs "
                              f"only ({', '.join(CPU_KEYS)})")
         for key, value in bind.items():
-            parse_cpu_list(value)
+            try:
+                parse_cpu_list(value)
+            except (ValueError, AttributeError):
+                raise ValueError(f"proc_bind {key}={value!r}: give a list such as '0-3,8' (a string)") from None
 
 
 def _cpus_of(bind: dict[str, str]) -> set[int] | None:
@@ -76,7 +79,8 @@ class ProcSetup(Actor):
     the proc's place on its host: its rank modulo ``procs_per_host``), then runs
     ``bootstrap()`` (awaiting it when it is a coroutine function). What ``bootstrap``
     spawns belongs to the cluster, not to this actor, so it outlives it. What it raises
-    fails the spawn of this actor, which the client reports on ``ProcMesh.initialized``."""
+    (or a binding this host can't apply, e.g. a missing NUMA node) fails the spawn of
+    this actor, which the client reports on ``ProcMesh.initialized``."""
 
     def __init__(self, proc_bind: list[dict[str, str]] | None, procs_per_host: int,
                  bootstrap: Callable[[], object] | None):
