@@ -16,8 +16,9 @@ Names are Monarch's (``monarch.actor``'s ``__all__``) for everything monarch_nb 
 
 from .client.accumulator import Accumulator
 from .client.actor_mesh import ActorMesh
+from .client.attach import attach_to_workers
 from .client.channel import Channel, PortReceiver
-from .client.cluster import Cluster, this_host
+from .client.cluster import Cluster, shutdown_context, this_host
 from .client.controller import get_or_spawn_controller
 from .client.endpoint import Endpoint, send
 from .client.future import Future
@@ -28,6 +29,7 @@ from .client.runtime import runtime, set_failure_hook
 from .client.value_mesh import ValueMesh
 from .errors import (ActorError, CallCycleError, ClusterError, InvalidRequest, MeshFailure, MessageTooLarge, MonarchNbError,
                      RemoteException, SerializationError, SupervisionError)
+from .host.worker import run_worker_loop_forever
 from .mesh import Extent, Point, Shape
 from .proc.actor import (Actor, Context, concurrent_endpoint, context, current_actor_name, current_rank, current_size,
                          endpoint)
@@ -56,6 +58,7 @@ __all__ = [
     "Extent", "Future", "HostMesh", "InvalidRequest", "MeshFailure", "MessageTooLarge", "MonarchNbError", "Point",
     "Port", "PortReceiver", "ProcMesh", "RemoteException", "SerializationError", "Shape", "SupervisionError",
     "ValueMesh", "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
-    "get_or_spawn_controller", "send", "set_failure_hook",
+    "attach_to_workers", "get_or_spawn_controller", "run_worker_loop_forever", "send", "set_failure_hook",
+    "shutdown_context",
     "this_host", "this_proc", "unhandled_fault_hook",
 ]

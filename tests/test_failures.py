@@ -260,7 +260,7 @@ def test_a_restart_whose_init_raises_again_reports_it_and_can_be_retried(workers
         mesh.count.call().get(timeout=30)
     with pytest.raises(ActorError, match="is there") as info:
         procs.restart_failed()
-    assert [str(p) for p in info.value.points] == ["{gpus=1}"] and "restarting" in str(info.value)
+    assert [str(p) for p in info.value.points] == ["{'gpus': 1/4}"] and "restarting" in str(info.value)
     # The proc stays failed (no actor of any mesh pretends to live there), calls fail at once.
     tree = procs._hub().request("health", timeout=30)
     [node] = [p for h in tree["hosts"] for p in h["procs"] if p["proc_mesh"] == procs._name and p["rank"] == 1]

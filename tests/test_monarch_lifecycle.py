@@ -106,7 +106,7 @@ class Named(Counter):
         return current_actor_name()
 
 
-def test_accumulator_folds_every_actors_reply_in_rank_order(procs4):
+def test_accumulator_folds_every_actors_reply(procs4):
     counters = procs4.spawn("accumulated", Counter, 3)
     assert Accumulator(counters.get, 1, lambda acc, v: acc + v).accumulate().get() == 13
 

@@ -50,4 +50,4 @@ def test_slice_errors_name_the_dimension_and_size():
 def test_point_equality_and_str():
     e = Extent({"gpus": 4})
     assert e.point(2) == Point((2,), e) == {"gpus": 2}
-    assert str(e.point(2)) == "{gpus=2}"
+    assert str(e.point(2)) == "{'gpus': 2/4}"

@@ -8,7 +8,8 @@ JSON-able dict (``{"kind": "slurm", "nodes": 2, ...}``) that also goes into the
 state file, so a recovering hub re-adopts the same allocation (e.g. the same Slurm
 job). Implementations: :mod:`.local` (subprocesses on this machine), :mod:`.slurm`
 (a batch job whose ``srun`` starts the agents), :mod:`.command` (agents started
-through a command prefix such as ``ip netns exec NS``).
+through a command prefix such as ``ip netns exec NS``), :mod:`.workers` (workers that
+were waiting at known addresses become the agents).
 
 Methods may block (they run commands like ``sbatch``); the hub calls the slow ones in
 a worker thread.
@@ -64,7 +65,10 @@ def create(spec: dict | None, cluster_dir: str, grace_s: float) -> Allocator:
     if kind == "command":
         from .command import CommandAllocator
         return CommandAllocator.from_spec(spec, cluster_dir, grace_s)
-    raise ValueError(f"unknown allocator kind {kind!r}: use 'local', 'slurm' or 'command'")
+    if kind == "workers":
+        from .workers import WorkersAllocator
+        return WorkersAllocator.from_spec(spec, cluster_dir, grace_s)
+    raise ValueError(f"unknown allocator kind {kind!r}: use 'local', 'slurm', 'command' or 'workers'")
 
 
 def release_leftovers(cluster_dir: str, spec: dict | None) -> None:

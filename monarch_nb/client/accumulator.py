@@ -7,7 +7,6 @@ from typing import Callable, Generic, TypeVar
 
 from .endpoint import Endpoint
 from .future import Future
-from .runtime import runtime
 
 A = TypeVar("A")
 R = TypeVar("R")
@@ -16,10 +15,11 @@ R = TypeVar("R")
 class Accumulator(Generic[A, R]):
     """``Accumulator(mesh.value, 0, operator.add).accumulate()`` calls ``mesh.value`` on
     every actor and returns a ``Future`` of ``combine(...combine(identity, r0)..., rN)``
-    over the replies in rank order."""
+    over the replies in the order they arrive (``endpoint.stream()``), as in Monarch:
+    give a ``combine`` for which that order does not matter."""
 
     def __init__(self, endpoint: Endpoint, identity: A, combine: Callable[[A, R], A]):
-        if not isinstance(endpoint, Endpoint):
+        if not callable(getattr(endpoint, "stream", None)):
             raise TypeError(f"Accumulator takes an endpoint of an actor mesh (mesh.ENDPOINT), not {endpoint!r}")
         self._endpoint = endpoint
         self._identity = identity
@@ -27,20 +27,14 @@ class Accumulator(Generic[A, R]):
 
     def accumulate(self, *args, **kwargs) -> Future[A]:
         """Call the endpoint on every actor with these arguments; never blocks. The
-        future raises the call's error (:class:`ActorError`), or what ``combine``
-        raised."""
-        result: Future[A] = Future(runtime(), f"accumulate {self._endpoint!r}")
-        call = self._endpoint.call(*args, **kwargs)
+        future raises the first error among the replies (:class:`ActorError`), or what
+        ``combine`` raised."""
+        replies = self._endpoint.stream(*args, **kwargs)
 
-        def fold(done: Future) -> None:
-            try:
-                value = self._identity
-                for reply in done.get(0).values():
-                    value = self._combine(value, reply)
-            except BaseException as e:  # noqa: BLE001 - the caller's get() raises it
-                result._resolve(error=e)
-            else:
-                result._resolve(value)
+        async def fold() -> A:
+            value = self._identity
+            for reply in replies:
+                value = self._combine(value, await reply)
+            return value
 
-        call.add_done_callback(fold)
-        return result
+        return Future._from_coro(fold(), f"accumulate {self._endpoint!r}")

@@ -34,6 +34,7 @@ from ..protocol.records import LOG_FIELDS
 from . import binding, discovery
 from .actor_mesh import ActorMesh
 from .actor_meshes import ActorMeshes
+from .future import Future
 from .host_mesh import HostMesh
 from .hub_client import HubClient, watch_hub
 from .launch import HUB_START_TIMEOUT_S, launch_hub
@@ -250,7 +251,7 @@ class Cluster:
         ``spawn_procs(per_host=...)`` gives a proc mesh over exactly ``per_host``; with
         N > 1 hosts, all of them over ``{"hosts": N}``."""
         hosts = self.host_mesh()
-        return hosts.slice(hosts=0) if len(hosts) == 1 else hosts
+        return hosts._owned_slice(hosts=0) if len(hosts) == 1 else hosts
 
     @property
     def proc_meshes(self) -> dict[str, ProcMesh]:
@@ -460,6 +461,22 @@ def default_cluster() -> Cluster:
                 rt.cluster = Cluster(info["name"], path, info)
                 rt.cluster._presence = Presence(info["cluster_id"], info["hub"])
         return rt.cluster
+
+
+def shutdown_context() -> Future[None]:
+    """Release what this client holds, as Monarch's ``shutdown_context()``: this
+    script's own (ephemeral) cluster is stopped with all its procs, as at exit; a
+    connected retained cluster keeps running (it outlives clients by design) and this
+    client disconnects from it. The next ``this_host()`` starts or connects anew.
+    Idempotent; blocks until done; returns a finished ``Future[None]``."""
+    rt = runtime()
+    with rt.cluster_lock:
+        cluster, rt.cluster = rt.cluster, None
+    if cluster is not None and cluster._hub_process is not None:
+        cluster.stop()
+    elif cluster is not None:
+        cluster.disconnect()
+    return Future.finished(rt, "shutdown_context")
 
 
 def this_host() -> HostMesh:

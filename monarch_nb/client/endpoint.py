@@ -207,8 +207,9 @@ class Endpoint:
         return self._gather([view_rank], args, kwargs, finish)
 
     def stream(self, *args, **kwargs) -> Iterator[Future]:
-        """Call every actor; yield one done future per actor, in the order replies
-        arrive. A failed rank's future raises :class:`ActorError` from ``get()``."""
+        """Call every actor now; the returned iterator yields one done future per
+        actor, in the order replies arrive, blocking until the next one has. A failed
+        rank's future raises :class:`ActorError` from ``get()``."""
         mailbox = runtime().mailbox
         ranks = list(range(len(self._mesh)))
         arrived: collections.deque = collections.deque()
@@ -216,9 +217,13 @@ class Endpoint:
         cycle = self._cycle_error(set(self._mesh._addresses[self._mesh._shape.base_rank(r)] for r in ranks))
         if cycle is not None:
             raise cycle
-        for _ in ranks:
-            mailbox.wait(lambda: bool(arrived))
-            yield arrived.popleft()
+
+        def replies() -> Iterator[Future]:
+            for _ in ranks:
+                mailbox.wait(lambda: bool(arrived))
+                yield arrived.popleft()
+
+        return replies()
 
     @protected
     def _call_each(self, ranks: list[int], args, kwargs, on_done) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Generic, TypeVar
 
 from ..wire.interrupts import protected
 from . import progress
@@ -119,6 +119,27 @@ class Future(Generic[R]):
         it or ``await`` it alike."""
         future = cls(runtime, description)
         future._resolve(value)
+        return future
+
+    @classmethod
+    def _from_coro(cls, coro: Coroutine[Any, Any, R], description: str = "coroutine") -> "Future[R]":
+        """A future of what ``coro`` returns (or raises): Monarch's way of making one
+        from a coroutine. ``coro`` starts at once, on an event loop of its own in a
+        daemon thread, so it may await monarch_nb futures, iterate ``stream()`` and
+        block without holding up the caller; this never blocks."""
+        from .runtime import runtime  # (runtime's modules import this one)
+
+        future: Future[R] = cls(runtime(), description)
+
+        def run() -> None:
+            try:
+                value = asyncio.run(coro)
+            except BaseException as e:  # noqa: BLE001 - the caller's get() raises it
+                future._resolve(error=e)
+            else:
+                future._resolve(value)
+
+        threading.Thread(target=run, name=f"monarch-nb-{description}", daemon=True).start()
         return future
 
     def __repr__(self) -> str:

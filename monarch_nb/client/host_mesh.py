@@ -6,9 +6,11 @@ import os
 import secrets
 import sys
 from collections.abc import Mapping
+from typing import Awaitable, Callable
 
 from ..mesh import Extent, Shape
 from ..proc.actor import owner_of_new_meshes
+from ..proc.setup_actor import check_bind
 from ..protocol import hub_ops
 from . import progress
 from .future import Future
@@ -17,34 +19,67 @@ from .proc_mesh import ProcMesh
 from .runtime import runtime
 
 SPAWN_TIMEOUT_S = 120.0
+# The interpreter a proc was started with (``with_python_executable``), so that procs it
+# spawns in turn run it too: a wrapper script execs Python, whose sys.executable hides it.
+PYTHON_ENV = "MONARCH_NB_PYTHON"
 
 
-def _proc_env() -> dict[str, str]:
-    """Let procs import what this client imports (its ``sys.path``)."""
+def _proc_env(python: str | None) -> dict[str, str]:
+    """Let procs import what this client imports (its ``sys.path``), and spawn their own
+    procs with ``python`` (None: the default interpreter)."""
     paths = [os.getcwd() if p == "" else p for p in sys.path]
-    return {"PYTHONPATH": os.pathsep.join(p for p in paths if os.path.isdir(p))}
+    env = {"PYTHONPATH": os.pathsep.join(p for p in paths if os.path.isdir(p))}
+    if python is not None:
+        env[PYTHON_ENV] = python
+    return env
 
 
 class HostMesh(MeshHandle):
     """Hosts of a cluster, in rank order, over ``extent``: ``{"hosts": N}`` for a
     cluster's hosts, ``{}`` for one host on its own (``this_host()`` of a one-host
-    cluster, or ``slice(hosts=i)``), as in Monarch."""
+    cluster, or ``slice(hosts=i)``), as in Monarch.
+
+    As in Monarch, a handle is *owned* (``this_host()``, a job's host meshes: it may be
+    shut down) or a *reference* (a slice, or a handle unpickled from another process:
+    ``shutdown()`` raises ``RuntimeError``). ``async with hosts:`` shuts an owned one down
+    on exit."""
 
     def __init__(self, cluster_id: str, hub_address: str, hosts: list[str], python: str | None = None,
-                 extent: Extent | None = None):
+                 extent: Extent | None = None, owned: bool = True):
         self._cluster_id = cluster_id
         self._hub_address = hub_address
         self._hosts = hosts
         self._name = "hosts"
         self._shape = Shape(Extent({"hosts": len(hosts)}) if extent is None else extent)
         self._python = python  # the interpreter procs run (None: this client's)
+        self._owned = owned
         # Proc meshes spawned through this handle (stop() ends them), and whether
         # shutdown() retired it. Per handle, like Monarch's owned host mesh: not pickled.
         self._spawned: list[ProcMesh] = []
         self._shut_down = False
+        # What shutdown() also ends: the cluster made for this mesh alone (attach_to_workers).
+        self._release: Callable[[], None] | None = None
 
     def __reduce__(self):
-        return (HostMesh, (self._cluster_id, self._hub_address, self._hosts, self._python, self.extent))
+        return (HostMesh, (self._cluster_id, self._hub_address, self._hosts, self._python, self.extent, False))
+
+    @property
+    def _inner_host_mesh(self) -> list[str] | None:
+        """The hosts this handle drives, ``None`` once shut down (Monarch's attribute,
+        read by programs to tell a live host mesh from a shut-down one)."""
+        return None if self._shut_down else self._hosts
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """A finished ``Future`` of ``True``: the hosts were up when this handle was made
+        (Monarch's host meshes come up in the background). Raises ``RuntimeError`` once
+        shut down."""
+        self._check_live()
+        return Future.finished(runtime(), "hosts.initialized", True)
+
+    def _check_live(self) -> None:
+        if self._shut_down:
+            raise RuntimeError("HostMesh has already been shut down; get a new one with this_host()")
 
     @property
     def is_fake_in_process(self) -> bool:
@@ -55,9 +90,16 @@ class HostMesh(MeshHandle):
     def slice(self, **dims) -> "HostMesh":
         """Sub-mesh of hosts: ``slice(hosts=0)`` is host 0 with no dimensions,
         ``slice(hosts=slice(0, 2))`` hosts 0 and 1 over ``{"hosts": 2}``."""
+        return self._sliced(dims, owned=False)
+
+    def _owned_slice(self, **dims) -> "HostMesh":
+        """:meth:`slice`, owning its hosts: what a cluster or a job hands out."""
+        return self._sliced(dims, owned=True)
+
+    def _sliced(self, dims: dict, owned: bool) -> "HostMesh":
         shape = self._shape.slice(**dims)
         return HostMesh(self._cluster_id, self._hub_address, [self._hosts[r] for r in shape.base_ranks()],
-                        self._python, shape.extent)
+                        self._python, shape.extent, owned)
 
     def with_python_executable(self, python_executable: str) -> "HostMesh":
         """The same hosts, whose procs spawned from the returned handle run
@@ -65,9 +107,12 @@ class HostMesh(MeshHandle):
         monarch_nb) instead of this client's interpreter. Never blocks."""
         if not isinstance(python_executable, str) or not python_executable:
             raise TypeError(f"with_python_executable takes an interpreter path, not {python_executable!r}")
-        return HostMesh(self._cluster_id, self._hub_address, self._hosts, python_executable, self.extent)
+        return HostMesh(self._cluster_id, self._hub_address, self._hosts, python_executable, self.extent,
+                        self._owned)
 
-    def spawn_procs(self, per_host: dict[str, int] | None = None, name: str | None = None,
+    def spawn_procs(self, per_host: dict[str, int] | None = None,
+                    bootstrap: Callable[[], None] | Callable[[], Awaitable[None]] | None = None,
+                    name: str | None = None, proc_bind: list[dict[str, str]] | None = None,
                     replace: bool = False) -> ProcMesh:
         """Start ``per_host`` procs on every host (default ``{}``: one), all in parallel;
         returns a :class:`ProcMesh` over this mesh's extent followed by ``per_host``:
@@ -78,18 +123,31 @@ class HostMesh(MeshHandle):
 
         ``name`` names the mesh (default: generated); an existing name returns that live
         mesh when its extent matches, else raises ``ValueError`` unless ``replace=True``.
+
+        ``bootstrap`` (a picklable function, or an ``async def`` one) runs once in every
+        new proc before this returns, e.g. to set up state or spawn actors with
+        ``this_proc()`` that live as long as the proc; what it raises is not raised
+        here but by ``procs.initialized`` (as in Monarch). ``proc_bind`` pins each proc
+        of a host to CPUs: one dict per proc of a host, keyed ``cpus`` or
+        ``physcpubind`` (a CPU list such as ``"0-3,8"``) or ``cpunodebind`` (NUMA
+        nodes).
+
         Raises ``ValueError`` for bad ``per_host`` (labels must be identifiers, sizes
-        ints >= 1, none of this mesh's labels) and :class:`ClusterError` when procs
-        could not start.
+        ints >= 1, none of this mesh's labels) or ``proc_bind`` (its length, or a
+        memory-binding key, which monarch_nb does not apply), and
+        :class:`ClusterError` when procs could not start.
         """
-        if self._shut_down:
-            raise RuntimeError("HostMesh has already been shut down; get a new one with this_host()")
+        self._check_live()
         if per_host is None:
             per_host = {}
         elif not isinstance(per_host, Mapping):
             raise TypeError(f"per_host must be a dict of dimension sizes such as {{'gpus': 8}}, not {per_host!r}")
         per_host = dict(per_host)
-        total = Extent(per_host).nelements * len(self._hosts)  # validates, with the user's frame on the stack
+        per_proc_host = Extent(per_host).nelements  # validates, with the user's frame on the stack
+        if proc_bind is not None:
+            check_bind(proc_bind, per_proc_host)
+        total = per_proc_host * len(self._hosts)
+        python = self._python or os.environ.get(PYTHON_ENV)
         spawn_id = secrets.token_hex(6)
         hub = self._hub()
         bar = progress.Later(runtime().bar_factory, f"spawning {total} procs", total,
@@ -97,8 +155,8 @@ class HostMesh(MeshHandle):
         try:
             reply = hub.request(
                 hub_ops.SPAWN_PROCS, timeout=SPAWN_TIMEOUT_S, while_waiting=bar.tick, per_host=per_host, name=name,
-                replace=replace, hosts=self._hosts, **{hub_ops.HOST_EXTENT: dict(self.extent)}, env=_proc_env(),
-                cwd=os.getcwd(), python=self._python or sys.executable, spawn_id=spawn_id,
+                replace=replace, hosts=self._hosts, **{hub_ops.HOST_EXTENT: dict(self.extent)}, env=_proc_env(python),
+                cwd=os.getcwd(), python=python or sys.executable, spawn_id=spawn_id,
                 owner=owner_of_new_meshes())
         except BaseException:
             bar.close(None)
@@ -107,6 +165,8 @@ class HostMesh(MeshHandle):
         procs = ProcMesh(self._cluster_id, self._hub_address, reply["name"], Shape(Extent(reply["extent"])),
                          reply["procs"])
         self._spawned.append(procs)
+        if bootstrap is not None or proc_bind is not None:
+            procs._run_setup(proc_bind, per_proc_host, bootstrap)
         return procs
 
     def stop(self) -> Future[None]:
@@ -123,10 +183,26 @@ class HostMesh(MeshHandle):
         """:meth:`stop`, then retire this handle: ``spawn_procs`` on it raises
         ``RuntimeError``. The hosts themselves (host agents) belong to the cluster and
         end with ``Cluster.stop()`` (or the script, for an ephemeral cluster). Blocks;
-        returns a finished ``Future[None]``."""
+        returns a finished ``Future[None]``. Raises ``RuntimeError`` on a reference (a
+        slice, an unpickled handle) and on a handle already shut down, as in Monarch.
+        The mesh of ``attach_to_workers`` ends its cluster, and so its workers."""
+        if not self._owned:
+            raise RuntimeError("cannot shut down `HostMesh` that is a reference instead of owned (a slice, or a "
+                               "handle received from another process); shut down the host mesh it came from")
+        self._check_live()
         self.stop()
         self._shut_down = True
+        if self._release is not None:
+            self._release()
         return Future.finished(runtime(), "hosts.shutdown")
+
+    async def __aenter__(self) -> "HostMesh":
+        self._check_live()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        if not self._shut_down:  # nested `async with` blocks shut down once
+            self.shutdown()
 
     def __repr__(self) -> str:
         return f"<HostMesh {dict(self.extent)}>"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import weakref
+from typing import Callable
 
-from ..errors import HubTimeout
+from ..errors import ActorError, HubTimeout
 from ..mesh import Extent, Shape
 from ..proc.actor import Actor, endpoint_names, owner_of_new_meshes
+from ..proc.setup_actor import ProcSetup, set_root_log_level
 from ..wire import serialize, sockets
 from . import progress, torch_env
 from .actor_mesh import ActorMesh
@@ -45,6 +48,7 @@ class ProcMesh(MeshHandle):
         self._name = name
         self._shape = shape
         self._procs = procs  # base rank order: proc_id, address, pid, host_id
+        self._setup_error: BaseException | None = None  # what spawn_procs(bootstrap=...) raised
         runtime().proc_mesh_handles.setdefault((cluster_id, name), weakref.WeakSet()).add(self)
 
     def __reduce__(self):
@@ -53,6 +57,15 @@ class ProcMesh(MeshHandle):
     def slice(self, **dims) -> "ProcMesh":
         """Sub-mesh selected by ``dims`` (see ``ActorMesh.slice``)."""
         return ProcMesh(self._cluster_id, self._hub_address, self._name, self._shape.slice(**dims), self._procs)
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """A finished ``Future``: ``True``, or raising the :class:`ActorError` of the
+        ``bootstrap`` given to ``spawn_procs`` when it raised on some procs (as in
+        Monarch, where that is where a bootstrap failure shows)."""
+        future: Future[bool] = Future(runtime(), f"{self._name}.initialized")
+        future._resolve(True, self._setup_error)
+        return future
 
     @property
     def pids(self) -> list[int]:
@@ -156,15 +169,28 @@ class ProcMesh(MeshHandle):
 
     def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: int | None = None,
                        level: int = logging.INFO) -> Future[None]:
-        """Monarch's switch for streaming the procs' output to the client. monarch_nb
-        always shows the output a call caused under the cell (or in the terminal) that
-        made it, complete when the call returns, and keeps every line in the hub's log
-        store (``cluster.logs()``): these options are checked and change nothing.
-        Raises ``ValueError`` for ``aggregate_window_sec`` without ``stream_to_client``
-        (as Monarch does). Returns a finished ``Future[None]`` (Monarch's is awaited)."""
+        """Monarch's switch for the procs' output. ``level`` becomes the level of the
+        root logger in every proc of this mesh (so ``logging.info`` in actors shows at
+        ``logging.INFO``). monarch_nb always shows the output a call caused under the
+        cell (or in the terminal) that made it, complete when the call returns, and
+        keeps every line in the hub's log store (``cluster.logs()``): the streaming
+        options are checked and change nothing. Raises ``ValueError`` for
+        ``aggregate_window_sec`` without ``stream_to_client`` (as Monarch does). Blocks
+        until every proc has the level; returns a finished ``Future[None]`` (Monarch's
+        is awaited)."""
         if aggregate_window_sec is not None and not stream_to_client:
             raise ValueError("aggregate_window_sec needs stream_to_client=True")
+        self._run_setup(None, 1, functools.partial(set_root_log_level, level))
         return Future.finished(runtime(), f"{self._name}.logging_option")
+
+    def _run_setup(self, proc_bind: list[dict[str, str]] | None, procs_per_host: int,
+                   bootstrap: Callable[[], object] | None) -> None:
+        """Run :class:`ProcSetup` once in every proc of this mesh (see
+        ``HostMesh.spawn_procs``); keep what ``bootstrap`` raised for :attr:`initialized`."""
+        try:
+            self.spawn("proc_setup", ProcSetup, proc_bind, procs_per_host, bootstrap, raise_init_errors=True).stop()
+        except ActorError as e:
+            self._setup_error = e
 
     def _refresh(self) -> None:
         """Take the hub's current procs of this mesh (a restart replaces some)."""

@@ -6,7 +6,7 @@ import html
 import reprlib
 from typing import Any, Generic, Iterator, TypeVar
 
-from ..mesh import Extent, Point
+from ..mesh import Extent, Point, Shape
 
 R = TypeVar("R")
 REPR_POINTS, REPR_CHARS = 8, 60  # the text repr: how many points, how long a value
@@ -26,7 +26,8 @@ class ValueMesh(Generic[R]):
     """Values laid out over ``extent`` in rank order.
 
     ``items()`` yields ``(Point, value)``; ``item(gpus=3)`` picks one value by
-    coordinates (every dimension must be named); ``len()`` is the number of points.
+    coordinates (every dimension must be named); ``len()`` is the number of points;
+    ``slice(...)`` and ``flatten(...)`` reshape it as they do an actor mesh.
     """
 
     def __init__(self, extent: Extent, values: list[R]):
@@ -51,6 +52,16 @@ class ValueMesh(Generic[R]):
         if not coords and len(self._values) == 1:
             return self._values[0]
         return self._values[self._extent.rank_of(coords)]
+
+    def slice(self, **dims) -> "ValueMesh[R]":
+        """The values of a sub-mesh: an int drops that dimension, a slice keeps it
+        (``vm.slice(gpus=1).item()``). Raises as ``ActorMesh.slice`` does."""
+        shape = Shape(self._extent).slice(**dims)
+        return ValueMesh(shape.extent, [self._values[r] for r in shape.base_ranks()])
+
+    def flatten(self, name: str) -> "ValueMesh[R]":
+        """The same values, in rank order, over one dimension ``name``."""
+        return ValueMesh(Extent({name: len(self._values)}), self._values)
 
     def __iter__(self) -> Iterator[tuple[Point, R]]:
         return self.items()

@@ -103,7 +103,7 @@ class ClusterJob(JobTrait):
                                "for (a host was lost?); call job.kill() and then job.state() to allocate anew")
         meshes, start = {}, 0
         for name, count in self._meshes.items():
-            meshes[name] = whole.slice(hosts=slice(start, start + count))
+            meshes[name] = whole._owned_slice(hosts=slice(start, start + count))
             start += count
         return JobState(meshes)
 

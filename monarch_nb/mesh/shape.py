@@ -34,12 +34,14 @@ class Extent(Mapping):
         self._sizes = tuple(values)
 
     @property
-    def labels(self) -> tuple[str, ...]:
-        return self._labels
+    def labels(self) -> list[str]:
+        """The dimension labels in order, as a new list (Monarch's type)."""
+        return list(self._labels)
 
     @property
-    def sizes(self) -> tuple[int, ...]:
-        return self._sizes
+    def sizes(self) -> list[int]:
+        """The dimension sizes in order, as a new list (Monarch's type)."""
+        return list(self._sizes)
 
     @property
     def nelements(self) -> int:
@@ -131,7 +133,7 @@ class Point(Mapping):
 
     def __getitem__(self, label: str) -> int:
         try:
-            return self._coords[self._extent.labels.index(label)]
+            return self._coords[self._extent._labels.index(label)]
         except ValueError:
             raise KeyError(label) from None
 
@@ -152,7 +154,9 @@ class Point(Mapping):
         return hash((self._coords, self._extent))
 
     def __str__(self) -> str:
-        return "{" + ", ".join(f"{l}={i}" for l, i in zip(self._extent.labels, self._coords)) + "}"
+        """Monarch's form: each label with index/size, e.g. ``{'hosts': 0/1, 'gpus': 3/8}``."""
+        return "{" + ", ".join(f"'{label}': {i}/{size}"
+                               for label, i, size in zip(self._extent._labels, self._coords, self._extent._sizes)) + "}"
 
     def __repr__(self) -> str:
         return f"Point({self})"

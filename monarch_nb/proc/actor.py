@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -23,6 +25,15 @@ class Actor:
     ``async def`` endpoints are supported. ``__init__`` runs in the actor's own
     thread in the proc, with :func:`current_rank` already set.
     """
+
+    @functools.cached_property
+    def logger(self) -> logging.Logger:
+        """A logger named for the actor's class, passing every level (Monarch's
+        ``self.logger``). Handlers are the proc's logging configuration (Python's
+        default: warnings and above to stderr, which the cluster's logs keep)."""
+        logger = logging.getLogger(type(self).__name__)
+        logger.setLevel(logging.DEBUG)
+        return logger
 
 
 def endpoint(fn: Callable | None = None, *, propagate: Any = None,
@@ -64,6 +75,9 @@ def _marker(fn: Callable | None, explicit_response_port: bool, concurrent: bool)
         setattr(f, _ENDPOINT_MARK, True)
         setattr(f, _EXPLICIT_PORT_MARK, explicit_response_port)
         setattr(f, _CONCURRENT_MARK, concurrent)
+        # Monarch's attribute: its reply does not come from the dispatcher when the
+        # method returns (an explicit port, or a concurrent call's task answering later).
+        f._explicit_response_port = explicit_response_port or concurrent
         return f
 
     return mark(fn) if fn is not None else mark

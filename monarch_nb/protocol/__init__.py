@@ -15,6 +15,7 @@ vocabulary as a bare string. This package imports nothing of monarch_nb (it is b
 - ``proc_ops``: a proc's control ops, and the kinds and header keys of actor messages.
 - ``debug``: the debug channel's actions and keys.
 - ``rdma_ops``: what a process's RDMA server answers (``monarch_nb.rdma``).
+- ``worker_ops``: the attach request a waiting worker answers (``run_worker_loop_forever``).
 
 Each name is defined once, by the module of the process that answers it: what a host
 agent, a proc or its debugger reports to the hub is a ``hub_ops`` op.
