@@ -19,7 +19,7 @@ from .client.actor_mesh import ActorMesh
 from .client.channel import Channel, PortReceiver
 from .client.cluster import Cluster, this_host
 from .client.controller import get_or_spawn_controller
-from .client.endpoint import Endpoint, send
+from .client.endpoint import Endpoint, concurrent_endpoint, endpoint, send
 from .client.future import Future
 from .client.host_mesh import HostMesh
 from .client.local_proc import this_proc
@@ -29,8 +29,7 @@ from .client.value_mesh import ValueMesh
 from .errors import (ActorError, ClusterError, InvalidRequest, MeshFailure, MessageTooLarge, MonarchNbError,
                      RemoteException, SerializationError, SupervisionError)
 from .mesh import Extent, Point, Shape
-from .proc.actor import (Actor, Context, concurrent_endpoint, context, current_actor_name, current_rank, current_size,
-                         endpoint)
+from .proc.actor import Actor, Context, context, current_actor_name, current_rank, current_size
 from .wire.port import Port
 
 

@@ -22,6 +22,7 @@ from ..client import cluster as cluster_mod
 from ..client import logs
 from ..client.actor_mesh import ActorMesh
 from ..client.actor_meshes import resolve
+from ..client.future import Future
 from ..client.proc_mesh import ProcMesh
 from ..client.runtime import runtime
 from ..client.value_mesh import ValueMesh
@@ -307,10 +308,11 @@ class MonarchMagics(Magics):
     def _exec(self, args, cell: str):
         procs = self._procs_of(args.mesh)
         ranks = parse_ranks(args.ranks, len(procs)) if args.ranks else list(range(len(procs)))
-        runner = procs.spawn(f"{procs.name}.exec", Exec)
+        # The handle itself, not the actor class a type checker is told spawn returns.
+        runner: ActorMesh = procs.spawn(f"{procs.name}.exec", Exec)  # type: ignore[assignment]
         name = f"<%%monarch exec {procs.name}>"
         if ranks == list(range(len(procs))):
-            future = runner.run.call(cell, name)
+            future: Future[ValueMesh] | _Gathered = runner.run.call(cell, name)
             extent = procs.extent
         else:
             futures = [runner.slice(**dict(procs.extent.point(r))).run.call_one(cell, name) for r in ranks]

@@ -6,7 +6,7 @@ import contextlib
 import inspect
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from ..mesh import Extent, Point
 
@@ -23,6 +23,24 @@ class Actor:
     ``async def`` endpoints are supported. ``__init__`` runs in the actor's own
     thread in the proc, with :func:`current_rank` already set.
     """
+
+    if TYPE_CHECKING:
+        # A spawned mesh is typed as its actor class (``ProcMesh.spawn``, as in Monarch),
+        # so that a type checker follows ``mesh.ENDPOINT.call(...)`` to the method; these
+        # are the mesh's own members (``client.actor_mesh.ActorMesh``) it then meets.
+        def slice(self: _A, **dims: Any) -> _A: ...
+
+        def flatten(self: _A, name: str) -> _A: ...
+
+        @property
+        def extent(self) -> Extent: ...
+
+        def size(self, dim: str | Sequence[str] | None = None) -> int: ...
+
+        def __len__(self) -> int: ...
+
+
+_A = TypeVar("_A", bound=Actor)
 
 
 def endpoint(fn: Callable | None = None, *, propagate: Any = None,
