@@ -10,7 +10,7 @@ from pathlib import Path
 
 from jupyter_client import KernelManager
 
-from monarch_nb.cli import _python3_kernelspec_dir
+from monarch_nb.kernelspec import jupyter_path_for_this_python
 
 TESTS = Path(__file__).resolve().parent
 
@@ -32,7 +32,7 @@ class Kernel:
     so output that reaches an earlier cell later can be checked too."""
 
     def __init__(self, name: str = "python3", env: dict | None = None):
-        os.environ["JUPYTER_PATH"] = _python3_kernelspec_dir()
+        os.environ["JUPYTER_PATH"] = jupyter_path_for_this_python()
         self.km = KernelManager(kernel_name=name)
         self.km.start_kernel(cwd=str(TESTS), env={**os.environ, **(env or {})})
         self.outputs: dict[str, list[dict]] = collections.defaultdict(list)

@@ -25,7 +25,7 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from monarch_nb.cli import _python3_kernelspec_dir
+from monarch_nb.kernelspec import jupyter_path_for_this_python
 
 from conftest import pids_alive, wait_until
 
@@ -81,7 +81,7 @@ def lab():
     # No news or update checks (no network here, and no toast over the screenshot).
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "JUPYTER_PATH": _python3_kernelspec_dir(), "JUPYTER_CONFIG_DIR": str(root / "config"),
+    env = {**os.environ, "JUPYTER_PATH": jupyter_path_for_this_python(), "JUPYTER_CONFIG_DIR": str(root / "config"),
            "JUPYTER_RUNTIME_DIR": str(root / "runtime"), "JUPYTERLAB_SETTINGS_DIR": str(root / "settings"),
            "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces")}
     server = subprocess.Popen(
