@@ -93,8 +93,13 @@ def run(args: argparse.Namespace) -> int:
             console.print(render.clusters_table(cluster_mod.list_clusters()))
         elif args.verb == "start":
             t0 = time.monotonic()
+            allocator = slurm_options.allocator_from(args)
+            if args.dry_run:  # the script on stdout, to save or diff; the note on stderr
+                print(allocator.job_script(args.name), end="")
+                print(f"monarch-nb: --dry-run: cluster {args.name!r} not started, nothing submitted", file=sys.stderr)
+                return 0
             c = cluster_mod.Cluster.start(args.name, hosts=args.hosts, grace_s=args.grace,
-                                          idle_timeout=args.idle_timeout, allocator=slurm_options.allocator_from(args))
+                                          idle_timeout=args.idle_timeout, allocator=allocator)
             c.disconnect()
             where = slurm_options.describe(c._info)
             console.print(f"cluster [bold]{args.name}[/] is running{' on ' + where if where else ''} "

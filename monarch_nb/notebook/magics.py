@@ -88,8 +88,10 @@ PARSER = _parser()
 HELP = """%monarch: drive a monarch_nb cluster from the notebook.
 
   %monarch start [NAME] [--hosts N] [--idle-timeout S]   start a retained cluster (or connect if it runs)
-  %monarch start NAME --slurm --nodes 2 [--partition P] [--time T] [--gpus-per-node G] [--account A]
-                [--qos Q] [--cpus-per-task C] [--sbatch-arg=OPT]  hosts from a Slurm job, one per node
+  %monarch start NAME --slurm --nodes 2 [--partition P] [--time T] [--mem M] [--gpus-per-node G] [--account A]
+                [--qos Q] [--cpus-per-task C] [--setup LINE] [--sbatch-arg=OPT] [--dry-run]
+                                                          hosts from a Slurm job, one per node (--dry-run:
+                                                          print its batch script); defaults: config.toml
   %monarch connect [NAME]                                 connect to a running cluster
   %monarch list                                           clusters on this machine
   %monarch status                                         live health tree (hosts, procs, actors), clients
@@ -196,8 +198,13 @@ class MonarchMagics(Magics):
 
     def _start(self, args, cell=None) -> None:
         t0 = time.monotonic()
+        allocator = slurm_options.allocator_from(args)
+        if args.dry_run:
+            print(f"monarch: --dry-run: the batch script of cluster {args.name!r}; nothing submitted\n")
+            print(allocator.job_script(args.name), end="")
+            return
         cluster = cluster_mod.Cluster.start(args.name, hosts=args.hosts, idle_timeout=args.idle_timeout,
-                                            allocator=slurm_options.allocator_from(args))
+                                            allocator=allocator)
         info = cluster.info()
         where = slurm_options.describe(cluster._info)
         print(f"monarch: cluster {args.name!r} is up ({len(info['hosts'])} host(s){', ' + where if where else ''}, "
