@@ -239,3 +239,9 @@ def test_cli_status_watch_shows_a_proc_turning_failed(cluster, workers):
 def test_cli_status_watch_ends_after_count(cluster):
     out, _ = (watch := _status(cluster.name, "--watch", "--interval", "0.05", "--count", "3")).communicate(timeout=60)
     assert watch.returncode == 0 and out.count(f"cluster {cluster.name} · ") == 3 and "refresh 3" in out
+
+
+def test_cli_status_prints_the_log_stores_size_and_limits(cluster):
+    out, _ = _status(cluster.name).communicate(timeout=60)
+    assert "log store: " in out and f"{cluster.path / 'logs' / 'lines.sqlite'}" in out, out
+    assert "keeps 1,024 MiB and 7 days ([logs] max_mb, max_age_days in " in out, out

@@ -169,6 +169,7 @@ class SlurmAllocator:
         :class:`ClusterError` with sbatch's message when Slurm refuses the job."""
         if hosts != self.nodes:
             raise ClusterError(f"SlurmAllocator has nodes={self.nodes}, but {hosts} hosts were asked for")
+        assert self.cluster_dir is not None, "the hub's allocator is made by from_spec, with its cluster directory"
         script = Path(self.cluster_dir) / JOB_SCRIPT
         script.write_text(self.job_script(hub_address=hub_address))
         script.chmod(0o700)
@@ -252,7 +253,7 @@ class SlurmAllocator:
             state, reason = slurm_parse.job_state(record)
             text = (f"Slurm job {self.job_id} is {state}, reason: {reason or 'None'}, "
                     f"nodes: {record.get('NodeList', '(null)')}, partition: {record.get('Partition', '?')}")
-        output = Path(self.cluster_dir) / JOB_OUTPUT.replace("%j", self.job_id)
+        output = Path(self.cluster_dir or ".") / JOB_OUTPUT.replace("%j", self.job_id)
         try:
             tail = output.read_text(errors="replace").strip().splitlines()[-5:]
         except OSError:

@@ -17,47 +17,27 @@ Arguments given to ``SlurmAllocator`` (or on the command line) win over the file
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-from .. import cluster_dir
+from .. import config
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    import tomli as tomllib
-
-CONFIG_FILE = "config.toml"
 KEYS = ("partition", "time", "mem", "gpus_per_node", "cpus_per_task", "account", "qos", "setup",
         "extra_sbatch_args", "start_timeout", "bind", "job_name")
 ALIASES = {"queue": "partition", "slurm_partition": "partition", "walltime": "time", "memory": "mem",
            "job_script_prologue": "setup", "slurm_setup": "setup", "job_extra_directives": "extra_sbatch_args"}
 
 
-def path() -> Path:
-    return cluster_dir.home() / CONFIG_FILE
-
-
 def defaults() -> dict[str, Any]:
     """The ``[slurm]`` table of the config file, keys translated to ``SlurmAllocator``'s;
     ``{}`` when there is no file. Raises ``ValueError`` naming the file for TOML it
     can't read, a key it doesn't know, or one setting given under two names."""
-    try:
-        text = path().read_text()
-    except FileNotFoundError:
-        return {}
-    try:
-        table = tomllib.loads(text).get("slurm", {})
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path()}: {e}") from None
     found: dict[str, Any] = {}
-    for key, value in table.items():
+    for key, value in config.table("slurm").items():
         name = ALIASES.get(key, key)
         if name not in KEYS:
-            raise ValueError(f"{path()}: [slurm] has no setting {key!r}; known: {', '.join(KEYS)} "
+            raise ValueError(f"{config.path()}: [slurm] has no setting {key!r}; known: {', '.join(KEYS)} "
                              f"(or {', '.join(ALIASES)})")
         if name in found:
-            raise ValueError(f"{path()}: [slurm] sets {name!r} twice (as {key!r} too)")
+            raise ValueError(f"{config.path()}: [slurm] sets {name!r} twice (as {key!r} too)")
         found[name] = value
     return found
