@@ -1,5 +1,5 @@
 """Endpoint types a type checker follows: ``mesh.ENDPOINT.call(...)`` is checked
-against the method, as a call of the method would be (``tests/typing/endpoints.py``)."""
+against the method, as a call of the method would be (``tests/typecheck/endpoints.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from mypy import api
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = Path("tests") / "typing" / "endpoints.py"
+CHECKED = Path("tests") / "typecheck" / "endpoints.py"
 
 
 def expected_errors() -> set[tuple[int, str]]:
