@@ -1,7 +1,7 @@
 """Log benchmark: how fast proc output reaches the hub's store, and how long a printed
 line takes to show at the client, next to baselines measured in the same run.
 
-    .venv/bin/python bench/bench_logs.py [--quick]
+    .venv/bin/python bench/bench_logs.py [--quick] [--store-lines N] [--store-only]
 
 Figures (see bench/README.md):
   1. throughput   8 procs print N lines each flat out; lines/s from the call until
@@ -14,6 +14,12 @@ Figures (see bench/README.md):
                   and off. Baseline: the call's own round trip.
   3. blocking     how long the printing endpoint itself ran (the actor is blocked only
                   while its writes wait for pipe space).
+  4. store        the hub's log store alone (no cluster): lines/s into a store of N lines
+                  (default 5 million) until all are on disk, its size, then, opened again
+                  as a recovered hub does (nothing in memory), `tail 50`, the last 50
+                  lines of one rare mesh, and a follow poll (the lines after a seq).
+                  Baseline: the store this one replaced (the JSON-lines file of the last
+                  commit that had it, loaded from git), same lines, same run.
 
 Runs in an isolated MONARCH_NB_HOME (a temp dir unless already set) and checks that no
 process it started is left behind; exit status 1 if one is.
@@ -26,7 +32,9 @@ from tidy import isolated_home, stop_and_check
 _OWN_HOME = isolated_home()  # before monarch_nb is imported
 
 import argparse  # noqa: E402
+import importlib.util  # noqa: E402
 import os  # noqa: E402
+import tempfile  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -35,6 +43,7 @@ import time  # noqa: E402
 
 from monarch_nb.actor import Actor, current_rank, endpoint, this_host  # noqa: E402
 from monarch_nb.client.runtime import runtime  # noqa: E402
+from monarch_nb.hub import logstore  # noqa: E402
 
 
 class Talker(Actor):
@@ -88,10 +97,75 @@ class Stamps:
                     self.latencies.append(now - float(line.text.split()[1]))
 
 
+def jsonl_store_module():
+    """The log store as it was before sqlite (``logs/lines.jsonl``), from git history."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = "monarch_nb/hub/logstore.py"
+    commits = subprocess.run(["git", "-C", repo, "log", "--format=%H", "--", path], capture_output=True,
+                             text=True, check=True).stdout.split()
+    for commit in commits:  # the newest version of the file that still wrote lines.jsonl
+        source = subprocess.run(["git", "-C", repo, "show", f"{commit}:{path}"], capture_output=True, text=True,
+                                check=True).stdout
+        if "lines.jsonl" in source:
+            break
+    else:
+        raise RuntimeError(f"no version of {path} in git history writes lines.jsonl")
+    spec = importlib.util.spec_from_loader("logstore_jsonl", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    exec(compile(source, f"{commit[:10]}:{path}", "exec"), module.__dict__)
+    return module, commit[:10]
+
+
+def store_bench(store_class, n: int, label: str) -> None:
+    """[4] for one store class: ingest, then queries on the store reopened."""
+    folder = tempfile.mkdtemp(prefix="monarch_nb_bench_store_")
+    try:
+        from pathlib import Path
+
+        path = Path(folder)
+        batch = 10_000
+        now = time.time()
+        store = store_class(path)
+        t0 = time.perf_counter()
+        for start in range(0, n, batch):
+            # 1 line in 10,000 from a rare mesh; the rest from 8 ranks of the trainers.
+            store.add("host0", [(now, "rare/0" if (start + i) % 10_000 == 0 else f"trainers/{i % 8}", "stdout",
+                                 None, None, None, f"rank {i % 8} step {start + i} loss 0.{i % 97:02d}", 32)
+                                for i in range(batch)])
+        store.close(timeout=3600)
+        ingest = time.perf_counter() - t0
+        size = sum(f.stat().st_size for f in (path / "logs").iterdir())
+        store = store_class(path)  # as a recovered hub opens it: nothing in memory
+        timings = {}
+        for what, kwargs in (("tail 50", {"tail": 50}), ("tail 50 of a rare mesh", {"mesh": "rare", "tail": 50}),
+                             ("follow poll", {"after_seq": n - 100})):
+            t = time.perf_counter()
+            found = store.query(**kwargs)
+            timings[what] = (time.perf_counter() - t, len(found))
+        store.close()
+        shown = ", ".join(f"{what} {sec * 1e3:,.1f} ms ({count} lines)" for what, (sec, count) in timings.items())
+        print(f"[4] store {label}: {n:,} lines in {ingest:.1f} s = {n / ingest:,.0f} lines/s to disk, "
+              f"{size / 2**20:,.0f} MiB; reopened: {shown}", flush=True)
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer lines and samples")
+    parser.add_argument("--store-lines", type=int, default=None,
+                        help="lines in the store of [4] (default 5,000,000; --quick: 500,000)")
+    parser.add_argument("--store-only", action="store_true", help="run [4] only")
     args = parser.parse_args()
+    store_lines = args.store_lines or (500_000 if args.quick else 5_000_000)
+    jsonl, commit = jsonl_store_module()
+    big = 2 * store_lines * 200  # retention out of the way: bytes enough for every line
+    store_bench(lambda p: logstore.LogStore(p, max_bytes=big, max_age_s=1e9), store_lines, "sqlite (this one)")
+    store_bench(jsonl.LogStore, store_lines, f"JSON lines (baseline, {commit})")
+    if args.store_only:
+        return 0
     lines = 10_000 if args.quick else 50_000
     samples = 50 if args.quick else 200
     print(f"monarch_nb log bench: {os.cpu_count()} CPUs, MONARCH_NB_HOME={os.environ['MONARCH_NB_HOME']}",

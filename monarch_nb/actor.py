@@ -20,7 +20,7 @@ from .client.attach import attach_to_workers
 from .client.channel import Channel, PortReceiver
 from .client.cluster import Cluster, shutdown_context, this_host
 from .client.controller import get_or_spawn_controller
-from .client.endpoint import Endpoint, send
+from .client.endpoint import Endpoint, concurrent_endpoint, endpoint, send
 from .client.future import Future
 from .client.host_mesh import HostMesh
 from .client.local_proc import this_proc
@@ -31,8 +31,7 @@ from .errors import (ActorError, CallCycleError, ClusterError, InvalidRequest, M
                      RemoteException, SerializationError, SupervisionError)
 from .host.worker import run_worker_loop_forever
 from .mesh import Extent, Point, Shape
-from .proc.actor import (Actor, Context, concurrent_endpoint, context, current_actor_name, current_rank, current_size,
-                         endpoint)
+from .proc.actor import Actor, Context, context, current_actor_name, current_rank, current_size
 from .wire.port import Port
 
 

@@ -10,51 +10,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
-from . import cluster_cli
-
-
-KERNELSPEC = Path(__file__).resolve().parent / "kernelspec" / "kernel.json"  # the `monarch` kernel
-
-
-def _kernelspec(kernel_dir: Path, name: str) -> None:
-    """Write the kernelspec ``name`` (``monarch`` or ``python3``) for this interpreter."""
-    if name == "monarch":
-        spec = json.loads(KERNELSPEC.read_text())
-    else:
-        spec = {"argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                "display_name": "Python 3", "language": "python"}
-    spec["argv"][0] = sys.executable
-    kernel_dir.mkdir(parents=True, exist_ok=True)
-    (kernel_dir / "kernel.json").write_text(json.dumps(spec, indent=1))
-
-
-def _write_kernelspecs(root: str) -> None:
-    """Make ``root`` a Jupyter data dir whose ``python3`` and ``monarch`` kernels are
-    this interpreter, so a notebook runs with the packages of the environment
-    ``monarch-nb`` is installed in."""
-    for name in ("python3", "monarch"):
-        _kernelspec(Path(root, "kernels", name), name)
-
-
-def install_kernel(user: bool = False, sys_prefix: bool = False, prefix: str | None = None) -> str:
-    """Install the ``monarch`` kernelspec (for this interpreter) with jupyter_client;
-    returns where. Default: into this environment when it is a virtualenv, else for the
-    user."""
-    from jupyter_client.kernelspec import KernelSpecManager
-
-    if not (user or sys_prefix or prefix):
-        sys_prefix = sys.prefix != sys.base_prefix
-        user = not sys_prefix
-    with tempfile.TemporaryDirectory() as tmp:
-        _kernelspec(Path(tmp, "monarch"), "monarch")
-        return KernelSpecManager().install_kernel_spec(str(Path(tmp, "monarch")), "monarch", user=user,
-                                                       prefix=sys.prefix if sys_prefix else prefix)
+from . import cluster_cli, kernelspec
 
 
 def run_notebook(path: str | Path, output: str | Path | None = None, timeout: float = 600.0) -> Path:
@@ -79,7 +39,7 @@ def run_notebook(path: str | Path, output: str | Path | None = None, timeout: fl
     client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name=kernel if kernel == "monarch" else "python3",
                                      resources={"metadata": {"path": str(path.parent.resolve())}})
     with tempfile.TemporaryDirectory(prefix="monarch-nb-kernels-") as kernels:
-        _write_kernelspecs(kernels)
+        kernelspec.write_data_dir(kernels)
         os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [kernels, previous]))
         try:
             client.execute()
@@ -117,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "logs":
         return cluster_cli.run_logs(args)
     if args.command == "kernel":
-        print(f"installed kernelspec 'monarch' in {install_kernel(args.user, args.sys_prefix, args.prefix)}")
+        installed = kernelspec.install_kernel(args.user, args.sys_prefix, args.prefix)
+        print(f"installed kernelspec 'monarch' in {installed}")
         return 0
     if args.command == "version":
         from importlib.metadata import version

@@ -7,8 +7,9 @@ import sys
 import time
 
 from rich.console import Console
+from rich.markup import escape
 
-from . import cluster_dir, render
+from . import cluster_dir, config, render
 from .allocators import slurm_options
 from .protocol import hub_ops
 
@@ -93,8 +94,13 @@ def run(args: argparse.Namespace) -> int:
             console.print(render.clusters_table(cluster_mod.list_clusters()))
         elif args.verb == "start":
             t0 = time.monotonic()
+            allocator = slurm_options.allocator_from(args)
+            if args.dry_run:  # the script on stdout, to save or diff; the note on stderr
+                print(allocator.job_script(args.name), end="")
+                print(f"monarch-nb: --dry-run: cluster {args.name!r} not started, nothing submitted", file=sys.stderr)
+                return 0
             c = cluster_mod.Cluster.start(args.name, hosts=args.hosts, grace_s=args.grace,
-                                          idle_timeout=args.idle_timeout, allocator=slurm_options.allocator_from(args))
+                                          idle_timeout=args.idle_timeout, allocator=allocator)
             c.disconnect()
             where = slurm_options.describe(c._info)
             console.print(f"cluster [bold]{args.name}[/] is running{' on ' + where if where else ''} "
@@ -121,6 +127,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def log_store_line(store: dict) -> str:
+    """What ``cluster status`` says of the hub's log store: its size and its limits."""
+    if not store.get("file"):
+        return "log store: in memory only"
+    limits = escape(f"keeps {store['max_bytes'] / 2**20:,.0f} MiB and {store['max_age_s'] / 86400:g} days "
+                    f"([logs] max_mb, max_age_days in {config.path()})")
+    state = "" if store["ok"] else f" [red]not writing: {escape(store['error'])}[/]"
+    return (f"log store: {store['lines']:,} lines, {store['bytes'] / 2**20:,.1f} MiB in {store['file']}; "
+            f"{limits}{state}")
+
+
 def _status(console: Console, args: argparse.Namespace) -> int:
     """``monarch-nb cluster status NAME [--watch]``: the health tree, once or refreshed
     every ``--interval`` seconds (redrawn in place on a terminal, one frame after another
@@ -145,9 +162,10 @@ def _status(console: Console, args: argparse.Namespace) -> int:
     def frame() -> Group:
         nonlocal previous
         health = hub.request(hub_ops.HEALTH, timeout=30.0)
-        parts = render.status(hub.request(hub_ops.INFO, timeout=30.0), health, previous)
+        info = hub.request(hub_ops.INFO, timeout=30.0)
+        parts = render.status(info, health, previous)
         previous = health
-        return Group(*parts)
+        return Group(*parts, log_store_line(info["hub_stats"]["log_store"]))
 
     if not args.watch:
         console.print(frame())

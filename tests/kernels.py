@@ -10,7 +10,7 @@ from pathlib import Path
 
 from jupyter_client import KernelManager
 
-from monarch_nb.cli import _write_kernelspecs
+from monarch_nb.kernelspec import write_data_dir
 
 TESTS = Path(__file__).resolve().parent
 
@@ -33,7 +33,7 @@ class Kernel:
 
     def __init__(self, name: str = "python3", env: dict | None = None):
         specs = os.path.join(os.environ["MONARCH_NB_HOME"], "jupyter")  # removed with the run's home
-        _write_kernelspecs(specs)
+        write_data_dir(specs)
         os.environ["JUPYTER_PATH"] = specs
         self.km = KernelManager(kernel_name=name)
         self.km.start_kernel(cwd=str(TESTS), env={**os.environ, **(env or {})})

@@ -25,7 +25,7 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from monarch_nb.cli import _write_kernelspecs
+from monarch_nb.kernelspec import write_data_dir
 
 from conftest import pids_alive, system_part_missing, wait_until
 
@@ -81,7 +81,7 @@ def lab():
     # No news or update checks (no network here, and no toast over the screenshot).
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
     port, token = _free_port(), secrets.token_hex(16)
-    _write_kernelspecs(str(root / "jupyter"))
+    write_data_dir(root / "jupyter")
     env = {**os.environ, "JUPYTER_PATH": str(root / "jupyter"), "JUPYTER_CONFIG_DIR": str(root / "config"),
            "JUPYTER_RUNTIME_DIR": str(root / "runtime"), "JUPYTERLAB_SETTINGS_DIR": str(root / "settings"),
            "JUPYTERLAB_WORKSPACES_DIR": str(root / "workspaces")}

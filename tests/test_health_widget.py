@@ -278,3 +278,9 @@ def test_state_marks_have_a_glyph_in_the_fonts_a_debian_desktop_has():
                if not subprocess.run(["fc-list", f":charset={ord(mark):x}", "family"], capture_output=True,
                                      text=True).stdout.strip()]
     assert not missing, f"no installed font draws: {', '.join(missing)}"
+
+
+def test_cli_status_prints_the_log_stores_size_and_limits(cluster):
+    out, _ = _status(cluster.name).communicate(timeout=60)
+    assert "log store: " in out and f"{cluster.path / 'logs' / 'lines.sqlite'}" in out, out
+    assert "keeps 1,024 MiB and 7 days ([logs] max_mb, max_age_days in " in out, out

@@ -319,3 +319,20 @@ def test_a_slurm_job_gives_named_meshes_of_its_batch_jobs_nodes_and_kill_ends_it
     assert job_ended(job_id), scontrol_job(job_id)
     assert wait_until(lambda: not job_steps_alive(job_id) and not cluster_processes(path), 10), (
         job_steps_alive(job_id), cluster_processes(path))
+
+
+class EnvReader(Actor):
+    @endpoint
+    def env(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+
+def test_setup_lines_run_before_the_agents_and_mem_reaches_the_job(started):
+    started.append("slurm-setup")
+    allocator = SlurmAllocator(nodes=2, partition="debug", mem="1M", setup=["export MONARCH_NB_SETUP_RAN=yes"],
+                               start_timeout=60)
+    cluster = Cluster.start("slurm-setup", allocator=allocator)
+    assert scontrol_job(job_of(cluster))["MinMemoryNode"] == "1M"
+    readers = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}).spawn("readers", EnvReader)
+    assert readers.env.call("MONARCH_NB_SETUP_RAN").get(timeout=60).values() == ["yes", "yes"]
+    cluster.stop()

@@ -10,6 +10,11 @@ interface that routes to the hub and sign every message with the cluster key, wh
 they read from the cluster directory: the directory and the Python environment must
 be on a filesystem the nodes share, as is usual on Slurm clusters.
 
+``job_script()`` is the batch script (its ``#SBATCH`` lines, the set-up lines, the
+agents' step), for a preview before submitting; ``--dry-run`` prints it from
+``monarch-nb cluster start`` and ``%monarch start``. Options not given come from the
+``[slurm]`` table of ``$MONARCH_NB_HOME/config.toml`` (``slurm_config``).
+
 The job is the allocation: stopping the cluster ends it (agents exit, then
 ``scancel``), and a job that ends from outside (``scancel``, time limit, node
 failure, preemption) shows up within about a second as failed hosts whose procs'
@@ -33,9 +38,12 @@ import sys
 import time
 from pathlib import Path
 
+from typing import Any, Sequence
+
+from .. import cluster_dir as cluster_dirs
 from ..errors import ClusterError
 from ..wire import interfaces
-from . import slurm_parse
+from . import slurm_config, slurm_parse
 
 OVERLAP_SINCE = (20, 11)  # srun --overlap; before it, the steps of a job shared CPUs by default
 STEP_WAIT_S = 60  # without --overlap: how long an actor's own srun waits for CPUs before it fails
@@ -50,26 +58,46 @@ class SlurmAllocator:
     """Hosts from a Slurm batch job (see the module docstring).
 
     ``nodes``: hosts in the mesh (one host agent each). ``partition``, ``time``
-    (``"HH:MM:SS"``, ``"MM"``, ``"D-HH"``... as ``sbatch --time``), ``gpus_per_node``,
-    ``cpus_per_task`` (CPUs each agent and its procs may use), ``account``, ``qos``:
-    as the ``sbatch`` options of the same names; ``None`` leaves Slurm's default.
-    ``extra_sbatch_args``: more ``sbatch`` options, e.g. ``["--exclusive",
-    "--constraint=a100"]``. ``start_timeout``: seconds to wait for every agent to
-    report, queue wait included; past it, starting fails with the job's state and
-    reason. ``bind``: the hub's interface (default: the one that routes to the
-    partition's nodes; loopback when they are this machine). ``job_name``: default
-    ``monarch_nb-CLUSTER``. The job step gets every GPU of the job on its node
-    (``srun``'s default), so procs see them all (``CUDA_VISIBLE_DEVICES`` as Slurm sets it).
+    (``"HH:MM:SS"``, ``"MM"``, ``"D-HH"``... as ``sbatch --time``), ``mem`` (memory
+    per node, as ``sbatch --mem``: ``"64G"``), ``gpus_per_node``, ``cpus_per_task``
+    (CPUs each agent and its procs may use), ``account``, ``qos``: as the ``sbatch``
+    options of the same names; ``None`` leaves Slurm's default. ``setup``: shell lines
+    the job runs before it starts the agents, e.g. ``["module load cuda",
+    "source venv/bin/activate"]`` (the agents' step inherits their environment).
+    ``extra_sbatch_args``: more ``sbatch`` options, one ``--name=value`` each, e.g.
+    ``["--exclusive", "--constraint=a100"]``. ``start_timeout``: seconds to wait for
+    every agent to report, queue wait included (default 300); past it, starting fails
+    with the job's state and reason. ``bind``: the hub's interface (default: the one
+    that routes to the partition's nodes; loopback when they are this machine).
+    ``job_name``: default ``monarch_nb-CLUSTER``. The job step gets every GPU of the
+    job on its node (``srun``'s default), so procs see them all
+    (``CUDA_VISIBLE_DEVICES`` as Slurm sets it).
 
-    Raises ``ValueError`` for a bad argument and :class:`ClusterError` when Slurm's
-    commands are not installed here."""
+    ``defaults``: settings for the arguments not given (``None`` here); by default the
+    ``[slurm]`` table of ``$MONARCH_NB_HOME/config.toml`` (see ``slurm_config``).
+
+    Raises ``ValueError`` for a bad argument or config file and :class:`ClusterError`
+    when Slurm's commands are not installed here."""
 
     kind = "slurm"
 
     def __init__(self, nodes: int = 1, partition: str | None = None, time: str | None = None,
                  gpus_per_node: int | None = None, cpus_per_task: int | None = None, account: str | None = None,
-                 qos: str | None = None, extra_sbatch_args: list[str] | tuple[str, ...] = (),
-                 start_timeout: float = 300.0, bind: str | None = None, job_name: str | None = None):
+                 qos: str | None = None, extra_sbatch_args: Sequence[str] | None = None,
+                 start_timeout: float | None = None, bind: str | None = None, job_name: str | None = None,
+                 mem: str | None = None, setup: Sequence[str] | None = None, *,
+                 defaults: dict[str, Any] | None = None):
+        given = {"partition": partition, "time": time, "mem": mem, "gpus_per_node": gpus_per_node,
+                 "cpus_per_task": cpus_per_task, "account": account, "qos": qos, "setup": setup,
+                 "extra_sbatch_args": extra_sbatch_args, "start_timeout": start_timeout, "bind": bind,
+                 "job_name": job_name}
+        chosen = {**(slurm_config.defaults() if defaults is None else defaults),
+                  **{k: v for k, v in given.items() if v is not None}}
+        partition, time, mem, account, qos, bind, job_name = (
+            chosen.get(k) for k in ("partition", "time", "mem", "account", "qos", "bind", "job_name"))
+        gpus_per_node, cpus_per_task = chosen.get("gpus_per_node"), chosen.get("cpus_per_task")
+        extra_sbatch_args, setup = chosen.get("extra_sbatch_args", ()), chosen.get("setup", ())
+        start_timeout = chosen.get("start_timeout", 300.0)
         if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
             raise ValueError(f"nodes={nodes!r}: a Slurm cluster needs at least 1 node")
         for name, value in (("gpus_per_node", gpus_per_node), ("cpus_per_task", cpus_per_task)):
@@ -78,6 +106,8 @@ class SlurmAllocator:
         if isinstance(extra_sbatch_args, str):
             raise ValueError(f"extra_sbatch_args={extra_sbatch_args!r}: give a list of options, "
                              f"e.g. {shlex.split(extra_sbatch_args)!r}")
+        if isinstance(setup, str):
+            raise ValueError(f"setup={setup!r}: give a list of shell lines, e.g. {setup.splitlines()!r}")
         if not start_timeout > 0:
             raise ValueError(f"start_timeout={start_timeout!r}: give a number of seconds > 0")
         if bind is not None:
@@ -88,8 +118,9 @@ class SlurmAllocator:
                                    "from this machine; run on a machine with Slurm's client commands "
                                    "(a login node), or add them to PATH")
         self.nodes = nodes
-        self.options = {"partition": partition, "time": time, "gpus_per_node": gpus_per_node,
+        self.options = {"partition": partition, "time": time, "mem": mem, "gpus_per_node": gpus_per_node,
                         "cpus_per_task": cpus_per_task, "account": account, "qos": qos}
+        self.setup = [str(line) for line in setup]
         self.extra_sbatch_args = [str(a) for a in extra_sbatch_args]
         self.start_timeout_s = float(start_timeout)
         self.bind = bind
@@ -106,7 +137,8 @@ class SlurmAllocator:
         return self.nodes
 
     def spec(self) -> dict:
-        return {"kind": self.kind, "nodes": self.nodes, **self.options, "extra_sbatch_args": self.extra_sbatch_args,
+        return {"kind": self.kind, "nodes": self.nodes, **self.options, "setup": self.setup,
+                "extra_sbatch_args": self.extra_sbatch_args,
                 "start_timeout": self.start_timeout_s, "bind": self.bind, "job_name": self.job_name,
                 "job_id": self.job_id, "host_ids": self.host_ids, "submitted": self.submitted}
 
@@ -114,7 +146,7 @@ class SlurmAllocator:
     def from_spec(cls, spec: dict, cluster_dir: str, grace_s: float) -> "SlurmAllocator":
         spec = dict(spec)
         job_id, host_ids, submitted = spec.pop("job_id", None), spec.pop("host_ids", []), spec.pop("submitted", None)
-        allocator = cls(**spec)
+        allocator = cls(**spec, defaults={})  # the spec is complete: the config file may have changed since
         allocator.cluster_dir, allocator.grace_s = cluster_dir, grace_s
         allocator.job_id, allocator.host_ids, allocator.submitted = job_id, list(host_ids), submitted
         if allocator.job_name is None:
@@ -144,22 +176,33 @@ class SlurmAllocator:
         :class:`ClusterError` with sbatch's message when Slurm refuses the job."""
         if hosts != self.nodes:
             raise ClusterError(f"SlurmAllocator has nodes={self.nodes}, but {hosts} hosts were asked for")
-        folder = Path(self.cluster_dir)
-        script = folder / JOB_SCRIPT
-        script.write_text(self._job_script(hub_address))
+        assert self.cluster_dir is not None, "the hub's allocator is made by from_spec, with its cluster directory"
+        script = Path(self.cluster_dir) / JOB_SCRIPT
+        script.write_text(self.job_script(hub_address=hub_address))
         script.chmod(0o700)
-        argv = ["sbatch", "--parsable", f"--job-name={self.job_name}", f"--nodes={self.nodes}",
-                "--ntasks-per-node=1", f"--output={folder / JOB_OUTPUT}", f"--chdir={Path.cwd()}"]
-        argv += [f"--{k.replace('_', '-')}={v}" for k, v in self.options.items() if v is not None]
-        argv += [*self.extra_sbatch_args, str(script)]
         self.submitted = time.time()
-        out = _run(argv)
+        out = _run(["sbatch", "--parsable", str(script)])
         self.job_id = slurm_parse.parse_sbatch(out)
         self.host_ids = [f"host{i}" for i in range(self.nodes)]
-        print(f"monarch_nb hub: submitted Slurm job {self.job_id} ({' '.join(argv[2:-1])})", file=sys.stderr)
+        options = " ".join(self._directives())
+        print(f"monarch_nb hub: submitted Slurm job {self.job_id} ({options})", file=sys.stderr)
         return list(self.host_ids)
 
-    def _job_script(self, hub_address: str) -> str:
+    def _directives(self, cluster_dir: str | None = None, job_name: str | None = None) -> list[str]:
+        """The ``sbatch`` options of the job, as its ``#SBATCH`` lines carry them."""
+        folder = Path(cluster_dir or self.cluster_dir or ".")
+        options = [f"--job-name={job_name or self.job_name}", f"--nodes={self.nodes}", "--ntasks-per-node=1",
+                   f"--output={folder / JOB_OUTPUT}", f"--chdir={Path.cwd()}"]
+        options += [f"--{k.replace('_', '-')}={v}" for k, v in self.options.items() if v is not None]
+        return options + self.extra_sbatch_args
+
+    def job_script(self, name: str | None = None, hub_address: str | None = None) -> str:
+        """The batch script this allocator submits: ``#SBATCH`` lines, then ``setup``,
+        then the step that starts one host agent per node. Before the cluster exists
+        (a preview), ``name`` is the cluster's name, and the hub's address, known once
+        the hub runs, reads ``HUB_ADDRESS``."""
+        folder = self.cluster_dir or (str(cluster_dirs.cluster_path(name)) if name else "CLUSTER_DIR")
+        job_name = self.job_name or f"monarch_nb-{name or Path(folder).name}"
         # Paths travel as positional parameters of sh -c, so no quoting can break them.
         step = ["srun", "--kill-on-bad-exit=0", "--ntasks-per-node=1"]
         if self.options["cpus_per_task"]:  # srun no longer inherits it from sbatch (Slurm >= 22.05)
@@ -170,16 +213,19 @@ class SlurmAllocator:
         version = slurm_parse.parse_version(_run(["srun", "--version"]))
         if version is not None and version >= OVERLAP_SINCE:
             step.append("--overlap")
-            share = "export SLURM_OVERLAP=1\n"
+            share = "export SLURM_OVERLAP=1"
         else:  # no --overlap here: an actor's srun that can't get CPUs fails after a while instead
-            share = f"export SLURM_IMMEDIATE={STEP_WAIT_S}\n"
+            share = f"export SLURM_IMMEDIATE={STEP_WAIT_S}"
         agent = ('exec "$0" -m monarch_nb.host --cluster-dir "$1" --hub "$2" --grace "$3" --bind auto '
                  '--host-id "host$SLURM_PROCID" --node "$SLURMD_NODENAME"')
-        args = [sys.executable, self.cluster_dir, hub_address, str(self.grace_s)]
-        return ("#!/bin/sh\n"
-                f"# monarch_nb cluster {Path(self.cluster_dir).name}: one host agent per node, dialing the hub.\n"
-                'echo "monarch_nb: job $SLURM_JOB_ID running on $SLURM_JOB_NODELIST at $(date +%s.%N)"\n'
-                f"{share}exec {shlex.join(step)} /bin/sh -c {shlex.quote(agent)} {shlex.join(args)}\n")
+        args = [sys.executable, folder, hub_address or "HUB_ADDRESS", str(self.grace_s)]
+        lines = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(o)}" for o in self._directives(folder, job_name)),
+                 f"# monarch_nb cluster {Path(folder).name}: one host agent per node, dialing the hub.",
+                 'echo "monarch_nb: job $SLURM_JOB_ID running on $SLURM_JOB_NODELIST at $(date +%s.%N)"',
+                 *self.setup,
+                 share,
+                 f"exec {shlex.join(step)} /bin/sh -c {shlex.quote(agent)} {shlex.join(args)}"]
+        return "\n".join(lines) + "\n"
 
     def adopt(self, pids: dict[str, int]) -> None:
         """Nothing to do: the agents run under the job restored from the spec."""
@@ -224,7 +270,7 @@ class SlurmAllocator:
             state, reason = slurm_parse.job_state(record)
             text = (f"Slurm job {self.job_id} is {state}, reason: {reason or 'None'}, "
                     f"nodes: {record.get('NodeList', '(null)')}, partition: {record.get('Partition', '?')}")
-        output = Path(self.cluster_dir) / JOB_OUTPUT.replace("%j", self.job_id)
+        output = Path(self.cluster_dir or ".") / JOB_OUTPUT.replace("%j", self.job_id)
         try:
             tail = output.read_text(errors="replace").strip().splitlines()[-5:]
         except OSError:

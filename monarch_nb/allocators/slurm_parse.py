@@ -60,7 +60,7 @@ def _expand_one(item: str) -> list[str]:
     close_at = item.index("]", open_at)
     prefix, ranges, rest = item[:open_at], item[open_at + 1:close_at], item[close_at + 1:]
     tails = _expand_one(rest)
-    names = []
+    names: list[str] = []
     for part in ranges.split(","):
         m = _RANGE.match(part.strip())
         if not m:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..mesh import Shape
 from .endpoint import Endpoint
@@ -61,7 +61,7 @@ class ActorMesh(MeshHandle, Generic[A]):
                          self._endpoints, self._methods, shape, self._addresses)
 
     # endpoints -----------------------------------------------------------------------
-    def __getattr__(self, name: str) -> Endpoint:
+    def __getattr__(self, name: str) -> Endpoint[..., Any]:
         if name.startswith("_"):
             raise AttributeError(name)
         if name in self._endpoints:

@@ -212,7 +212,8 @@ class Cluster:
         ``hub_stats``: the hub's own ``dropped_frames``, ``malformed`` (messages it
         could not act on), ``stalls`` (times it found itself stopped or blocked),
         ``sockets`` (open sending sockets) and ``log_store`` (``ok`` False while the
-        disk fails; ``error``, ``unwritten``, ``lost``)."""
+        disk fails; ``error``, ``unwritten``, ``lost``; ``file``, ``lines``, ``bytes``,
+        ``expired`` and the limits ``max_bytes``, ``max_age_s``)."""
         return self.hub.request(hub_ops.INFO, timeout=30.0)
 
     def health(self) -> dict:

@@ -13,24 +13,24 @@ spawns one mesh of a name at a time and returns a live mesh to a second spawn of
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from ..proc.actor import unowned
-from .actor_mesh import ActorMesh
+from ..proc.actor import Actor, unowned
 from .cluster import default_cluster
 from .future import Future
 from .runtime import runtime
 
 CONTROLLERS = "controllers"  # the proc mesh controllers live in
 
-A = TypeVar("A")
+A = TypeVar("A", bound=Actor)
 
 
-def get_or_spawn_controller(name: str, Class: type[A], *args, **kwargs) -> Future[ActorMesh[A]]:
+def get_or_spawn_controller(name: str, Class: type[A], *args: Any, **kwargs: Any) -> Future[A]:
     """The controller ``name``: the one actor of that name in this cluster, spawned as
     ``Class(*args, **kwargs)`` on first use; later calls (any client, any endpoint) get
     the same actor, their arguments unused. Returns a ``Future`` of its handle (an
-    :class:`ActorMesh` of one actor, extent ``{}``), as in Monarch, already finished:
+    :class:`ActorMesh` of one actor, extent ``{}``, typed as ``Class`` as by
+    ``ProcMesh.spawn``), as in Monarch, already finished:
     the spawn has run before this returns (unlike Monarch, where it runs when awaited).
 
     The first call blocks until the controller's ``__init__`` has returned, and starts

@@ -9,9 +9,10 @@ and the replies come back on one port, each naming its rank.
 from __future__ import annotations
 
 import collections
-from typing import Any, Iterator
+from typing import Any, Awaitable, Callable, Concatenate, Generic, Iterator, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from ..errors import ActorError, CallCycleError, RemoteFailure, SupervisionError
+from ..proc import actor as proc_actor
 from ..proc import call_chain
 from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
@@ -28,8 +29,17 @@ from .value_mesh import ValueMesh
 # imports this one, and a cycle, even for type checkers only, is one the layers forbid.
 
 
-class Endpoint:
-    """``mesh.NAME``: an endpoint of every actor of a mesh (or slice)."""
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Endpoint(Generic[P, R]):
+    """``mesh.NAME``: an endpoint of every actor of a mesh (or slice).
+
+    For a type checker, an endpoint ``def train(self, step: int) -> float`` is
+    ``Endpoint[(step: int), float]``: ``call`` takes the method's arguments and gives a
+    ``Future[ValueMesh[float]]`` (see ``monarch_nb.actor.endpoint``).
+    """
 
     def __init__(self, mesh: "ActorMesh", name: str):
         self._mesh = mesh
@@ -38,7 +48,9 @@ class Endpoint:
     def __repr__(self) -> str:
         return f"<Endpoint {self._mesh._name}.{self._name} over {dict(self._mesh.extent)}>"
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        # Typed as the method: in the actor's own code ``self.train(1)`` is the plain
+        # method, and a type checker sees the same attribute there as on a mesh.
         raise TypeError(
             f"endpoint {self._name!r} is not called directly; use .call(...) for every actor, "
             f".call_one(...) for a single actor, .choose(...), .stream(...) or .broadcast(...)")
@@ -167,7 +179,7 @@ class Endpoint:
         return ActorError(self._mesh._name, self._name, failures, total)
 
     # adverbs ---------------------------------------------------------------------------
-    def call(self, *args, **kwargs) -> Future[ValueMesh]:
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every actor of the mesh; the future's value is a :class:`ValueMesh` over
         the mesh's extent. If any rank raised, ``get()`` raises one
         :class:`ActorError` listing every failed rank. Non-blocking."""
@@ -181,7 +193,7 @@ class Endpoint:
 
         return self._gather(ranks, args, kwargs, finish)
 
-    def call_one(self, *args, **kwargs) -> Future:
+    def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the single actor of a one-actor mesh (e.g. ``mesh.slice(gpus=0)``); the
         future's value is its return value. Raises ``ValueError`` at once when the mesh
         holds more than one actor."""
@@ -193,7 +205,7 @@ class Endpoint:
                 f"mesh.slice({self._mesh.extent.labels[-1]}=0), or use .call() or .choose()")
         return self._one(0, args, kwargs)
 
-    def choose(self, *args, **kwargs) -> Future:
+    def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call one actor of the mesh, the one with the fewest calls outstanding from this
         client (round-robin among equals); the future's value is its return value."""
         return self._one(self._mesh._least_loaded(), args, kwargs)
@@ -206,7 +218,7 @@ class Endpoint:
 
         return self._gather([view_rank], args, kwargs, finish)
 
-    def stream(self, *args, **kwargs) -> Iterator[Future]:
+    def stream(self, *args: P.args, **kwargs: P.kwargs) -> Iterator[Future[R]]:
         """Call every actor now; the returned iterator yields one done future per
         actor, in the order replies arrive, blocking until the next one has. A failed
         rank's future raises :class:`ActorError` from ``get()``."""
@@ -230,10 +242,69 @@ class Endpoint:
         for r in ranks:
             self._one(r, args, kwargs).add_done_callback(on_done)
 
-    def broadcast(self, *args, **kwargs) -> None:
+    def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every actor without waiting for or returning results (fire and
         forget). An exception in the endpoint is printed to that proc's stderr."""
         self._send(list(range(len(self._mesh))), args, kwargs)
+
+
+class EndpointProperty(Protocol[P, R]):
+    """What a type checker sees for a method decorated with :func:`endpoint`: read on a
+    mesh (which a type checker sees as the actor class, see ``ProcMesh.spawn``) or on an
+    actor, it is an :class:`Endpoint` with the method's parameters and result. At run
+    time the decorated method is the method itself."""
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> "EndpointProperty[P, R]": ...
+
+    @overload
+    def __get__(self, instance: object, owner: type) -> Endpoint[P, R]: ...
+
+    def __get__(self, instance: object, owner: type) -> Any: ...
+
+
+@overload
+def endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]], *, propagate: Any = None,
+             explicit_response_port: Literal[False] = False) -> EndpointProperty[P, R]: ...
+
+
+@overload
+def endpoint(fn: Callable[Concatenate[Any, P], R], *, propagate: Any = None,
+             explicit_response_port: Literal[False] = False) -> EndpointProperty[P, R]: ...
+
+
+@overload
+def endpoint(fn: None = None, *, propagate: Any = None,
+             explicit_response_port: bool = False) -> Callable[[Callable[..., Any]], Any]: ...
+
+
+@overload
+def endpoint(fn: Callable[..., Any], *, propagate: Any = None, explicit_response_port: bool) -> Any: ...
+
+
+def endpoint(fn: Callable[..., Any] | None = None, *, propagate: Any = None,
+             explicit_response_port: bool = False) -> Any:
+    """Mark an ``Actor`` method as callable from clients; see
+    :func:`monarch_nb.proc.actor.endpoint` for the options. This is the public name: its
+    overloads let a type checker check ``mesh.method.call(...)`` against the method's
+    signature (``@endpoint()`` and explicit-port endpoints are left unchecked)."""
+    return proc_actor.endpoint(fn, propagate=propagate, explicit_response_port=explicit_response_port)
+
+
+@overload
+def concurrent_endpoint(fn: Callable[Concatenate[Any, P], Awaitable[R]], *, propagate: Any = None,
+                        explicit_response_port: Literal[False] = False) -> EndpointProperty[P, R]: ...
+
+
+@overload
+def concurrent_endpoint(fn: None = None, *, propagate: Any = None,
+                        explicit_response_port: bool = False) -> Callable[[Callable[..., Any]], Any]: ...
+
+
+def concurrent_endpoint(fn: Callable[..., Any] | None = None, *, propagate: Any = None,
+                        explicit_response_port: bool = False) -> Any:
+    """:func:`monarch_nb.proc.actor.concurrent_endpoint`, typed as :func:`endpoint`."""
+    return proc_actor.concurrent_endpoint(fn, propagate=propagate, explicit_response_port=explicit_response_port)
 
 
 def send(endpoint: Endpoint, args: tuple, kwargs: dict, port: Port | None = None,

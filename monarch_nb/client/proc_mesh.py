@@ -6,7 +6,7 @@ import functools
 import inspect
 import logging
 import weakref
-from typing import Callable
+from typing import Any, Callable, TypeVar, cast
 
 from ..errors import ActorError, HubTimeout
 from ..mesh import Extent, Shape
@@ -20,6 +20,8 @@ from .future import Future
 from .mesh_handle import MeshHandle
 from .runtime import runtime
 from .value_mesh import ValueMesh
+
+T = TypeVar("T", bound=Actor)
 
 
 def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
@@ -72,10 +74,12 @@ class ProcMesh(MeshHandle):
         """OS process ids of this mesh's procs, in rank order."""
         return [self._procs[r]["pid"] for r in self._shape.base_ranks()]
 
-    def spawn(self, name: str, actor_class: type, *args, replace: bool = False,
-              init_timeout: float | None = None, raise_init_errors: bool = False, **kwargs) -> ActorMesh:
+    def spawn(self, name: str, actor_class: type[T], *args: Any, replace: bool = False,
+              init_timeout: float | None = None, raise_init_errors: bool = False, **kwargs: Any) -> T:
         """Create one ``actor_class(*args, **kwargs)`` in every proc of this mesh; returns
-        an :class:`ActorMesh` over the same extent. Blocks until every actor's
+        an :class:`ActorMesh` over the same extent (which a type checker sees as an
+        ``actor_class``, as in Monarch, so that it checks ``mesh.ENDPOINT.call(...)``
+        against the method: see ``Actor``). Blocks until every actor's
         ``__init__`` has returned, showing progress after a second (a bar in a notebook
         or terminal). ``init_timeout`` (seconds, ``None``: no limit): past it the
         constructors still running are interrupted, the mesh is stopped and
@@ -123,8 +127,9 @@ class ProcMesh(MeshHandle):
             raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
         rt.supervision.sync(reply["addresses"], reply["dead"])
         # (an actor spawning a name another owner's mesh has gets its own, under its own name)
-        return ActorMesh(self._cluster_id, self._hub_address, self._name, reply["name"], class_name, endpoints,
-                         methods, Shape(Extent(reply["extent"])), reply["addresses"])
+        mesh: ActorMesh[T] = ActorMesh(self._cluster_id, self._hub_address, self._name, reply["name"], class_name,
+                                       endpoints, methods, Shape(Extent(reply["extent"])), reply["addresses"])
+        return cast(T, mesh)
 
     def interrupt(self, timeout: float = 5.0) -> None:
         """Raise ``KeyboardInterrupt`` in every endpoint running in this mesh's procs (or

@@ -43,11 +43,10 @@ class SlurmJob(ClusterJob):
         super().__init__()
         self._meshes = check_meshes(meshes)
         self._cluster_name = cluster
-        self._options = {"partition": partition, "time": time_limit, "gpus_per_node": gpus_per_node,
+        self._options = {"partition": partition, "time": time_limit, "mem": mem, "gpus_per_node": gpus_per_node,
                          "cpus_per_task": cpus_per_task, "account": account, "qos": qos, "job_name": job_name,
                          "extra_sbatch_args": [*(a for a in slurm_args if a.startswith("-")),
-                                               *(["--exclusive"] if exclusive else []),
-                                               *([f"--mem={mem}"] if mem is not None else [])]}
+                                               *(["--exclusive"] if exclusive else [])]}
         if job_start_timeout is not None:
             self._options["start_timeout"] = float(job_start_timeout)
 

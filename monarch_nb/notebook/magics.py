@@ -23,6 +23,7 @@ from ..client import cluster as cluster_mod
 from ..client import logs
 from ..client.actor_mesh import ActorMesh
 from ..client.actor_meshes import resolve
+from ..client.future import Future
 from ..client.proc_mesh import ProcMesh
 from ..client.runtime import runtime
 from ..client.value_mesh import ValueMesh
@@ -93,8 +94,10 @@ PARSER = _parser()
 HELP = """%monarch: drive a monarch_nb cluster from the notebook.
 
   %monarch start [NAME] [--hosts N] [--idle-timeout S]   start a retained cluster (or connect if it runs)
-  %monarch start NAME --slurm --nodes 2 [--partition P] [--time T] [--gpus-per-node G] [--account A]
-                [--qos Q] [--cpus-per-task C] [--sbatch-arg=OPT]  hosts from a Slurm job, one per node
+  %monarch start NAME --slurm --nodes 2 [--partition P] [--time T] [--mem M] [--gpus-per-node G] [--account A]
+                [--qos Q] [--cpus-per-task C] [--setup LINE] [--sbatch-arg=OPT] [--dry-run]
+                                                          hosts from a Slurm job, one per node (--dry-run:
+                                                          print its batch script); defaults: config.toml
   %monarch connect [NAME]                                 connect to a running cluster
   %monarch list                                           clusters on this machine
   %monarch status                                         live health tree (hosts, procs, actors), clients
@@ -219,8 +222,13 @@ class MonarchMagics(Magics):
 
     def _start(self, args, cell=None) -> None:
         t0 = time.monotonic()
+        allocator = slurm_options.allocator_from(args)
+        if args.dry_run:
+            print(f"monarch: --dry-run: the batch script of cluster {args.name!r}; nothing submitted\n")
+            print(allocator.job_script(args.name), end="")
+            return
         cluster = cluster_mod.Cluster.start(args.name, hosts=args.hosts, idle_timeout=args.idle_timeout,
-                                            allocator=slurm_options.allocator_from(args))
+                                            allocator=allocator)
         info = cluster.info()
         where = slurm_options.describe(cluster._info)
         print(f"monarch: cluster {args.name!r} is up ({len(info['hosts'])} host(s){', ' + where if where else ''}, "
@@ -337,10 +345,11 @@ class MonarchMagics(Magics):
     def _exec(self, args, cell: str):
         procs = self._procs_of(args.mesh)
         ranks = parse_ranks(args.ranks, len(procs)) if args.ranks else list(range(len(procs)))
-        runner = procs.spawn(exec_actor.mesh_name(procs.name), Exec)
+        # The handle itself, not the actor class a type checker is told spawn returns.
+        runner: ActorMesh = procs.spawn(exec_actor.mesh_name(procs.name), Exec)  # type: ignore[assignment]
         name = f"<%%monarch exec {procs.name}>"
         if ranks == list(range(len(procs))):
-            future = runner.run.call(cell, name)
+            future: Future[ValueMesh] | _Gathered = runner.run.call(cell, name)
             extent = procs.extent
         else:
             futures = [runner.slice(**dict(procs.extent.point(r))).run.call_one(cell, name) for r in ranks]

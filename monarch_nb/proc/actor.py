@@ -8,7 +8,7 @@ import inspect
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from ..mesh import Extent, Point
 
@@ -34,6 +34,24 @@ class Actor:
         logger = logging.getLogger(type(self).__name__)
         logger.setLevel(logging.DEBUG)
         return logger
+
+    if TYPE_CHECKING:
+        # A spawned mesh is typed as its actor class (``ProcMesh.spawn``, as in Monarch),
+        # so that a type checker follows ``mesh.ENDPOINT.call(...)`` to the method; these
+        # are the mesh's own members (``client.actor_mesh.ActorMesh``) it then meets.
+        def slice(self: _A, **dims: Any) -> _A: ...
+
+        def flatten(self: _A, name: str) -> _A: ...
+
+        @property
+        def extent(self) -> Extent: ...
+
+        def size(self, dim: str | Sequence[str] | None = None) -> int: ...
+
+        def __len__(self) -> int: ...
+
+
+_A = TypeVar("_A", bound=Actor)
 
 
 def endpoint(fn: Callable | None = None, *, propagate: Any = None,

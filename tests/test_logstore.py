@@ -1,0 +1,91 @@
+"""The hub's log store on its own (no cluster): a database that outlives the hub, with
+limits by size and age, grep in the database, and follow queries that read what's new."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from monarch_nb.hub.logstore import LogStore
+
+NOW = time.time()
+
+
+def lines(n: int, start: int = 0, when: float = NOW, mesh: str = "m") -> list[tuple]:
+    """``n`` host-agent lines of procs ``mesh/0..3``, as ``LogStore.add`` takes them."""
+    return [(when, f"{mesh}/{i % 4}", "stdout", None, None, None, f"line {start + i}", 8) for i in range(n)]
+
+
+def test_a_reopened_store_continues_and_finds_every_line(tmp_path):
+    store = LogStore(tmp_path, ring_lines=100)
+    store.add("host0", lines(5_000))
+    store.close()
+    again = LogStore(tmp_path, ring_lines=100)  # a recovered hub: an empty ring
+    assert again.seq == 5_000
+    assert [r[8] for r in again.query(tail=3)] == ["line 4997", "line 4998", "line 4999"]
+    assert len(again.query(mesh="m", ranks=[1])) == 1_250
+    again.add("host0", lines(1, start=5_000))
+    assert again.query(tail=1)[0][:1] == (5_001,)
+    again.close()
+
+
+def test_grep_runs_in_the_database_and_a_bad_pattern_is_an_error(tmp_path):
+    store = LogStore(tmp_path, ring_lines=10)
+    store.add("host0", lines(1_000))
+    store.close()
+    store = LogStore(tmp_path, ring_lines=10)
+    assert [r[8] for r in store.query(grep=r"^line 9\d\d$", ranks=[0], tail=2)] == ["line 992", "line 996"]
+    with pytest.raises(re.error):
+        store.query(grep="line (")
+    store.close()
+
+
+def test_follow_queries_return_only_what_is_new_past_the_ring(tmp_path):
+    store = LogStore(tmp_path, ring_lines=10)
+    store.add("host0", lines(1_000))
+    assert [r[0] for r in store.query(after_seq=985)] == list(range(986, 1_001))  # database, then ring
+    assert store.query(after_seq=1_000) == []
+    store.add("host0", lines(2, start=1_000))
+    assert [r[0] for r in store.query(after_seq=1_000)] == [1_001, 1_002]
+    store.close()
+
+
+def test_lines_older_than_the_age_limit_are_dropped(tmp_path):
+    store = LogStore(tmp_path, ring_lines=10, max_age_s=3600)
+    store.add("host0", lines(100, when=NOW - 7200) + lines(100, start=100))  # one batch: one write
+    store.close()
+    store = LogStore(tmp_path, ring_lines=10, max_age_s=3600)
+    kept = store.query()
+    assert [r[8] for r in kept] == [f"line {i}" for i in range(100, 200)]
+    store.close()
+
+
+def test_the_oldest_lines_go_when_the_store_passes_its_size(tmp_path):
+    limit = 512 * 1024
+    store = LogStore(tmp_path, ring_lines=10, max_bytes=limit)
+    store.add("host0", lines(50_000))
+    store.close()
+    state = store.writing()
+    assert state["bytes"] <= limit and state["expired"] > 0
+    store = LogStore(tmp_path, ring_lines=10, max_bytes=limit)
+    kept = [r[0] for r in store.query()]
+    assert kept == list(range(50_001 - len(kept), 50_001))  # the newest, none missing
+    store.close()
+
+
+def test_the_limits_come_from_config_toml(tmp_path, monkeypatch):
+    monkeypatch.setenv("MONARCH_NB_HOME", str(tmp_path))
+    (tmp_path / "config.toml").write_text("[logs]\nmax_mb = 2\nmax_age_days = 0.5\n")
+    store = LogStore(tmp_path)
+    assert (store.writing()["max_bytes"], store.writing()["max_age_s"]) == (2 * 2**20, 43_200.0)
+    store.close()
+
+
+def test_a_query_returns_at_most_its_limit_the_oldest_first(tmp_path):
+    store = LogStore(tmp_path, ring_lines=100)
+    store.add("host0", lines(1_000))
+    assert [r[0] for r in store.query(limit=5)] == [1, 2, 3, 4, 5]  # the database, not the ring's
+    assert [r[0] for r in store.query(limit=5, after_seq=998)] == [999, 1_000]
+    store.close()
