@@ -44,7 +44,7 @@ class WorkersAllocator(LocalAllocator):
         """Attach every worker, in order; raises ``RuntimeError`` naming a worker that
         did not answer within ``ATTACH_TIMEOUT_S`` or refused."""
         ids = []
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context = zmq.Context.instance()
         for address in self.workers:
             host_id = self._next_id()
             reply = _ask(ctx, dial_address(address), {

@@ -50,6 +50,8 @@ class Actor:
 
         def __len__(self) -> int: ...
 
+        def stop(self) -> Any: ...  # a finished Future[None] (client layer)
+
 
 _A = TypeVar("_A", bound=Actor)
 
@@ -95,7 +97,7 @@ def _marker(fn: Callable | None, explicit_response_port: bool, concurrent: bool)
         setattr(f, _CONCURRENT_MARK, concurrent)
         # Monarch's attribute: its reply does not come from the dispatcher when the
         # method returns (an explicit port, or a concurrent call's task answering later).
-        f._explicit_response_port = explicit_response_port or concurrent
+        setattr(f, "_explicit_response_port", explicit_response_port or concurrent)
         return f
 
     return mark(fn) if fn is not None else mark

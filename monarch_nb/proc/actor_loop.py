@@ -468,7 +468,7 @@ class ActorThread:
     def _gone(self) -> SupervisionError:
         """What a call to this dead actor fails with: its failure report (see ``dead``)."""
         name = actor_name(self._instance_info.class_name, self.mesh_name, dict(self.point.extent), self.point.rank)
-        return SupervisionError(actor_gone_report(name, self.dead))
+        return SupervisionError(actor_gone_report(name, self.dead or "it died"))
 
     def _report_failure(self, name: str, cause: str, tb: str, dead: bool) -> None:
         if self.hub is not None:

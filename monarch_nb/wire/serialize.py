@@ -166,7 +166,8 @@ def dumps(obj: Any, what: str = "value") -> tuple[bytes, list[pickle.PickleBuffe
             "inside the actor"
         ) from e
     except Exception as e:
-        e.add_note(f"(raised while pickling {what})")
+        if hasattr(e, "add_note"):  # Python >= 3.11
+            e.add_note(f"(raised while pickling {what})")
         raise
     return stream.getvalue(), buffers
 
