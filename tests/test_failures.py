@@ -4,6 +4,7 @@ partial restarts that keep healthy ranks' state."""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import signal
@@ -264,6 +265,34 @@ def test_supervise_handles_a_child_failure_or_dies_of_it_and_the_failure_goes_up
     finally:
         procs.stop()
         host._hub().request("stop_procs", name=f"kids-{verdict}")
+
+
+class AsyncBystander(Actor):
+    """An async owner without ``__supervise__``: it dies of a child's failure while a
+    call of it awaits (its supervision runs during the await)."""
+
+    @endpoint
+    async def start_children(self, name: str) -> list[int]:
+        procs = this_host().spawn_procs(per_host={"gpus": 2}, name=name)
+        self.children = procs.spawn(name, Worker, "child")
+        return (await self.children.pid.call()).values()
+
+    @endpoint
+    async def outlive(self, pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+        await asyncio.Event().wait()  # until stopped: only the owner's death can end the call
+
+
+def test_a_call_running_when_its_owner_dies_of_a_child_failure_raises(host, unhandled):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="sup-async")
+    try:
+        boss = procs.spawn("boss", AsyncBystander)
+        children = boss.start_children.call_one("kids-async").get(timeout=60)
+        with pytest.raises(SupervisionError, match=r"(?s)boss.*and all its descendants have failed.*kids-async/1"):
+            boss.outlive.call_one(children[1]).get(timeout=30)
+    finally:
+        procs.stop()
+        host._hub().request("stop_procs", name="kids-async")
 
 
 @pytest.mark.parametrize("verdict", ["pass", "raise"])
