@@ -143,12 +143,16 @@ class MeshFailure:
     """A failure that supervision reports: what ``__supervise__(failure)`` receives and
     what an unhandled failure raises at the next call on the mesh it hit.
 
-    ``kind``: ``"proc_failed"`` (a proc exited, was killed or was lost with its host) or
-    ``"endpoint_failed"`` (a ``broadcast`` endpoint raised; the actor lives on).
+    ``kind``: ``"proc_failed"`` (a proc exited, was killed or was lost with its host),
+    ``"actor_failed"`` (an actor died while its proc lives on: its ``__init__`` or a
+    ``broadcast`` endpoint raised, its ``__supervise__`` did not handle a failure, ...)
+    or ``"endpoint_failed"`` (a ``broadcast`` endpoint raised in an actor whose class
+    says ``survive_broadcast_errors``; the actor lives on).
     ``meshes``: the actor meshes hit; ``ranks``: their ranks hit; ``proc_mesh`` and
     ``rank`` (proc failures): the proc; ``why``: a sentence naming mesh, rank, host,
     pid and cause (with the proc's last stderr lines); ``endpoint``: for endpoint
-    failures, with the remote ``traceback``."""
+    failures, with the remote ``traceback``; ``actor_report``: for an actor's death,
+    Monarch's report of it (``The actor ... and all its descendants have failed``)."""
 
     kind: str
     meshes: tuple[str, ...]
@@ -158,11 +162,13 @@ class MeshFailure:
     rank: int | None = None
     endpoint: str | None = None
     traceback: str = ""
+    actor_report: str = ""
 
     @classmethod
     def from_event(cls, event: dict) -> "MeshFailure":
         return cls(event["kind"], tuple(event.get("meshes", ())), tuple(event.get("ranks", ())), event["why"],
-                   event.get("proc_mesh"), event.get("rank"), event.get("endpoint"), event.get("traceback", ""))
+                   event.get("proc_mesh"), event.get("rank"), event.get("endpoint"), event.get("traceback", ""),
+                   event.get("report", ""))
 
     def __str__(self) -> str:
         # Monarch's layout: programs written for Monarch look for these fields in it.
@@ -174,9 +180,10 @@ class MeshFailure:
         return self.meshes[0] if self.meshes else (self.proc_mesh or "<none>")
 
     def report(self) -> str:
-        """A readable report of this failure (Monarch's name): ``why`` and, for an
-        endpoint's failure, the remote traceback."""
-        return f"{self.why}\n{self.traceback}".rstrip() if self.traceback else self.why
+        """A readable report of this failure (Monarch's name): ``actor_report`` (else
+        ``why``) and, for an endpoint's failure, the remote traceback."""
+        head = self.actor_report or self.why
+        return f"{head}\n{self.traceback}".rstrip() if self.traceback else head
 
 
 def actor_name(class_name: str, mesh: str, extent: dict, rank: int) -> str:

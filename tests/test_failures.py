@@ -4,6 +4,7 @@ partial restarts that keep healthy ranks' state."""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import signal
@@ -51,6 +52,12 @@ class Worker(Actor):
         Path(folder, str(os.getpid())).touch()
         while len(os.listdir(folder)) < size:
             time.sleep(0.005)
+
+
+class SurvivingWorker(Worker):
+    """The notebook option: a broadcast that raises leaves the actor alive."""
+
+    survive_broadcast_errors = True
 
 
 class BadInit(Actor):
@@ -103,13 +110,35 @@ def test_an_endpoint_exception_with_a_reply_is_an_actor_error_and_the_actor_live
     assert mesh.pid.call().get(timeout=30).values() == pids
 
 
-def test_an_exception_in_a_broadcast_is_a_supervision_event_raised_at_the_next_call(workers, unhandled):
+def test_an_exception_in_a_broadcast_kills_the_actor_as_a_supervision_fault(workers, unhandled):
+    # Monarch's rule: nobody waits for a broadcast's answer, so its error is a fault.
     procs, mesh, pids = workers
     mesh.slice(gpus=2).fail.broadcast()
     assert wait_until(lambda: unhandled, BOUND_S)
     failure, owner = unhandled[0]
     assert (failure.kind, failure.meshes, failure.ranks, failure.endpoint, owner) == (
-        "endpoint_failed", ("workers",), (2,), "fail", None)
+        "actor_failed", ("workers",), (2,), "fail", None)
+    assert "workers rank 2: broadcast fail raised ValueError: bad batch" in failure.why
+    assert "bad batch" in failure.traceback
+    assert failure.report().startswith(  # Monarch's report, which its programs match
+        "The actor test_failures.Worker workers{'gpus': 2/4} and all its descendants have failed:")
+    for _ in range(2):  # every later call to the dead actor fails, naming the cause
+        with pytest.raises(SupervisionError, match=r"(?s)The actor .*workers\{'gpus': 2/4\} and all its descendants "
+                                                   r"have failed.*bad batch"):
+            mesh.count.call().get(timeout=30)
+    # Its proc and the other actors live on (the two calls above ran on them).
+    assert mesh.slice(gpus=slice(0, 2)).count.call().get(timeout=30).values() == [("t", 3)] * 2
+    assert pids_alive(pids) == pids
+
+
+def test_an_actor_that_survives_broadcast_errors_lives_on_and_the_next_call_raises_it(workers, unhandled):
+    procs, _, _ = workers
+    mesh = procs.spawn("survivors", SurvivingWorker, "t")
+    mesh.slice(gpus=2).fail.broadcast()
+    assert wait_until(lambda: unhandled, BOUND_S)
+    failure, owner = unhandled[0]
+    assert (failure.kind, failure.meshes, failure.ranks, failure.endpoint, owner) == (
+        "endpoint_failed", ("survivors",), (2,), "fail", None)
     assert "ValueError: bad batch" in failure.why and "bad batch" in failure.traceback
     with pytest.raises(SupervisionError, match="broadcast fail raised ValueError: bad batch") as info:
         mesh.count.call()
@@ -196,11 +225,23 @@ class Supervisor(Actor):
         return self.verdict == "handle"
 
 
-@pytest.mark.parametrize("verdict", ["handle", "pass", "raise"])
-def test_supervise_handles_a_child_failure_or_passes_it_up_to_the_client(host, unhandled, verdict):
+class Bystander(Supervisor):
+    """Has no ``__supervise__``: every failure of its children is unhandled."""
+
+    __supervise__ = None
+
+
+class SurvivingSupervisor(Supervisor):
+    """The notebook option: an unhandled child failure leaves the owner alive."""
+
+    survive_unhandled_children = True
+
+
+@pytest.mark.parametrize("verdict", ["handle", "pass", "raise", "absent"])
+def test_supervise_handles_a_child_failure_or_dies_of_it_and_the_failure_goes_up(host, unhandled, verdict):
     procs = host.spawn_procs(per_host={"gpus": 1}, name=f"sup-{verdict}")
     try:
-        boss = procs.spawn("boss", Supervisor, verdict)
+        boss = procs.spawn("boss", Bystander if verdict == "absent" else Supervisor, verdict)
         children = boss.start_children.call_one(f"kids-{verdict}").get(timeout=60)
         os.kill(children[1], signal.SIGKILL)
         seen = [f"proc_failed ('kids-{verdict}',) (1,)"]
@@ -208,18 +249,71 @@ def test_supervise_handles_a_child_failure_or_passes_it_up_to_the_client(host, u
             # Handled: the client hears nothing, and calls on the owner go on.
             assert wait_until(lambda: boss.seen.call_one().get(timeout=30), BOUND_S) == seen
             assert not unhandled
-        else:
-            assert wait_until(lambda: unhandled, BOUND_S)
-            failure, owner = unhandled[0]
-            assert owner["mesh"] == "boss" and failure.meshes == (f"kids-{verdict}",)
-            assert "not handled by boss rank 0" in failure.why
-            assert ("__supervise__ raised RuntimeError: supervisor broke" in failure.why) == (verdict == "raise")
-            with pytest.raises(SupervisionError, match=f"kids-{verdict}/1"):
-                boss.seen.call_one()
-            assert boss.seen.call_one().get(timeout=30) == seen  # raised once; it was asked first
+            return
+        # Unhandled: the owner dies of it (Monarch), and its failure reaches the client
+        # naming the child's.
+        assert wait_until(lambda: unhandled, BOUND_S)
+        [(failure, owner)] = unhandled
+        assert (failure.kind, failure.meshes, failure.ranks, failure.endpoint, owner) == (
+            "actor_failed", ("boss",), (0,), "__supervise__", None)
+        assert f"a failure of kids-{verdict}: proc kids-{verdict}/1" in failure.why
+        assert ("__supervise__ raised RuntimeError: supervisor broke" in failure.why) == (verdict == "raise")
+        for _ in range(2):  # the owner is dead: every later call fails
+            with pytest.raises(SupervisionError, match=rf"(?s)The actor .*boss\{{'gpus': 0/1\}} and all its descendants have "
+                                                       rf"failed.*kids-{verdict}/1"):
+                boss.seen.call_one().get(timeout=30)
     finally:
         procs.stop()
         host._hub().request("stop_procs", name=f"kids-{verdict}")
+
+
+class AsyncBystander(Actor):
+    """An async owner without ``__supervise__``: it dies of a child's failure while a
+    call of it awaits (its supervision runs during the await)."""
+
+    @endpoint
+    async def start_children(self, name: str) -> list[int]:
+        procs = this_host().spawn_procs(per_host={"gpus": 2}, name=name)
+        self.children = procs.spawn(name, Worker, "child")
+        return (await self.children.pid.call()).values()
+
+    @endpoint
+    async def outlive(self, pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+        await asyncio.Event().wait()  # until stopped: only the owner's death can end the call
+
+
+def test_a_call_running_when_its_owner_dies_of_a_child_failure_raises(host, unhandled):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="sup-async")
+    try:
+        boss = procs.spawn("boss", AsyncBystander)
+        children = boss.start_children.call_one("kids-async").get(timeout=60)
+        with pytest.raises(SupervisionError, match=r"(?s)boss.*and all its descendants have failed.*kids-async/1"):
+            boss.outlive.call_one(children[1]).get(timeout=30)
+    finally:
+        procs.stop()
+        host._hub().request("stop_procs", name="kids-async")
+
+
+@pytest.mark.parametrize("verdict", ["pass", "raise"])
+def test_an_owner_that_survives_unhandled_children_lives_and_its_next_call_raises_it(host, unhandled, verdict):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name=f"keep-{verdict}")
+    try:
+        boss = procs.spawn("boss", SurvivingSupervisor, verdict)
+        children = boss.start_children.call_one(f"kept-{verdict}").get(timeout=60)
+        os.kill(children[1], signal.SIGKILL)
+        assert wait_until(lambda: unhandled, BOUND_S)
+        failure, owner = unhandled[0]
+        assert owner["mesh"] == "boss" and failure.meshes == (f"kept-{verdict}",)
+        assert "not handled by boss rank 0" in failure.why
+        assert ("__supervise__ raised RuntimeError: supervisor broke" in failure.why) == (verdict == "raise")
+        with pytest.raises(SupervisionError, match=f"kept-{verdict}/1"):
+            boss.seen.call_one()
+        # Raised once; the owner lives on, and it was asked first.
+        assert boss.seen.call_one().get(timeout=30) == [f"proc_failed ('kept-{verdict}',) (1,)"]
+    finally:
+        procs.stop()
+        host._hub().request("stop_procs", name=f"kept-{verdict}")
 
 
 # restarts --------------------------------------------------------------------------------

@@ -243,20 +243,36 @@ def test_help_lists_every_subcommand(kernel, talkers):
         assert usage in out
 
 
-def test_a_broadcast_failure_shows_in_the_running_cell_and_the_next_call_raises_it(kernel, talkers):
+def test_a_broadcast_failure_shows_in_the_running_cell_and_kills_the_actor(kernel, talkers):
+    kernel.run("%monarch spawn brittle Talker --procs workers")
     # The waiting call is made first, on ranks the failure spares: made after it, on a
     # loaded machine the failure could already be known and that call would raise it.
-    msg_id = kernel.execute("busy = talkers.slice(gpus=slice(0, 2)).spin.call(3)\n"
-                            "talkers.slice(gpus=2).fail.broadcast()\nbusy.get()")
+    msg_id = kernel.execute("busy = brittle.slice(gpus=slice(0, 2)).spin.call(3)\n"
+                            "brittle.slice(gpus=2).fail.broadcast()\nbusy.get()")
+    assert kernel.wait_for(lambda: "[monarch] unhandled failure" in kernel.text(msg_id, "stderr"), 10)
+    assert kernel.finish(msg_id)["status"] == "ok"
+    assert "brittle rank 2: broadcast fail raised ValueError: bad batch" in kernel.text(msg_id, "stderr")
+    for _ in range(2):  # rank 2 is dead (Monarch's rule): every call to it raises
+        with pytest.raises(CellError) as info:
+            kernel.run("brittle.talk.call(0).get()")
+        assert info.value.ename == "SupervisionError" and "bad batch" in info.value.evalue
+    assert kernel.run("brittle.slice(gpus=slice(0, 2)).talk.call(0).get().values()").strip().splitlines()[-1] == "[0, 1]"
+
+
+def test_a_broadcast_failure_of_a_surviving_actor_shows_and_the_next_call_raises_it(kernel, talkers):
+    kernel.run("class Sturdy(Talker):\n    survive_broadcast_errors = True\n\n"
+               "%monarch spawn sturdy Sturdy --procs workers")
+    msg_id = kernel.execute("busy = sturdy.slice(gpus=slice(0, 2)).spin.call(3)\n"
+                            "sturdy.slice(gpus=2).fail.broadcast()\nbusy.get()")
     assert kernel.wait_for(lambda: "[monarch] unhandled failure" in kernel.text(msg_id, "stderr"), 10)
     assert kernel.finish(msg_id)["status"] == "ok"
     notice = kernel.text(msg_id, "stderr")
-    assert "talkers rank 2: broadcast fail raised ValueError: bad batch" in notice
-    assert "the next call on talkers raises it" in notice
+    assert "sturdy rank 2: broadcast fail raised ValueError: bad batch" in notice
+    assert "the next call on sturdy raises it" in notice
     with pytest.raises(CellError) as info:
-        kernel.run("talkers.talk.call(0).get()")
+        kernel.run("sturdy.talk.call(0).get()")
     assert info.value.ename == "SupervisionError" and "bad batch" in info.value.evalue
-    assert kernel.run("talkers.talk.call(0).get().values()").strip().splitlines()[-1] == "[0, 1, 2, 3]"
+    assert kernel.run("sturdy.talk.call(0).get().values()").strip().splitlines()[-1] == "[0, 1, 2, 3]"
 
 
 def test_a_proc_dying_between_cells_is_shown_at_the_start_of_the_next_cell(kernel, talkers):
@@ -317,7 +333,7 @@ def test_a_value_mesh_shows_as_a_table_by_point_and_a_short_line(kernel, talkers
     kernel.finish(msg_id)
     data = next(m["content"]["data"] for m in kernel.outputs[msg_id] if m["msg_type"] == "execute_result")
     assert "<th>gpus</th><th>value</th>" in data["text/html"] and data["text/html"].count("<tr>") == 5
-    assert data["text/plain"].startswith("ValueMesh({'gpus': 4}, {{gpus=0}: 0,")
+    assert data["text/plain"].startswith("ValueMesh({'gpus': 4}, {{'gpus': 0/4}: 0,")
     long = kernel.run("from monarch_nb.actor import ValueMesh, Extent\nValueMesh(Extent({'r': 2}), ['x' * 5000, 1])")
     assert len(long) < 200
 

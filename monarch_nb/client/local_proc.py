@@ -52,10 +52,10 @@ class LocalControl(ControlPlane):
         # No hub to supervise: the failure goes straight to this client's hooks, as the
         # hub's would (the actor answers calls with it).
         why = f"{name} rank 0: __init__ raised {reply.header.get(envelope.ERROR, '')}"
+        report = actor_gone_report(actor_name(fields["class_name"], name, {}, 0), why)
         runtime().supervision.on_event({envelope.OP: events.SUPERVISION, events.CLUSTER: self.cluster_id, "failure": {
             "kind": "actor_failed", "proc_mesh": "this_proc", "meshes": [name], "ranks": [0], "why": why,
-            "endpoint": "__init__", "traceback": reply.header.get(proc_ops.TRACEBACK, "")}})
-        report = actor_gone_report(actor_name(fields["class_name"], name, {}, 0), why)
+            "endpoint": "__init__", "traceback": reply.header.get(proc_ops.TRACEBACK, ""), "report": report}})
         return {"name": name, "extent": {}, "addresses": [reply.header[proc_ops.ADDRESS]], "dead": {"0": report}}
 
     def stop_actors(self, proc_mesh: str, name: str, timeout: float | None = None) -> list[dict]:

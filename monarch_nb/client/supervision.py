@@ -9,8 +9,8 @@ The call then raises :class:`SupervisionError` naming mesh, rank, host, pid and 
 
 A failure that no owning actor handled (see ``hub.supervision``) is passed to the
 failure hook (``ClientRuntime.set_failure_hook``). The default hook arms it: the next call on the affected mesh (the mesh
-whose ``broadcast`` endpoint raised, or the owner's mesh for a failure in a mesh an
-actor spawned) raises it as :class:`SupervisionError` once, without being sent. The
+whose ``broadcast`` endpoint raised in an actor that survives it, or the owner's mesh
+for a failure in a mesh an actor spawned that the owner survives) raises it as :class:`SupervisionError` once, without being sent. The
 notebook extension's hook also shows it at once. Then Monarch's hook
 (``monarch_nb.actor.unhandled_fault_hook(failure)``, looked up at each failure so that
 assigning the module attribute replaces it) is called; what it raises is printed, never

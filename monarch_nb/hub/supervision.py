@@ -2,9 +2,9 @@
 
 A failure is a proc that exited or was killed (its host agent reports the exit at
 once), a proc lost with its host (agent silent for ``HOST_TIMEOUT_S``), an exception
-in a ``broadcast`` endpoint (nobody to reply to; the actor reports it), or an actor
-that died while its proc lives on: an endpoint raised a ``BaseException`` that is not
-an ``Exception`` (the actor reports it), or its ``__init__`` raised (``actor_died``,
+in a ``broadcast`` endpoint of an actor that survives it (``survive_broadcast_errors``;
+the actor reports it), or an actor that died while its proc lives on (the actor
+reports why: see ``proc.actor_loop``), or whose ``__init__`` raised (``actor_died``,
 from the spawn).
 
 A host lost for its silence whose agent is heard from again (the network or the
@@ -16,7 +16,10 @@ For each failure the hub
 1. tells every client which actor addresses died (``actors_gone``), so that calls
    waiting on them fail at once with ``SupervisionError``;
 2. asks the mesh's owner, if an actor spawned it, to handle it: the owner's
-   ``__supervise__(failure)`` runs in its message loop; a truthy return handles it;
+   ``__supervise__(failure)`` runs in its message loop; a truthy return handles it.
+   Unhandled, it kills the owner (as in Monarch), whose own failure goes on up the
+   same way, naming this one; an owner that survives it (``survive_unhandled_children``)
+   leaves it to step 3;
 3. otherwise announces it to clients as ``supervision`` (unhandled): a notebook shows
    it, and the next call on the affected mesh raises it (see ``client.supervision``).
 
@@ -182,15 +185,15 @@ class Supervision:
         return f"{self._registry.describe(proc)} {cause}" + (f"; last stderr: {' | '.join(last)}" if last else "")
 
     async def actor_failed(self, header, message):
-        """An actor's ``broadcast`` endpoint raised (the actor lives on), or an endpoint
-        killed its actor (``ACTOR_DEAD``)."""
+        """An actor's ``broadcast`` endpoint raised (the actor lives on), or the actor
+        died (``ACTOR_DEAD``, for ``FAILED_CAUSE``)."""
         proc_mesh = header.get(proc_ops.PROC, "").rpartition("/")[0]  # proc ids are PROC_MESH/RANK
         record = self._registry.actor_meshes.get(actor_mesh_key(proc_mesh, header["mesh"]))
         if record is None:
             return
         endpoint, rank = header[hub_ops.FAILED_ENDPOINT], header["rank"]
         if header.get(hub_ops.ACTOR_DEAD):
-            await self.actor_died(record, rank, f"{endpoint} raised {header['error']}", endpoint,
+            await self.actor_died(record, rank, header[hub_ops.FAILED_CAUSE], endpoint,
                                   header.get(hub_ops.FAILED_TRACEBACK, ""))
             return
         why = f"{header['mesh']} rank {rank}: broadcast {endpoint} raised {header['error']}"
@@ -208,11 +211,12 @@ class Supervision:
         awaited (the owner may be the actor waiting for this mesh's spawn)."""
         why = f"{record.name} rank {rank}: {cause}"
         address = record.addresses[rank]
+        report = record.gone_report(rank, cause)
         await self._announcer.announce({envelope.OP: events.ACTORS_GONE,
-                                        "actors": {address: (record.name, rank, record.gone_report(rank, cause))}})
+                                        "actors": {address: (record.name, rank, report)}})
         self._meshes.stop_orphans({address})
         failure = {"kind": "actor_failed", "proc_mesh": record.proc_mesh, "meshes": [record.name],
-                   "ranks": [rank], "why": why, "endpoint": endpoint, "traceback": traceback}
+                   "ranks": [rank], "why": why, "endpoint": endpoint, "traceback": traceback, "report": report}
         if record.owner is None:
             await self.escalate(failure, None)
         else:
@@ -223,10 +227,11 @@ class Supervision:
         it goes to the clients as ``supervision``."""
         if owner is not None:
             outcome = await self._offer_to_owner(failure, owner)
-            if outcome.get("handled"):
-                print(f"monarch_nb hub: {owner['mesh']} rank {owner['rank']} handled: {failure['why']}",
+            if outcome.get("handled") or outcome.get("owner_died"):
+                verdict = "died of it" if outcome.get("owner_died") else "handled"
+                print(f"monarch_nb hub: {owner['mesh']} rank {owner['rank']} {verdict}: {failure['why']}",
                       file=sys.stderr)
-                return
+                return  # the owner's own failure (ACTOR_FAILED) carries this one on up
             why = failure["why"] + (f"; not handled by {owner['mesh']} rank {owner['rank']}"
                                     + (f" ({outcome['error']})" if outcome.get("error") else ""))
             failure = {**failure, "why": why, "owner": owner}
@@ -239,4 +244,5 @@ class Supervision:
                                             timeout=SUPERVISE_TIMEOUT_S)
         except asyncio.TimeoutError:
             return {"handled": False, "error": f"the owner did not answer within {SUPERVISE_TIMEOUT_S} s"}
-        return {"handled": bool(reply.header.get(proc_ops.HANDLED)), "error": reply.header.get(envelope.ERROR)}
+        return {"handled": bool(reply.header.get(proc_ops.HANDLED)), "error": reply.header.get(envelope.ERROR),
+                "owner_died": bool(reply.header.get(proc_ops.OWNER_DIED))}

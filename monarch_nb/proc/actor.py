@@ -24,7 +24,23 @@ class Actor:
     Mark the methods clients may call with :func:`endpoint`; both ``def`` and
     ``async def`` endpoints are supported. ``__init__`` runs in the actor's own
     thread in the proc, with :func:`current_rank` already set.
+
+    Failures follow Monarch's supervision rules unless the class opts out (two
+    notebook-friendly options, read from the class when an actor is spawned):
+
+    - ``survive_broadcast_errors``: an exception raised by an endpoint called with
+      ``broadcast`` (nobody waits for its answer) kills the actor, a supervision fault
+      its mesh's owner or the client hears of. ``True``: the actor lives on; the failure
+      is still reported, and the next call on the mesh raises it once.
+    - ``survive_unhandled_children``: a failure of a mesh this actor spawned that its
+      ``__supervise__`` does not handle (it returns something falsy, raises, or is not
+      defined) kills this actor too, so the failure goes on up to its own owner or the
+      client. ``True``: this actor lives on; the failure goes to the client, and the
+      next call on this actor's mesh raises it once.
     """
+
+    survive_broadcast_errors: bool = False
+    survive_unhandled_children: bool = False
 
     @functools.cached_property
     def logger(self) -> logging.Logger:

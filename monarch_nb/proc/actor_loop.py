@@ -17,10 +17,14 @@ failure ends the actor's thread except a stop.
 
 An actor *dies* (Monarch's supervision) when an endpoint raises a ``BaseException``
 that is not an ``Exception`` (``SystemExit``, ``asyncio.CancelledError``, ...; not the
-``KeyboardInterrupt`` of an interrupt, which only fails its call), or, when the spawn
+``KeyboardInterrupt`` of an interrupt, which only fails its call); when an endpoint
+called with ``broadcast`` raises (nobody to answer to), unless its class says
+``survive_broadcast_errors``; when its ``__supervise__`` does not handle a failure of a
+mesh it owns, unless its class says ``survive_unhandled_children``; or, when the spawn
 asks for it (``INIT_FAULT``), when its ``__init__`` raises. A dead actor keeps its
-inbox until stopped and answers every call with a supervision failure; the hub is told
-(``ACTOR_FAILED`` with ``DEAD``) and tells the clients and the mesh's owner.
+inbox until stopped and answers every call with a supervision failure, also a call
+that was running as it died; the hub is told (``ACTOR_FAILED`` with ``DEAD``) and
+tells the clients and the mesh's owner.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ class ActorThread:
         self._loop: asyncio.AbstractEventLoop | None = None  # a sync actor's, for awaitables its endpoints return
         self._async: AsyncServer | None = None  # an async actor's message loop
         self._has_cleanup = False
+        self._survives: type = Actor  # its class, for the supervision options (Actor: Monarch's rules)
         self.address: str | None = None
         self.busy = False  # handling a message (an interrupt is delivered only then)
         self._running = 0  # calls in progress (several for an async actor's concurrent endpoints)
@@ -251,6 +256,8 @@ class ActorThread:
                 return
             self.dead = f"{self.mesh_name} rank {self.point.rank}: __init__ raised {cause}"
         self._has_cleanup = hasattr(instance, "__cleanup__")
+        if instance is not None:
+            self._survives = type(instance)
         if self.stopping:  # stopped while __init__ ran: its stop message had nowhere to go
             inbox.close(0)
             return
@@ -345,17 +352,29 @@ class ActorThread:
         verdict, error = False, None
         if handler is not None:
             verdict, error = self._call_user(handler, MeshFailure.from_event(failure))
-        self.supervised(verdict, error, reply_to)
+        self.supervised(verdict, error, reply_to, failure)
 
-    def supervised(self, verdict, error: BaseException | None, reply_to) -> None:
-        """Reply what ``__supervise__`` returned (``verdict``) or raised (``error``)."""
-        why = None
+    def supervised(self, verdict, error: BaseException | None, reply_to, failure: dict) -> None:
+        """Reply what ``__supervise__`` returned (``verdict``) or raised (``error``) for
+        ``failure``. Unhandled, it kills this live actor (Monarch), whose own death then
+        carries it up, unless its class says ``survive_unhandled_children``: then the
+        hub passes it on up itself."""
+        why, tb = None, ""
         if error is not None:
             type_name, text, tb, _ = pack_exception(error)
             why = f"__supervise__ raised {type_name.rsplit('.', 1)[-1]}: {text}"
+        handled = error is None and bool(verdict)
+        dies = not handled and self.dead is None and not self._survives.survive_unhandled_children
+        if error is not None and not dies:
             print(tb, file=sys.stderr, end="")
         send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
-                   extra={proc_ops.HANDLED: error is None and bool(verdict), envelope.ERROR: why})
+                   extra={proc_ops.HANDLED: handled, envelope.ERROR: why, proc_ops.OWNER_DIED: dies})
+        if dies:
+            hit = ", ".join(failure.get("meshes") or [failure.get("proc_mesh") or "a mesh it owns"])
+            lead = f"{why} handling" if why else "__supervise__ did not handle"
+            # Monarch's report of a dead child, when it is one: the owner's report nests it.
+            self._fail("__supervise__", f"{lead} a failure of {hit}: {failure.get('report') or failure['why']}",
+                       tb, None)
 
     def _handle(self, instance, name: str, message: wire_frames.Message, reply_to) -> None:
         call = self.prepare(instance, name, message, reply_to)
@@ -406,7 +425,10 @@ class ActorThread:
 
     def finish(self, name: str, result, error: BaseException | None, reply_to, explicit: bool) -> None:
         """Reply a finished call's ``result`` or ``error``; an error may kill the actor."""
-        if error is None:
+        if self.dead is not None:  # it died while this call ran (e.g. of a failure it did not handle)
+            send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
+                       error=self._gone(), extra={proc_ops.DIED: True})
+        elif error is None:
             if not explicit:
                 send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, value=result,
                            what=f"return value of {self.mesh_name}.{name}")
@@ -415,8 +437,10 @@ class ActorThread:
             self._die(name, error, reply_to)
         elif reply_to is not None:
             send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank, error=error)
-        else:  # nobody to reply to: a supervision event
-            self._report_broadcast_failure(name, error)
+        elif isinstance(error, KeyboardInterrupt) or self._survives.survive_broadcast_errors:
+            self._report_broadcast_failure(name, error)  # a supervision event; the actor lives on
+        else:  # Monarch: nobody to answer to, so the error is a fault that kills the actor
+            self._die(name, error, None, how="broadcast ")
 
     def step_endpoint(self, step: Callable, arg, name: str):
         """One step of an async endpoint's coroutine (``send`` or ``throw``), telling the
@@ -452,15 +476,21 @@ class ActorThread:
     def _report_broadcast_failure(self, name: str, error: BaseException) -> None:
         type_name, text, tb, _ = pack_exception(error)
         print(f"broadcast {name} raised:\n{tb}", file=sys.stderr, end="")  # tagged with mesh and rank
-        self._report_failure(name, f"{type_name.rsplit('.', 1)[-1]}: {text}", tb, dead=False)
+        self._report_failure(name, f"{type_name.rsplit('.', 1)[-1]}: {text}", tb)
 
-    def _die(self, name: str, error: BaseException, reply_to) -> None:
-        """``error`` from endpoint ``name`` kills this actor: its caller (if any) and every
-        later call get a supervision failure; the hub, the clients and the owner learn it."""
+    def _die(self, name: str, error: BaseException, reply_to, how: str = "") -> None:
+        """``error`` from endpoint ``name`` (called ``how``: ``"broadcast "`` or not)
+        kills this actor (see :meth:`_fail`)."""
         type_name, text, tb, _ = pack_exception(error)
-        cause = f"{type_name.rsplit('.', 1)[-1]}: {text}" if text else type_name.rsplit('.', 1)[-1]
-        self.dead = f"{self.mesh_name} rank {self.point.rank}: {name} raised {cause}"
-        print(f"{name} raised {cause}; the actor is dead:\n{tb}", file=sys.stderr, end="")
+        raised = f"{type_name.rsplit('.', 1)[-1]}: {text}" if text else type_name.rsplit('.', 1)[-1]
+        self._fail(name, f"{how}{name} raised {raised}", tb, reply_to)
+
+    def _fail(self, name: str, cause: str, tb: str, reply_to) -> None:
+        """This actor dies for ``cause`` (a sentence naming ``name``, the endpoint or hook
+        it died in): its caller (if any) and every later call get a supervision failure;
+        the hub, the clients and the owner learn it."""
+        self.dead = f"{self.mesh_name} rank {self.point.rank}: {cause}"
+        print(f"{cause}; the actor is dead:\n{tb}", file=sys.stderr, end="")
         send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
                    error=self._gone(), extra={proc_ops.DIED: True})
         self._report_failure(name, cause, tb, dead=True)
@@ -470,13 +500,15 @@ class ActorThread:
         name = actor_name(self._instance_info.class_name, self.mesh_name, dict(self.point.extent), self.point.rank)
         return SupervisionError(actor_gone_report(name, self.dead or "it died"))
 
-    def _report_failure(self, name: str, cause: str, tb: str, dead: bool) -> None:
+    def _report_failure(self, name: str, cause: str, tb: str, dead: bool = False) -> None:
+        """Tell the hub that endpoint ``name`` failed: ``cause`` is the exception
+        (``Type: text``) of a broadcast the actor survives, or why a ``dead`` actor died."""
         if self.hub is not None:
             self.outbox.send(self.hub, wire_frames.encode(self.cluster_id, {
                 envelope.OP: hub_ops.ACTOR_FAILED, proc_ops.MESH: self.mesh_name,
                 proc_ops.PROC: self._instance_info.proc_id, envelope.RANK: self.point.rank,
-                hub_ops.FAILED_ENDPOINT: name, envelope.ERROR: cause, hub_ops.FAILED_TRACEBACK: tb,
-                hub_ops.ACTOR_DEAD: dead}))
+                hub_ops.FAILED_ENDPOINT: name, hub_ops.FAILED_TRACEBACK: tb, hub_ops.ACTOR_DEAD: dead,
+                **({hub_ops.FAILED_CAUSE: cause} if dead else {envelope.ERROR: cause})}))
 
 
 def _refused() -> KeyboardInterrupt:

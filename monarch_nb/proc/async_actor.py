@@ -217,13 +217,13 @@ class AsyncServer:
         async def run(call: _Call) -> None:
             actor = self.actor
             if actor.dead is not None:
-                actor.supervised(False, None, reply_to)
+                actor.supervised(False, None, reply_to, failure)
                 return
             coro, error = actor._call_user(self.instance.__supervise__, MeshFailure.from_event(failure))
             verdict = None
             if error is None:
                 verdict, error = await _Stepped(actor, coro, call, None, "__supervise__")
-            actor.supervised(verdict, error, reply_to)
+            actor.supervised(verdict, error, reply_to, failure)
 
         return run
 

@@ -24,7 +24,8 @@ DEBUG_RESUMED = "debug_resumed"  # one-way: threads of a proc run again (their s
 # Header keys of ACTOR_FAILED (with proc_ops.MESH, envelope.RANK and envelope.ERROR).
 FAILED_ENDPOINT = "endpoint"  # the endpoint that raised
 FAILED_TRACEBACK = "traceback"  # the remote traceback
-ACTOR_DEAD = "dead"  # the actor died (a BaseException not an Exception): it fails every later call
+ACTOR_DEAD = "dead"  # the actor died (see proc.actor_loop): it fails every later call
+FAILED_CAUSE = "cause"  # with ACTOR_DEAD: why it died, e.g. "train raised ValueError: bad batch"
 
 # from clients: presence -----------------------------------------------------------------
 CLIENT_ALIVE = "client_alive"  # one-way: a client's heartbeat (and where it wants events)

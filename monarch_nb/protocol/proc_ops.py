@@ -39,6 +39,7 @@ ORIGIN = "o"  # ``CLIENT_ID:...`` of the call that caused this message: where it
 CHAIN = "w"  # CALL: the actors held up waiting along the calls that led to it (proc.call_chain)
 FAILURE = "failure"  # SUPERVISE: the failure event
 HANDLED = "handled"  # SUPERVISE's reply: did __supervise__ handle it
+OWNER_DIED = "owner_died"  # SUPERVISE's reply: unhandled, it killed the owner, whose death carries it up
 ADDRESS = "address"  # SPAWN_ACTOR's reply: the actor's inbox
 TRACEBACK = "traceback"  # SPAWN_ACTOR's failed reply: the remote traceback (with ERROR)
 DIED = "supervision"  # a CALL's failed reply: the actor is dead (the client raises SupervisionError)
