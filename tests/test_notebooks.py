@@ -41,7 +41,7 @@ def test_magics_notebook_runs_in_the_monarch_kernel(tmp_path):
     nb, text = _run_without_errors("magics", tmp_path)
     assert nb.metadata.kernelspec.name == "monarch"
     assert "[trainers 0-3] epoch 0 done" in text  # folded, under the calling cell
-    assert "[workers.exec 0-3] hello from exec" in text
+    assert "[workers.exec 0-3] hello from exec" in text, [line for line in text.splitlines() if "exec" in line]
     assert "monarch: cluster 'magics-demo' stopped" in text
 
 

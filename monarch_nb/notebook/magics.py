@@ -120,6 +120,9 @@ MESH and P are variables of this notebook or names of meshes in the cluster."""
 HELP = HELP.replace("__DEBUG_HELP__", debug_magics.HELP)
 FOLLOW_POLL_S = 0.5
 NOTEBOOK_WIDTH = 160  # columns of rich output in a kernel (tables shrink to their content)
+# What an exec cell printed is what its user asked for: wait longer for it on a loaded machine
+# than a plain cell end does (only as long as the lines take to come).
+EXEC_FLUSH_S = 20.0
 _HTML_FORMAT = '<pre style="font-family:var(--jp-code-font-family,monospace);line-height:1.3">{code}</pre>'
 
 
@@ -361,12 +364,12 @@ class MonarchMagics(Magics):
         try:
             values = future.get()
         except ActorError as e:
-            self._cluster().flush_logs()
+            self._cluster().flush_logs(timeout=EXEC_FLUSH_S)
             self._show_failures(runner.name, ranks, e, name)
             raise ExecFailed(f"exec failed on rank(s) {format_ranks(_failed_ranks(ranks, e))} of "
                              f"{procs.name}; tracebacks above") from None
         result = values if isinstance(values, ValueMesh) else ValueMesh(extent, values)
-        self._cluster().flush_logs()  # what the cell printed comes before its values
+        self._cluster().flush_logs(timeout=EXEC_FLUSH_S)  # what the cell printed comes before its values
         self._show_values(runner.name, ranks, list(result.values()))
         self.shell.user_ns["_"] = result
         return None
