@@ -42,6 +42,7 @@ import time  # noqa: E402
 
 import cloudpickle  # noqa: E402
 import zmq  # noqa: E402
+import tidy  # noqa: E402  (beside this script)
 
 from monarch_nb.actor import Actor, endpoint, this_host  # noqa: E402
 
@@ -94,19 +95,7 @@ def log(msg: str) -> None:
 # ---------------------------------------------------------------------------------------
 # the floor: raw pyzmq DEALER/ROUTER + cloudpickle echo servers, one process each
 
-_ECHO_SERVER = r"""
-import os, sys, threading, time, zmq, cloudpickle
-parent = os.getppid()
-def watch():  # never outlive the benchmark
-    while os.getppid() == parent:
-        time.sleep(0.2)
-    os._exit(1)
-threading.Thread(target=watch, daemon=True).start()
-ctx = zmq.Context()
-sock = ctx.socket(zmq.ROUTER)
-sock.setsockopt(zmq.LINGER, 0)
-port = sock.bind_to_random_port("tcp://127.0.0.1")
-sys.stdout.write(f"{port}\n"); sys.stdout.flush()
+_ECHO_SERVER = tidy.RAW_SERVER_PRELUDE + r"""
 while True:
     frames = sock.recv_multipart(copy=False)
     ident = frames[0].bytes

@@ -38,6 +38,7 @@ from bench_actors import (SMALL_ARG, RawEchoServers, interleaved, leftover_proce
 import cloudpickle  # noqa: E402
 import psutil  # noqa: E402
 import zmq  # noqa: E402
+import tidy  # noqa: E402  (beside this script)
 
 from monarch_nb.actor import Actor, endpoint, this_host  # noqa: E402
 
@@ -45,19 +46,7 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 # The floor's server: unpickles what it gets (as a receiver must) and answers its size.
-_SINK_SERVER = r"""
-import os, sys, threading, time, zmq, cloudpickle
-parent = os.getppid()
-def watch():  # never outlive the benchmark
-    while os.getppid() == parent:
-        time.sleep(0.2)
-    os._exit(1)
-threading.Thread(target=watch, daemon=True).start()
-ctx = zmq.Context()
-sock = ctx.socket(zmq.ROUTER)
-sock.setsockopt(zmq.LINGER, 0)
-port = sock.bind_to_random_port("tcp://127.0.0.1")
-sys.stdout.write(f"{port}\n"); sys.stdout.flush()
+_SINK_SERVER = tidy.RAW_SERVER_PRELUDE + r"""
 while True:
     ident, payload = sock.recv_multipart(copy=False)
     args, kwargs = cloudpickle.loads(payload.buffer)

@@ -1,4 +1,5 @@
-"""What the benchmarks share: an isolated MONARCH_NB_HOME and the leftover check."""
+"""What the benchmarks share: an isolated MONARCH_NB_HOME, the leftover check, and the
+start of the raw servers their floors are measured against."""
 
 from __future__ import annotations
 
@@ -7,6 +8,24 @@ import shutil
 import tempfile
 
 import psutil
+
+# The start of a raw pyzmq + cloudpickle server for a benchmark's floor (run with
+# ``python -c``): it exits when the benchmark does, binds a ROUTER on loopback and prints
+# its port; the rest of the script is its receive loop.
+RAW_SERVER_PRELUDE = r"""
+import os, sys, threading, time, zmq, cloudpickle
+parent = os.getppid()
+def watch():  # never outlive the benchmark
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    os._exit(1)
+threading.Thread(target=watch, daemon=True).start()
+ctx = zmq.Context()
+sock = ctx.socket(zmq.ROUTER)
+sock.setsockopt(zmq.LINGER, 0)
+port = sock.bind_to_random_port("tcp://127.0.0.1")
+sys.stdout.write(f"{port}\n"); sys.stdout.flush()
+"""
 
 
 def isolated_home() -> str | None:
