@@ -222,8 +222,8 @@ class SlurmAllocator:
         lines = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(o)}" for o in self._directives(folder, job_name)),
                  f"# monarch_nb cluster {Path(folder).name}: one host agent per node, dialing the hub.",
                  'echo "monarch_nb: job $SLURM_JOB_ID running on $SLURM_JOB_NODELIST at $(date +%s.%N)"',
-                 *self.setup,
                  share,
+                 *self.setup,
                  f"exec {shlex.join(step)} /bin/sh -c {shlex.quote(agent)} {shlex.join(args)}"]
         return "\n".join(lines) + "\n"
 
