@@ -152,7 +152,8 @@ class MeshFailure:
     ``rank`` (proc failures): the proc; ``why``: a sentence naming mesh, rank, host,
     pid and cause (with the proc's last stderr lines); ``endpoint``: for endpoint
     failures, with the remote ``traceback``; ``actor_report``: for an actor's death,
-    Monarch's report of it (``The actor ... and all its descendants have failed``)."""
+    Monarch's report of it (``The actor ... and all its descendants have failed``); for
+    a proc's, that of each actor it ran, one a line."""
 
     kind: str
     meshes: tuple[str, ...]
