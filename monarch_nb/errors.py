@@ -63,10 +63,8 @@ class ActorError(MonarchNbError):
         ranks = ", ".join(str(f.point) for f in self.failures[:8])
         if len(self.failures) > 8:
             ranks += f", ... ({len(self.failures) - 8} more)"
-        head = (
-            f"{self.endpoint} raised in {len(self.failures)} of {self.total} actor(s) of "
-            f"mesh {self.mesh!r}: {ranks}"
-        )
+        # Opens with Monarch's wording, which programs written for Monarch match.
+        head = f"Actor call {self.mesh}.{self.endpoint} failed in {len(self.failures)} of {self.total} actor(s): {ranks}"
         return f"{head}\nfirst failure at {first.point}:\n{first.traceback.rstrip()}"
 
     def __reduce__(self):
