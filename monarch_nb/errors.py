@@ -63,10 +63,8 @@ class ActorError(MonarchNbError):
         ranks = ", ".join(str(f.point) for f in self.failures[:8])
         if len(self.failures) > 8:
             ranks += f", ... ({len(self.failures) - 8} more)"
-        head = (
-            f"{self.endpoint} raised in {len(self.failures)} of {self.total} actor(s) of "
-            f"mesh {self.mesh!r}: {ranks}"
-        )
+        # Opens with Monarch's wording, which programs written for Monarch match.
+        head = f"Actor call {self.mesh}.{self.endpoint} failed in {len(self.failures)} of {self.total} actor(s): {ranks}"
         return f"{head}\nfirst failure at {first.point}:\n{first.traceback.rstrip()}"
 
     def __reduce__(self):
@@ -152,7 +150,8 @@ class MeshFailure:
     ``rank`` (proc failures): the proc; ``why``: a sentence naming mesh, rank, host,
     pid and cause (with the proc's last stderr lines); ``endpoint``: for endpoint
     failures, with the remote ``traceback``; ``actor_report``: for an actor's death,
-    Monarch's report of it (``The actor ... and all its descendants have failed``)."""
+    Monarch's report of it (``The actor ... and all its descendants have failed``); for
+    a proc's, that of each actor it ran, one a line."""
 
     kind: str
     meshes: tuple[str, ...]

@@ -147,13 +147,13 @@ def test_an_actor_that_survives_broadcast_errors_lives_on_and_the_next_call_rais
     assert mesh.count.call().get(timeout=30).values() == [("t", 1)] * 4
 
 
-@pytest.mark.parametrize("how, cause", [
-    ("os._exit", "exited with code 7"),
-    ("SIGKILL", "killed by SIGKILL"),
-    ("SIGSEGV", "killed by SIGSEGV"),
+@pytest.mark.parametrize("how, cause, status", [  # status: Monarch's words, which its programs match
+    ("os._exit", "exited with code 7", "exited with non-zero code 7"),
+    ("SIGKILL", "killed by SIGKILL", "failed: Killed(sig=9)"),
+    ("SIGSEGV", "killed by SIGSEGV", "failed: Killed(sig=11)"),
 ])
 def test_a_dying_proc_fails_its_calls_fast_and_the_other_ranks_stay_healthy(workers, unhandled, tmp_path, how,
-                                                                           cause):
+                                                                           cause, status):
     procs, mesh, pids = workers
     victim = mesh.slice(gpus=1)
     started = time.monotonic()
@@ -170,7 +170,13 @@ def test_a_dying_proc_fails_its_calls_fast_and_the_other_ranks_stay_healthy(work
     assert f"pid {pids[1]}" in str(info.value) and "workers rank 1" in str(info.value)
     if how == "SIGSEGV":  # the proc's last stderr lines say where it crashed
         assert "Segmentation fault" in str(info.value)
+    assert f"the process this actor was running on {status}" in str(info.value)
     assert wait_until(lambda: unhandled, BOUND_S) and unhandled[0][0].kind == "proc_failed"
+    # Monarch reports a proc's death as the deaths of the actors it ran, with its status.
+    report = unhandled[0][0].report()
+    assert report.startswith("The actor test_failures.Worker workers{'gpus': 1/4} and all its descendants "
+                             "have failed:"), report
+    assert f"the process this actor was running on {status}; proc " in report and cause in report, report
     healthy = mesh.slice(gpus=slice(2, 4))
     assert healthy.count.call().get(timeout=30).values() == [("t", 1)] * 2
     tree = procs._hub().request("health", timeout=30)
@@ -256,7 +262,10 @@ def test_supervise_handles_a_child_failure_or_dies_of_it_and_the_failure_goes_up
         [(failure, owner)] = unhandled
         assert (failure.kind, failure.meshes, failure.ranks, failure.endpoint, owner) == (
             "actor_failed", ("boss",), (0,), "__supervise__", None)
-        assert f"a failure of kids-{verdict}: proc kids-{verdict}/1" in failure.why
+        # The child's proc death, as Monarch reports it: its actor's death, naming the proc.
+        assert (f"a failure of kids-{verdict}: The actor test_failures.Worker kids-{verdict}{{'gpus': 1/2}} and all "
+                f"its descendants have failed:") in failure.why
+        assert f"Killed(sig=9); proc kids-{verdict}/1" in failure.why
         assert ("__supervise__ raised RuntimeError: supervisor broke" in failure.why) == (verdict == "raise")
         for _ in range(2):  # the owner is dead: every later call fails
             with pytest.raises(SupervisionError, match=rf"(?s)The actor .*boss\{{'gpus': 0/1\}} and all its descendants have "

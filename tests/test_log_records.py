@@ -1,9 +1,10 @@
 """Log records: one logical line is one record with its writer's attribution however long
 it is (capped, with a visible truncation marker), and nothing an actor prints can
-change whom a line is attributed to."""
+change whom a line is attributed to; Python log messages an actor writes name it."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -79,6 +80,21 @@ class Writer(Actor):
             os._exit(0)
         os.waitpid(pid, 0)
         return pid
+
+
+class FileLogger(Actor):
+    """Logs through a handler that writes to a file, past the proc's line attribution."""
+
+    @endpoint
+    def log(self, path: str, message: str) -> None:
+        logger = logging.getLogger("file-logger")
+        handler = logging.FileHandler(path)
+        logger.addHandler(handler)
+        try:
+            logger.warning(message)
+        finally:
+            logger.removeHandler(handler)
+            handler.close()
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +193,17 @@ def test_lines_are_capped_on_a_character_boundary():
     kept, _, dropped = line.decode().rpartition(" …truncated ")  # decodes: no character was cut
     assert set(kept) == {"é"} and dropped == f"{2 * stdio.LINE_CAP + 1 - len(kept.encode())} bytes"
     assert len(line) <= stdio.LINE_CAP
+
+
+
+def test_python_log_messages_written_by_an_actor_name_it_and_empty_ones_stay_empty(procs4, tmp_path):
+    # Monarch's prefix: a file handler's lines say which actor logged them.
+    loggers = procs4.spawn("file_loggers", FileLogger)
+    path = tmp_path / "actor.log"
+    loggers.slice(gpus=2).log.call_one(str(path), "hello from rank 2").get()
+    loggers.slice(gpus=1).log.call_one(str(path), "").get()  # torch.compile's structured traces log ""
+    assert path.read_text().splitlines() == [
+        "[actor=test_log_records.FileLogger file_loggers{'gpus': 2/4}] hello from rank 2", ""]
+    # The client's own log messages are its own text.
+    record = logging.getLogger("client").makeRecord("client", logging.WARNING, __file__, 1, "plain", (), None)
+    assert record.getMessage() == "plain"

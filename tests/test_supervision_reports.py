@@ -54,7 +54,8 @@ def test_an_actor_whose_proc_was_killed_fails_calls_naming_the_actor_and_the_pro
             mesh.pid.call().get(timeout=30)
         text = str(info.value)
         assert text.startswith(f"Endpoint call victims.pid() failed, The actor {CLASS} victims{{'gpus': 0/2}} and "
-                               f"all its descendants have failed:\n  victims rank 0: proc reports-kill/0 "
+                               f"all its descendants have failed:\n  victims rank 0: the process this actor was "
+                               f"running on failed: Killed(sig=9); proc reports-kill/0 "
                                f"(pid {procs.pids[0]} on "), text
         assert "killed by SIGKILL" in text and text.endswith("\n(1 of 2 ranks)"), text
     finally:

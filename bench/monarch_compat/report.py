@@ -23,7 +23,7 @@ def cause(message: str, remote: str = "") -> str:
     # monarch_nb names the actor class and lists its endpoints: the missing name is the cause
     text = re.sub(r"\b(?:\w+\.)*\w+ has no endpoint", "<actor> has no endpoint", text)
     text = re.sub(r" \(endpoints: [^)]*\)", "", text)
-    text = re.sub(r"\S+ raised in \d+ of \d+ actor\(s\) of mesh .*", "<endpoint> raised in the actors of a mesh", text)
+    text = re.sub(r"Actor call \S+ failed in \d+ of \d+ actor\(s\): .*", "Actor call <mesh.endpoint> failed", text)
     text = re.sub(r"\b(?:\w+\.)+(\w+) is not an endpoint", r"<actor>.\1 is not an endpoint", text)
     text = re.sub(r"\d{3,}", "N", text)
     return text[:200]

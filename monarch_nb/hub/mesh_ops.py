@@ -250,7 +250,8 @@ class MeshOps:
                 dead[str(i)] = record.gone_report(i, "its proc mesh was stopped", stopped=True)
             elif proc.exit_code is not None:
                 dead[str(i)] = record.gone_report(
-                    i, f"proc {proc.proc_id} (pid {proc.pid}) {proc.cause or exit_cause(proc.exit_code)}")
+                    i, f"proc {proc.proc_id} (pid {proc.pid}) {proc.cause or exit_cause(proc.exit_code)}",
+                    proc_exit=proc.exit_code)
         return {**record.public(), "dead": dead}
 
     async def stop_actor_mesh(self, record: ActorMeshRecord) -> list[dict]:
@@ -302,9 +303,10 @@ class MeshOps:
         on them fail now (``SupervisionError``, naming every dead rank) instead of never.
         Returns the addresses of those actors (whose orphans the caller stops)."""
         actors: dict[str, tuple[str, int, str]] = {}
-        for mesh, rank, _, why in deaths:
+        for mesh, rank, proc, why in deaths:
             for record, i in self._registry.actors_on(mesh.name, rank):
-                actors[record.addresses[i]] = (record.name, i, record.gone_report(i, why, stopped))
+                actors[record.addresses[i]] = (record.name, i,
+                                               record.gone_report(i, why, stopped, proc_exit=proc.exit_code))
         await self._announcer.announce({envelope.OP: events.ACTORS_GONE, "actors": actors})
         for _, _, proc, _ in deaths:  # no more sockets to them (a host taken back makes new ones)
             self._net.forget(proc.address)

@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ..errors import actor_gone_report, actor_name
+from ..protocol.records import proc_failure_status
 
 
 @dataclass
@@ -85,10 +86,14 @@ class ActorMeshRecord:
     def key(self) -> str:
         return actor_mesh_key(self.proc_mesh, self.name)
 
-    def gone_report(self, rank: int, cause: str, stopped: bool = False) -> str:
-        """Why calls to actor ``rank`` fail: it failed for ``cause``, or was ``stopped``."""
+    def gone_report(self, rank: int, cause: str, stopped: bool = False, proc_exit: int | None = None) -> str:
+        """Why calls to actor ``rank`` fail: it failed for ``cause``, or was ``stopped``.
+        ``proc_exit``: the exit code of its proc, when that proc's death is the cause:
+        Monarch's status of it (``Killed(sig=9)``) then leads ``cause``."""
+        status = None if stopped else proc_failure_status(proc_exit)
+        why = f"{status}; {cause}" if status else cause
         return actor_gone_report(actor_name(self.class_name, self.name, self.extent, rank),
-                                 f"{self.name} rank {rank}: {cause}", stopped)
+                                 f"{self.name} rank {rank}: {why}", stopped)
 
     def public(self) -> dict:
         return {**asdict(self), "key": self.key}

@@ -165,11 +165,13 @@ class Supervision:
         to the clients as unhandled."""
         dying = [(mesh, rank, proc, self._death_cause(proc, expected, cause)) for mesh, rank, proc in deaths]
         failures = []
-        for mesh, rank, _, why in [] if expected else dying:
-            hit = [(record.name, i) for record, i in self._registry.actors_on(mesh.name, rank)]
+        for mesh, rank, proc, why in [] if expected else dying:
+            hit = self._registry.actors_on(mesh.name, rank)
+            # Monarch reports a proc's death as its actors' deaths (``The actor ... nested{...}``).
+            report = "\n".join(record.gone_report(i, why, proc_exit=proc.exit_code) for record, i in hit)
             failures.append(({"kind": "proc_failed", "proc_mesh": mesh.name, "rank": rank,
-                              "meshes": sorted({n for n, _ in hit}), "ranks": sorted({i for _, i in hit}),
-                              "why": why, "endpoint": None}, mesh.owner))
+                              "meshes": sorted({r.name for r, _ in hit}), "ranks": sorted({i for _, i in hit}),
+                              "why": why, "endpoint": None, "report": report}, mesh.owner))
         gone = await self._meshes.actors_gone(dying, stopped=expected)
         for failure, owner in failures:
             asyncio.ensure_future(self.escalate(failure, owner))

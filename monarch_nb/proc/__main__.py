@@ -19,7 +19,7 @@ from ..debug import session as debug_session
 from ..protocol import agent_ops, envelope
 from ..wire import frames as wire_frames
 from ..wire import port as wire_port
-from . import actor, stdio
+from . import actor, log_prefix, stdio
 from .server import ProcServer
 
 
@@ -42,6 +42,7 @@ def main() -> None:
     wire_port.bind_cluster(cluster_id)  # ports unpickled here sign for this cluster
 
     stdio.install()
+    log_prefix.install()  # log records made by an actor name it (Monarch's [actor=...])
     faulthandler.enable()  # a crash (SIGSEGV, abort) leaves its Python stack in the last stderr lines
     actor.set_proc(args.cluster_dir, args.proc_id)  # this_host() in an actor: this cluster
     # The control loop runs on a thread; the main thread runs what must run there (the

@@ -22,3 +22,15 @@ def exit_cause(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with code {code}"
+
+
+def proc_failure_status(code: int | None) -> str | None:
+    """Monarch's words for how an actor's proc failed, which programs written for Monarch
+    match: ``-9`` -> ``"the process this actor was running on failed: Killed(sig=9)"``,
+    ``3`` -> ``"the process this actor was running on exited with non-zero code 3"``;
+    ``None`` when it did not fail (still running, exit 0) or was lost (no status known)."""
+    if code is None or code == 0 or code == LOST_EXIT_CODE:
+        return None
+    if code < 0:
+        return f"the process this actor was running on failed: Killed(sig={-code})"
+    return f"the process this actor was running on exited with non-zero code {code}"
