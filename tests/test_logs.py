@@ -143,6 +143,16 @@ def test_folder_keeps_each_ranks_order():
     assert shown == ["[m 1] A", "[m 0-1] B", "[m 0] A"]
 
 
+def test_log_records_tagged_with_their_actor_fold_without_the_tag():
+    # An actor's logging records carry Monarch's [actor=...] tag (for handlers writing
+    # elsewhere); under the cell, the [mesh ranks] prefix says it, and ranks fold.
+    folder = logs.Folder(window=10)
+    for rank in (0, 1):
+        folder.add([0, 0, "h", f"p/{rank}", "stderr", "m", rank, None,
+                    f"[actor=train.Trainer m{{'gpus': {rank}/2}}] WARNING loss is nan", 2], 0.0)
+    assert [str(line) for line in folder.take()] == ["[m 0-1] WARNING loss is nan"]
+
+
 def test_a_rank_scheduled_late_still_joins_a_line_the_others_printed():
     # A loaded machine ran rank 1 half a second after ranks 0, 2 and 3 (seen in CI):
     # the line two ranks already share waits for the rest, up to FOLD_HOLD_S.

@@ -13,6 +13,7 @@ routes them to the cell that made the call (``ClientRuntime.set_line_sink``).
 from __future__ import annotations
 
 import _thread
+import re
 import sys
 import threading
 import time
@@ -27,6 +28,10 @@ FOLD_WINDOW_S = 0.1
 # too: it waits up to this long for them (a loaded machine runs some ranks late),
 # unless all of them joined earlier. A line printed by one rank waits FOLD_WINDOW_S.
 FOLD_HOLD_S = 1.0
+
+# Monarch's tag on an actor's log records (``proc.log_prefix``): the line's own
+# ``[mesh rank]`` says the same, and a tag naming the rank would keep ranks from folding.
+_ACTOR_TAG = re.compile(r"\[actor=\S+ \S+\{[^{}]*\}\] ")
 
 # indices of a record as the hub sends it
 SEQ, TIME, HOST, PROC, STREAM, MESH, RANK, ORIGIN, TEXT, SIZE = range(len(LOG_FIELDS))
@@ -70,6 +75,7 @@ class Folder:
 
     def add(self, record: list, now: float) -> None:
         mesh, rank, stream, origin, text = record[MESH], record[RANK], record[STREAM], record[ORIGIN], record[TEXT]
+        text = _ACTOR_TAG.sub("", text, count=1)
         key = (mesh, stream, origin, text)
         who = (mesh, stream, origin, rank)  # stdout and stderr are separate pipes: no order between
         at = self._open.get(key) if self.enabled and rank is not None else None
