@@ -96,7 +96,7 @@ class ActorThread:
         self._loop: asyncio.AbstractEventLoop | None = None  # a sync actor's, for awaitables its endpoints return
         self._async: AsyncServer | None = None  # an async actor's message loop
         self._has_cleanup = False
-        self._survives: type = Actor  # its class, for the supervision options (Actor: Monarch's rules)
+        self._survives: type[Actor] = Actor  # its class, for the supervision options (Actor: Monarch's rules)
         self.address: str | None = None
         self.busy = False  # handling a message (an interrupt is delivered only then)
         self._running = 0  # calls in progress (several for an async actor's concurrent endpoints)
