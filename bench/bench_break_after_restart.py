@@ -26,17 +26,8 @@ from pathlib import Path  # noqa: E402
 import monarch_nb  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from kernels import Kernel  # noqa: E402
+from kernels import WORKER, Kernel  # noqa: E402
 
-WORKER = textwrap.dedent("""\
-    from monarch_nb.actor import Actor, endpoint, current_rank
-
-    class Worker(Actor):
-        @endpoint
-        def compute(self, x):
-            y = x + current_rank().rank
-            return y
-    """)
 ROUND = textwrap.dedent("""\
     import time, monarch_nb
     c = monarch_nb.connect("bench")

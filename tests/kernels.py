@@ -5,10 +5,23 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import textwrap
 import time
 from pathlib import Path
 
 from jupyter_client import KernelManager
+
+# A notebook cell defining an actor whose endpoint has a line to break on
+# (``Worker.compute:4``, ``y = ...``): the debugger tests and bench_break_after_restart.
+WORKER = textwrap.dedent("""\
+    from monarch_nb.actor import Actor, endpoint, current_rank
+
+    class Worker(Actor):
+        @endpoint
+        def compute(self, x):
+            y = x + current_rank().rank
+            return y
+    """)
 
 from monarch_nb.kernelspec import write_data_dir
 

@@ -13,7 +13,7 @@ import pytest
 from monarch_nb import cluster_dir
 
 from conftest import cluster_processes, wait_until
-from kernels import CellError, Kernel
+from kernels import WORKER, CellError, Kernel
 
 NAME = "dbg-magics"
 
@@ -162,15 +162,6 @@ def test_paused_ranks_survive_a_kernel_restart(kernel):
     assert "no paused ranks" in kernel.run("%monarch debug")
 
 
-WORKER = textwrap.dedent("""\
-    from monarch_nb.actor import Actor, endpoint, current_rank
-
-    class Worker(Actor):
-        @endpoint
-        def compute(self, x):
-            y = x + current_rank().rank
-            return y
-    """)
 
 
 # After test_paused_ranks_survive_a_kernel_restart: this one restarts the kernel too.
