@@ -13,12 +13,11 @@ process is left behind.
 
 from __future__ import annotations
 
-from tidy import isolated_home, stop_and_check
+from tidy import isolated_home, ms_row, stop_and_check
 
 _OWN_HOME = isolated_home()  # before monarch_nb is imported
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -64,8 +63,7 @@ def main() -> int:
         after = rounds(kernel, args.reps)
         print(f"%monarch break Worker.compute w --ranks 2 -> rank listed paused, median of {args.reps}:")
         for name, values in (("same kernel", same), ("after a kernel restart", after)):
-            print(f"  {name:24} {statistics.median(values) * 1e3:7.0f} ms   (min {min(values) * 1e3:.0f}, "
-                  f"max {max(values) * 1e3:.0f})")
+            print(ms_row(name, values, width=24))
     finally:
         kernel.shutdown()
     return stop_and_check(cluster, _OWN_HOME)

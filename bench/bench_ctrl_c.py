@@ -15,13 +15,12 @@ own MONARCH_NB_HOME; exit status 1 if a process is left behind.
 
 from __future__ import annotations
 
-from tidy import isolated_home, stop_and_check
+from tidy import isolated_home, ms_row, stop_and_check
 
 _OWN_HOME = isolated_home()  # before monarch_nb is imported
 
 import argparse  # noqa: E402
 import os  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
 import time  # noqa: E402
@@ -82,8 +81,7 @@ def main() -> int:
         print(f"Ctrl-C -> next call answered, 4 ranks busy with a {args.work:g} s call, {os.cpu_count()} CPUs, "
               f"median of {args.reps}:")
         for name, values in rows.items():
-            print(f"  {name:28} {statistics.median(values) * 1e3:8.0f} ms   (min {min(values) * 1e3:.0f}, "
-                  f"max {max(values) * 1e3:.0f})")
+            print(ms_row(name, values))
     finally:
         kernel.shutdown()
     return stop_and_check(cluster, _OWN_HOME)

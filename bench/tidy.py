@@ -7,6 +7,8 @@ import os
 import shutil
 import tempfile
 
+import statistics
+
 import psutil
 
 # The start of a raw pyzmq + cloudpickle server for a benchmark's floor (run with
@@ -49,3 +51,10 @@ def stop_and_check(cluster, own_home: str | None) -> int:
         print(f"processes left behind: {left}", flush=True)
         return 1
     return 0
+
+
+def ms_row(name: str, seconds: list[float], width: int = 28) -> str:
+    """One figure's line: ``name``, then the median of ``seconds`` (durations in
+    seconds) in ms, with min and max."""
+    return (f"  {name:{width}} {statistics.median(seconds) * 1e3:8.0f} ms   (min {min(seconds) * 1e3:.0f}, "
+            f"max {max(seconds) * 1e3:.0f})")
