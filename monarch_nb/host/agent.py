@@ -115,11 +115,11 @@ class HostAgent:
         next_sweep = due + SHM_SWEEP_S
         for beat in itertools.count():
             if beat % REAP_EVERY == 0:
-                descendants.reap_orphans(self._proc_pids())
+                self._housekeep("reaping orphans", lambda: descendants.reap_orphans(self._proc_pids()))
             now = time.monotonic()
             if now > next_sweep:
                 next_sweep = now + SHM_SWEEP_S
-                shm.sweep_dead(self.cluster_id)
+                self._housekeep("sweeping shared memory", lambda: shm.sweep_dead(self.cluster_id))
             if now - due > STALL_S:  # this agent did not run: the hub was not silent, we were deaf
                 self.hub_seen = max(self.hub_seen, now)
             if self.net.caught_up() - self.hub_seen > self.grace_s:
@@ -131,6 +131,14 @@ class HostAgent:
                                            "dropped": wire_frames.dropped()})
             due = time.monotonic() + HEARTBEAT_S
             await asyncio.sleep(HEARTBEAT_S)
+
+    def _housekeep(self, what: str, chore: Callable[[], object]) -> None:
+        """Run ``chore``; a failure is printed, never the end of the heartbeat (a host
+        whose heartbeat stopped would be declared lost with all its procs)."""
+        try:
+            chore()
+        except Exception as e:  # noqa: BLE001 - housekeeping must not take the heartbeat down
+            print(f"monarch_nb host agent {self.host_id}: {what} failed: {type(e).__name__}: {e}", file=sys.stderr)
 
     async def _serve(self) -> None:
         """The receive loop: a message no handler can act on (an unknown op, a field
