@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from conftest import wait_until
 
 from monarch_nb.actor import (Actor, ActorError, MeshFailure, Port, SupervisionError, concurrent_endpoint,
                               endpoint, this_host)
@@ -57,7 +58,9 @@ class Gate(Actor):
             raise
 
     @endpoint
-    async def sleep(self, seconds: float) -> str:
+    async def sleep(self, seconds: float, started: str | None = None) -> str:
+        if started:
+            open(started, "w").close()  # the test interrupts once this call awaits
         await asyncio.sleep(seconds)
         return "slept"
 
@@ -255,10 +258,11 @@ def test_stopping_a_sync_actor_runs_its_cleanup(procs, tmp_path):
     assert path.read_text() == "cleanup None"
 
 
-def test_an_interrupt_reaches_an_awaiting_async_endpoint(procs):
+def test_an_interrupt_reaches_an_awaiting_async_endpoint(procs, tmp_path):
     gate = procs.spawn("interrupted", Gate)
-    sleeping = gate.sleep.call_one(60)
-    time.sleep(0.5)
+    started = tmp_path / "started"
+    sleeping = gate.sleep.call_one(60, str(started))
+    assert wait_until(started.exists, BOUND_S)
     procs.interrupt()
     with pytest.raises(ActorError, match="KeyboardInterrupt"):
         sleeping.get(timeout=BOUND_S)
