@@ -27,12 +27,11 @@ process it started is left behind; exit status 1 if one is.
 
 from __future__ import annotations
 
-from tidy import isolated_home, stop_and_check
+from tidy import isolated_home, module_from_git, stop_and_check
 
 _OWN_HOME = isolated_home()  # before monarch_nb is imported
 
 import argparse  # noqa: E402
-import importlib.util  # noqa: E402
 import os  # noqa: E402
 import tempfile  # noqa: E402
 import statistics  # noqa: E402
@@ -99,21 +98,7 @@ class Stamps:
 
 def jsonl_store_module():
     """The log store as it was before sqlite (``logs/lines.jsonl``), from git history."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = "monarch_nb/hub/logstore.py"
-    commits = subprocess.run(["git", "-C", repo, "log", "--format=%H", "--", path], capture_output=True,
-                             text=True, check=True).stdout.split()
-    for commit in commits:  # the newest version of the file that still wrote lines.jsonl
-        source = subprocess.run(["git", "-C", repo, "show", f"{commit}:{path}"], capture_output=True, text=True,
-                                check=True).stdout
-        if "lines.jsonl" in source:
-            break
-    else:
-        raise RuntimeError(f"no version of {path} in git history writes lines.jsonl")
-    spec = importlib.util.spec_from_loader("logstore_jsonl", loader=None)
-    module = importlib.util.module_from_spec(spec)
-    exec(compile(source, f"{commit[:10]}:{path}", "exec"), module.__dict__)
-    return module, commit[:10]
+    return module_from_git("monarch_nb/hub/logstore.py", lambda source: "lines.jsonl" in source)
 
 
 def store_bench(store_class, n: int, label: str) -> None:

@@ -3,11 +3,13 @@ start of the raw servers their floors are measured against."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
-import tempfile
-
 import statistics
+import subprocess
+import tempfile
+from typing import Callable
 
 import psutil
 
@@ -58,3 +60,24 @@ def ms_row(name: str, seconds: list[float], width: int = 28) -> str:
     seconds) in ms, with min and max."""
     return (f"  {name:{width}} {statistics.median(seconds) * 1e3:8.0f} ms   (min {min(seconds) * 1e3:.0f}, "
             f"max {max(seconds) * 1e3:.0f})")
+
+
+def module_from_git(path: str, wanted: Callable[[str], bool], package: str | None = None):
+    """The newest committed version of ``path`` (relative to the repository) whose source
+    ``wanted`` accepts, loaded as a module (its relative imports resolved in ``package``):
+    a baseline that a change replaced, measured in the same run. Returns (module, commit)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    commits = subprocess.run(["git", "-C", repo, "log", "--format=%H", "--", path], capture_output=True,
+                             text=True, check=True).stdout.split()
+    for commit in commits:
+        source = subprocess.run(["git", "-C", repo, "show", f"{commit}:{path}"], capture_output=True, text=True,
+                                check=True).stdout
+        if wanted(source):
+            break
+    else:
+        raise RuntimeError(f"no version of {path} in git history is the baseline this benchmark wants")
+    spec = importlib.util.spec_from_loader(f"baseline_{commit[:10]}", loader=None)
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = package
+    exec(compile(source, f"{commit[:10]}:{path}", "exec"), module.__dict__)
+    return module, commit[:10]

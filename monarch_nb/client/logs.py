@@ -28,6 +28,8 @@ FOLD_WINDOW_S = 0.1
 # too: it waits up to this long for them (a loaded machine runs some ranks late),
 # unless all of them joined earlier. A line printed by one rank waits FOLD_WINDOW_S.
 FOLD_HOLD_S = 1.0
+# How far back (in pending lines) a late rank's line may still join a group.
+_MAX_REORDER = 512
 
 # Monarch's tag on an actor's log records (``proc.log_prefix``): the line's own
 # ``[mesh rank]`` says the same, and a tag naming the rank would keep ranks from folding.
@@ -79,8 +81,9 @@ class Folder:
         key = (mesh, stream, origin, text)
         who = (mesh, stream, origin, rank)  # stdout and stderr are separate pipes: no order between
         at = self._open.get(key) if self.enabled and rank is not None else None
-        # Joining an earlier group must not move this line before the rank's previous one.
-        if at is not None and rank not in self._pending[at].ranks and self._last.get(who, -1) < at:
+        if at is not None and rank not in self._pending[at].ranks:
+            at = self._joinable(at, rank, self._last.get(who, -1))
+        if at is not None and rank not in self._pending[at].ranks:
             self._pending[at].ranks.append(rank)
         else:
             at = len(self._pending)
@@ -88,6 +91,42 @@ class Folder:
             self._pending.append(Folded(mesh, stream, origin, text, rank, now, size))
             self._open[key] = at
         self._last[who] = at
+
+    def _joinable(self, at: int, rank, last: int) -> int | None:
+        """Index of the group at ``at`` once ``rank``, whose latest pending line is at
+        ``last``, can join it without any rank's lines showing out of order; ``None``
+        when it can't. Lines travel to the hub apart from replies, so on a loaded machine
+        one rank's line of the previous call often arrives after the others' line of the
+        next: that rank's pending lines after the group (and, for each of them, the lines
+        of its other ranks before it) move ahead of the group, unless one of them shares
+        a rank with the group."""
+        if last < at:
+            return at
+        if last - at > _MAX_REORDER:
+            return None
+        group = self._pending[at]
+        stream = (group.mesh, group.stream, group.origin)
+        ahead = {rank}  # ranks whose lines in (at, i) move ahead of the group
+        hoisted = set()
+        for i in range(last, at, -1):  # from the rank's latest line back to the group
+            g = self._pending[i]
+            if (g.mesh, g.stream, g.origin) == stream and not ahead.isdisjoint(g.ranks):
+                if not set(g.ranks).isdisjoint(group.ranks):
+                    return None
+                hoisted.add(i)
+                ahead.update(g.ranks)
+        order = [i for i in range(at + 1, last + 1) if i in hoisted]
+        order += [at] + [i for i in range(at + 1, last + 1) if i not in hoisted]
+        self._pending[at:last + 1] = [self._pending[i] for i in order]
+        self._reindex()
+        return at + len(hoisted)
+
+    def _reindex(self) -> None:
+        self._open, self._last = {}, {}
+        for i, g in enumerate(self._pending):
+            self._open[(g.mesh, g.stream, g.origin, g.text)] = i
+            for r in g.ranks:
+                self._last[(g.mesh, g.stream, g.origin, r)] = i
 
     def take(self, now: float | None = None) -> list[Folded]:
         """Groups whose window has passed (all of them with ``now=None``), in order."""
