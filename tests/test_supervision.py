@@ -143,3 +143,16 @@ def test_health_tree_shows_a_busy_actor_with_its_endpoint_and_for_how_long(clust
     with pytest.raises(ActorError):
         pending.get(timeout=30)
     assert wait_until(lambda: busy_node() is None, 10)
+
+
+def test_a_long_lived_client_remembers_only_the_latest_deaths(monkeypatch):
+    # A retained cluster's client may see deaths for days: what it keeps per dead actor
+    # is bounded, newest kept.
+    from monarch_nb.client import supervision
+
+    monkeypatch.setattr(supervision, "REMEMBERED_DEATHS", 3)
+    client = supervision.Supervision(mailbox=lambda: None)
+    for i in range(5):
+        client.actors_gone({"cluster": "c", "actors": {f"tcp://10.0.0.1:{i}": ("m", i, f"died {i}")}})
+    assert [client.why_dead(f"tcp://10.0.0.1:{i}") for i in range(5)] == [None, None, "died 2", "died 3", "died 4"]
+    assert len(client._names) == 3

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections import OrderedDict
 from typing import Callable
 
 from ..errors import MeshFailure, SupervisionError
@@ -33,6 +34,21 @@ from ..wire.remote_error import pack_exception
 
 FailureHook = Callable[[str, MeshFailure, "dict | None"], None]
 
+# What a client remembers of dead actors, per kind (a retained cluster's client may live
+# for days of spawns and deaths): past this many the oldest are forgotten. A call through
+# a handle to an actor forgotten here is sent, and fails at its timeout instead of at once.
+REMEMBERED_DEATHS = 100_000
+
+
+class _Recent(OrderedDict):
+    """A dict that keeps only its ``REMEMBERED_DEATHS`` most recently set keys."""
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        if len(self) > REMEMBERED_DEATHS:
+            self.popitem(last=False)
+
 
 class Supervision:
     """What this client knows of dead actors and unhandled failures (one per process,
@@ -42,12 +58,12 @@ class Supervision:
     def __init__(self, mailbox: Callable[[], Mailbox]):
         self._mailbox = mailbox
         self._lock = threading.Lock()
-        self._dead: dict[str, str] = {}  # actor address -> why it is gone
+        self._dead: dict[str, str] = _Recent()  # actor address -> why it is gone
         self._waiting: dict[str, dict[int, tuple[str, int]]] = {}  # address -> port -> (cluster id, base rank)
         self._armed: dict[tuple[str, str], list[MeshFailure]] = {}  # (cluster id, actor mesh) -> failures
-        self._names: dict[str, tuple[str, str, int]] = {}  # dead actor's address -> (cluster id, mesh, rank)
+        self._names: dict[str, tuple[str, str, int]] = _Recent()  # dead actor's address -> (cluster id, mesh, rank)
         # (cluster id, mesh, rank) of dead actors whose death failed a call of this client
-        self._told: set[tuple[str, str, int]] = set()
+        self._told: dict[tuple[str, str, int], None] = _Recent()
         self._hook: FailureHook = self.arm
         # Gives Monarch's unhandled_fault_hook as it is now (set by monarch_nb.actor).
         self.fault_hook: Callable[[], Callable[[MeshFailure], object]] | None = None
@@ -60,7 +76,9 @@ class Supervision:
             for address in targets:
                 self._waiting.setdefault(address, {})[port] = (cluster_id, targets[address])
             dead = {a: self._dead[a] for a in targets if a in self._dead}
-            self._told.update(self._names[a] for a in dead if a in self._names)
+            for a in dead:
+                if a in self._names:
+                    self._told[self._names[a]] = None
             return dead
 
     def unwatch(self, port: int, addresses) -> None:
@@ -116,7 +134,7 @@ class Supervision:
                 self._names[address] = (event.get(events.CLUSTER, ""), mesh, rank)
                 waiting = self._waiting.pop(address, {})
                 if waiting:
-                    self._told.add(self._names[address])
+                    self._told[self._names[address]] = None
                 pending += [(port, cid, base, why) for port, (cid, base) in waiting.items()]
         for address in event["actors"]:  # no socket of any thread keeps reconnecting to them
             sockets.Outbox.discard(address)
