@@ -12,11 +12,19 @@ own stylesheet. The browser part runs JupyterLab with headless Chromium (see
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import psutil
 import pytest
+from selenium.webdriver.common.by import By
 
-from conftest import cluster_processes, wait_until
+from conftest import cluster_processes, pids_alive, wait_until
 from kernels import Kernel
+# The notebook of test_health_browser (spawns procs "browser", shows `cluster`) and its
+# JupyterLab + Chromium fixtures (skipped, saying why, without chromium).
+from test_health_browser import KERNEL_IDLE_JS, NODE, STATE_JS, browser, lab  # noqa: F401
 
+ARTIFACTS = Path(__file__).resolve().parents[1] / ".ci" / "artifacts"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 SHOW_CLUSTER = """\
@@ -95,3 +103,80 @@ def test_a_snapshot_is_sent_once_and_widgets_stay_live_until_the_kernel_goes():
     finally:
         kernel.shutdown()
     assert path and wait_until(lambda: not cluster_processes(path), 30), cluster_processes(path)
+
+
+# -- in JupyterLab ----------------------------------------------------------------------
+# What the output of the `cluster` cell (the notebook's second) shows: its widget nodes,
+# static-HTML nodes, broken-link icons in view, the snapshot line, any error text.
+OUTPUT_JS = """
+const cell = document.querySelectorAll('.jp-Notebook .jp-Cell')[1];
+const out = cell && cell.querySelector('.jp-OutputArea');
+if (!out) return null;
+const visible = e => e && getComputedStyle(e).display !== 'none' && e.getClientRects().length > 0;
+const disconnected = [...out.querySelectorAll('.jupyter-widgets-disconnected')];
+const gone = out.querySelector('.mnb-gone');
+return {
+  text: out.innerText,
+  widget_nodes: [...out.querySelectorAll('.jupyter-widgets [data-mnb-node]')].map(e => e.dataset.mnbNode),
+  html_nodes: [...out.querySelectorAll('.jp-RenderedHTMLCommon [data-mnb-node]')].map(e => e.dataset.mnbNode),
+  disconnected: disconnected.length,
+  icons: disconnected.filter(e => getComputedStyle(e, '::before').display !== 'none').length,
+  gone_note: visible(gone) ? gone.innerText : null,
+};"""
+KERNEL_ID_JS = "return window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.id;"
+
+
+def _run_all_and_wait_healthy(browser) -> None:
+    browser.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells');")
+    assert wait_until(lambda: browser.execute_script(STATE_JS, NODE.format("proc:browser/1")) == "healthy", 90, 0.25), (
+        "the widget never showed proc browser/1 healthy")
+
+
+def test_jupyterlab_shows_the_tree_of_a_restarted_kernel_as_a_snapshot_not_broken_widgets(lab, browser):
+    url, token, server, api = lab
+    browser.get(f"{url}/lab/tree/health.ipynb?token={token}")
+    assert wait_until(lambda: browser.execute_script(KERNEL_IDLE_JS), 90, 0.25), "notebook or kernel never ready"
+    _run_all_and_wait_healthy(browser)
+    live = browser.execute_script(OUTPUT_JS)
+    assert "proc:browser/1" in live["widget_nodes"] and live["disconnected"] == 0 and live["gone_note"] is None
+    behind = [p.pid for p in psutil.Process(server.pid).children(recursive=True)]
+
+    # 1. JupyterLab's own restart (the Restart Kernel command, past its dialog). Lab forgets
+    # the old kernel's requests first, so the kernel's snapshot can't reach the page: the
+    # disconnected widget itself reads as a snapshot.
+    browser.execute_script("window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart();")
+    assert wait_until(lambda: browser.execute_script(OUTPUT_JS)["disconnected"] > 0, 30, 0.1), (
+        "the widgets never turned disconnected")
+    assert wait_until(lambda: browser.execute_script(KERNEL_IDLE_JS), 90, 0.25), "the restarted kernel never ready"
+    after = browser.execute_script(OUTPUT_JS)
+    assert {"proc:browser/0", "proc:browser/1", "mesh:workers"} <= set(after["widget_nodes"]), after
+    assert "browser/1" in after["text"] and "workers" in after["text"]  # readable, not just in the DOM
+    assert after["icons"] == 0, f"{after['icons']} broken-link icons shown"
+    assert after["gone_note"] and "no longer updates" in after["gone_note"]
+    assert "model not found" not in after["text"] and "Error displaying widget" not in after["text"]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(ARTIFACTS / "health_widget_after_lab_restart.png"))
+
+    # 2. A restart through the server's REST API (another client, a script): the page
+    # still listens to the old kernel, and the output becomes the static snapshot.
+    _run_all_and_wait_healthy(browser)  # a new cluster in the new kernel, shown again
+    behind += [p.pid for p in psutil.Process(server.pid).children(recursive=True)]
+    kernel_id = browser.execute_script(KERNEL_ID_JS)
+    api(f"/api/kernels/{kernel_id}/restart", "POST")
+
+    def static():
+        shown = browser.execute_script(OUTPUT_JS)
+        return shown if "proc:browser/1" in shown["html_nodes"] and not shown["widget_nodes"] else None
+
+    snapshot = wait_until(static, 30, 0.1)
+    assert snapshot, f"the output never turned into the static tree: {browser.execute_script(OUTPUT_JS)}"
+    assert "kernel restarted" in snapshot["text"] and "snapshot at " in snapshot["text"]
+    assert "model not found" not in snapshot["text"] and snapshot["icons"] == 0
+    assert wait_until(lambda: browser.execute_script(KERNEL_IDLE_JS), 90, 0.25), "the restarted kernel never ready"
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});",
+                           browser.find_elements(By.CSS_SELECTOR, ".jp-Notebook .jp-Cell")[1])
+    assert browser.save_screenshot(str(ARTIFACTS / "health_snapshot_after_rest_restart.png"))
+
+    for kernel in api("/api/kernels"):
+        api(f"/api/kernels/{kernel['id']}", "DELETE")
+    assert wait_until(lambda: not pids_alive(behind), 60), f"left behind: {pids_alive(behind)}"
