@@ -70,14 +70,5 @@ def show_cluster(cluster) -> None:
         return
     from . import live_displays
 
-    live_displays.show(bundle, lambda why: snapshot_bundle(widget, why))
+    live_displays.show(bundle, widget.snapshot)
 
-
-def snapshot_bundle(widget: HealthWidget, why: str) -> dict:
-    """The static ``text/html`` + ``text/plain`` of the tree ``widget`` (a
-    ``HealthWidget``) shows now, its summary line noting ``why`` it is no longer live."""
-    note = why if widget.ended is None else f"{widget.ended}; {why}"
-    tree = widget.tree
-    if tree is None:
-        return {"text/plain": f"no health tree ({note})"}
-    return {"text/plain": health_view.to_plain(tree, note=note), "text/html": health_view.to_html(tree, note=note)}

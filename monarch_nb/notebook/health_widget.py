@@ -188,6 +188,16 @@ class HealthWidget(VBox):
         else:
             self._show(self.tree, note=reason)
 
+    def snapshot(self, why: str) -> dict:
+        """The tree shown now as static ``text/html`` + ``text/plain`` (no widget), its
+        summary line noting ``why`` it is no longer live (and why updates ended, if
+        they did): what replaces this widget's displays when the kernel goes."""
+        note = why if self.ended is None else f"{self.ended}; {why}"
+        if self.tree is None:
+            return {"text/plain": f"no health tree ({note})"}
+        return {"text/plain": health_view.to_plain(self.tree, note=note),
+                "text/html": health_view.to_html(self.tree, note=note)}
+
     def find(self, key: str) -> _NodeView | None:
         """The view of the node ``key`` (``proc:MESH/RANK``, ...; see
         ``monarch_nb.health_view``), if it is shown (its parents open)."""

@@ -27,8 +27,13 @@ import uuid
 from typing import Callable
 
 _FLUSH_S = 2.0  # how long the kernel waits for the snapshots to leave on IOPub
+# Displays kept live, newest first: each costs a snapshot message when the kernel goes
+# (within the ~5 s a server waits for a kernel to exit), and a re-run cell's old display
+# is usually gone from the page anyway. Older ones stay dead widgets.
+MAX_LIVE = 64
 
 # A static bundle for a display, given why it stops being live ("kernel restarted").
+# Displays sharing an equal snapshot (e.g. the same widget's bound method) share one.
 Snapshot = Callable[[str], dict]
 
 _lock = threading.Lock()
@@ -39,7 +44,8 @@ _watched: set[int] = set()  # ids of the shells whose exit_now is observed
 def show(bundle: dict, snapshot: Snapshot) -> str:
     """Display ``bundle`` (a mime bundle holding a widget view) in the running kernel
     with a new ``display_id``, which is returned; ``snapshot(why)`` gives the static
-    bundle that replaces it when the kernel goes. Needs an IPython kernel."""
+    bundle that replaces it when the kernel goes (for the latest ``MAX_LIVE`` displays).
+    Needs an IPython kernel."""
     from IPython import get_ipython
     from IPython.display import display
 
@@ -49,6 +55,8 @@ def show(bundle: dict, snapshot: Snapshot) -> str:
     display(bundle, raw=True, display_id=display_id)
     with _lock:
         _live[display_id] = (snapshot, parent)
+        while len(_live) > MAX_LIVE:
+            del _live[next(iter(_live))]
         watch = id(shell) not in _watched
         _watched.add(id(shell))
     if watch:  # not the process's exit: a kernel holding a cluster may be killed before that
@@ -78,11 +86,14 @@ def snapshot_all(kernel, restart: bool | None) -> int:
     why = f"snapshot at {time.strftime('%H:%M:%S')}, {event}"
     topic = f"kernel.{getattr(kernel, 'ident', '')}.update_display_data".encode()
     sent = 0
+    made: dict[Snapshot, dict] = {}
     for display_id, (snapshot, parent) in displays:
-        try:
-            data = snapshot(why)
-        except Exception as e:  # one broken display must not keep the others live
-            data = {"text/plain": f"(no snapshot: {type(e).__name__}: {e})"}
+        if snapshot not in made:
+            try:
+                made[snapshot] = snapshot(why)
+            except Exception as e:  # one broken display must not keep the others live
+                made[snapshot] = {"text/plain": f"(no snapshot: {type(e).__name__}: {e})"}
+        data = made[snapshot]
         content = {"data": data, "metadata": {}, "transient": {"display_id": display_id}}
         session.send(iopub, "update_display_data", content, parent=parent, ident=topic)
         sent += 1
