@@ -75,7 +75,7 @@ def test_a_kernel_restart_replaces_the_live_widget_by_a_static_snapshot_of_the_t
     assert path and wait_until(lambda: not cluster_processes(path), 30), cluster_processes(path)
 
 
-def test_a_snapshot_is_sent_once_and_widgets_stay_live_until_the_kernel_goes():
+def test_every_display_of_a_cluster_stays_live_then_turns_into_a_snapshot_at_shutdown():
     kernel = Kernel("monarch")
     path = None
     try:
