@@ -228,10 +228,11 @@ def _line(node: Node) -> str:
     return f"{mark + ' ' if mark else ''}{node.title}" + (f"  {node.text}" if node.text else "")
 
 
-def to_plain(tree: dict, previous: dict | None = None) -> str:
-    """The tree as indented text: a summary line, then every host, proc and actor, then
-    every actor mesh with its actors that are not healthy."""
-    lines = [f"cluster {tree['cluster']} · {tree['summary']}"]
+def to_plain(tree: dict, previous: dict | None = None, note: str | None = None) -> str:
+    """The tree as indented text: a summary line (``note`` after it in parentheses),
+    then every host, proc and actor, then every actor mesh with its actors that are not
+    healthy."""
+    lines = [f"cluster {tree['cluster']} · {tree['summary']}" + (f" ({note})" if note else "")]
 
     def walk(node: Node, depth: int) -> None:
         lines.append("  " * depth + _line(node))
@@ -276,11 +277,12 @@ def label_html(node: Node) -> str:
             f"{'&nbsp;&nbsp;' + text if text else ''}</span></span>")
 
 
-def to_html(tree: dict, previous: dict | None = None) -> str:
+def to_html(tree: dict, previous: dict | None = None, note: str | None = None) -> str:
     """The tree as static HTML (``<details>`` levels a reader can open and close), for
-    places where widgets don't render: nbconvert, GitHub, a saved notebook."""
+    places where widgets don't render: nbconvert, GitHub, a saved notebook. ``note``:
+    see ``summary_html``."""
     out = [f'<div class="mnb-health" data-mnb-cluster="{html.escape(tree["cluster"])}">',
-           f"<div>{summary_html(tree)}</div>"]
+           f"<div>{summary_html(tree, note)}</div>"]
 
     def walk(node: Node) -> None:
         if not node.children:

@@ -4,7 +4,8 @@ At start it loads the ``monarch_nb`` extension (``%monarch`` magics, actor outpu
 under cells) and connects to the retained cluster named by ``MONARCH_NB_CLUSTER``
 (default ``default``) when that cluster is running, binding it to ``cluster`` in the
 user's namespace; the first cell's output says so and how to get mesh handles.
-Shutting the kernel down or restarting it never stops the cluster.
+Shutting the kernel down or restarting it never stops the cluster; live health widgets
+of earlier outputs turn into static snapshots of their trees then.
 """
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ class MonarchKernel(IPythonKernel):
                 f"proc meshes: {', '.join(info['proc_meshes']) or 'none'}, "
                 f"actor meshes: {', '.join(info['actor_meshes']) or 'none'})\n"
                 f"monarch: it is `cluster`; mesh handles: {example}, cluster.proc_meshes[...]")
+
+    def do_shutdown(self, restart):
+        """Before the kernel goes (restart or shutdown; the frontend's request, over the
+        control channel): every live widget display of a cluster turns into a static
+        snapshot of its tree, sent on IOPub before the shutdown reply."""
+        from .notebook import live_displays
+
+        live_displays.snapshot_all(self, restart)
+        return super().do_shutdown(restart)
 
     def _greet(self, info=None) -> None:
         print(self._greeting)

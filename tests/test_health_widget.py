@@ -182,7 +182,10 @@ def test_a_cluster_displayed_in_a_kernel_is_the_live_widget_with_html_and_plain_
                           "print(c.path)").strip()
         msg_id = kernel.execute("c")
         assert kernel.finish(msg_id)["status"] == "ok"
-        [result] = [m["content"]["data"] for m in kernel.outputs[msg_id] if m["msg_type"] == "execute_result"]
+        # display_data with a display_id (so it can be replaced by a snapshot when the kernel goes)
+        [shown] = [m["content"] for m in kernel.outputs[msg_id] if m["msg_type"] == "display_data"]
+        result = shown["data"]
+        assert shown["transient"]["display_id"]
         assert "model_id" in result["application/vnd.jupyter.widget-view+json"]
         assert 'data-mnb-node="proc:shown/1" data-mnb-state="healthy"' in result["text/html"]
         assert "2/2 procs healthy" in result["text/plain"] and "shown/1  healthy" in result["text/plain"]

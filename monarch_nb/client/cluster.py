@@ -363,6 +363,14 @@ class Cluster:
 
         return cluster_mimebundle(self)
 
+    def _ipython_display_(self) -> None:
+        """IPython shows a cluster through this (before ``_repr_mimebundle_``): the same
+        bundle as ``display_data`` with a ``display_id``, so the kernel can replace a
+        live widget by a static snapshot when it restarts."""
+        from ..notebook.display import show_cluster
+
+        show_cluster(self)
+
 
 def _check_start_args(name, hosts, grace_s, idle_timeout) -> None:
     cluster_dir.cluster_path(name)  # TypeError/ValueError for a bad name

@@ -27,6 +27,23 @@ from ..client.health_watch import MIN_INTERVAL_S, TICK_S, HealthWatch
 _TOGGLE_WIDTH = "24px"
 _OPEN, _CLOSED = "▾", "▸"
 
+# When its kernel goes, a frontend keeps the widgets it has but marks every one
+# disconnected (``jupyter-widgets-disconnected``): JupyterLab draws a broken-link icon on
+# each nested widget and the toggles stop answering. A JupyterLab restart drops whatever
+# the dying kernel sends (it forgets the kernel's requests and comms first), so the
+# static snapshot of ``live_displays`` can't reach that page; this stylesheet, part of
+# the widget, makes the disconnected tree read as the snapshot it is instead: no icons,
+# inert toggles, and a line saying the tree is no longer live. Styles only the tree.
+_GONE_HTML = (
+    "<style>"
+    ".mnb-health.jupyter-widgets-disconnected::before,"
+    ".mnb-health .jupyter-widgets-disconnected::before{display:none}"
+    ".mnb-health.jupyter-widgets-disconnected>.mnb-gone{display:flex!important;color:#757575}"
+    ".mnb-health.jupyter-widgets-disconnected .widget-button{pointer-events:none;opacity:0.4}"
+    "</style>"
+    "snapshot: the kernel that drew this tree has restarted or shut down, so it no longer "
+    "updates; display the cluster again for a live tree")
+
 
 class _NodeView:
     """The widgets of one node: its line (a toggle for nodes that can have children,
@@ -131,11 +148,14 @@ class HealthWidget(VBox):
                  min_interval_s: float = MIN_INTERVAL_S):
         self._lock = threading.RLock()
         self._summary = HTML(f"cluster <b>{html.escape(cluster.name)}</b>: asking the hub…")
+        # Hidden (its stylesheet applies all the same) until the kernel has gone.
+        self._gone = HTML(_GONE_HTML, layout=Layout(display="none"))
+        self._gone.add_class("mnb-gone")
         self._views: dict[str, _NodeView] = {}
         self._previous: dict | None = None
         self.tree: dict | None = None
         self.ended: str | None = None
-        super().__init__([self._summary], layout=Layout(overflow="auto"))
+        super().__init__([self._summary, self._gone], layout=Layout(overflow="auto"))
         self.add_class("mnb-health")
         if initial is not None:
             self._show(initial)
@@ -155,7 +175,7 @@ class HealthWidget(VBox):
             if self._summary.value != summary:
                 self._summary.value = summary
             kept = self._views = _reconcile(self._views, health_view.nodes(tree, self._previous), self._lock)
-            children = (self._summary, *(v.widget for v in kept.values()))
+            children = (self._summary, self._gone, *(v.widget for v in kept.values()))
             if self.children != children:
                 self.children = children
 
@@ -167,6 +187,16 @@ class HealthWidget(VBox):
             self._show(health_view.as_stopped(self.tree))
         else:
             self._show(self.tree, note=reason)
+
+    def snapshot(self, why: str) -> dict:
+        """The tree shown now as static ``text/html`` + ``text/plain`` (no widget), its
+        summary line noting ``why`` it is no longer live (and why updates ended, if
+        they did): what replaces this widget's displays when the kernel goes."""
+        note = why if self.ended is None else f"{self.ended}; {why}"
+        if self.tree is None:
+            return {"text/plain": f"no health tree ({note})"}
+        return {"text/plain": health_view.to_plain(self.tree, note=note),
+                "text/html": health_view.to_html(self.tree, note=note)}
 
     def find(self, key: str) -> _NodeView | None:
         """The view of the node ``key`` (``proc:MESH/RANK``, ...; see
@@ -198,6 +228,7 @@ class HealthWidget(VBox):
                 view.close()
             self._views = {}
             self._summary.close()
+            self._gone.close()
             super().close()
 
 
