@@ -278,7 +278,7 @@ class HostAgent:
         self.exited[proc_id] = code
         try:
             if self.leaving is not None:
-                await self.leaving
+                await asyncio.shield(self.leaving)  # a cancelled waiter must not cancel it for the others
                 if self.hub_told:
                     return  # the hub failed this host's procs already, naming why
             await self.net.send(self.hub, {envelope.OP: hub_ops.PROC_EXITED, agent_ops.PROC_ID: proc_id,
