@@ -469,7 +469,7 @@ class ActorThread:
     def _run_endpoint(self, method, name: str, args, kwargs):
         try:
             result = method(*args, **kwargs)
-            if inspect.isawaitable(result):  # run to completion before the next message
+            if result is not None and inspect.isawaitable(result):  # run to completion before the next message
                 if self._loop is None:
                     self._loop = asyncio.new_event_loop()
                 result = self._loop.run_until_complete(result)

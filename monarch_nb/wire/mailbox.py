@@ -172,8 +172,9 @@ class Mailbox:
 
 
 @checkpoint
-def _poll(inbox: zmq.Socket, timeout_ms: int) -> int:
-    return inbox.poll(timeout_ms)
+def _poll(inbox: zmq.Socket, timeout_ms: int) -> bool:
+    # zmq_poll itself: Socket.poll builds a Poller (three Python calls) for every wait.
+    return bool(zmq.zmq_poll([(inbox, _POLLIN)], timeout_ms))
 
 
 class _AsyncWaiter:
