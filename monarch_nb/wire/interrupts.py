@@ -29,7 +29,7 @@ Marks cost nothing at run time: they are looked up only when an interrupt arrive
 
 from __future__ import annotations
 
-import _signal
+import _signal  # type: ignore[import-not-found]  # signal.py's C half: no stubs
 import _thread
 import os
 import signal
