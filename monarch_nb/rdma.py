@@ -13,7 +13,10 @@ Two backends, picked per transfer (:func:`get_rdma_backend` says which this host
   speed; the owner does nothing). Linux allows it between processes of the same user
   (and under Yama's ptrace_scope 0); a probe at import decides.
 - ``"tcp"``: otherwise. The owner's process serves its buffers from one IO thread of its
-  own (never an actor's thread), over signed frames like every message.
+  own (never an actor's thread), over signed frames like every message. A transfer goes
+  in chunks of ``TCP_CHUNK`` bytes, ``TCP_WINDOW`` of them in flight, so that one
+  chunk's signing, checking and copying overlap the next one's trip, and neither side
+  holds more than the window in frames.
 
 Liveness is checked on every transfer, before and after the copy: each registered
 buffer has a random 64-bit token in the owner's memory that :meth:`RDMABuffer.drop`
@@ -52,6 +55,8 @@ from .wire.remote_error import unpack_exception
 __all__ = ["RDMAAction", "RDMABuffer", "get_rdma_backend", "is_rdma_available"]
 
 _CHUNK = 64 << 20  # bytes per system call: a timeout is checked between chunks
+TCP_CHUNK = 16 << 20  # bytes per request of a "tcp" transfer
+TCP_WINDOW = 4  # requests of one transfer in flight at once
 
 
 class _IOVec(ctypes.Structure):
@@ -197,12 +202,16 @@ class _Registry:
                 if entry is None:
                     raise RuntimeError("the RDMABuffer was dropped by its owner")
                 addr, size, _, _ = entry
+                offset = header.get(rdma_ops.OFFSET, 0)
+                length = header.get(rdma_ops.LENGTH, size - offset)
+                if not (isinstance(offset, int) and isinstance(length, int)
+                        and 0 <= offset and 0 <= length and offset + length <= size):
+                    raise ValueError(f"range {offset}+{length} is outside the {size}-byte RDMABuffer")
                 if header[envelope.OP] == rdma_ops.READ:
-                    value = (ctypes.c_char * size).from_address(addr)
-                    value = memoryview(value).cast("B")
+                    value = memoryview((ctypes.c_char * length).from_address(addr + offset)).cast("B")
                 else:
                     data = memoryview(message.value()).cast("B")
-                    ctypes.memmove(addr, _local_memory(data, False)[0], min(size, data.nbytes))
+                    ctypes.memmove(addr + offset, _local_memory(data, False)[0], min(length, data.nbytes))
             except Exception as e:  # noqa: BLE001 - every failure goes back to the reader
                 error = e
             try:
@@ -309,23 +318,43 @@ class RDMABuffer:
             self._over_tcp(local, nbytes, write, deadline)
 
     def _over_tcp(self, local: int, nbytes: int, write: bool, deadline: float) -> None:
+        """Move ``nbytes`` in chunks of ``TCP_CHUNK``, ``TCP_WINDOW`` requests in flight;
+        each answer names its chunk (as its port), and a read's is copied to its place
+        as it lands."""
         inbox, address = sockets.bind_inbox()
-        outbox = sockets.Outbox()
+        outbox, guard = sockets.Outbox(), wire_frames.ReplayGuard()
+        ranges = [(start, min(TCP_CHUNK, nbytes - start)) for start in range(0, nbytes, TCP_CHUNK)]
+        op = rdma_ops.WRITE if write else rdma_ops.READ
         try:
-            header = {envelope.OP: rdma_ops.WRITE if write else rdma_ops.READ, rdma_ops.TOKEN: self._token,
-                      envelope.REPLY: address, envelope.PORT: 0}
-            data = memoryview((ctypes.c_char * nbytes).from_address(local)).cast("B") if write else None
-            outbox.send(self._server, wire_frames.encode_value(self._cluster, header, data))
-            while not inbox.poll(int(max(0.0, min(deadline - time.monotonic(), 0.5)) * 1000)):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"RDMA transfer with {self!r} timed out; cancelled")
-                self._check_owner()
-            message = wire_frames.decode(sockets.recv_frames(inbox), None)
-            value = message.value()
-            if not message.header[envelope.OK]:
-                raise unpack_exception(value)[0]
-            if not write:
-                ctypes.memmove(local, _local_memory(memoryview(value).cast("B"), False)[0], nbytes)
+            sent, answered = 0, set[int]()
+            while len(answered) < len(ranges):
+                while sent < len(ranges) and sent - len(answered) < TCP_WINDOW:
+                    start, length = ranges[sent]
+                    header = {envelope.OP: op, rdma_ops.TOKEN: self._token, rdma_ops.OFFSET: start,
+                              rdma_ops.LENGTH: length, envelope.REPLY: address, envelope.PORT: sent}
+                    data = memoryview((ctypes.c_char * length).from_address(local + start)).cast("B") \
+                        if write else None
+                    outbox.send(self._server, wire_frames.encode_value(self._cluster, header, data))
+                    sent += 1
+                while not inbox.poll(int(max(0.0, min(deadline - time.monotonic(), 0.5)) * 1000)):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"RDMA transfer with {self!r} timed out after {len(answered)} of "
+                                           f"{len(ranges)} chunks; cancelled")
+                    self._check_owner()
+                try:
+                    message = wire_frames.decode(sockets.recv_frames(inbox), guard)
+                except wire_frames.BadMessage:
+                    continue  # counted; never acted on
+                value = message.value()
+                if not message.header[envelope.OK]:
+                    raise unpack_exception(value)[0]
+                chunk = message.header[envelope.PORT]
+                if chunk in answered or not 0 <= chunk < sent:
+                    continue
+                if not write:
+                    start, length = ranges[chunk]
+                    ctypes.memmove(local + start, _local_memory(memoryview(value).cast("B"), False)[0], length)
+                answered.add(chunk)
         finally:
             outbox.close_thread_sockets()
             inbox.close(0)

@@ -44,6 +44,19 @@ def test_a_buffer_an_actor_owns_is_read_and_written_one_sided(holders, backend):
     assert owner.contents.call_one().get()[:1001] == b"\x07" * 1000 + _EXPECTED[1000:1001]
 
 
+def test_tcp_transfers_in_many_chunks_land_each_chunk_in_its_place(holders, monkeypatch):
+    monkeypatch.setattr(rdma, "_BACKEND", "tcp")
+    monkeypatch.setattr(rdma, "TCP_CHUNK", 100_000)  # 1 MiB: 10 full chunks and a short one, 4 in flight
+    owner = holders.slice(gpus=0)
+    buffer = owner.create.call_one().get()
+    dst = torch.zeros(len(_EXPECTED), dtype=torch.uint8)
+    buffer.read_into(dst).get(timeout=30)
+    assert bytes(dst.numpy()) == _EXPECTED
+    src = bytes(range(251)) * 1200  # 301,200 bytes: 3 full chunks and a short one
+    buffer.write_from(memoryview(src)).get(timeout=30)
+    assert owner.contents.call_one().get() == src + _EXPECTED[len(src):]
+
+
 def test_an_actor_reads_a_buffer_the_client_owns_and_one_another_actor_owns(holders):
     weights = torch.arange(1 << 18, dtype=torch.float32)
     mine = RDMABuffer(weights.view(torch.uint8))

@@ -110,6 +110,23 @@ def test_bytes_bytearray_and_memoryview_travel_out_of_band_and_keep_their_type()
     assert not got[2].readonly and got[2].obj is not None
 
 
+def test_builtin_data_round_trips_with_its_types_and_large_bytes_inside_still_go_out_of_band():
+    small = {"step": 1, 2: (None, True, 2.5, "s", b"b", bytearray(b"ba")), "xs": [1.0, [2, (3,)]]}
+    stream, buffers = serialize.dumps(small)
+    assert not buffers and serialize.loads(stream) == small
+    back = serialize.loads(stream)
+    assert [type(v) for v in back[2]] == [type(None), bool, float, str, bytes, bytearray]
+    assert type(back["xs"][1][1]) is tuple
+    big = bytes(1 << 17)
+    stream, buffers = serialize.dumps({"small": small, "big": [big]})
+    assert len(buffers) == 1 and len(stream) < 4096
+    assert serialize.loads(stream, [b.raw() for b in buffers])["big"][0] == big
+    loop: list = []
+    loop.append(loop)
+    back = _round_trip(loop)
+    assert back[0] is back
+
+
 def test_small_and_strided_memoryviews_round_trip():
     for view in (memoryview(b"abc"), memoryview(bytes(200_000))[::2], memoryview(bytearray(b"xy"))):
         back = _round_trip(view)

@@ -76,10 +76,10 @@ class ActorMesh(MeshHandle, Generic[A]):
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(self._endpoints))
 
-    def _track(self, view_ranks: list[int], future: "Future") -> None:
-        """Count ``future`` as outstanding on those actors until it is done (for choose)."""
+    def _track(self, base: list[int], future: "Future") -> None:
+        """Count ``future`` as outstanding on the actors of base ranks ``base`` until it is
+        done (for choose)."""
         lock, load = self._load()
-        base = [self._shape.base_rank(r) for r in view_ranks]
         with lock:
             for b in base:
                 load[b] = load.get(b, 0) + 1

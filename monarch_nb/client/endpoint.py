@@ -57,11 +57,15 @@ class Endpoint(Generic[P, R]):
 
     # sending: protected, so that Ctrl-C never sends a call to only some of its ranks,
     # or sends one whose reply has no port yet (``wire.interrupts``) --------------------
+    def _addresses_of(self, view_ranks: list[int]) -> list[str]:
+        mesh = self._mesh
+        return [mesh._addresses[mesh._shape.base_rank(r)] for r in view_ranks]
+
     @protected
-    def _send(self, view_ranks: list[int], args: tuple, kwargs: dict, gather: Gather | None = None,
+    def _send(self, addresses: list[str], args: tuple, kwargs: dict, gather: Gather | None = None,
               route: dict | None = None) -> None:
-        """Pickle and sign the arguments once; send them to every actor in ``view_ranks``,
-        replies routed by ``route`` (none for broadcast)."""
+        """Pickle and sign the arguments once; send them to the actors at ``addresses``
+        (see :meth:`_addresses_of`), replies routed by ``route`` (none for broadcast)."""
         mesh = self._mesh
         rt = runtime()
         rt.supervision.raise_armed(mesh._cluster_id, mesh._name)
@@ -73,7 +77,6 @@ class Endpoint(Generic[P, R]):
             header.update(route)
         frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
                                           what=f"an argument of {mesh._name}.{self._name}")
-        addresses = [mesh._addresses[mesh._shape.base_rank(r)] for r in view_ranks]
         (gather or Gather(rt.mailbox)).send(addresses, frames)
 
     @protected
@@ -84,14 +87,16 @@ class Endpoint(Generic[P, R]):
         rt = runtime()
         supervision = rt.supervision
         future: Future = Future(rt, f"{mesh._name}.{self._name}")
-        by_base = {mesh._shape.base_rank(r): i for i, r in enumerate(view_ranks)}
+        shape, addresses = mesh._shape, mesh._addresses
+        bases = [shape.base_rank(r) for r in view_ranks]
+        by_base = {b: i for i, b in enumerate(bases)}
         results: list[Any] = [None] * len(view_ranks)
         failures: dict[int, RemoteFailure] = {}
         remaining = [len(view_ranks)]
 
         answered: set[int] = set()
         dead_ranks: set[int] = set()  # failed by supervision (not an endpoint that raised)
-        targets = {mesh._addresses[b]: b for b in by_base}
+        targets = {addresses[b]: b for b in bases}
 
         @protected
         def on_reply(_key, message: wire_frames.Message) -> None:
@@ -134,15 +139,14 @@ class Endpoint(Generic[P, R]):
         port = route[envelope.PORT]
         dead = supervision.watch(mesh._cluster_id, port, targets)
         try:
-            self._send([r for r in view_ranks if mesh._addresses[mesh._shape.base_rank(r)] not in dead],
-                       args, kwargs, gather, route)
+            self._send([addresses[b] for b in bases if addresses[b] not in dead], args, kwargs, gather, route)
         except BaseException:
             gather.close()
             supervision.unwatch(port, targets)
             raise
         for address, why in dead.items():
             supervision.fail(mesh._cluster_id, port, targets[address], why)
-        mesh._track(view_ranks, future)
+        mesh._track(bases, future)
         future._cycle = self._cycle_error(targets)
         rt.in_flight.add(future, Call(mesh, self._name, rt.cell, (route[envelope.REPLY], port),
                                       lambda: [b for b, i in by_base.items() if i not in answered]))
@@ -245,7 +249,7 @@ class Endpoint(Generic[P, R]):
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every actor without waiting for or returning results (fire and
         forget). An exception in the endpoint is printed to that proc's stderr."""
-        self._send(list(range(len(self._mesh))), args, kwargs)
+        self._send(self._addresses_of(list(range(len(self._mesh)))), args, kwargs)
 
 
 class EndpointProperty(Protocol[P, R]):
@@ -317,7 +321,7 @@ def send(endpoint: Endpoint, args: tuple, kwargs: dict, port: Port | None = None
     mesh = endpoint._mesh
     ranks = list(range(len(mesh))) if selection == "all" else [mesh._least_loaded()]
     route = None if port is None else {envelope.PORT: port.port, envelope.REPLY: port.address}
-    endpoint._send(ranks, args, kwargs, route=route)
+    endpoint._send(endpoint._addresses_of(ranks), args, kwargs, route=route)
 
 
 def _paused_ranks_hint(mesh: "ActorMesh", by_base: dict[int, int]) -> str:

@@ -114,11 +114,12 @@ class Point(Mapping):
     ``point.rank`` is the row-major index; ``point.extent`` the extent it lives in.
     """
 
-    __slots__ = ("_coords", "_extent")
+    __slots__ = ("_coords", "_extent", "_rank")
 
     def __init__(self, coords: tuple[int, ...], extent: Extent):
         self._coords = tuple(coords)
         self._extent = extent
+        self._rank: int | None = None  # computed on first use (an actor's replies all name it)
 
     @property
     def extent(self) -> Extent:
@@ -126,9 +127,12 @@ class Point(Mapping):
 
     @property
     def rank(self) -> int:
-        rank = 0
-        for i, size in zip(self._coords, self._extent.sizes):
-            rank = rank * size + i
+        rank = self._rank
+        if rank is None:
+            rank = 0
+            for i, size in zip(self._coords, self._extent._sizes):
+                rank = rank * size + i
+            self._rank = rank
         return rank
 
     def __getitem__(self, label: str) -> int:

@@ -98,6 +98,7 @@ class ActorThread:
         self._has_cleanup = False
         self._survives: type[Actor] = Actor  # its class, for the supervision options (Actor: Monarch's rules)
         self.address: str | None = None
+        self._own_chain: call_chain.Chain | None = None  # this actor alone (made once its address is known)
         self.busy = False  # handling a message (an interrupt is delivered only then)
         self._running = 0  # calls in progress (several for an async actor's concurrent endpoints)
         self.calls = 0  # endpoint calls begun: tells an interrupt meant for one call from the next
@@ -339,8 +340,13 @@ class ActorThread:
     def chain(self, message: wire_frames.Message, holds: bool) -> call_chain.Chain:
         """The chain of actors waiting on the call ``message`` asks for, this one
         included when the call ``holds`` it (``proc.call_chain``)."""
-        return call_chain.extend(message.header.get(proc_ops.CHAIN), self.address,
-                                 f"{self.mesh_name}[{self.point.rank}]", holds)
+        incoming = message.header.get(proc_ops.CHAIN)
+        if not incoming and holds and self._own_chain is not None:  # a call from a client: the usual case
+            return self._own_chain
+        chain = call_chain.extend(incoming, self.address, f"{self.mesh_name}[{self.point.rank}]", holds)
+        if not incoming and holds and self.address is not None:
+            self._own_chain = chain
+        return chain
 
     def _supervise_message(self, instance, message: wire_frames.Message, reply_to) -> None:
         self._supervise(instance, message.header[proc_ops.FAILURE], reply_to)
@@ -463,7 +469,7 @@ class ActorThread:
     def _run_endpoint(self, method, name: str, args, kwargs):
         try:
             result = method(*args, **kwargs)
-            if inspect.isawaitable(result):  # run to completion before the next message
+            if result is not None and inspect.isawaitable(result):  # run to completion before the next message
                 if self._loop is None:
                     self._loop = asyncio.new_event_loop()
                 result = self._loop.run_until_complete(result)

@@ -4,7 +4,9 @@ header keys."""
 from __future__ import annotations
 
 # Ops (header key ``envelope.OP``); each answered with OK, or an error.
-READ = "rdma_read"  # reply: the buffer's bytes
-WRITE = "rdma_write"  # body: the bytes to write at the buffer's start
+READ = "rdma_read"  # reply: the bytes of the buffer's range
+WRITE = "rdma_write"  # body: the bytes to write at the range's start
 
 TOKEN = "token"  # which registered buffer (its random token)
+OFFSET = "offset"  # where the range starts in the buffer (bytes; absent: 0)
+LENGTH = "length"  # how long it is (bytes; absent: to the buffer's end)

@@ -63,7 +63,7 @@ BLAKE3_MIN_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class _Keys:
-    hmac: "hmac.HMAC"  # keyed, to copy() per message
+    hmac: Any  # a keyed HMAC-SHA256 object, to copy() per message
     blake3: bytes  # 32 bytes, derived from the cluster's key
 
 
@@ -80,7 +80,10 @@ def max_message_bytes() -> int:
 
 def register_key(cluster_id: str, key: bytes) -> None:
     """Trust ``key`` for messages of ``cluster_id`` (both signing and verifying)."""
-    _keys[cluster_id.encode()] = _Keys(hmac.new(key, digestmod=hashlib.sha256),
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    # hmac.HMAC wraps OpenSSL's HMAC object in Python methods (copy, update, digest: a
+    # dozen calls for each small message); use that object itself where there is one.
+    _keys[cluster_id.encode()] = _Keys(getattr(mac, "_hmac", None) or mac,
                                        hmac.digest(key, b"monarch_nb large frames, keyed BLAKE3", "sha256"))
 
 

@@ -29,6 +29,7 @@ Marks cost nothing at run time: they are looked up only when an interrupt arrive
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal.py's C half: no stubs
 import _thread
 import os
 import signal
@@ -127,6 +128,7 @@ def _start_redeliverer() -> None:
 
 
 _wake_pid = -1
+_SIGINT = int(signal.SIGINT)
 
 
 def _set_pid() -> None:
@@ -141,7 +143,9 @@ def guard_main_thread() -> None:
     critical section that may run on the main thread."""
     if threading.get_ident() != _main_ident:
         return
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    # _signal's getsignal: signal.getsignal wraps the answer in an enum by raising and
+    # catching a ValueError, which costs more than the rest of a small call's send.
+    if _signal.getsignal(_SIGINT) is signal.default_int_handler:
         _start_redeliverer()
         try:
             signal.signal(signal.SIGINT, _on_sigint)

@@ -30,7 +30,7 @@ from . import sockets
 from .interrupts import checkpoint, guard_main_thread, protected, sleep_on
 
 # Plain ints: pyzmq's enum arithmetic is a measurable part of a round trip.
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 _CHUNK_S = 0.05  # how long one holder of the inbox polls before re-checking
 CHECK_S = 0.5  # how often a request's ``check`` runs while it waits
 
@@ -132,9 +132,13 @@ class Mailbox:
                 poll_ms = max(1, min(int(remaining * 1000), int(_CHUNK_S * 1000)))
             if not _poll(inbox, poll_ms):
                 continue
-            # Drain what is queued; checking EVENTS is cheaper than a failing recv.
-            while inbox.getsockopt(_EVENTS) & _POLLIN:
-                self._dispatch(sockets.recv_frames(inbox, zmq.NOBLOCK))
+            # Drain what is queued while this wait is not over (checking EVENTS is cheaper
+            # than a failing recv); a wait for one reply asks no EVENTS at all. What stays
+            # queued is found by the next poll, of whichever thread waits next.
+            while True:
+                self._dispatch(sockets.recv_frames(inbox, _NOBLOCK))
+                if done() or not inbox.getsockopt(_EVENTS) & _POLLIN:
+                    break
 
     def _dispatch(self, frames: list) -> None:
         try:
@@ -168,8 +172,9 @@ class Mailbox:
 
 
 @checkpoint
-def _poll(inbox: zmq.Socket, timeout_ms: int) -> int:
-    return inbox.poll(timeout_ms)
+def _poll(inbox: zmq.Socket, timeout_ms: int) -> bool:
+    # zmq_poll itself: Socket.poll builds a Poller (three Python calls) for every wait.
+    return bool(zmq.zmq_poll([(inbox, _POLLIN)], timeout_ms))
 
 
 class _AsyncWaiter:

@@ -73,7 +73,14 @@ def bind_inbox(ctx: zmq.Context | None = None, prefer: str | None = None) -> tup
 
 def recv_frames(sock: zmq.Socket, flags: int = 0) -> list:
     """Receive one frame set; large frames stay zero-copy ``zmq.Frame`` objects."""
-    return sock.recv_multipart(flags, copy=False)
+    # As recv_multipart(copy=False), asking each frame whether more follow instead of
+    # the socket (getsockopt(RCVMORE) through pyzmq's enum layer, once per frame).
+    frame = sock.recv(flags, copy=False)
+    frames = [frame]
+    while frame.more:  # the rest of a frame set is there once its first frame is
+        frame = sock.recv(flags, copy=False)
+        frames.append(frame)
+    return frames
 
 
 class _ThreadSockets:
@@ -82,13 +89,13 @@ class _ThreadSockets:
     around every use and close: zmq sockets may change threads only across such a
     barrier, and a socket must not be closed in the middle of a send."""
 
-    __slots__ = ("lock", "sockets", "used", "pid", "__weakref__")
+    __slots__ = ("lock", "sockets", "used", "forks", "__weakref__")
 
     def __init__(self):
         self.lock = threading.Lock()
         self.sockets: dict[str, zmq.Socket] = {}
         self.used: dict[str, float] = {}  # address -> when last sent to (monotonic)
-        self.pid = os.getpid()
+        self.forks = _forks  # made in this process: no fork since
 
     def close(self, address: str, linger: int | None = None) -> None:
         """Close the socket to ``address`` if there is one; the caller holds ``lock``.
@@ -106,9 +113,15 @@ _tables_lock = threading.Lock()
 _next_sweep = time.monotonic() + IDLE_SOCKET_S
 
 
+# Forks this process went through: a thread's table made before the latest one holds
+# the parent's sockets. (Counted rather than comparing os.getpid(), a system call per send.)
+_forks = 0
+
+
 def _after_fork_in_child() -> None:
-    global _tables, _tables_lock
+    global _tables, _tables_lock, _forks
     _tables, _tables_lock = weakref.WeakSet(), threading.Lock()  # the parent's sockets are not ours
+    _forks += 1
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -145,7 +158,7 @@ class Outbox:
     def _table(self) -> _ThreadSockets:
         """This thread's sockets (made and registered on first use in a process)."""
         table = getattr(self._local, "table", None)
-        if table is None or table.pid != os.getpid():
+        if table is None or table.forks != _forks:
             table = self._local.table = _ThreadSockets()
             with _tables_lock:
                 _tables.add(table)
@@ -184,7 +197,7 @@ class Outbox:
         try:
             with table.lock:
                 sock = self._socket(table, address, now)
-                if sum(memoryview(f).nbytes for f in buffers) < zmq.COPY_THRESHOLD:
+                if not buffers or sum(memoryview(f).nbytes for f in buffers) < zmq.COPY_THRESHOLD:
                     # send_multipart's per-frame enum arithmetic costs more than a small send.
                     for frame in frames[:-1]:
                         sock.send(frame, _SNDMORE)
