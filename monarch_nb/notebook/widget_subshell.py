@@ -37,6 +37,12 @@ import functools
 import inspect
 import logging
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a mixin of it; not imported at run time (the health widget imports mark)
+    from ipykernel.ipkernel import IPythonKernel as _Kernel
+else:
+    _Kernel = object
 
 CONTROL_TARGET = "jupyter.widget.control"
 _MARK = "_monarch_nb_widget_subshell"  # set on the kernel-side comm object of a marked widget
@@ -72,7 +78,7 @@ def _retried(read):
     return again
 
 
-class WidgetSubshellKernel:
+class WidgetSubshellKernel(_Kernel):
     """Mixin for an ipykernel kernel (before ``IPythonKernel`` in the bases): the widget
     subshell described above. ``widget_subshell_id``: its id once open (``None``
     before, and in a kernel that cannot have one)."""
@@ -122,42 +128,43 @@ class WidgetSubshellKernel:
     def _for_widget_subshell(self, msg) -> list | None:
         """The frames to send to the widget subshell (``msg``, or ``msg`` with the
         subshell's id in its header, re-signed), or ``None`` to route as ipykernel does."""
-        if self.widget_subshell_id is None or self.session is None:
+        session = self.session
+        if self.widget_subshell_id is None or session is None:
             return None
         try:
-            idents, rest = self.session.feed_identities(msg, copy=False)
-            header = self.session.deserialize(rest, content=False, copy=False)["header"]
+            idents, rest = session.feed_identities(msg, copy=False)
+            header = session.deserialize(rest, content=False, copy=False)["header"]
             msg_type, on_main = header["msg_type"], header.get("subshell_id") is None
             if msg_type in ("kernel_info_request", "comm_info_request"):
-                return self._addressed(idents, rest) if on_main else None
+                return self._addressed(session, idents, rest) if on_main else None
             if msg_type not in _COMM_TYPES:
                 return None
-            content = self.session.unpack(_bytes(rest[4]))
+            content = session.unpack(_bytes(rest[4]))
             comm_id = content.get("comm_id")
             if msg_type == "comm_open":
                 if not (on_main and content.get("target_name") == CONTROL_TARGET):
                     return None
                 self._control_comms.add(comm_id)
-                return self._addressed(idents, rest)
+                return self._addressed(session, idents, rest)
             if comm_id in self._control_comms:
                 if msg_type == "comm_close":
                     self._control_comms.discard(comm_id)
                 return msg
             comm = self.comm_manager.comms.get(comm_id)
             return msg if getattr(comm, _MARK, False) else None
-        except Exception:  # malformed: let ipykernel's routing report it
+        except Exception:  # malformed or badly signed (deserialize checks): ipykernel's routing reports it
             return None
 
-    def _addressed(self, idents: list, rest: list) -> list:
+    def _addressed(self, session, idents: list, rest: list) -> list:
         """The message with the widget subshell's id in its header (ipykernel checks that
         a non-comm message names the subshell that handles it), signed anew."""
         from jupyter_client.session import DELIM
 
         parts = [_bytes(frame) for frame in rest]  # signature, header, parent, metadata, content, buffers
-        header = self.session.unpack(parts[1])
+        header = session.unpack(parts[1])
         header["subshell_id"] = self.widget_subshell_id
-        parts[1] = self.session.pack(header)
-        parts[0] = self.session.sign(parts[1:5])
+        parts[1] = session.pack(header)
+        parts[0] = session.sign(parts[1:5])
         return [*idents, DELIM, *parts]
 
     async def shell_main(self, subshell_id, msg):
