@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 from jupyter_client import BlockingKernelClient
+from selenium.webdriver.common.by import By
 
 from conftest import cluster_processes, wait_until
 from kernels import Kernel
@@ -42,7 +43,7 @@ gate = procs.spawn("gate", Gate)
 c = default_cluster()
 """
 
-BLOCKING_CELL = "gate.slice(gpus=0).wait_for.call_one({started!r}, {release!r}, 120).get()"
+BLOCKING_CELL = "blocked = gate.slice(gpus=0).wait_for.call_one({started!r}, {release!r}, 120).get()\nblocked"
 
 
 class SecondFrontend:
@@ -230,3 +231,54 @@ def _put_notebook(url: str, token: str, name: str, cells: list[str]) -> None:
                                      headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=10):
         pass
+
+
+KERNEL_READY_JS = """
+const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+return !!(k && k.status === 'idle' && w.context.path === arguments[0]);"""
+AFTER_THE_CELL_JS = """
+const done = arguments[arguments.length - 1];
+const kernel = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+const future = kernel.requestExecute({code: arguments[0]});
+let out = "";
+future.onIOPub = m => { if (m.header.msg_type === 'stream') out += m.content.text; };
+future.done.then(() => done(out), e => done('failed: ' + e));"""
+OUTPUTS_JS = "return Array.from(document.querySelectorAll('.jp-OutputArea-output')).map(n => n.textContent);"
+
+
+def test_a_reloaded_page_shows_the_tree_while_a_cell_blocks(lab, browser, tmp_path):
+    url, token, server, api = lab
+    started, release = tmp_path / "started", tmp_path / "release"
+    _put_notebook(url, token, "blocking.ipynb",
+                  [SETUP, "c", BLOCKING_CELL.format(started=str(started), release=str(release))])
+    browser.get(f"{url}/lab/tree/blocking.ipynb?token={token}")
+    assert wait_until(lambda: browser.execute_script(KERNEL_READY_JS, "blocking.ipynb"), 90, 0.25), (
+        "notebook or kernel never ready")
+    browser.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells');")
+    proc = NODE.format("proc:blk/1")
+    assert wait_until(lambda: browser.execute_script(STATE_JS, proc) == "healthy", 90, 0.25)
+    assert wait_until(started.exists, 60, 0.1), "the blocking cell never started its call"
+    # Saved with the tree's output (a reloaded page reads the notebook from disk).
+    browser.execute_script("return window.jupyterapp.commands.execute('docmanager:save');")
+    assert wait_until(lambda: not browser.execute_script(
+        "return window.jupyterapp.shell.currentWidget.context.model.dirty;"), 30, 0.1)
+
+    try:
+        browser.refresh()
+        shown = wait_until(lambda: browser.execute_script(STATE_JS, proc) == "healthy", 30, 0.25)
+        outputs = browser.execute_script(OUTPUTS_JS)
+        assert shown, f"the tree did not render while the cell ran; outputs: {outputs}"
+        assert not any("Loading widget" in text for text in outputs)
+        assert not release.exists()  # the cell still blocks
+        # Its levels open and close meanwhile.
+        mesh_toggle = browser.find_element(By.XPATH, '//*[@data-mnb-node="mesh:gate"]'
+                                                     '/ancestor::div[contains(@class, "widget-hbox")][1]//button')
+        mesh_toggle.click()
+        assert wait_until(lambda: browser.execute_script(STATE_JS, NODE.format("mesh:gate/1")) is not None, 30, 0.1)
+    finally:
+        release.touch()
+    # The cell ends normally; its result shows in the page that ran it (a page shows the
+    # output of its own requests only), so this page asks for it.
+    browser.set_script_timeout(90)
+    assert browser.execute_async_script(AFTER_THE_CELL_JS, "print(blocked)") == "released\n"
