@@ -221,6 +221,39 @@ def test_the_users_own_widgets_still_wait_for_the_cell_and_run_in_the_main_threa
     assert kernel.run("print(clicks)").strip() == "[('MainThread', True)]"
 
 
+def test_widget_states_are_answered_while_another_thread_makes_widgets(shown, tmp_path):
+    kernel, tree_id = shown
+    # A user's thread that keeps making and closing widgets (as a progress bar or a
+    # callback may, while the cell blocks): the registries the answers read keep changing.
+    kernel.run("import ipywidgets, threading\n"
+               "churning = threading.Event()\n"
+               "def churn():\n"
+               "    while not churning.is_set():\n"
+               "        ipywidgets.HTML('x').close()\n"
+               "        churning.wait(0.02)\n"
+               "threading.Thread(target=churn, daemon=True).start()")
+    msg_id, release = _block(kernel, tmp_path)
+    frontend = SecondFrontend(kernel)
+    try:
+        assert wait_until(lambda: frontend.comm_info(2), 20, 0)
+        for _ in range(30):
+            assert tree_id in (frontend.comm_info(10) or {}), "a comm_info_request went unanswered"
+            control = uuid.uuid4().hex
+            frontend.send("comm_open", {"comm_id": control, "target_name": "jupyter.widget.control", "data": {}},
+                          metadata={"version": "1.0.0"})
+            frontend.send("comm_msg", {"comm_id": control, "data": {"method": "request_states"}})
+            reply = frontend.wait_iopub(lambda m: m["msg_type"] == "comm_msg"
+                                        and m["content"]["comm_id"] == control, 10)
+            assert reply is not None and tree_id in reply["content"]["data"]["states"], (
+                "a request_states went unanswered")
+            frontend.send("comm_close", {"comm_id": control, "data": {}})
+            kernel.drain()  # the churn's messages, which would fill the first client's IOPub queue
+    finally:
+        frontend.close()
+        _finish(kernel, msg_id, release)
+        kernel.run("churning.set()")
+
+
 def _put_notebook(url: str, token: str, name: str, cells: list[str]) -> None:
     notebook = {"nbformat": 4, "nbformat_minor": 5, "metadata": {
         "kernelspec": {"name": "monarch", "display_name": "Monarch (Python 3)", "language": "python"}},

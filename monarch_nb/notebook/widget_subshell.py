@@ -22,9 +22,11 @@ an async cell), so the page keeps showing the kernel busy with the cell. Everyth
 the user's widgets' messages included, goes where ipykernel sends it (their callbacks
 run in the main thread, after the cell, as users expect).
 
-Handlers on the subshell read ``ipywidgets``' and the comm manager's registries while a
-cell may add to them from the main thread; a read that meets "dictionary changed size
-during iteration" is retried (it sends only once it has read everything).
+Handlers on the subshell read ``ipywidgets``' and the comm manager's registries while
+other threads (the cell's, the health feed's, the user's) may add to them; a read that
+meets "dictionary changed size during iteration" is retried, up to 20 times (it sends
+only once it has read everything). A thread that makes widgets every few milliseconds,
+faster than a read finishes, could still starve it: the page then waits for the cell.
 
 Needs ipykernel >= 7 with subshells (the kernel checks at start, and routes as ipykernel
 does when something it relies on is missing). In a stock kernel with ``%load_ext
