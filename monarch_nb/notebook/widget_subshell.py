@@ -101,7 +101,8 @@ class WidgetSubshellKernel(_Kernel):
         return (manager is not None and hasattr(manager, "_create_subshell")
                 and hasattr(manager, "get_shell_channel_to_subshell_socket")
                 and hasattr(self, "_shell_parent") and hasattr(self, "_shell_parent_ident")
-                and hasattr(self, "comm_manager"))
+                and hasattr(self, "comm_manager")
+                and "concurrent" in inspect.signature(self.dispatch_shell).parameters)  # 7.4's
 
     def _open_widget_subshell(self) -> None:  # in the shell channel thread
         try:
