@@ -5,7 +5,10 @@ under cells) and connects to the retained cluster named by ``MONARCH_NB_CLUSTER`
 (default ``default``) when that cluster is running, binding it to ``cluster`` in the
 user's namespace; the first cell's output says so and how to get mesh handles.
 Shutting the kernel down or restarting it never stops the cluster; live health widgets
-of earlier outputs turn into static snapshots of their trees then.
+of earlier outputs turn into static snapshots of their trees then. Widget messages of a
+frontend that (re)loads the notebook are answered on a subshell of the kernel, so the
+health tree renders (and opens and closes) while a cell blocks
+(``notebook.widget_subshell``).
 """
 
 from __future__ import annotations
@@ -14,10 +17,12 @@ import os
 
 from ipykernel.ipkernel import IPythonKernel
 
+from .notebook.widget_subshell import WidgetSubshellKernel
+
 CLUSTER_ENV = "MONARCH_NB_CLUSTER"
 
 
-class MonarchKernel(IPythonKernel):
+class MonarchKernel(WidgetSubshellKernel, IPythonKernel):
     implementation = "monarch_nb"
     banner = "Monarch (Python 3) - drive meshes of actors from this kernel"
 

@@ -74,6 +74,12 @@ class Kernel:
         self.outputs[msg["parent_header"].get("msg_id")].append(msg)
         return msg
 
+    def drain(self) -> None:
+        """Read the IOPub messages waiting now (a kernel that publishes many keeps its
+        queue below the high-water mark, past which new messages are dropped)."""
+        while self._pump(0) is not None:
+            pass
+
     def wait_for(self, condition, timeout: float = 60) -> bool:
         """Read IOPub until ``condition()`` holds or ``timeout`` seconds pass."""
         deadline = time.monotonic() + timeout

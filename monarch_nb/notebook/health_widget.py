@@ -6,7 +6,11 @@ Each node is a few widgets whose values are updated in place as new trees arrive
 (from ``client.health_watch``: hub events plus a 1 s tick, at most 4 redraws a
 second), so what the user opened stays open; widgets are made only for nodes whose
 parent is open, and closed when their node goes away. Levels open and close through
-the kernel (a click is a comm message), so while a cell runs a click waits for it.
+the kernel (a click is a comm message). In the ``monarch`` kernel the tree's messages are
+answered on its widget subshell (``widget_subshell``), so a click works, and a reloaded
+page shows the tree, while a cell blocks on a call; there the click's handler runs in
+that subshell's thread, beside the feed's thread, both under the widget's lock. In
+another kernel they wait for the running cell.
 
 A displayed cluster (``cluster`` as a cell's last line, ``display(cluster)``,
 ``%monarch status``) shows this widget plus ``text/html`` and ``text/plain`` versions
@@ -23,6 +27,7 @@ from ipywidgets import HTML, Button, HBox, Layout, VBox
 
 from .. import health_view
 from ..client.health_watch import MIN_INTERVAL_S, TICK_S, HealthWatch
+from . import widget_subshell
 
 _TOGGLE_WIDTH = "24px"
 _OPEN, _CLOSED = "▾", "▸"
@@ -62,11 +67,13 @@ class _NodeView:
                                  layout=Layout(width=_TOGGLE_WIDTH, height="22px", padding="0", margin="0 4px 0 0"))
             self.toggle.on_click(self._on_toggle)
             self.body = VBox(layout=Layout(margin=f"0 0 0 {_TOGGLE_WIDTH}", display="flex" if self.open else "none"))
-            self.widget = VBox([HBox([self.toggle, self.label], layout=Layout(align_items="center")), self.body])
+            self.row = HBox([self.toggle, self.label], layout=Layout(align_items="center"))
+            self.widget = VBox([self.row, self.body])
         else:  # a leaf: its label, aligned with its siblings' labels
-            self.toggle = self.body = None
+            self.toggle = self.body = self.row = None
             self.label.layout.margin = f"0 0 0 calc({_TOGGLE_WIDTH} + 4px)"
             self.widget = self.label
+        widget_subshell.mark(self.label, self.toggle, self.row, self.body, self.widget)
 
     def update(self, node: health_view.Node) -> None:
         """Show ``node`` (same key): the label, and the children when open."""
@@ -117,7 +124,7 @@ class _NodeView:
         for child in self._children.values():
             child.close()
         self._children = {}
-        for w in (self.label, self.toggle, self.body, self.widget):
+        for w in (self.label, self.toggle, self.row, self.body, self.widget):
             if w is not None:
                 w.close()
 
@@ -157,6 +164,7 @@ class HealthWidget(VBox):
         self.ended: str | None = None
         super().__init__([self._summary, self._gone], layout=Layout(overflow="auto"))
         self.add_class("mnb-health")
+        widget_subshell.mark(self, self._summary)
         if initial is not None:
             self._show(initial)
         self._watch = HealthWatch(cluster, self._show, self._end, tick_s, min_interval_s)
