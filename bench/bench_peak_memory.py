@@ -235,6 +235,9 @@ def main() -> int:
                 f"{recv_extra / (1 << 30):5.2f}  /dev/shm {shm_extra / (1 << 30):5.2f} GiB  ({took:.2f} s)")
 
         me = os.getpid()
+        for kind in kinds:  # warm up: imports (torch is ~0.2 GiB) and first-use allocations
+            raw.request("take", make(kind, MiB))
+            holder.take.call_one(make(kind, MiB)).get(timeout=300)
         for kind in kinds:
             value = make(kind, nbytes)
             measure("raw", kind, "arg", me, raw.pid, lambda: raw.request("take", value))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+from typing import Any
 
 # How much of a source is copied before that part of it is released (bytes).
 PIECE_BYTES = 64 << 20
@@ -57,6 +58,7 @@ def fresh_bytes(nbytes: int) -> tuple[bytes, memoryview] | None:
 
 _HUGE = 2 << 20
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+_madvise: Any
 try:
     _madvise = ctypes.CDLL(None, use_errno=True).madvise
     _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -120,6 +122,7 @@ def from_pieces(pieces: list, nbytes: int, kind: type) -> bytes | bytearray:
     that each piece is freed once copied when nothing else holds it. Raises
     ``ValueError`` when the pieces do not add up to ``nbytes``."""
     fresh = fresh_bytes(nbytes) if kind is bytes else None
+    value: bytes | bytearray
     if fresh is not None:
         value, view = fresh
         at = 0

@@ -183,16 +183,17 @@ def restore(frames: list, cluster_ids) -> list:
     :class:`SegmentError` for a malformed descriptor, a segment that is missing, not
     of ``cluster_ids``, not this user's own, or of the wrong size, or pieces that don't
     add up; every segment the descriptor names is unlinked either way."""
+    entries: list[tuple[int, int, type, str, int]] = []  # index, size, kind, segment name or "", pieces
     try:
-        entries = []
         for line in bytes(frames[0])[len(MARKER):].decode().split("\n"):
-            index, size, kind, how, what = line.split(" ")
-            if kind not in _KINDS or how not in ("shm", "pieces"):
+            at, nbytes, letter, how, what = line.split(" ")
+            if letter not in _KINDS or how not in ("shm", "pieces"):
                 raise ValueError(line)
-            entries.append((int(index), int(size), _KINDS[kind], how, what if how == "shm" else int(what)))
+            shm_name, n = (what, 0) if how == "shm" else ("", int(what))
+            entries.append((int(at), int(nbytes), _KINDS[letter], shm_name, n))
     except ValueError:  # UnicodeDecodeError too
         raise SegmentError("malformed shared-memory descriptor") from None
-    n_pieces = sum(what for _, _, _, how, what in entries if how == "pieces")
+    n_pieces = sum(entry[4] for entry in entries)
     if n_pieces > len(frames) - 1:
         raise SegmentError("malformed shared-memory descriptor: fewer pieces than announced")
     tail = len(frames) - n_pieces
@@ -201,15 +202,15 @@ def restore(frames: list, cluster_ids) -> list:
     out = frames[1:]
     prefixes = tuple(_prefix(c) for c in cluster_ids)
     error = None
-    for index, size, kind, how, what in entries:
+    for index, size, kind, name, count in entries:
         try:
-            if how == "pieces":
-                mine, pieces[:what] = pieces[:what], []
+            if not name:
+                mine, pieces[:count] = pieces[:count], []
                 out[index] = fill.from_pieces(mine, size, kind)
-            elif not (_NAME.match(what) and what.startswith(prefixes)):
-                error = error or SegmentError(f"segment {what!r} is not one of this process's clusters")
+            elif not (_NAME.match(name) and name.startswith(prefixes)):
+                error = error or SegmentError(f"segment {name!r} is not one of this process's clusters")
             else:
-                out[index] = _take(what, size, kind)
+                out[index] = _take(name, size, kind)
         except (OSError, EOFError, ValueError, SegmentError, IndexError) as e:
             error = error or SegmentError(f"frame {index}: {e}")
     if error is not None:
