@@ -157,7 +157,7 @@ os.register_at_fork(after_in_child=_new_senders_after_fork)
 class Message:
     header: dict
     body: Any = None  # bytes-like pickle stream, or None
-    buffers: list = field(default_factory=list)
+    buffers: list = field(default_factory=list)  # bytes-like: memoryviews, or bytes/bytearray made on arrival
 
     _given: bool = False  # value() has handed out the bytearray buffers once
 
