@@ -160,3 +160,15 @@ def test_a_tampered_piece_or_segment_is_dropped_before_unpickling(monkeypatch):
         frames.decode(list(sent), frames.ReplayGuard())
     assert frames.dropped() == before + 3
     assert segments("shm-tamper") == []
+
+
+def test_a_descriptor_announcing_more_than_arrived_is_dropped_without_allocating_it(monkeypatch):
+    from monarch_nb.wire import fill, frames
+
+    monkeypatch.setattr(fill, "PIECE_BYTES", 1 << 16)
+    frames.register_key("shm-size", b"k" * 32)
+    sent = shm.offload("tcp://10.0.0.1:5", "shm-size", frames.encode_value("shm-size", {}, bytes(200_000)),
+                       frames.FIXED_FRAMES)
+    huge = [sent[0].replace(b" 200000 ", b" 999999999999999 "), *sent[1:]]
+    with pytest.raises(frames.BadMessage, match="not the announced"):
+        frames.decode(huge, frames.ReplayGuard())

@@ -121,6 +121,9 @@ def from_pieces(pieces: list, nbytes: int, kind: type) -> bytes | bytearray:
     (``bytes``, or ``bytearray`` for anything else). Empties ``pieces`` as it goes, so
     that each piece is freed once copied when nothing else holds it. Raises
     ``ValueError`` when the pieces do not add up to ``nbytes``."""
+    total = sum(memoryview(piece).nbytes for piece in pieces)
+    if total != nbytes:  # before allocating: nbytes comes from an unsigned descriptor
+        raise ValueError(f"pieces hold {total} bytes, not the announced {nbytes}")
     fresh = fresh_bytes(nbytes) if kind is bytes else None
     value: bytes | bytearray
     if fresh is not None:

@@ -23,10 +23,12 @@ segment (mode 0600, created exclusively; the receiver refuses one owned by anyon
 or readable by others), the receiver unlinks it before mapping it, and the sender never
 mapped it and has closed its file by then. The descriptor frame itself is not signed:
 a forged one naming segments of its own, or reordering or resizing the pieces, makes
-other bytes, which fail the signature check (every frame's length is signed too); one naming a real segment would have to
-guess its 64 random bits (it could then only make the real message be dropped); and a
-forged ``b``/``a``/``m`` only changes which container holds the verified bytes (a value
-of another type is converted on unpickling, ``wire.serialize``).
+other bytes, which fail the signature check (every frame's length is signed too); one
+naming a real segment would have to guess its 64 random bits (it could then only make
+the real message be dropped); and a forged ``b``/``a``/``m`` only changes which
+container holds the verified bytes (a value of another type is converted on
+unpickling, ``wire.serialize``). Sizes are checked against what arrived before
+anything is allocated.
 
 Names are ``mnb-<cluster tag>-<sender pid>-<random>`` in ``/dev/shm`` (the tag: a hash
 of the cluster id, so that no cluster's names are a prefix of another's), so that every
