@@ -1,6 +1,6 @@
 """monarch_nb data-plane benchmark: large payloads, each figure next to a same-run baseline.
 
-    cd /work/main && .venv/bin/python bench/bench_dataplane.py [--quick] [--no-memory]
+    cd /work/main && .venv/bin/python bench/bench_dataplane.py [--quick] [--no-memory] [--one-way]
 
 Figures (see bench/README.md, "bench_dataplane.py"):
   1. one way   64 MiB client -> actor (the endpoint touches the payload and returns its
@@ -10,7 +10,8 @@ Figures (see bench/README.md, "bench_dataplane.py"):
   2. call_one  small-message call_one median, interleaved with a raw zmq echo floor
                (the "small messages unchanged" check: compare across commits by ratio)
   3. memory    peak RSS above baseline of the client and of the actor's proc while 1 GiB
-               of bytes, then of a numpy array, goes client -> actor (psutil sampling every 5 ms)
+               of bytes, then of a numpy array, goes client -> actor (psutil sampling every 5 ms;
+               bench_peak_memory.py covers every type, both ways, both paths, against the floor)
   5. RDMA      1 GiB actor -> actor on one host through RDMABuffer.read_into (timed in the
                reading actor, destination preallocated), against a memcpy of 1 GiB (numpy
                copyto) in that actor, interleaved
@@ -203,6 +204,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer iterations (smoke test)")
     parser.add_argument("--no-memory", action="store_true", help="skip the 1 GiB peak-memory figure")
+    parser.add_argument("--one-way", action="store_true", help="only figure 1 (64 MiB one way)")
     args = parser.parse_args()
     reps = 3 if args.quick else 7
     n_small = 300 if args.quick else 2000
@@ -232,6 +234,8 @@ def main() -> int:
             rows.append((f"64 MiB {kind} one way (GB/s)", ours_gbps, floor_gbps, ours_gbps / floor_gbps))
             value = None
         # 2. small call_one -----------------------------------------------------------
+        if args.one_way:
+            raise _OneWayDone
         got = interleaved({"floor": lambda: echo_floor.echo(SMALL_ARG),
                            "call_one": lambda: sink.pid.call_one().get()},
                           total=n_small, blocks=4, warmup=100)
@@ -277,6 +281,8 @@ def main() -> int:
             log(f"[4] {size // 1024} KiB frame to this host: shared memory {shm_s * 1e3:.3f} ms, "
                 f"loopback TCP {tcp_s * 1e3:.3f} ms ({tcp_s / shm_s:.2f}x)")
             rows.append((f"{size // 1024} KiB via shm, TCP=base (ms)", shm_s * 1e3, tcp_s * 1e3, shm_s / tcp_s))
+    except _OneWayDone:
+        pass
     finally:
         raw.close()
         echo_floor.close()
@@ -285,6 +291,14 @@ def main() -> int:
 
             default_cluster().stop()
 
+    return _finish(rows, home, started)
+
+
+class _OneWayDone(Exception):
+    """--one-way: figure 1 is done."""
+
+
+def _finish(rows: list, home: str, started: float) -> int:
     leftovers = leftover_processes(home)
     log(f"    leftover processes: {len(leftovers)}; total bench time {time.perf_counter() - started:.1f} s")
     for line in leftovers:

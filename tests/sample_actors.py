@@ -134,6 +134,15 @@ class Arrays(Actor):
 
         return frames.dropped()
 
+    @endpoint
+    def set_shm_min_bytes(self, value: int) -> int:
+        """Set this proc's ``wire.shm.MIN_BYTES`` (large replies then go through the
+        socket when it is huge); returns the previous value."""
+        from monarch_nb.wire import shm
+
+        old, shm.MIN_BYTES = shm.MIN_BYTES, value
+        return old
+
 
 class Caller(Actor):
     """Holds another mesh's handle and calls it from its own endpoints."""

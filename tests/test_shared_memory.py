@@ -17,6 +17,9 @@ from monarch_nb.wire import shm
 from conftest import wait_until
 from sample_actors import Arrays
 
+SHM_MIN_BYTES = shm.MIN_BYTES  # the default (a fixture below raises it for a while)
+
+
 def segments(cluster_id: str) -> list[str]:
     return shm._segments(cluster_id)
 
@@ -79,17 +82,17 @@ def test_a_malformed_descriptor_or_one_naming_a_foreign_or_missing_segment_is_dr
     good = frames.encode("shm-test", {"a": 1}, b"", [bytes(shm.MIN_BYTES)])
     sent = shm.offload("tcp://127.0.0.1:1", "shm-test", good, frames.FIXED_FRAMES)
     assert bytes(sent[0]).startswith(shm.MARKER)
-    assert frames.decode(list(sent), frames.ReplayGuard()).buffers[0].nbytes == shm.MIN_BYTES
+    assert len(frames.decode(list(sent), frames.ReplayGuard()).buffers[0]) == shm.MIN_BYTES
     before = frames.dropped()
     with pytest.raises(frames.BadMessage):  # taken already: the segment is gone
         frames.decode(list(sent), frames.ReplayGuard())
-    foreign = [shm.MARKER + b"3 4096 mnb-0000000000000000-1-0000000000000000", *good]
+    foreign = [shm.MARKER + b"3 4096 m shm mnb-0000000000000000-1-0000000000000000", *good]
     with pytest.raises(frames.BadMessage, match="not one of this process's clusters"):
         frames.decode(foreign, frames.ReplayGuard())
-    for garbage in (b"3 x", b"\xff\xfe", b""):
+    for garbage in (b"3 x", b"\xff\xfe", b"", b"3 4096 z shm x", b"3 4096 b pieces 9"):
         with pytest.raises(frames.BadMessage, match="malformed"):
             frames.decode([shm.MARKER + garbage, *good], frames.ReplayGuard())
-    assert frames.dropped() == before + 5
+    assert frames.dropped() == before + 7
 
 
 def test_segments_sent_to_a_peer_known_gone_are_unlinked_by_the_sender():
@@ -102,3 +105,70 @@ def test_segments_sent_to_a_peer_known_gone_are_unlinked_by_the_sender():
     assert len(segments("shm-gone")) == 1
     sockets.Outbox.discard(address)
     assert segments("shm-gone") == []
+
+
+@pytest.fixture
+def reply_path(arrays, request):
+    """Both ends send large buffers through shared memory ("shm") or the socket ("socket")."""
+    min_bytes = shm.MIN_BYTES if request.param == "shm" else 1 << 62
+    before = arrays.set_shm_min_bytes.call_one(min_bytes).get(timeout=60)
+    client_before, shm.MIN_BYTES = shm.MIN_BYTES, min_bytes
+    yield request.param
+    shm.MIN_BYTES = client_before
+    arrays.set_shm_min_bytes.call_one(before).get(timeout=60)
+
+
+@pytest.mark.parametrize("reply_path", ["shm", "socket"], indirect=True)
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_large_bytes_bytearray_and_memoryview_arrive_intact_as_their_type_both_ways(cluster, arrays, reply_path, kind):
+    # Over MIN_BYTES (a segment) and over fill.PIECE_BYTES with a ragged end (pieces on the socket).
+    from monarch_nb.wire import fill
+
+    size = max(SHM_MIN_BYTES, fill.PIECE_BYTES) + 4097
+    data = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+    value = kind(data.tobytes()) if kind is not memoryview else memoryview(data)
+    assert arrays.type_of.call_one(value).get(timeout=60) == [kind.__name__]
+    back = arrays.echo.call_one(value).get(timeout=60)
+    assert type(back) is kind and back == value
+    if kind is not bytes:
+        back[0] ^= 1  # the caller's own, writable
+        assert back != value
+    assert segments(cluster._info["cluster_id"]) == []
+
+
+def test_a_tampered_piece_or_segment_is_dropped_before_unpickling(monkeypatch):
+    from monarch_nb.wire import fill, frames
+
+    monkeypatch.setattr(fill, "PIECE_BYTES", 1 << 16)
+    frames.register_key("shm-tamper", b"k" * 32)
+    value = np.random.default_rng(2).integers(0, 256, 256000, np.uint8).tobytes()  # 4 pieces, the last short
+    encoded = frames.encode_value("shm-tamper", {}, value)
+    sent = shm.offload("tcp://10.0.0.1:5", "shm-tamper", encoded, frames.FIXED_FRAMES)
+    assert bytes(sent[0]).endswith(b"b pieces 4") and len(sent) == 1 + frames.FIXED_FRAMES + 1 + 4  # descriptor, frames, the emptied one, pieces
+    assert frames.decode(list(sent), frames.ReplayGuard()).value() == value
+    before = frames.dropped()
+    for forged in ([*sent[:-1], bytes(len(sent[-1]))],  # a piece's contents
+                   [*sent[:-2], sent[-1], sent[-2]]):  # pieces reordered
+        with pytest.raises(frames.BadMessage, match="bad signature"):
+            frames.decode(forged, frames.ReplayGuard())
+    monkeypatch.setattr(shm, "MIN_BYTES", 1 << 16)
+    sent = shm.offload("tcp://127.0.0.1:5", "shm-tamper", encoded, frames.FIXED_FRAMES)
+    name = bytes(sent[0]).decode().rpartition(" ")[2]
+    with open(os.path.join(shm.SHM_DIR, name), "r+b") as f:  # another process of this user writes it
+        f.write(b"\xff")
+    with pytest.raises(frames.BadMessage, match="bad signature"):
+        frames.decode(list(sent), frames.ReplayGuard())
+    assert frames.dropped() == before + 3
+    assert segments("shm-tamper") == []
+
+
+def test_a_descriptor_announcing_more_than_arrived_is_dropped_without_allocating_it(monkeypatch):
+    from monarch_nb.wire import fill, frames
+
+    monkeypatch.setattr(fill, "PIECE_BYTES", 1 << 16)
+    frames.register_key("shm-size", b"k" * 32)
+    sent = shm.offload("tcp://10.0.0.1:5", "shm-size", frames.encode_value("shm-size", {}, bytes(200_000)),
+                       frames.FIXED_FRAMES)
+    huge = [sent[0].replace(b" 200000 ", b" 999999999999999 "), *sent[1:]]
+    with pytest.raises(frames.BadMessage, match="not the announced"):
+        frames.decode(huge, frames.ReplayGuard())

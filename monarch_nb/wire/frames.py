@@ -160,11 +160,20 @@ os.register_at_fork(after_in_child=_new_senders_after_fork)
 class Message:
     header: dict
     body: Any = None  # bytes-like pickle stream, or None
-    buffers: list = field(default_factory=list)
+    buffers: list = field(default_factory=list)  # bytes-like: memoryviews, or bytes/bytearray made on arrival
+
+    _given: bool = False  # value() has handed out the bytearray buffers once
 
     def value(self) -> Any:
-        """Unpickle the body (safe: the message was verified)."""
-        return serialize.loads(self.body, self.buffers) if self.body is not None else None
+        """Unpickle the body (safe: the message was verified). A ``bytearray`` the
+        transport made is the first value's own; later calls get copies of it."""
+        if self.body is None:
+            return None
+        buffers = self.buffers
+        if self._given:
+            buffers = [bytearray(b) if type(b) is bytearray else b for b in buffers]
+        self._given = True
+        return serialize.loads(self.body, buffers)
 
 
 def _mac(keys: _Keys, stamp: bytes, parts) -> bytes:
@@ -246,7 +255,11 @@ def decode(frames: list, guard: ReplayGuard | None) -> Message:
             _dropped += 1
         raise
     body = parts[1] if memoryview(parts[1]).nbytes else None
-    return Message(header, body, [memoryview(b) for b in parts[2:]])
+    # A bytes or bytearray buffer (wire.shm read it into one) is the value itself.
+    return Message(header, body, [b if type(b) in _OWNING else memoryview(b) for b in parts[2:]])
+
+
+_OWNING = (bytes, bytearray)
 
 
 def count_dropped() -> None:

@@ -10,8 +10,12 @@ without copying. What the receiver gets, for arguments and return values alike:
   caller's was, over the received frame (no copy on either side when C-contiguous);
 - ``bytes`` and ``bytearray`` of ``OUT_OF_BAND_MIN_BYTES`` or more: the same type, so
   endpoint code sees what the caller passed. The sender does not copy; the receiver
-  copies once, because a ``bytes`` object can't own memory it did not allocate. Pass a
-  numpy array, a tensor or a memoryview for no copy at all.
+  copies once, because a ``bytes`` object can't own memory it did not allocate. Large
+  ones are copied piece by piece out of the shared-memory segment or the socket's
+  frames, each piece freed once copied (``wire.shm``, ``wire.fill``), so the receiver
+  holds the value once, not twice; the transport then hands the finished object to
+  :func:`loads`, which keeps it. Pass a numpy array, a tensor or a memoryview for no
+  copy at all.
 
 Smaller bytes-like values stay in the pickle stream, where they cost less than a frame.
 
@@ -102,6 +106,8 @@ class _Unpickler(pickle.Unpickler):
         if kind is memoryview:
             return _rebuild_memoryview(buffer, *shape)
         if kind is bytes or kind is bytearray:
+            if type(buffer) is kind:  # the transport already made it (wire.fill): no copy
+                return buffer
             return kind(buffer)  # the one copy: these types own their memory
         raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
 

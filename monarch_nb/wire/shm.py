@@ -1,27 +1,40 @@
-"""Same-host shared memory for large frames.
+"""Same-host shared memory for large frames, and large frames held once on arrival.
 
 A frame set sent to a peer on this host (a loopback address) moves each frame of
 ``MIN_BYTES`` or more into its own POSIX shared-memory segment instead of pushing it
-through the socket: the sender writes the segment once, the receiver maps it, so a
-numpy array or tensor argument arrives without a copy on the receiving side and without
-crossing loopback TCP. What travels on the socket is the frame set with those frames
-emptied, after one leading descriptor frame naming the segments.
+through the socket: the sender writes the segment once (``write()``, never mapped), and
+the receiver either maps it, so a numpy array, tensor or memoryview argument arrives
+without a copy on the receiving side, or, for a ``bytes`` or ``bytearray`` value (which
+must own its memory), reads it into a new object of that type while truncating the
+segment behind the read (``wire.fill``), so the value is held once, not twice. To any
+peer, a ``bytes`` or ``bytearray`` frame over ``fill.PIECE_BYTES`` that stays on the
+socket is sent as pieces the receiver copies into the new object one by one, freeing
+each as it goes. What travels on the socket is the frame set with those frames emptied,
+after one leading descriptor frame saying, for each, where it is (a segment, or how
+many pieces follow the frame set) and what to make of it (``b`` bytes, ``a``
+bytearray, ``m`` mapped).
 
-Integrity holds as on the socket: the frame set's signature covers the frames' contents
-as the sender encoded them (``frames``), and the receiver checks it over the mapped
-segments before anything is unpickled. Only this user can create, open or write a
+Integrity holds as on the socket: the frame set's signature covers each frame's
+contents as the sender encoded them, whole (the signature is made before the split into
+pieces or segments), and the receiver checks it over what it rebuilt before anything is
+unpickled. A read or joined frame is the receiver's private copy, so what was verified
+is what gets unpickled. A mapped one: only this user can create, open or write a
 segment (mode 0600, created exclusively; the receiver refuses one owned by anyone else
-or readable by others), the receiver unlinks it before mapping it, and the sender has
-closed its own mapping by then, so what was verified is what gets unpickled. The
-descriptor frame itself is not signed: a forged one naming segments of its own fails
-the signature check, and one naming a real segment would have to guess its 64 random
-bits (it could then only make the real message be dropped).
+or readable by others), the receiver unlinks it before mapping it, and the sender never
+mapped it and has closed its file by then. The descriptor frame itself is not signed:
+a forged one naming segments of its own, or reordering or resizing the pieces, makes
+other bytes, which fail the signature check (every frame's length is signed too); one
+naming a real segment would have to guess its 64 random bits (it could then only make
+the real message be dropped); and a forged ``b``/``a``/``m`` only changes which
+container holds the verified bytes (a value of another type is converted on
+unpickling, ``wire.serialize``). Sizes are checked against what arrived before
+anything is allocated.
 
 Names are ``mnb-<cluster tag>-<sender pid>-<random>`` in ``/dev/shm`` (the tag: a hash
 of the cluster id, so that no cluster's names are a prefix of another's), so that every
 segment is found and unlinked on every path:
 
-- normally, by the receiver when it maps the segment;
+- normally, by the receiver when it takes the segment (before reading or mapping it);
 - when the receiver is known gone (``Outbox.discard``), by the sender (:func:`unlink_sent`);
 - when the sender died before the receiver took the segment, by the host agent's sweep
   of dead pids (:func:`sweep_dead`);
@@ -44,6 +57,8 @@ import time
 import warnings
 
 import psutil
+
+from . import fill
 
 SHM_DIR = "/dev/shm"
 MARKER = b"MNBSHM1 "
@@ -112,58 +127,104 @@ def _put(cluster_id: str, frame) -> str | None:
     return name
 
 
+def kind_of(frame) -> str:
+    """How the receiver should hold ``frame``: ``"b"`` (a new ``bytes``), ``"a"`` (a new
+    ``bytearray``), or ``"m"`` (as it comes: mapped, or the socket's frame). The first
+    two are the out-of-band buffers of ``bytes`` and ``bytearray`` values
+    (``wire.serialize``), whose memory the receiving object must own anyway."""
+    base = frame if isinstance(frame, (bytes, bytearray)) else memoryview(frame).obj
+    return "b" if type(base) is bytes else "a" if type(base) is bytearray else "m"
+
+
 def offload(address: str, cluster_id: str, frames: list, first: int) -> list:
-    """``frames`` for ``address`` with every frame from ``first`` on of ``MIN_BYTES`` or
-    more moved to a segment: ``[descriptor, *frames]`` with those frames emptied, or
-    ``frames`` itself when there are none (or no segment could be made)."""
-    moved = []
+    """``frames`` as they go to ``address``: ``[descriptor, *frames]`` when some frame
+    from ``first`` on travels another way, else ``frames`` itself. A frame of
+    ``MIN_BYTES`` or more to a peer on this host moves to a segment (emptied in place);
+    a ``bytes`` or ``bytearray`` frame over ``fill.PIECE_BYTES`` that stays on the socket
+    is split into pieces of that size sent after the other frames (emptied in place),
+    so that the receiver can free each piece once copied (``wire.fill``). The pieces
+    are views: nothing is copied here."""
+    local = is_local(address)
+    lines = []
+    pieces: list = []
     out = list(frames)
     for i in range(first, len(frames)):
         size = memoryview(frames[i]).nbytes
-        if size >= MIN_BYTES:
+        kind = None
+        if size >= MIN_BYTES and local:
+            kind = kind_of(frames[i])
             name = _put(cluster_id, frames[i])
-            if name is None:
-                break
-            moved.append(f"{i} {size} {name}")
+            if name is not None:
+                lines.append(f"{i} {size} {kind} shm {name}")
+                out[i] = b""
+                continue
+        if size > fill.PIECE_BYTES and (kind or kind_of(frames[i])) != "m":
+            view = memoryview(frames[i]).cast("B")
+            cut = [view[at:at + fill.PIECE_BYTES] for at in range(0, size, fill.PIECE_BYTES)]
+            lines.append(f"{i} {size} {kind or kind_of(frames[i])} pieces {len(cut)}")
+            pieces.extend(cut)
             out[i] = b""
-    if not moved:
+    if not lines:
         return frames
-    with _sent_lock:
-        names = _sent[address]
-        while names and not os.path.exists(os.path.join(SHM_DIR, names[0])):
-            names.popleft()  # taken by the receiver
-        names.extend(m.rpartition(" ")[2] for m in moved)
-    return [MARKER + "\n".join(moved).encode(), *out]
+    names = [line.rpartition(" ")[2] for line in lines if " shm " in line]
+    if names:
+        with _sent_lock:
+            sent = _sent[address]
+            while sent and not os.path.exists(os.path.join(SHM_DIR, sent[0])):
+                sent.popleft()  # taken by the receiver
+            sent.extend(names)
+    return [MARKER + "\n".join(lines).encode(), *out, *pieces]
 
 
 def restore(frames: list, cluster_ids) -> list:
     """Inverse of :func:`offload` on the receiving side: the frame set with each
-    segment mapped (writable, private to this process once unlinked) in place of its
-    emptied frame. Raises :class:`SegmentError` for a segment that is missing, not
-    of ``cluster_ids``, not this user's own, or of the wrong size; every segment the
-    descriptor names is unlinked either way."""
+    emptied frame back, as a new ``bytes`` or ``bytearray`` read out of its segment or
+    joined from its pieces (``wire.fill``), or, for other frames, its segment mapped
+    (writable, private to this process once unlinked). Consumes ``frames``: the pieces
+    are removed from the list, so each is freed once copied. Raises
+    :class:`SegmentError` for a malformed descriptor, a segment that is missing, not
+    of ``cluster_ids``, not this user's own, or of the wrong size, or pieces that don't
+    add up; every segment the descriptor names is unlinked either way."""
+    entries: list[tuple[int, int, type, str, int]] = []  # index, size, kind, segment name or "", pieces
     try:
-        entries = [(int(i), int(n), name) for i, n, name in
-                   (line.split(" ") for line in bytes(frames[0])[len(MARKER):].decode().split("\n"))]
+        for line in bytes(frames[0])[len(MARKER):].decode().split("\n"):
+            at, nbytes, letter, how, what = line.split(" ")
+            if letter not in _KINDS or how not in ("shm", "pieces"):
+                raise ValueError(line)
+            shm_name, n = (what, 0) if how == "shm" else ("", int(what))
+            entries.append((int(at), int(nbytes), _KINDS[letter], shm_name, n))
     except ValueError:  # UnicodeDecodeError too
         raise SegmentError("malformed shared-memory descriptor") from None
-    out = list(frames[1:])
+    n_pieces = sum(entry[4] for entry in entries)
+    if n_pieces > len(frames) - 1:
+        raise SegmentError("malformed shared-memory descriptor: fewer pieces than announced")
+    tail = len(frames) - n_pieces
+    pieces = frames[tail:]
+    del frames[tail:]  # the caller's list too: the pieces are freed as they are copied
+    out = frames[1:]
     prefixes = tuple(_prefix(c) for c in cluster_ids)
     error = None
-    for index, size, name in entries:
-        if not (_NAME.match(name) and name.startswith(prefixes)):
-            error = error or SegmentError(f"segment {name!r} is not one of this process's clusters")
-            continue
+    for index, size, kind, name, count in entries:
         try:
-            out[index] = _map(name, size)
-        except (OSError, SegmentError, IndexError) as e:
-            error = error or SegmentError(f"segment {name}: {e}")
+            if not name:
+                mine, pieces[:count] = pieces[:count], []
+                out[index] = fill.from_pieces(mine, size, kind)
+            elif not (_NAME.match(name) and name.startswith(prefixes)):
+                error = error or SegmentError(f"segment {name!r} is not one of this process's clusters")
+            else:
+                out[index] = _take(name, size, kind)
+        except (OSError, EOFError, ValueError, SegmentError, IndexError) as e:
+            error = error or SegmentError(f"frame {index}: {e}")
     if error is not None:
         raise error
     return out
 
 
-def _map(name: str, size: int) -> memoryview:
+_KINDS = {"b": bytes, "a": bytearray, "m": memoryview}
+
+
+def _take(name: str, size: int, kind: type):
+    """Segment ``name``, unlinked, as a new ``kind`` or (``memoryview``) mapped."""
     path = os.path.join(SHM_DIR, name)
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     try:
@@ -171,6 +232,10 @@ def _map(name: str, size: int) -> memoryview:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_size != size:
             raise SegmentError("not this user's own segment of the announced size")
+        if kind is not memoryview:
+            # Read, not mapped: the value must own its memory, and the segment's pages
+            # are freed as the read goes (wire.fill), so the value is held once.
+            return fill.from_fd(fd, size, kind)
         # Populated: faulting the pages in at once costs less than one by one on first use.
         return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)))
     finally:

@@ -191,7 +191,7 @@ class Outbox:
         if now > _next_sweep:
             _sweep_idle(now)  # before taking this thread's lock: it takes every thread's
         table = self._table()
-        if len(frames) > wire_frames.FIXED_FRAMES and shm.is_local(address):
+        if len(frames) > wire_frames.FIXED_FRAMES:  # out-of-band buffers: large ones travel apart
             frames = shm.offload(address, wire_frames.cluster_of(frames), frames, wire_frames.FIXED_FRAMES)
         buffers = frames[wire_frames.FIXED_FRAMES:]
         try:
