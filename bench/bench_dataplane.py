@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -59,32 +58,19 @@ sock.close(0); ctx.term()
 """
 
 
-class RawSink:
+class RawSink(tidy.RawClient):
     """The floor: a raw pyzmq DEALER -> ROUTER in another process, payload pickled in-band
     with cloudpickle (what a plain pyzmq + cloudpickle program does)."""
 
     def __init__(self):
-        self.server = subprocess.Popen([sys.executable, "-c", _SINK_SERVER], stdout=subprocess.PIPE,
-                                       stdin=subprocess.DEVNULL)
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(f"tcp://127.0.0.1:{int(self.server.stdout.readline())}")
+        super().__init__(_SINK_SERVER)
 
     def send(self, value) -> int:
         self.sock.send(cloudpickle.dumps(((value,), {})), copy=False)
         return cloudpickle.loads(self.sock.recv())
 
     def close(self) -> None:
-        self.sock.send(cloudpickle.dumps(((None,), {})))
-        try:
-            self.server.wait(10)
-        except subprocess.TimeoutExpired:
-            self.server.kill()
-            self.server.wait()
-        self.server.stdout.close()
-        self.sock.close(0)
-        self.ctx.term()
+        super().close(cloudpickle.dumps(((None,), {})))
 
 
 class Sink(Actor):

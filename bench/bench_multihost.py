@@ -40,6 +40,7 @@ from contextlib import contextmanager
 
 # bench_actors sets up the isolated MONARCH_NB_HOME on import, before monarch_nb loads.
 from bench_actors import leftover_processes, log  # noqa: E402
+from tidy import WATCH_PARENT  # noqa: E402
 
 from monarch_nb.actor import Actor, endpoint  # noqa: E402
 
@@ -96,18 +97,9 @@ def network():
 # ---------------------------------------------------------------------------------------
 # the raw baselines: a ROUTER in B, a DEALER in A driven over stdin
 
-_WATCH = r"""
-import os, sys, threading, time
-parent = os.getppid()
-def watch():  # never outlive the benchmark
-    while os.getppid() == parent:
-        time.sleep(0.2)
-    os._exit(1)
-threading.Thread(target=watch, daemon=True).start()
-"""
 
 # argv: the address to bind. Answers each payload with its length, after touching it.
-_RAW_RECEIVER = _WATCH + r"""
+_RAW_RECEIVER = WATCH_PARENT + r"""
 import cloudpickle, zmq
 ctx = zmq.Context()
 sock = ctx.socket(zmq.ROUTER)
@@ -126,7 +118,7 @@ sock.close(0); ctx.term()
 
 # argv: the receiver's address. Reads "MODE NBYTES REPS" lines; answers each with a JSON
 # list of seconds per transfer (send until the answer is back).
-_RAW_SENDER = _WATCH + r"""
+_RAW_SENDER = WATCH_PARENT + r"""
 import json, time, cloudpickle, zmq
 ctx = zmq.Context()
 sock = ctx.socket(zmq.DEALER)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import gc
 import inspect
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -34,7 +33,6 @@ from bench_actors import leftover_processes, log  # noqa: E402  (sets MONARCH_NB
 
 import cloudpickle  # noqa: E402
 import psutil  # noqa: E402
-import zmq  # noqa: E402
 import tidy  # noqa: E402
 
 from monarch_nb.actor import Actor, endpoint, this_host  # noqa: E402
@@ -123,34 +121,19 @@ sock.close(0); ctx.term()
 """
 
 
-class RawPeer:
+class RawPeer(tidy.RawClient):
     """The floor: a raw pyzmq DEALER -> ROUTER peer in another process, values pickled
     in-band with cloudpickle (what a plain pyzmq + cloudpickle program does)."""
 
     def __init__(self):
-        code = _RAW_SERVER.replace("HELPERS", inspect.getsource(make) + inspect.getsource(touch))
-        self.server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                                       stdin=subprocess.DEVNULL)
-        self.pid = self.server.pid
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(f"tcp://127.0.0.1:{int(self.server.stdout.readline())}")
+        super().__init__(_RAW_SERVER.replace("HELPERS", inspect.getsource(make) + inspect.getsource(touch)))
 
     def request(self, op: str, arg=None):
         self.sock.send(cloudpickle.dumps((op, arg)), copy=False)
         return cloudpickle.loads(self.sock.recv(copy=False).buffer)
 
     def close(self) -> None:
-        self.sock.send(cloudpickle.dumps(("stop", None)))
-        try:
-            self.server.wait(10)
-        except subprocess.TimeoutExpired:
-            self.server.kill()
-            self.server.wait()
-        self.server.stdout.close()
-        self.sock.close(0)
-        self.ctx.term()
+        super().close(cloudpickle.dumps(("stop", None)))
 
 
 class Peaks:

@@ -8,22 +8,30 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 from typing import Callable
 
 import psutil
+import zmq
 
 # The start of a raw pyzmq + cloudpickle server for a benchmark's floor (run with
 # ``python -c``): it exits when the benchmark does, binds a ROUTER on loopback and prints
 # its port; the rest of the script is its receive loop.
-RAW_SERVER_PRELUDE = r"""
-import os, sys, threading, time, zmq, cloudpickle
+# The start of any helper process a benchmark runs with ``python -c``: it exits when the
+# benchmark does, however the benchmark ends.
+WATCH_PARENT = r"""
+import os, sys, threading, time
 parent = os.getppid()
 def watch():  # never outlive the benchmark
     while os.getppid() == parent:
         time.sleep(0.2)
     os._exit(1)
 threading.Thread(target=watch, daemon=True).start()
+"""
+
+RAW_SERVER_PRELUDE = WATCH_PARENT + r"""
+import zmq, cloudpickle
 ctx = zmq.Context()
 sock = ctx.socket(zmq.ROUTER)
 sock.setsockopt(zmq.LINGER, 0)
@@ -81,3 +89,29 @@ def module_from_git(path: str, wanted: Callable[[str], bool], package: str | Non
     module.__package__ = package
     exec(compile(source, f"{commit[:10]}:{path}", "exec"), module.__dict__)
     return module, commit[:10]
+
+
+class RawClient:
+    """A DEALER connected to a raw server (``code``, run with ``python -c``, starting with
+    ``RAW_SERVER_PRELUDE``) in another process: the floor of a benchmark."""
+
+    def __init__(self, code: str):
+        self.server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                       stdin=subprocess.DEVNULL)
+        self.pid = self.server.pid
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(f"tcp://127.0.0.1:{int(self.server.stdout.readline())}")
+
+    def close(self, stop: bytes) -> None:
+        """Send the server ``stop`` (its message to end) and wait for it (killed after 10 s)."""
+        self.sock.send(stop)
+        try:
+            self.server.wait(10)
+        except subprocess.TimeoutExpired:
+            self.server.kill()
+            self.server.wait()
+        self.server.stdout.close()
+        self.sock.close(0)
+        self.ctx.term()
