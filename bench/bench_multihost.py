@@ -28,7 +28,6 @@ cluster, then the namespaces, links and bridge; exit status 1 if any is left beh
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import signal
@@ -42,6 +41,9 @@ from contextlib import contextmanager
 from bench_actors import leftover_processes, log  # noqa: E402
 from tidy import WATCH_PARENT  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from netns import bridged_namespaces  # noqa: E402
+
 from monarch_nb.actor import Actor, endpoint  # noqa: E402
 
 MiB = 1 << 20
@@ -52,45 +54,19 @@ GiB = 1 << 30
 # the network (as tests/test_multihost.py's fixture)
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
-
-
 @contextmanager
 def network():
-    """A bridge at 10.214.N.1/24 here and namespaces at .2 and .3; yields
-    ``(root_ip, [ip_a, ip_b], [ns_a, ns_b])`` and removes all three after."""
-    tag = str(os.getpid() % 10_000_000)
-    net = ipaddress.ip_network(f"10.214.{os.getpid() % 250}.0/24")
-    root, a, b = (str(net[i]) for i in (1, 2, 3))
-    bridge, spaces = f"mnbbb{tag}", [f"mnbb{tag}a", f"mnbb{tag}b"]
-    made: list[tuple[str, ...]] = []
+    """tests/netns.py's two namespaces (10.214.N.0/24); a network left behind ends the
+    bench with status 1."""
+    context = bridged_namespaces(214, "mnbb")
+    made = context.__enter__()
     try:
-        _ip("link", "add", bridge, "type", "bridge")
-        made.append(("link", "del", bridge))
-        _ip("addr", "add", f"{root}/24", "dev", bridge)
-        _ip("link", "set", bridge, "up")
-        for ns, addr in zip(spaces, (a, b)):
-            _ip("netns", "add", ns)
-            made.append(("netns", "del", ns))
-            outer, inner = f"{ns}0", f"{ns}1"
-            _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
-            made.append(("link", "del", outer))
-            _ip("link", "set", inner, "netns", ns)
-            _ip("link", "set", outer, "master", bridge)
-            _ip("link", "set", outer, "up")
-            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", inner)
-            _ip("-n", ns, "link", "set", inner, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-        yield root, [a, b], spaces
+        yield made
     finally:
-        for undo in reversed(made):
-            subprocess.run(["ip", *undo], capture_output=True, timeout=30)  # a veth goes with its namespace
-        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
-        left = [n for n in spaces if n in names] + ([bridge] if bridge in links else [])
-        if left:
-            log(f"    NETWORK LEFT BEHIND: {left}")
+        try:
+            context.__exit__(None, None, None)
+        except RuntimeError as e:
+            log(f"    NETWORK LEFT BEHIND: {e}")
             raise SystemExit(1)
 
 

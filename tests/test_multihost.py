@@ -4,7 +4,6 @@ The namespaces, links and bridge are made by the test and removed after."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import subprocess
@@ -16,50 +15,23 @@ import pytest
 from monarch_nb import cluster_dir
 
 from conftest import cluster_processes, system_part_missing, wait_until
+from netns import NamespacesUnavailable, bridged_namespaces
 
 TESTS = Path(__file__).parent
-
-
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
 
 
 @pytest.fixture
 def network():
     """A bridge at 10.213.N.1/24 in this namespace and two namespaces at .2 and .3."""
-    tag = str(os.getpid() % 10_000_000)
-    net = ipaddress.ip_network(f"10.213.{os.getpid() % 250}.0/24")
-    root, a, b = (str(net[i]) for i in (1, 2, 3))
-    bridge, spaces = f"mnbbr{tag}", [f"mnb{tag}a", f"mnb{tag}b"]
-    made: list[tuple[str, ...]] = []
     try:
-        ip("link", "add", bridge, "type", "bridge")
-    except (OSError, subprocess.CalledProcessError) as e:  # no `ip`, or no right to make links (not root)
-        system_part_missing(f"network namespaces: `ip link add` failed ({getattr(e, 'stderr', '') or e}); "
-                            "run as root with iproute2 (`bash .ci/setup.d/10-netns.sh`)")
+        context = bridged_namespaces(213, "mnb")
+        root, hosts, spaces = context.__enter__()
+    except NamespacesUnavailable as e:
+        system_part_missing(f"network namespaces: {e}; run as root with iproute2 (`bash .ci/setup.d/10-netns.sh`)")
     try:
-        made.append(("link", "del", bridge))
-        ip("addr", "add", f"{root}/24", "dev", bridge)
-        ip("link", "set", bridge, "up")
-        for ns, addr in zip(spaces, (a, b)):
-            ip("netns", "add", ns)
-            made.append(("netns", "del", ns))
-            outer, inner = f"{ns}0", f"{ns}1"
-            ip("link", "add", outer, "type", "veth", "peer", "name", inner)
-            made.append(("link", "del", outer))
-            ip("link", "set", inner, "netns", ns)
-            ip("link", "set", outer, "master", bridge)
-            ip("link", "set", outer, "up")
-            ip("-n", ns, "addr", "add", f"{addr}/24", "dev", inner)
-            ip("-n", ns, "link", "set", inner, "up")
-            ip("-n", ns, "link", "set", "lo", "up")
-        yield {"root": root, "hosts": [a, b], "spaces": spaces}
+        yield {"root": root, "hosts": hosts, "spaces": spaces}
     finally:
-        for undo in reversed(made):
-            subprocess.run(["ip", *undo], capture_output=True, timeout=30)  # a veth goes with its namespace
-        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
-        assert not any(ns in names for ns in spaces) and bridge not in links, "network left behind"
+        context.__exit__(None, None, None)
 
 
 def test_two_namespaced_host_agents_form_one_cluster_and_drop_unsigned_frames(network):
