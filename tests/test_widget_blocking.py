@@ -120,7 +120,8 @@ def shown():
         path = kernel.run("print(c.path)").strip()
         msg_id = kernel.execute("c")
         assert kernel.finish(msg_id)["status"] == "ok"
-        [result] = [m["content"]["data"] for m in kernel.outputs[msg_id] if m["msg_type"] == "execute_result"]
+        # A cluster shows as display_data with a display id (turned into a snapshot when the kernel goes).
+        [result] = [m["content"]["data"] for m in kernel.outputs[msg_id] if m["msg_type"] == "display_data"]
         yield kernel, result["application/vnd.jupyter.widget-view+json"]["model_id"]
         kernel.run("c.stop()")
     finally:
