@@ -185,3 +185,18 @@ def _proc_status(procs) -> dict:
 
     reply = runtime().mailbox.request(procs._procs[0]["address"], procs._cluster_id, {"op": "status"}, timeout=10)
     return reply.header
+
+
+def test_a_spawn_of_a_billion_procs_is_refused_at_once_and_the_hub_serves_on(host):
+    # A typo'd size once had the hub build tables until the out-of-memory killer took it.
+    with pytest.raises(ValueError, match=r"1,000,000,000 procs on each host, more than the 1,024"):
+        host.spawn_procs(per_host={"gpus": 10**9})
+    hub = host._hub()
+    # What a client that does not check sends: the hub refuses it too.
+    with pytest.raises(ValueError, match="MONARCH_NB_MAX_PROCS_PER_HOST"):
+        hub.request("spawn_procs", per_host={"gpus": 10**9}, hosts=None, host_extent={}, name="huge")
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="after_huge")
+    try:
+        assert procs.spawn("still", Target).note.call_one("served").get(timeout=60) == "served"
+    finally:
+        procs.stop()

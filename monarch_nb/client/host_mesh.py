@@ -133,7 +133,8 @@ class HostMesh(MeshHandle):
         nodes).
 
         Raises ``ValueError`` for bad ``per_host`` (labels must be identifiers, sizes
-        ints >= 1, none of this mesh's labels) or ``proc_bind`` (its length, or a
+        ints >= 1, none of this mesh's labels, at most ``MAX_PROCS_PER_HOST`` = 1024 procs
+        per host unless ``$MONARCH_NB_MAX_PROCS_PER_HOST`` says more) or ``proc_bind`` (its length, or a
         memory-binding key, which monarch_nb does not apply), and
         :class:`ClusterError` when procs could not start.
         """
@@ -144,6 +145,7 @@ class HostMesh(MeshHandle):
             raise TypeError(f"per_host must be a dict of dimension sizes such as {{'gpus': 8}}, not {per_host!r}")
         per_host = dict(per_host)
         per_proc_host = Extent(per_host).nelements  # validates, with the user's frame on the stack
+        hub_ops.check_procs_per_host(per_host, per_proc_host)
         if proc_bind is not None:
             check_bind(proc_bind, per_proc_host)
         total = per_proc_host * len(self._hosts)

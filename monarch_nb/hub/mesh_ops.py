@@ -76,6 +76,7 @@ class MeshOps:
     async def spawn_procs(self, header, message):
         try:
             per_host = Extent(header["per_host"])
+            hub_ops.check_procs_per_host(dict(per_host), per_host.nelements)
         except ValueError as e:
             raise HubError(f"bad per_host: {e}", "ValueError") from None
         known = self._registry.hosts

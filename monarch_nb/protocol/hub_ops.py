@@ -8,6 +8,8 @@ below) get no reply.
 
 from __future__ import annotations
 
+import os
+
 # from host agents -----------------------------------------------------------------------
 AGENT_READY = "agent_ready"  # one-way: a started host agent reports its address, pid and host
 AGENT_ALIVE = "agent_alive"  # one-way: a host agent's heartbeat (with its count of dropped frames)
@@ -38,6 +40,21 @@ SHUTDOWN = "shutdown"  # stop every proc and host agent, then the hub; replied t
 
 # from clients (and actors that spawn meshes): meshes -------------------------------------
 SPAWN_PROCS = "spawn_procs"  # start a proc mesh on the hosts
+# Procs one spawn may start on each host: more is a mistake (a typo'd size), not a
+# workload, and would have the hub and host agent build tables they can't hold. The
+# environment variable raises it for a host that really runs more.
+MAX_PROCS_PER_HOST = 1024
+MAX_PROCS_PER_HOST_ENV = "MONARCH_NB_MAX_PROCS_PER_HOST"
+
+
+def check_procs_per_host(per_host: dict, count: int) -> None:
+    """Raise ``ValueError`` when ``count`` procs per host (from ``per_host``) exceed
+    ``MAX_PROCS_PER_HOST`` (or ``$MONARCH_NB_MAX_PROCS_PER_HOST``)."""
+    limit = int(os.environ.get(MAX_PROCS_PER_HOST_ENV) or MAX_PROCS_PER_HOST)
+    if count > limit:
+        raise ValueError(f"per_host={per_host} asks for {count:,} procs on each host, more than the {limit:,} "
+                         f"a spawn may start; check the sizes, or set {MAX_PROCS_PER_HOST_ENV} for a host "
+                         "that really runs more")
 HOST_EXTENT = "host_extent"  # spawn_procs field: the host mesh's extent ({} for one host), which the procs' extends
 SPAWN_PROGRESS = "spawn_progress"  # how many procs of a spawn have started so far
 SPAWN_ACTORS = "spawn_actors"  # construct an actor mesh on a proc mesh (payload: class and arguments)
