@@ -156,3 +156,22 @@ def test_a_long_lived_client_remembers_only_the_latest_deaths(monkeypatch):
         client.actors_gone({"cluster": "c", "actors": {f"tcp://10.0.0.1:{i}": ("m", i, f"died {i}")}})
     assert [client.why_dead(f"tcp://10.0.0.1:{i}") for i in range(5)] == [None, None, "died 2", "died 3", "died 4"]
     assert len(client._names) == 3
+
+
+def test_calls_on_a_cluster_this_client_stopped_fail_at_once_naming_the_stop():
+    # A call after this client's own stop once waited forever: the hub it stopped sends
+    # no news of the actors (another client's stop was always reported).
+    c = Cluster.start_ephemeral()
+    try:
+        mesh = c.this_host().spawn_procs(per_host={"gpus": 2}, name="stopped_here").spawn("f", Fragile)
+        waiting = mesh.wait.call(120)  # in flight when the cluster stops
+    finally:
+        c.stop()
+    started = time.monotonic()
+    with pytest.raises(SupervisionError, match="was stopped \\(by this client\\)"):
+        waiting.get(timeout=30)
+    with pytest.raises(SupervisionError, match="start or connect to a cluster"):
+        mesh.pid.call().get(timeout=30)
+    with pytest.raises(SupervisionError, match="was stopped"):
+        mesh.pid.broadcast()
+    assert time.monotonic() - started < 10

@@ -326,6 +326,10 @@ class Cluster:
         if self._presence is not None and not self._presence.closed:
             self.flush_logs(timeout=2.0)
         self.disconnect()
+        # No news of its actors will come from a hub this client stops: calls on them fail here.
+        runtime().supervision.cluster_stopped(
+            self._info["cluster_id"], f"cluster {self.name!r} was stopped (by this client); its meshes are gone: "
+                                      "start or connect to a cluster and spawn them again")
         try:
             self.hub.request(hub_ops.SHUTDOWN, timeout=STOP_TIMEOUT_S)
         except ClusterError:  # the hub is gone or stuck: handled below

@@ -64,6 +64,7 @@ class Supervision:
         self._names: dict[str, tuple[str, str, int]] = _Recent()  # dead actor's address -> (cluster id, mesh, rank)
         # (cluster id, mesh, rank) of dead actors whose death failed a call of this client
         self._told: dict[tuple[str, str, int], None] = _Recent()
+        self._stopped: dict[str, str] = {}  # cluster id -> why: clusters this client stopped
         self._hook: FailureHook = self.arm
         # Gives Monarch's unhandled_fault_hook as it is now (set by monarch_nb.actor).
         self.fault_hook: Callable[[], Callable[[MeshFailure], object]] | None = None
@@ -75,6 +76,9 @@ class Supervision:
         with self._lock:
             for address in targets:
                 self._waiting.setdefault(address, {})[port] = (cluster_id, targets[address])
+            stopped = self._stopped.get(cluster_id)
+            if stopped is not None:
+                return dict.fromkeys(targets, stopped)
             dead = {a: self._dead[a] for a in targets if a in self._dead}
             for a in dead:
                 if a in self._names:
@@ -141,6 +145,23 @@ class Supervision:
         for port, cluster_id, base_rank, reason in pending:
             self.fail(cluster_id, port, base_rank, reason)
 
+    def cluster_stopped(self, cluster_id: str, why: str) -> None:
+        """This client stopped the cluster: its hub will send no news of the actors, so
+        every call still waiting on them fails now with ``why``, and later calls at once."""
+        with self._lock:
+            self._stopped[cluster_id] = why
+            pending = []
+            for address in list(self._waiting):
+                ports = self._waiting[address]
+                for port, (cid, base) in list(ports.items()):
+                    if cid == cluster_id:
+                        pending.append((port, base))
+                        del ports[port]
+                if not ports:
+                    del self._waiting[address]
+        for port, base_rank in pending:
+            self.fail(cluster_id, port, base_rank, why)
+
     # unhandled failures -----------------------------------------------------------------
     def reached_a_call(self, cluster_id: str, failure: MeshFailure) -> bool:
         """Whether ``failure`` (a death) already failed a call of this client: that call's
@@ -173,9 +194,13 @@ class Supervision:
                   file=sys.stderr)
 
     def raise_armed(self, cluster_id: str, mesh: str) -> None:
-        """Raise (once) the failures armed for ``mesh``: called before a call is sent."""
-        if not self._armed:  # the hot path: nothing armed anywhere
+        """Raise (once) the failures armed for ``mesh``: called before a call is sent.
+        A call on a cluster this client stopped raises ``SupervisionError`` every time."""
+        if not self._armed and not self._stopped:  # the hot path: nothing armed anywhere
             return
+        stopped = self._stopped.get(cluster_id)
+        if stopped is not None:
+            raise SupervisionError(stopped)
         with self._lock:
             failures = self._armed.pop((cluster_id, mesh), None)
         if failures:
