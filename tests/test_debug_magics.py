@@ -145,6 +145,7 @@ def test_paused_ranks_survive_a_kernel_restart(kernel):
     kernel.restart()
     out = kernel.run(f"%load_ext monarch_nb\n%monarch connect {NAME}\n%monarch debug")
     assert "4 paused" in out and out.count("halt") >= 4
+    assert "it is `cluster`" in out and kernel.run("print(cluster.name)").strip() == NAME
     assert kernel.run("%monarch debug eval steppers y").split("\n")[:4] == [
         "[steppers 0] 5", "[steppers 1] 6", "[steppers 2] 7", "[steppers 3] 8"]
     shown = kernel.execute("%monarch debug")  # the live list: a widget, with html and plain fallbacks

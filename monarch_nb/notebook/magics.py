@@ -235,14 +235,22 @@ class MonarchMagics(Magics):
         info = cluster.info()
         where = slurm_options.describe(cluster._info)
         print(f"monarch: cluster {args.name!r} is up ({len(info['hosts'])} host(s){', ' + where if where else ''}, "
-              f"{len(info['actor_meshes'])} actor mesh(es); {time.monotonic() - t0:.2f} s)")
+              f"{len(info['actor_meshes'])} actor mesh(es); {time.monotonic() - t0:.2f} s){self._bind(cluster)}")
 
     def _connect(self, args, cell=None) -> None:
         cluster = cluster_mod.connect(args.name)
         info = cluster.info()
         print(f"monarch: connected to cluster {cluster.name!r} ({len(info['hosts'])} host(s), "
               f"proc meshes: {', '.join(info['proc_meshes']) or 'none'}, "
-              f"actor meshes: {', '.join(info['actor_meshes']) or 'none'})")
+              f"actor meshes: {', '.join(info['actor_meshes']) or 'none'}){self._bind(cluster)}")
+
+    def _bind(self, cluster) -> str:
+        """Bind ``cluster`` to the name ``cluster`` (as the kernel's auto-connect does)
+        unless the user keeps something else there; returns what to add to the message."""
+        if not isinstance(self.shell.user_ns.get("cluster", cluster), cluster_mod.Cluster):
+            return "; `cluster` is yours, so it was left alone"
+        self.shell.user_ns["cluster"] = cluster
+        return "; it is `cluster`"
 
     def _list(self, args, cell=None) -> None:
         self._print(render.clusters_table(cluster_mod.list_clusters()))
