@@ -400,3 +400,15 @@ def test_a_recovered_hub_keeps_procs_that_were_restarted(clusters):
     assert tree["counts"]["failed"] == 0 and tree["summary"].startswith("2/2 procs healthy"), tree["summary"]
     assert recovered.proc_meshes["p"].pids == restarted and restarted[1] == old[1]
     assert _state(recovered.actor_meshes["counters"]) == [3, 7]  # the restarted one from its arguments
+
+
+def test_calls_on_a_cluster_another_client_stopped_say_the_cluster_was_stopped(clusters):
+    clusters.append("stopped_elsewhere")
+    cluster = monarch_nb.Cluster.start("stopped_elsewhere")
+    counter = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}, name="p").spawn("c", Counter, 0)
+    stop = subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", "stopped_elsewhere"],
+                          capture_output=True, text=True, timeout=120)
+    assert stop.returncode == 0, stop.stderr
+    with pytest.raises(monarch_nb.actor.SupervisionError,
+                       match="was stopped with its cluster 'stopped_elsewhere': start or connect"):
+        counter.incr.call_one().get(timeout=30)

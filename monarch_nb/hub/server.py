@@ -179,6 +179,10 @@ class Hub:
         await self.stop_requested.wait()
         for task in background:
             task.cancel()
+        # What the clients that still hold handles are told of every proc as it goes.
+        for proc in self.registry.live_procs():
+            proc.cause = proc.cause or (f"was stopped with its cluster {self.path.name!r}: start or connect to a "
+                                        "cluster and spawn again")
         await self._shutdown_hosts()
         serve.cancel()
         # Everything has stopped: nothing is left to recover, so no runtime file stays.
