@@ -243,6 +243,17 @@ def test_help_lists_every_subcommand(kernel, talkers):
         assert usage in out
 
 
+def test_a_missing_argument_names_the_subcommand_and_shows_its_usage():
+    from IPython.core.error import UsageError
+
+    from monarch_nb.notebook.magics import PARSER
+
+    with pytest.raises(UsageError) as info:
+        PARSER.parse_args(["procs"])
+    assert str(info.value) == ("%monarch procs: the following arguments are required: var; "
+                               "usage: %monarch procs [--per-host PER_HOST] [--name NAME] var")
+
+
 def test_a_broadcast_failure_shows_in_the_running_cell_and_kills_the_actor(kernel, talkers):
     kernel.run("%monarch spawn brittle Talker --procs workers")
     # The waiting call is made first, on ranks the failure spares: made after it, on a

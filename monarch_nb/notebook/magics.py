@@ -6,6 +6,7 @@ one line with a hint, no traceback.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import io
 import shlex
@@ -42,8 +43,18 @@ class ExecFailed(MonarchNbError):
     """``%%monarch exec`` raised on some ranks (their tracebacks are shown above)."""
 
 
+class _Parser(MagicArgumentParser):
+    """Usage errors are one line naming the subcommand, with its usage (argparse's alone
+    read "the following arguments are required: var")."""
+
+    def error(self, message):
+        usage = argparse.HelpFormatter(self.prog)  # IPython's formatter writes reST, for docstrings
+        usage.add_usage(self.usage, self._actions, self._mutually_exclusive_groups)
+        raise UsageError(f"{self.prog}: {message}; {' '.join(usage.format_help().split())}")
+
+
 def _parser() -> MagicArgumentParser:
-    parser = MagicArgumentParser(prog="%monarch", add_help=False,
+    parser = _Parser(prog="%monarch", add_help=False,
                                  description="Drive a monarch_nb cluster from the notebook.")
     verbs = parser.add_subparsers(dest="verb", metavar="SUBCOMMAND")
     start = verbs.add_parser("start", help="start (or reconnect to) a retained cluster")
