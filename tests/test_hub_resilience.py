@@ -305,7 +305,7 @@ def test_spawn_call_stop_cycles_leave_the_client_with_a_flat_number_of_fds():
             return actors._addresses
 
         def heard_gone(addresses: list[str]) -> bool:  # the hub's actors_gone reached this client
-            return all(supervision.why_dead(a) is not None for a in addresses)
+            return all(supervision.why_dead(c.hub.cluster_id, a) is not None for a in addresses)
 
         # Warm-up: the event inbox, the sockets to the hub and to this mailbox.
         warm = cycle(0)

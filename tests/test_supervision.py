@@ -154,7 +154,7 @@ def test_a_long_lived_client_remembers_only_the_latest_deaths(monkeypatch):
     client = supervision.Supervision(mailbox=lambda: None)
     for i in range(5):
         client.actors_gone({"cluster": "c", "actors": {f"tcp://10.0.0.1:{i}": ("m", i, f"died {i}")}})
-    assert [client.why_dead(f"tcp://10.0.0.1:{i}") for i in range(5)] == [None, None, "died 2", "died 3", "died 4"]
+    assert [client.why_dead("c", f"tcp://10.0.0.1:{i}") for i in range(5)] == [None, None, "died 2", "died 3", "died 4"]
     assert len(client._names) == 3
 
 
@@ -175,3 +175,16 @@ def test_calls_on_a_cluster_this_client_stopped_fail_at_once_naming_the_stop():
     with pytest.raises(SupervisionError, match="was stopped"):
         mesh.pid.broadcast()
     assert time.monotonic() - started < 10
+
+
+def test_an_actor_at_the_port_a_stopped_clusters_dead_actor_had_is_not_taken_for_dead():
+    # Seen in CI: an actor spawned by an actor (no registry sync in this client) got the
+    # port of a dead actor of an earlier, stopped cluster, and calls to it failed with
+    # that actor's death.
+    from monarch_nb.client import supervision
+
+    client = supervision.Supervision(mailbox=lambda: None)
+    client.actors_gone({"cluster": "old", "actors": {"tcp://127.0.0.1:4000": ("echo", 2, "proc cycle2/2 was stopped")}})
+    assert client.why_dead("new", "tcp://127.0.0.1:4000") is None
+    assert client.watch("new", 7, {"tcp://127.0.0.1:4000": 0}) == {}
+    assert client.why_dead("old", "tcp://127.0.0.1:4000") == "proc cycle2/2 was stopped"

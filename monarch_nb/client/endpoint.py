@@ -120,7 +120,7 @@ class Endpoint(Generic[P, R]):
                 dead_ranks.add(i)
                 # Ranks that died with it (a stopped mesh, a lost host) are named too.
                 for base, j in by_base.items():
-                    why = None if j in answered else supervision.why_dead(mesh._addresses[base])
+                    why = None if j in answered else supervision.why_dead(mesh._cluster_id, mesh._addresses[base])
                     if why is not None:
                         answered.add(j)
                         failures[j] = RemoteFailure(mesh.extent.point(view_ranks[j]), SupervisionError(why), "")

@@ -58,7 +58,9 @@ class Supervision:
     def __init__(self, mailbox: Callable[[], Mailbox]):
         self._mailbox = mailbox
         self._lock = threading.Lock()
-        self._dead: dict[str, str] = _Recent()  # actor address -> why it is gone
+        # actor address -> (cluster id, why it is gone). The cluster matters: a port a dead
+        # actor of a stopped cluster had is often a new cluster's actor's port.
+        self._dead: dict[str, tuple[str, str]] = _Recent()
         self._waiting: dict[str, dict[int, tuple[str, int]]] = {}  # address -> port -> (cluster id, base rank)
         self._armed: dict[tuple[str, str], list[MeshFailure]] = {}  # (cluster id, actor mesh) -> failures
         self._names: dict[str, tuple[str, str, int]] = _Recent()  # dead actor's address -> (cluster id, mesh, rank)
@@ -79,7 +81,7 @@ class Supervision:
             stopped = self._stopped.get(cluster_id)
             if stopped is not None:
                 return dict.fromkeys(targets, stopped)
-            dead = {a: self._dead[a] for a in targets if a in self._dead}
+            dead = {a: entry[1] for a in targets if (entry := self._dead.get(a)) and entry[0] == cluster_id}
             for a in dead:
                 if a in self._names:
                     self._told[self._names[a]] = None
@@ -94,16 +96,17 @@ class Supervision:
                     if not ports:
                         del self._waiting[address]
 
-    def sync(self, addresses: list[str], dead: dict) -> None:
-        """The hub's view of an actor mesh: the actors at ``addresses`` are alive except
-        those whose rank is in ``dead`` (rank -> why it is gone: the report calls raise)."""
+    def sync(self, cluster_id: str, addresses: list[str], dead: dict) -> None:
+        """The hub's view of an actor mesh of ``cluster_id``: the actors at ``addresses``
+        are alive except those whose rank is in ``dead`` (rank -> why it is gone: the
+        report calls raise)."""
         with self._lock:
             for rank, address in enumerate(addresses):
                 why = dead.get(str(rank), dead.get(rank))
                 if why is None:
                     self._dead.pop(address, None)  # a live actor; its port may be a dead one's, reused
                 else:
-                    self._dead[address] = why
+                    self._dead[address] = (cluster_id, why)
 
     def fail(self, cluster_id: str, port: int, base_rank: int, why: str) -> None:
         """Send the waiting call at ``port`` a failure reply for ``base_rank``."""
@@ -112,10 +115,11 @@ class Supervision:
         mailbox.send(mailbox.address, wire_frames.encode_value(cluster_id, header,
                                                                  pack_exception(SupervisionError(why))))
 
-    def why_dead(self, address: str) -> str | None:
-        """Why the actor at ``address`` is known gone, or ``None``."""
+    def why_dead(self, cluster_id: str, address: str) -> str | None:
+        """Why the actor of ``cluster_id`` at ``address`` is known gone, or ``None``."""
         with self._lock:
-            return self._dead.get(address)
+            entry = self._dead.get(address)
+        return entry[1] if entry is not None and entry[0] == cluster_id else None
 
     # hub events -------------------------------------------------------------------------
     def on_event(self, event: dict) -> None:
@@ -134,7 +138,7 @@ class Supervision:
         with self._lock:
             pending = []
             for address, (mesh, rank, why) in event["actors"].items():
-                self._dead[address] = why
+                self._dead[address] = (event.get(events.CLUSTER, ""), why)
                 self._names[address] = (event.get(events.CLUSTER, ""), mesh, rank)
                 waiting = self._waiting.pop(address, {})
                 if waiting:
