@@ -188,3 +188,6 @@ def test_an_actor_at_the_port_a_stopped_clusters_dead_actor_had_is_not_taken_for
     assert client.why_dead("new", "tcp://127.0.0.1:4000") is None
     assert client.watch("new", 7, {"tcp://127.0.0.1:4000": 0}) == {}
     assert client.why_dead("old", "tcp://127.0.0.1:4000") == "proc cycle2/2 was stopped"
+    # A late report of the old cluster fails no call waiting on the new one.
+    client.actors_gone({"cluster": "old", "actors": {"tcp://127.0.0.1:4000": ("echo", 2, "late news")}})
+    assert client._waiting == {"tcp://127.0.0.1:4000": {7: ("new", 0)}}

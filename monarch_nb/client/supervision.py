@@ -135,12 +135,18 @@ class Supervision:
     def actors_gone(self, event: dict) -> None:
         """The hub's news that actors died with their proc or were stopped: fail what waits
         on them, and close the sockets to them (dropping calls still queued for them)."""
+        cluster = event.get(events.CLUSTER, "")
         with self._lock:
             pending = []
             for address, (mesh, rank, why) in event["actors"].items():
-                self._dead[address] = (event.get(events.CLUSTER, ""), why)
-                self._names[address] = (event.get(events.CLUSTER, ""), mesh, rank)
-                waiting = self._waiting.pop(address, {})
+                self._dead[address] = (cluster, why)
+                self._names[address] = (cluster, mesh, rank)
+                ports = self._waiting.get(address, {})
+                waiting = {port: v for port, v in ports.items() if v[0] == cluster}  # not another cluster's calls
+                for port in waiting:
+                    del ports[port]
+                if not ports:
+                    self._waiting.pop(address, None)
                 if waiting:
                     self._told[self._names[address]] = None
                 pending += [(port, cid, base, why) for port, (cid, base) in waiting.items()]
