@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import zmq
+
 from ..protocol import envelope, events
 from ..wire.aio import AioEndpoint
 from .clients import Clients
@@ -25,7 +27,10 @@ class Announcer:
         event = {**event, events.CLUSTER: self._cluster_id}
         for client in list(self._clients.table.values()):
             if client.log_address:
-                await self._net.send(client.log_address, event)
+                try:
+                    await self._net.send(client.log_address, event)
+                except zmq.ZMQError:  # e.g. the hub closed its sockets (stopping) while this was due:
+                    continue  # events are best effort (a client asks the hub for what it missed)
 
     def health_changed(self) -> None:
         """Announce ``health_changed`` once per ``EVENT_COALESCE_S``, however many changes."""
