@@ -62,7 +62,10 @@ class MonarchKernel(WidgetSubshellKernel, IPythonKernel):
         snapshot of its tree, sent on IOPub before the shutdown reply."""
         from .notebook import live_displays
 
-        live_displays.snapshot_all(self, restart)
+        try:
+            live_displays.snapshot_all(self, restart)
+        except Exception:  # noqa: BLE001 - a snapshot must never keep the kernel from going
+            self.log.exception("monarch_nb: could not replace the live widgets by snapshots")
         return super().do_shutdown(restart)
 
     def _greet(self, info=None) -> None:

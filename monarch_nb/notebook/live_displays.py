@@ -119,4 +119,9 @@ def _on_exit_now(change) -> None:
     request = kernel.get_parent("control") or {}  # the shutdown_request being handled, if any
     restart = (request.get("content", {}).get("restart")
                if request.get("header", {}).get("msg_type") == "shutdown_request" else None)
-    snapshot_all(kernel, restart)
+    try:
+        snapshot_all(kernel, restart)
+    except Exception:  # noqa: BLE001 - an observer that raises would break the kernel's own shutdown
+        import traceback
+
+        traceback.print_exc()
