@@ -4,8 +4,11 @@ and a check that every process a test started is gone afterwards."""
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import shutil
+import signal
+import sys
 import tempfile
 import time
 
@@ -22,6 +25,23 @@ if not os.path.basename(os.environ.get("MONARCH_NB_HOME", "")).startswith(HOME_P
     # Leave no folder in /tmp. Registered before monarch_nb is imported, so it runs after
     # monarch_nb's own exit handlers have torn down this process's ephemeral clusters.
     atexit.register(shutil.rmtree, os.environ["MONARCH_NB_HOME"], ignore_errors=True)
+
+# A suite started from a background job (`cmd &` in a script) inherits SIGINT ignored, and
+# so would every process a test starts: Ctrl-C tests would find nothing to interrupt.
+# A handler here is reset to the default in each child at exec, where Python installs its own.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# Seconds the test process may take to exit once pytest is done (exit handlers stop the
+# clusters tests left to them, then the interpreter ends).
+EXIT_TIMEOUT_S = 120
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    # A process that does not exit is a bug a user's script would hit too: make it a
+    # failure that shows every thread's stack, not a silent hang until CI's time is up.
+    faulthandler.dump_traceback_later(EXIT_TIMEOUT_S, exit=True, file=sys.__stderr__)
 
 
 def cluster_processes(path) -> list[psutil.Process]:
