@@ -172,3 +172,40 @@ def test_a_descriptor_announcing_more_than_arrived_is_dropped_without_allocating
     huge = [sent[0].replace(b" 200000 ", b" 999999999999999 "), *sent[1:]]
     with pytest.raises(frames.BadMessage, match="not the announced"):
         frames.decode(huge, frames.ReplayGuard())
+
+
+def test_a_frame_set_signed_at_its_send_names_its_segments_and_hashes_only_what_goes_on_a_socket(monkeypatch):
+    from monarch_nb.wire import frames
+
+    monkeypatch.setattr(shm, "MIN_BYTES", 1 << 20)
+    frames.register_key("shm-named", b"k" * 32)
+    value = np.random.default_rng(3).integers(0, 256, 2 << 20, np.uint8)
+    hashed = []
+    real = frames.blake3.blake3
+
+    def counting(*args, **kwargs):
+        hashed.append(1)
+        return real(*args, **kwargs)
+
+    counting.AUTO = real.AUTO
+    monkeypatch.setattr(frames.blake3, "blake3", counting)
+    encoded = frames.encode_value("shm-named", {}, value, sign_at_send=True)  # as a call's arguments are
+
+    local = frames.route("tcp://127.0.0.1:5", encoded)
+    assert b" seg " in bytes(local[0])
+    assert np.array_equal(frames.decode(list(local), frames.ReplayGuard()).value(), value)
+    assert hashed == []  # a segment's contents: neither side hashes them
+    remote = [frames.route(f"tcp://10.0.0.{n}:5", encoded) for n in (1, 2)]
+    assert len(hashed) == 1  # to other hosts: hashed once for every send of the frame set
+    assert np.array_equal(frames.decode(list(remote[0]), frames.ReplayGuard()).value(), value)
+
+    before = frames.dropped()
+    first, second = (frames.route("tcp://127.0.0.1:5", encoded) for _ in range(2))
+    with pytest.raises(frames.BadMessage, match="bad signature"):  # one send's signature, another's segment
+        frames.decode([second[0], *first[1:]], frames.ReplayGuard())
+    assert np.array_equal(frames.decode(list(first), frames.ReplayGuard()).value(), value)  # the real one still arrives
+    third = frames.route("tcp://127.0.0.1:5", encoded)
+    with pytest.raises(frames.BadMessage, match="bad signature"):  # named segment passed off as a hashed one
+        frames.decode([bytes(third[0]).replace(b" seg ", b" shm "), *third[1:]], frames.ReplayGuard())
+    assert frames.dropped() == before + 2
+    assert segments("shm-named") == []

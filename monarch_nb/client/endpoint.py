@@ -76,7 +76,7 @@ class Endpoint(Generic[P, R]):
         if route is not None:
             header.update(route)
         frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
-                                          what=f"an argument of {mesh._name}.{self._name}")
+                                          what=f"an argument of {mesh._name}.{self._name}", sign_at_send=True)
         (gather or Gather(rt.mailbox)).send(addresses, frames)
 
     @protected

@@ -189,8 +189,48 @@ def _mac(keys: _Keys, stamp: bytes, parts) -> bytes:
     return mac.digest()
 
 
-def encode(cluster_id: str, header: dict, body: bytes | None = None, buffers=()) -> list:
+def _mac_routed(keys: _Keys, stamp: bytes, parts, segments: dict, digests: dict | None = None) -> bytes:
+    """:func:`_mac` of a frame set signed as it left (:func:`route`): a frame moved to a
+    shared-memory segment enters as that segment's name, not its contents (``wire.shm``
+    says why that holds); other large frames as their keyed BLAKE3. ``segments``: part
+    index -> segment name; ``digests``: part index -> digest, those of earlier sends of
+    the same frame set, filled in here."""
+    mac = keys.hmac.copy()
+    mac.update(stamp)
+    for i, part in enumerate(parts):
+        view = memoryview(part)
+        mac.update(_LEN.pack(view.nbytes))
+        name = segments.get(i)
+        if name is not None:
+            mac.update(b"segment " + name.encode())
+        elif view.nbytes >= BLAKE3_MIN_BYTES:
+            digest = digests.get(i) if digests is not None else None
+            if digest is None:
+                digest = blake3.blake3(view, key=keys.blake3, max_threads=blake3.blake3.AUTO).digest()
+                if digests is not None:
+                    digests[i] = digest
+            mac.update(digest)
+        else:
+            mac.update(view)
+    return mac.digest()
+
+
+class _Unsigned:
+    """First frame of a frame set :func:`encode` left to be signed by its sends."""
+
+    __slots__ = ("keys", "stamp", "cid", "digests")
+
+    def __init__(self, keys: _Keys, stamp: bytes, cid: bytes):
+        self.keys, self.stamp, self.cid = keys, stamp, cid
+        self.digests: dict[int, bytes] = {}  # keyed BLAKE3 of large frames, made by a first send over a socket
+
+
+def encode(cluster_id: str, header: dict, body: bytes | None = None, buffers=(), sign_at_send: bool = False) -> list:
     """Frames for ``header`` plus an already-pickled ``body`` and its buffers.
+
+    ``sign_at_send``: frames only for ``sockets.Outbox.send``, which signs them for each
+    destination (:func:`route`) when they hold a large frame, so one moved to shared
+    memory is signed by its segment's name and never hashed (``wire.shm``).
 
     Raises :class:`MessageTooLarge` when the frames exceed :func:`max_message_bytes`.
     """
@@ -205,17 +245,41 @@ def encode(cluster_id: str, header: dict, body: bytes | None = None, buffers=())
             "smaller pieces, or raise MONARCH_NB_MAX_MESSAGE_BYTES in the client and every proc"
         )
     stamp = _stamp()
+    if sign_at_send and size >= shm.MIN_BYTES and any(memoryview(b).nbytes >= shm.MIN_BYTES for b in parts[2:]):
+        return [_Unsigned(_keys[cid], stamp, cid), *parts]  # a buffer that may go through shared memory
     return [MAGIC + _mac(_keys[cid], stamp, parts) + stamp + cid, *parts]
 
 
-def encode_value(cluster_id: str, header: dict, value: Any, what: str = "value") -> list:
+def encode_value(cluster_id: str, header: dict, value: Any, what: str = "value", sign_at_send: bool = False) -> list:
     """Pickle ``value`` (out-of-band buffers included) and :func:`encode` it."""
     body, buffers = serialize.dumps(value, what)
-    return encode(cluster_id, header, body, [b.raw() for b in buffers])
+    return encode(cluster_id, header, body, [b.raw() for b in buffers], sign_at_send)
+
+
+def route(address: str, frames: list) -> list:
+    """``frames`` as they leave for ``address``: large frames moved to shared memory or
+    split into pieces (``wire.shm.offload``), and a frame set :func:`encode` left
+    unsigned signed for that route. ``frames`` itself is left as it was (a call sends
+    it to every actor of a mesh)."""
+    first = frames[0]
+    if type(first) is not _Unsigned:
+        if len(frames) > FIXED_FRAMES:
+            return shm.offload(address, cluster_of(frames), frames, FIXED_FRAMES)
+        return frames
+    segments: dict[int, str] = {}
+    out = shm.offload(address, first.cid.decode(), frames, FIXED_FRAMES, segments)
+    at = 1 if out is not frames else 0  # after the descriptor, if there is one
+    out = list(out) if out is frames else out
+    signature = _mac_routed(first.keys, first.stamp, frames[1:], {i - 1: n for i, n in segments.items()},
+                            first.digests)
+    out[at] = MAGIC + signature + first.stamp + first.cid
+    return out
 
 
 def cluster_of(frames: list) -> str:
     """The cluster id of an encoded frame set (as :func:`encode` made it)."""
+    if type(frames[0]) is _Unsigned:
+        return frames[0].cid.decode()
     return bytes(frames[0])[_STAMP_AT.stop:].decode()
 
 
@@ -227,9 +291,10 @@ def decode(frames: list, guard: ReplayGuard | None) -> Message:
     global _dropped
     try:
         prefix = bytes(frames[0])
+        segments: dict[int, str] = {}
         if prefix.startswith(shm.MARKER):
             try:
-                frames = shm.restore(frames, trusted_clusters())
+                frames = shm.restore(frames, trusted_clusters(), segments)
             except shm.SegmentError as e:
                 raise BadMessage(str(e)) from None
             prefix = bytes(frames[0])
@@ -240,7 +305,9 @@ def decode(frames: list, guard: ReplayGuard | None) -> Message:
             raise BadMessage("unknown cluster id")
         stamp = prefix[_STAMP_AT]
         parts = frames[1:]
-        if not hmac.compare_digest(_mac(key, stamp, parts), prefix[_SIG]):
+        signature = _mac_routed(key, stamp, parts, {i - 1: n for i, n in segments.items()}) if segments \
+            else _mac(key, stamp, parts)
+        if not hmac.compare_digest(signature, prefix[_SIG]):
             raise BadMessage("bad signature")
         if guard is not None and not guard.accept(*_STAMP.unpack(stamp)):
             raise BadMessage("replayed")

@@ -56,7 +56,7 @@ def deliver(outbox: sockets.Outbox, cluster_id: str, address: str, port: int, ra
     header = {envelope.PORT: port, envelope.RANK: rank, **(extra or {})}
     if error is None:
         try:
-            frames = wire_frames.encode_value(cluster_id, {envelope.OK: True, **header}, value, what)
+            frames = wire_frames.encode_value(cluster_id, {envelope.OK: True, **header}, value, what, sign_at_send=True)
         except Exception as e:  # SerializationError, MessageTooLarge, what its __getstate__ raised
             error = e
     if error is not None:

@@ -14,21 +14,30 @@ after one leading descriptor frame saying, for each, where it is (a segment, or 
 many pieces follow the frame set) and what to make of it (``b`` bytes, ``a``
 bytearray, ``m`` mapped).
 
-Integrity holds as on the socket: the frame set's signature covers each frame's
-contents as the sender encoded them, whole (the signature is made before the split into
-pieces or segments), and the receiver checks it over what it rebuilt before anything is
-unpickled. A read or joined frame is the receiver's private copy, so what was verified
-is what gets unpickled. A mapped one: only this user can create, open or write a
-segment (mode 0600, created exclusively; the receiver refuses one owned by anyone else
-or readable by others), the receiver unlinks it before mapping it, and the sender never
-mapped it and has closed its file by then. The descriptor frame itself is not signed:
-a forged one naming segments of its own, or reordering or resizing the pieces, makes
-other bytes, which fail the signature check (every frame's length is signed too); one
-naming a real segment would have to guess its 64 random bits (it could then only make
-the real message be dropped); and a forged ``b``/``a``/``m`` only changes which
-container holds the verified bytes (a value of another type is converted on
-unpickling, ``wire.serialize``). Sizes are checked against what arrived before
-anything is allocated.
+Integrity. What travels on the socket is signed (``wire.frames``) and checked before
+anything is unpickled; a segment's contents are protected by who can write it: only
+this user can create, open or write a segment (mode 0600, created exclusively; the
+receiver refuses one owned by anyone else or readable by others), the sender wrote it
+through a file it closed before the descriptor left (it never maps it), and the
+receiver unlinks it before reading or mapping it, so nobody can open it afterwards. A
+process that could still write it runs as this user, and could as well read the
+cluster's key. So a frame set whose segments were made for one send (``offload``'s
+``segments``: a call's arguments, a return value) is signed with each segment's name
+and size in place of its contents, and neither side hashes what it moves through
+memory (marked ``seg``). A frame set signed before the send knew the route (``shm``)
+covers each frame's contents, as on the socket, and the receiver checks them after
+reading. A frame joined from pieces is the receiver's private copy of bytes the
+signature covers, so what was verified is what gets unpickled.
+
+The descriptor frame itself is not signed: a forged one naming segments of its own, or
+reordering or resizing the pieces, makes other bytes (or other names), which fail the
+signature check (every frame's length is signed too); ``seg`` and ``shm`` swapped make
+the receiver check another signature than the sender made; one naming a real segment
+would have to guess its 64 random bits (it could then only make the real message be
+dropped); and a forged ``b``/``a``/``m`` only changes which container holds the
+verified bytes (a value of another type is converted on unpickling,
+``wire.serialize``). Sizes are checked against what arrived before anything is
+allocated.
 
 Names are ``mnb-<cluster tag>-<sender pid>-<random>`` in ``/dev/shm`` (the tag: a hash
 of the cluster id, so that no cluster's names are a prefix of another's), so that every
@@ -136,14 +145,18 @@ def kind_of(frame) -> str:
     return "b" if type(base) is bytes else "a" if type(base) is bytearray else "m"
 
 
-def offload(address: str, cluster_id: str, frames: list, first: int) -> list:
+def offload(address: str, cluster_id: str, frames: list, first: int, segments: dict | None = None) -> list:
     """``frames`` as they go to ``address``: ``[descriptor, *frames]`` when some frame
     from ``first`` on travels another way, else ``frames`` itself. A frame of
     ``MIN_BYTES`` or more to a peer on this host moves to a segment (emptied in place);
     a ``bytes`` or ``bytearray`` frame over ``fill.PIECE_BYTES`` that stays on the socket
     is split into pieces of that size sent after the other frames (emptied in place),
     so that the receiver can free each piece once copied (``wire.fill``). The pieces
-    are views: nothing is copied here."""
+    are views: nothing is copied here.
+
+    ``segments``: the caller signs the frame set after this, naming each segment
+    instead of hashing its contents (see the module docstring); it gets ``{index:
+    segment name}`` for the frames moved to segments, which the descriptor marks so."""
     local = is_local(address)
     lines = []
     pieces: list = []
@@ -155,7 +168,9 @@ def offload(address: str, cluster_id: str, frames: list, first: int) -> list:
             kind = kind_of(frames[i])
             name = _put(cluster_id, frames[i])
             if name is not None:
-                lines.append(f"{i} {size} {kind} shm {name}")
+                if segments is not None:
+                    segments[i] = name
+                lines.append(f"{i} {size} {kind} {'seg' if segments is not None else 'shm'} {name}")
                 out[i] = b""
                 continue
         if size > fill.PIECE_BYTES and (kind or kind_of(frames[i])) != "m":
@@ -166,7 +181,7 @@ def offload(address: str, cluster_id: str, frames: list, first: int) -> list:
             out[i] = b""
     if not lines:
         return frames
-    names = [line.rpartition(" ")[2] for line in lines if " shm " in line]
+    names = [line.rpartition(" ")[2] for line in lines if " pieces " not in line]
     if names:
         with _sent_lock:
             sent = _sent[address]
@@ -176,23 +191,26 @@ def offload(address: str, cluster_id: str, frames: list, first: int) -> list:
     return [MARKER + "\n".join(lines).encode(), *out, *pieces]
 
 
-def restore(frames: list, cluster_ids) -> list:
+def restore(frames: list, cluster_ids, segments: dict) -> list:
     """Inverse of :func:`offload` on the receiving side: the frame set with each
     emptied frame back, as a new ``bytes`` or ``bytearray`` read out of its segment or
     joined from its pieces (``wire.fill``), or, for other frames, its segment mapped
     (writable, private to this process once unlinked). Consumes ``frames``: the pieces
-    are removed from the list, so each is freed once copied. Raises
-    :class:`SegmentError` for a malformed descriptor, a segment that is missing, not
-    of ``cluster_ids``, not this user's own, or of the wrong size, or pieces that don't
-    add up; every segment the descriptor names is unlinked either way."""
+    are removed from the list, so each is freed once copied. Fills ``segments`` with
+    ``{index: name}`` of the segments the frame set is signed by name (``offload``'s
+    ``segments``). Raises :class:`SegmentError` for a malformed descriptor, a segment
+    that is missing, not of ``cluster_ids``, not this user's own, or of the wrong size,
+    or pieces that don't add up; every segment the descriptor names is unlinked either way."""
     entries: list[tuple[int, int, type, str, int]] = []  # index, size, kind, segment name or "", pieces
     try:
         for line in bytes(frames[0])[len(MARKER):].decode().split("\n"):
             at, nbytes, letter, how, what = line.split(" ")
-            if letter not in _KINDS or how not in ("shm", "pieces"):
+            if letter not in _KINDS or how not in ("shm", "seg", "pieces"):
                 raise ValueError(line)
-            shm_name, n = (what, 0) if how == "shm" else ("", int(what))
+            shm_name, n = (what, 0) if how != "pieces" else ("", int(what))
             entries.append((int(at), int(nbytes), _KINDS[letter], shm_name, n))
+            if how == "seg":
+                segments[int(at)] = what
     except ValueError:  # UnicodeDecodeError too
         raise SegmentError("malformed shared-memory descriptor") from None
     n_pieces = sum(entry[4] for entry in entries)

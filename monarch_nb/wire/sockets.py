@@ -192,7 +192,7 @@ class Outbox:
             _sweep_idle(now)  # before taking this thread's lock: it takes every thread's
         table = self._table()
         if len(frames) > wire_frames.FIXED_FRAMES:  # out-of-band buffers: large ones travel apart
-            frames = shm.offload(address, wire_frames.cluster_of(frames), frames, wire_frames.FIXED_FRAMES)
+            frames = wire_frames.route(address, frames)
         buffers = frames[wire_frames.FIXED_FRAMES:]
         try:
             with table.lock:
