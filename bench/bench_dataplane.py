@@ -154,11 +154,12 @@ def shm_threshold(reps: int) -> list[tuple[int, float, float]]:
     out = []
     try:
         for size in (256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20):
-            encoded = frames.encode("bench-threshold", {}, b"", [np.ones(size, np.uint8)])
+            value = np.ones(size, np.uint8)
 
             def through(min_bytes):
                 shm.MIN_BYTES = min_bytes
-                outbox.send(address, encoded)
+                # encoded as a call's arguments are: signed as it leaves, by the route it takes
+                outbox.send(address, frames.encode_value("bench-threshold", {}, value, sign_at_send=True))
                 frames.decode(sockets.recv_frames(inbox), None)
 
             got = interleaved({"shm": lambda: through(1), "tcp": lambda: through(1 << 62)},

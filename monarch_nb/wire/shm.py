@@ -71,11 +71,13 @@ from . import fill
 
 SHM_DIR = "/dev/shm"
 MARKER = b"MNBSHM1 "
-# Frames this large go through shared memory (bytes). A fresh segment's pages cost a
-# fault each, where libzmq's receive buffers below ~32 MiB are reused heap: on the 2-core
-# VM here (bench/bench_dataplane.py, figure 4, three runs) shm took 1.1-2.0x TCP's time at
-# 1 MiB, 1.5-4.3x at 16 MiB and 0.94-1.16x at 64 MiB: it only breaks even at 64 MiB.
-MIN_BYTES = 64 << 20
+# Frames this large go through shared memory (bytes). Signed by name (a call's arguments,
+# a return value), a segment is never hashed, where the socket's frames are, on both
+# sides: on the 2-core VM here (bench/bench_dataplane.py, figure 4, three runs) shm took
+# 0.55-0.65x TCP's time at 256 KiB, 0.64-0.85x at 1 MiB, 0.50-0.59x at 16 MiB and
+# 0.36-0.37x at 64 MiB. Below 1 MiB a segment's file (made, opened, unlinked for every
+# message) is a larger share for a few hundred microseconds gained.
+MIN_BYTES = 1 << 20
 # A dead sender's segment is swept only this long after it was written (seconds): a
 # message from a sender that exited at once (a reply, then the actor stopped) may still
 # be on its way.
