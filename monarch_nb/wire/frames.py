@@ -291,8 +291,9 @@ def decode(frames: list, guard: ReplayGuard | None) -> Message:
     global _dropped
     try:
         prefix = bytes(frames[0])
-        segments: dict[int, str] = {}
+        segments: dict[int, str] | None = None
         if prefix.startswith(shm.MARKER):
+            segments = {}
             try:
                 frames = shm.restore(frames, trusted_clusters(), segments)
             except shm.SegmentError as e:
