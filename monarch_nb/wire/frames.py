@@ -11,7 +11,10 @@ over the stamp and every frame after it, each prefixed by its 8-byte length so f
 can't be re-split. A frame of ``BLAKE3_MIN_BYTES`` or more enters the HMAC as its keyed
 BLAKE3 digest instead of its bytes: keyed BLAKE3 is itself a MAC, under a key derived
 from the cluster's, and it runs at memory speed on several threads where HMAC-SHA256
-runs at ~1.5 GB/s on one; each side hashes a large buffer once. A receiver verifies the
+runs at ~1.5 GB/s on one; each side hashes a large buffer once. A call's arguments and
+a return value are signed as they leave (:func:`route`), when the route is known: a
+buffer that goes through a shared-memory segment enters as the segment's name instead,
+and is never hashed (``wire.shm`` says why that holds). A receiver verifies the
 signature before unpickling anything; frame sets that fail are dropped and counted
 (:func:`dropped`), never unpickled.
 
@@ -194,7 +197,8 @@ def _mac_routed(keys: _Keys, stamp: bytes, parts, segments: dict, digests: dict 
     shared-memory segment enters as that segment's name, not its contents (``wire.shm``
     says why that holds); other large frames as their keyed BLAKE3. ``segments``: part
     index -> segment name; ``digests``: part index -> digest, those of earlier sends of
-    the same frame set, filled in here."""
+    the same frame set, filled in here. (:func:`_mac` is this without segments, kept
+    apart because every small message runs it.)"""
     mac = keys.hmac.copy()
     mac.update(stamp)
     for i, part in enumerate(parts):
