@@ -209,3 +209,36 @@ def test_a_frame_set_signed_at_its_send_names_its_segments_and_hashes_only_what_
         frames.decode([bytes(third[0]).replace(b" seg ", b" shm "), *third[1:]], frames.ReplayGuard())
     assert frames.dropped() == before + 2
     assert segments("shm-named") == []
+
+
+def test_large_calls_racing_their_actors_stop_leave_no_segment(cluster, host):
+    # The news that the actors are gone can come while a call's segment is being written:
+    # the segment must still be unlinked (it stayed until the cluster stopped).
+    import threading
+
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="shm_race")
+    big = np.ones(32 << 20, np.uint8)
+    try:
+        for trial in range(3):
+            mesh = procs.spawn(f"race{trial}", Arrays)
+            outcomes = []
+
+            def keep_calling():
+                for _ in range(60):
+                    try:
+                        mesh.type_of.call_one(big).get(timeout=60)
+                        outcomes.append("ok")
+                    except Exception as e:  # noqa: BLE001 - the stop's SupervisionError ends it
+                        outcomes.append(type(e).__name__)
+                        return
+
+            caller = threading.Thread(target=keep_calling)
+            caller.start()
+            assert wait_until(lambda: len(outcomes) > trial, 60)  # stopped in the middle of the stream
+            mesh.stop()
+            caller.join(120)
+            assert outcomes[-1] == "SupervisionError", outcomes
+            assert wait_until(lambda: segments(cluster._info["cluster_id"]) == [], 15), \
+                f"trial {trial}: segments left after the stop"
+    finally:
+        procs.stop()

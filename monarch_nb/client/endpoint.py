@@ -16,6 +16,7 @@ from ..proc import actor as proc_actor
 from ..proc import call_chain
 from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
+from ..wire import sockets
 from ..wire.interrupts import protected
 from ..wire.mailbox import Gather
 from ..wire.port import Port
@@ -78,6 +79,12 @@ class Endpoint(Generic[P, R]):
         frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
                                           what=f"an argument of {mesh._name}.{self._name}", sign_at_send=True)
         (gather or Gather(rt.mailbox)).send(addresses, frames)
+        if wire_frames.signed_at_send(frames):  # large buffers: some may wait in shared-memory segments
+            # An actor whose death was reported while this was being sent would never take
+            # its segment: drop it now (Supervision.actors_gone did before it existed).
+            for address in addresses:
+                if rt.supervision.why_dead(mesh._cluster_id, address) is not None:
+                    sockets.Outbox.discard(address)
 
     @protected
     def _gather(self, view_ranks: list[int], args, kwargs, finish) -> Future:

@@ -260,6 +260,12 @@ def encode_value(cluster_id: str, header: dict, value: Any, what: str = "value",
     return encode(cluster_id, header, body, [b.raw() for b in buffers], sign_at_send)
 
 
+def signed_at_send(frames: list) -> bool:
+    """Whether :func:`encode` left ``frames`` to be signed by their sends (they hold a
+    buffer large enough for shared memory)."""
+    return type(frames[0]) is _Unsigned
+
+
 def route(address: str, frames: list) -> list:
     """``frames`` as they leave for ``address``: large frames moved to shared memory or
     split into pieces (``wire.shm.offload``), and a frame set :func:`encode` left

@@ -44,7 +44,9 @@ of the cluster id, so that no cluster's names are a prefix of another's), so tha
 segment is found and unlinked on every path:
 
 - normally, by the receiver when it takes the segment (before reading or mapping it);
-- when the receiver is known gone (``Outbox.discard``), by the sender (:func:`unlink_sent`);
+- when the receiver is known gone (``Outbox.discard``), by the sender (:func:`unlink_sent`),
+  also when that news comes while the segment is being written (each is noted as sent
+  before it exists), or after a call was sent (the client checks its targets once more);
 - when the sender died before the receiver took the segment, by the host agent's sweep
   of dead pids (:func:`sweep_dead`);
 - at cluster stop, by the host agent as it exits (:func:`remove_all`).
@@ -87,6 +89,7 @@ _WRITE_CHUNK = 1 << 30  # Linux writes at most ~2 GiB per call
 _NAME = re.compile(r"mnb-[0-9a-f]{16}-[0-9]+-[0-9a-f]{16}\Z")
 _warned = False
 _sent: dict[str, collections.deque] = collections.defaultdict(collections.deque)  # address -> names
+_writing: set[str] = set()  # names noted as sent whose segment is still being written
 _sent_lock = threading.Lock()
 
 
@@ -113,10 +116,11 @@ def _warn_once(error: OSError) -> None:
                       stacklevel=4)
 
 
-def _put(cluster_id: str, frame) -> str | None:
-    """A new segment holding ``frame``; its name, or ``None`` (after a warning) if none can be made."""
+def _put(cluster_id: str, frame, name: str | None = None) -> str | None:
+    """A new segment holding ``frame`` (named ``name``, or a new name); its name, or
+    ``None`` (after a warning) if none can be made."""
     view = memoryview(frame).cast("B")
-    name = f"{_prefix(cluster_id)}{os.getpid()}-{secrets.token_hex(8)}"
+    name = name or _new_name(cluster_id)
     path = os.path.join(SHM_DIR, name)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -136,6 +140,32 @@ def _put(cluster_id: str, frame) -> str | None:
     finally:
         os.close(fd)
     return name
+
+
+def _new_name(cluster_id: str) -> str:
+    return f"{_prefix(cluster_id)}{os.getpid()}-{secrets.token_hex(8)}"
+
+
+def _put_for(address: str, cluster_id: str, frame) -> str | None:
+    """:func:`_put` of a segment for the receiver at ``address``, noted as sent to it
+    (:func:`unlink_sent`) before it exists: a receiver found gone while the segment is
+    written (``Outbox.discard`` runs in another thread) still gets it unlinked."""
+    name = _new_name(cluster_id)
+    with _sent_lock:
+        sent = _sent[address]
+        while sent and sent[0] not in _writing and not os.path.exists(os.path.join(SHM_DIR, sent[0])):
+            sent.popleft()  # taken by the receiver
+        sent.append(name)
+        _writing.add(name)
+    try:
+        made = _put(cluster_id, frame, name)
+    finally:
+        with _sent_lock:
+            _writing.discard(name)
+            gone = _sent.get(address) is not sent  # unlink_sent ran before the file existed
+    if made is not None and gone:
+        _unlink(name)
+    return made
 
 
 def kind_of(frame) -> str:
@@ -168,7 +198,7 @@ def offload(address: str, cluster_id: str, frames: list, first: int, segments: d
         kind = None
         if size >= MIN_BYTES and local:
             kind = kind_of(frames[i])
-            name = _put(cluster_id, frames[i])
+            name = _put_for(address, cluster_id, frames[i])
             if name is not None:
                 if segments is not None:
                     segments[i] = name
@@ -183,13 +213,6 @@ def offload(address: str, cluster_id: str, frames: list, first: int, segments: d
             out[i] = b""
     if not lines:
         return frames
-    names = [line.rpartition(" ")[2] for line in lines if " pieces " not in line]
-    if names:
-        with _sent_lock:
-            sent = _sent[address]
-            while sent and not os.path.exists(os.path.join(SHM_DIR, sent[0])):
-                sent.popleft()  # taken by the receiver
-            sent.extend(names)
     return [MARKER + "\n".join(lines).encode(), *out, *pieces]
 
 
