@@ -64,6 +64,26 @@ def test_a_segment_whose_sender_died_untaken_is_swept_by_the_host_agent(cluster,
     assert wait_until(lambda: not os.path.exists(path), 4 * 5.0)
 
 
+def test_a_segment_whose_receiver_is_gone_is_swept_while_its_sender_lives(cluster, arrays):
+    import socket
+
+    cluster_id = cluster._info["cluster_id"]
+    with socket.socket() as probe:  # a port nobody listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        gone_port = probe.getsockname()[1]
+    live_port = int(cluster._info["hub"].rpartition(":")[2])
+    gone = shm._put(cluster_id, b"x" * 4096, shm._new_name(cluster_id, gone_port))  # a kernel restarted
+    live = shm._put(cluster_id, b"x" * 4096, shm._new_name(cluster_id, live_port))  # a busy receiver
+    old = time.time() - shm.SWEEP_AFTER_S - 1
+    for name in (live, gone):  # live first: a sweep that finds gone old finds live old too
+        os.utime(os.path.join(shm.SHM_DIR, name), (old, old))  # as if sent long ago
+    try:
+        assert wait_until(lambda: gone not in segments(cluster_id), 4 * 5.0)
+        assert live in segments(cluster_id)  # swept by the same pass: its receiver still listens
+    finally:
+        shm._unlink(live)
+
+
 def test_cluster_stop_removes_every_segment_of_the_cluster():
     from monarch_nb.client.cluster import Cluster
 

@@ -39,16 +39,17 @@ verified bytes (a value of another type is converted on unpickling,
 ``wire.serialize``). Sizes are checked against what arrived before anything is
 allocated.
 
-Names are ``mnb-<cluster tag>-<sender pid>-<random>`` in ``/dev/shm`` (the tag: a hash
-of the cluster id, so that no cluster's names are a prefix of another's), so that every
-segment is found and unlinked on every path:
+Names are ``mnb-<cluster tag>-<sender pid>-<receiver's port>-<random>`` in ``/dev/shm``
+(the tag: a hash of the cluster id, so that no cluster's names are a prefix of another's),
+so that every segment is found and unlinked on every path:
 
 - normally, by the receiver when it takes the segment (before reading or mapping it);
 - when the receiver is known gone (``Outbox.discard``), by the sender (:func:`unlink_sent`),
   also when that news comes while the segment is being written (each is noted as sent
   before it exists), or after a call was sent (the client checks its targets once more);
-- when the sender died before the receiver took the segment, by the host agent's sweep
-  of dead pids (:func:`sweep_dead`);
+- when the sender died before the receiver took the segment, or the receiver died
+  without taking it (nothing listens on its port any more: a kernel restarted while a
+  proc sent it a large result), by the host agent's sweep (:func:`sweep_dead`);
 - at cluster stop, by the host agent as it exits (:func:`remove_all`).
 
 When ``/dev/shm`` is missing or full, the frames go through the socket as before,
@@ -86,7 +87,7 @@ MIN_BYTES = 1 << 20
 SWEEP_AFTER_S = 10.0
 
 _WRITE_CHUNK = 1 << 30  # Linux writes at most ~2 GiB per call
-_NAME = re.compile(r"mnb-[0-9a-f]{16}-[0-9]+-[0-9a-f]{16}\Z")
+_NAME = re.compile(r"mnb-[0-9a-f]{16}-[0-9]+-[0-9]+-[0-9a-f]{16}\Z")
 _warned = False
 _sent: dict[str, collections.deque] = collections.defaultdict(collections.deque)  # address -> names
 _writing: set[str] = set()  # names noted as sent whose segment is still being written
@@ -117,10 +118,10 @@ def _warn_once(error: OSError) -> None:
 
 
 def _put(cluster_id: str, frame, name: str | None = None) -> str | None:
-    """A new segment holding ``frame`` (named ``name``, or a new name); its name, or
-    ``None`` (after a warning) if none can be made."""
+    """A new segment holding ``frame`` (named ``name``, or a new name for no receiver in
+    particular); its name, or ``None`` (after a warning) if none can be made."""
     view = memoryview(frame).cast("B")
-    name = name or _new_name(cluster_id)
+    name = name or _new_name(cluster_id, 0)
     path = os.path.join(SHM_DIR, name)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -142,15 +143,15 @@ def _put(cluster_id: str, frame, name: str | None = None) -> str | None:
     return name
 
 
-def _new_name(cluster_id: str) -> str:
-    return f"{_prefix(cluster_id)}{os.getpid()}-{secrets.token_hex(8)}"
+def _new_name(cluster_id: str, port: int) -> str:
+    return f"{_prefix(cluster_id)}{os.getpid()}-{port}-{secrets.token_hex(8)}"
 
 
 def _put_for(address: str, cluster_id: str, frame) -> str | None:
     """:func:`_put` of a segment for the receiver at ``address``, noted as sent to it
     (:func:`unlink_sent`) before it exists: a receiver found gone while the segment is
     written (``Outbox.discard`` runs in another thread) still gets it unlinked."""
-    name = _new_name(cluster_id)
+    name = _new_name(cluster_id, int(address.rpartition(":")[2]))
     with _sent_lock:
         sent = _sent[address]
         while sent and sent[0] not in _writing and not os.path.exists(os.path.join(SHM_DIR, sent[0])):
@@ -307,15 +308,40 @@ def _segments(cluster_id: str) -> list[str]:
         return []
 
 
+def _listening_ports() -> set[int] | None:
+    """The TCP ports something listens on in this network namespace (from
+    ``/proc/net/tcp`` and ``tcp6``); ``None`` where neither can be read."""
+    ports, read = set(), False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.readlines()[1:]
+        except OSError:
+            continue
+        read = True
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
+                ports.add(int(fields[1].rpartition(":")[2], 16))
+    return ports if read else None
+
+
 def sweep_dead(cluster_id: str) -> int:
-    """Unlink segments of ``cluster_id`` whose sender is dead and that nobody took
-    within ``SWEEP_AFTER_S``; returns how many."""
+    """Unlink segments of ``cluster_id`` that nobody took within ``SWEEP_AFTER_S`` and
+    never will: their sender is dead, or nothing listens on their receiver's port any
+    more (inboxes are bound sockets of this host); returns how many."""
     swept = 0
     now = time.time()
+    listening: set[int] | None = None
     for name in _segments(cluster_id):
-        pid = int(name.split("-")[2])
-        if psutil.pid_exists(pid):
-            continue
+        _, _, pid, port, _ = name.split("-")
+        if psutil.pid_exists(int(pid)):
+            if port == "0":  # no receiver in particular
+                continue
+            if listening is None:
+                listening = _listening_ports() or set()
+            if not listening or int(port) in listening:  # (unreadable: every receiver may live)
+                continue
         try:
             if now - os.stat(os.path.join(SHM_DIR, name)).st_mtime < SWEEP_AFTER_S:
                 continue
