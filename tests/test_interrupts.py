@@ -68,3 +68,39 @@ def test_interrupting_busy_actors_over_and_over_leaves_them_answering():
     _assert_healthy_after(report)
     assert not report["caller_hung"]
     assert report["interrupted"] > 0, "no interrupt reached a busy endpoint"
+
+
+SPINNER = """
+from monarch_nb.actor import Actor, endpoint, this_host
+import time
+
+class Spinner(Actor):
+    @endpoint
+    def spin(self, seconds):
+        print("spinning", flush=True)
+        end = time.time() + seconds
+        while time.time() < end:
+            pass
+        return seconds
+
+procs = this_host().spawn_procs(per_host={"gpus": 2})
+spinners = procs.spawn("spinners", Spinner)
+"""
+
+
+def test_kernel_interrupt_leaves_the_cluster_the_kernel_started_running():
+    # Jupyter's Kernel -> Interrupt signals the kernel's whole process group. The cluster
+    # this_host() started in the kernel must not get that signal: its hub and host agent
+    # stopped on it, and the next call waited until its timeout.
+    from kernels import Kernel
+
+    kernel = Kernel("monarch")
+    try:
+        kernel.run(SPINNER)
+        msg_id = kernel.execute("spinners.spin.call(60).get()")
+        assert kernel.wait_for(lambda: "spinning" in kernel.text(msg_id), 30)
+        kernel.km.interrupt_kernel()
+        assert kernel.finish(msg_id, timeout=30)["ename"] == "KeyboardInterrupt"
+        assert "{'gpus': 1/2}: 0" in kernel.run("print(spinners.spin.call(0).get(timeout=30))", timeout=60)
+    finally:
+        kernel.shutdown()

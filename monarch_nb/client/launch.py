@@ -22,8 +22,11 @@ def launch_hub(path: Path, *, hosts: int, grace_s: float, ephemeral_parent: int 
     are up (or re-adopted, with ``recover``).
 
     With ``ephemeral_parent`` the hub is a child of this process and dies with it; the
-    ``Popen`` is returned. Otherwise it is detached (own session, re-parented, output to
-    ``hub.log`` in the cluster directory) and ``None`` is returned. ``allocator``: the
+    ``Popen`` is returned. Otherwise it is detached (re-parented, output to ``hub.log`` in
+    the cluster directory) and ``None`` is returned. Either way it runs in a session of
+    its own: a signal to this process's group (a terminal's Ctrl-C, or Jupyter's Kernel →
+    Interrupt, which signals the kernel's whole process group) reaches the client alone,
+    which decides what to interrupt, and would otherwise stop the cluster. ``allocator``: the
     allocator's spec (default: local host agents). Raises :class:`ClusterError`, with
     the end of the hub's output, when the hub does not report ready within
     ``timeout`` seconds."""
@@ -47,7 +50,7 @@ def launch_hub(path: Path, *, hosts: int, grace_s: float, ephemeral_parent: int 
         argv += ["--ready-fd", str(write_fd)]
         hub = subprocess.Popen(argv, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stdout=log,
                                stderr=subprocess.STDOUT if log else None,
-                               start_new_session=ephemeral_parent is None)
+                               start_new_session=True)
     finally:
         os.close(write_fd)
         if log is not None:
