@@ -373,6 +373,28 @@ def test_requests_to_a_dead_hub_fail_within_seconds_not_at_timeout(clusters):
     recovered.stop()
 
 
+def test_calls_on_a_cluster_whose_hub_died_fail_after_its_grace_and_work_after_recovery(clusters):
+    # Nothing is left to report the actors' deaths once the hub is gone and its agents
+    # stopped every proc: calls waited until their timeout (for ever without one).
+    clusters.append("hubless")
+    cluster = monarch_nb.Cluster.start("hubless", grace_s=2)
+    procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}, name="p")
+    counter = procs.spawn("c", Counter)
+    waiting = counter.slow_echo.call_one("x", 30)
+    os.kill(cluster._info["hub_pid"], signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(monarch_nb.actor.SupervisionError, match="hub of cluster 'hubless' died.*cluster recover"):
+        waiting.get(timeout=60)
+    assert time.monotonic() - started < 20  # grace 2 s; the call itself would run 30 s
+    with pytest.raises(monarch_nb.actor.SupervisionError, match="hub of cluster 'hubless' died"):
+        counter.incr.call_one().get(timeout=60)
+    assert time.monotonic() - started < 20  # at once
+    recovered = monarch_nb.Cluster.recover("hubless")
+    fresh = recovered.host_mesh().spawn_procs(per_host={"gpus": 1}, name="q").spawn("c2", Counter, 7)
+    assert fresh.get.call_one().get(timeout=60) == 7
+    recovered.stop()
+
+
 def test_hub_repairs_a_damaged_cluster_json_and_stops_when_its_directory_goes(clusters):
     clusters.append("selfheal")
     cluster = monarch_nb.Cluster.start("selfheal")

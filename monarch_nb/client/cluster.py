@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 STOP_TIMEOUT_S = 15.0
 DEFAULT_NAME = "default"
 DEFAULT_GRACE_S = 10.0  # retained: how long procs outlive a dead hub, waiting for recovery
+HUB_LOST_MARGIN_S = 1.0  # after the grace: the agents' own heartbeat that notices
 
 
 class Cluster:
@@ -67,6 +68,8 @@ class Cluster:
         watch_hub(info["hub"], self._check_hub)
         self._presence: Presence | None = None
         self._stopped = False
+        self._hub_lost_since: float | None = None  # monotonic; while the hub is known dead
+        self._hub_lost_told = False
         self._debugger: "Debugger | None" = None  # made on first use
         self._debugger_lock = threading.Lock()
 
@@ -87,6 +90,38 @@ class Cluster:
             pass
         raise ClusterError(f"the hub of cluster {self.name!r} is gone: {problem}; recover it with "
                            f"monarch_nb.Cluster.recover({self.name!r}) or `monarch-nb cluster recover {self.name}`")
+
+    def _watch_hub(self) -> None:
+        """Once a second (the heartbeat's thread): when the hub has been dead for longer
+        than the grace period after which its host agents stop every proc, no hub is left
+        to report those deaths, so the calls waiting on this cluster's actors fail with
+        :class:`SupervisionError`, and later ones at once (they waited until their
+        timeout, or for ever); once a hub is back (recovered), calls work again."""
+        problem = discovery.hub_process_problem(self._info)
+        if problem:
+            try:
+                self._check_hub()  # recovered at the same address meanwhile?
+                problem = ""
+            except ClusterError:
+                pass
+        if not problem or self._stopped:
+            if self._hub_lost_told:
+                runtime().supervision.hub_back(self._info["cluster_id"])
+            self._hub_lost_since, self._hub_lost_told = None, False
+            return
+        now = time.monotonic()
+        self._hub_lost_since = self._hub_lost_since or now
+        grace = float(self._info.get("grace_s", DEFAULT_GRACE_S))
+        if self._hub_lost_told or now - self._hub_lost_since < grace + HUB_LOST_MARGIN_S:
+            return
+        self._hub_lost_told = True
+        again = ("shutdown_context() ends it, and the next this_host() starts a new cluster"
+                 if self._hub_process is not None else
+                 f"`monarch-nb cluster recover {self.name}` starts a new hub; then spawn the meshes again")
+        runtime().supervision.hub_lost(
+            self._info["cluster_id"],
+            f"the hub of cluster {self.name!r} died ({problem}), and its host agents stop every proc "
+            f"{grace:g} s after that: this cluster's actors are gone; {again}")
 
     # starting and connecting -------------------------------------------------------
     @classmethod
@@ -189,15 +224,16 @@ class Cluster:
             shutil.rmtree(path, ignore_errors=True)
             raise
         cluster = cls(name, path, cluster_dir.read_info(path), hub)
-        cluster._presence = Presence(cluster._info["cluster_id"], cluster._info["hub"])
+        cluster._presence = Presence(cluster._info["cluster_id"], cluster._info["hub"], cluster._watch_hub)
         atexit.register(cluster.stop)
         return cluster
 
     def _attach(self) -> "Cluster":
         """Count this process as a client of the hub (which sends it the output of its
         calls), and make ``this_host()`` mean this cluster."""
-        self._presence = Presence(self._info["cluster_id"], self._info["hub"])
+        self._presence = Presence(self._info["cluster_id"], self._info["hub"], self._watch_hub)
         atexit.register(self.disconnect)
+        runtime().supervision.hub_back(self._info["cluster_id"])  # a hub found dead before runs again
         rt = runtime()
         with rt.cluster_lock:
             rt.cluster = self

@@ -7,6 +7,8 @@ import os
 import socket
 import sys
 import threading
+import traceback
+from typing import Callable
 
 from ..protocol import envelope, hub_ops
 from ..wire import frames as wire_frames
@@ -28,11 +30,13 @@ def _label() -> str:
 
 class Presence:
     """Sends ``client_alive`` to the hub every ``HEARTBEAT_S`` seconds from a daemon
-    thread until :meth:`close`, which says goodbye."""
+    thread until :meth:`close`, which says goodbye. ``watch`` (optional) runs on that
+    thread after each heartbeat (the cluster watching its hub)."""
 
-    def __init__(self, cluster_id: str, hub_address: str):
+    def __init__(self, cluster_id: str, hub_address: str, watch: Callable[[], None] | None = None):
         self.cluster_id = cluster_id
         self.hub_address = hub_address
+        self._watch = watch
         self._closed = threading.Event()
         rt = runtime()
         self._hello = {envelope.OP: hub_ops.CLIENT_ALIVE, "client_id": rt.client_id, "pid": os.getpid(),
@@ -47,7 +51,12 @@ class Presence:
 
     def _run(self) -> None:
         while not self._closed.wait(HEARTBEAT_S):
-            self._send(self._hello)
+            try:
+                self._send(self._hello)
+                if self._watch is not None:
+                    self._watch()
+            except Exception:  # noqa: BLE001 - the heartbeat must outlive a failing beat
+                traceback.print_exc()
 
     @property
     def closed(self) -> bool:

@@ -67,6 +67,7 @@ class Supervision:
         # (cluster id, mesh, rank) of dead actors whose death failed a call of this client
         self._told: dict[tuple[str, str, int], None] = _Recent()
         self._stopped: dict[str, str] = {}  # cluster id -> why: clusters this client stopped
+        self._lost_hubs: set[str] = set()  # of those, the ones whose hub died (it may come back)
         self._hook: FailureHook = self.arm
         # Gives Monarch's unhandled_fault_hook as it is now (set by monarch_nb.actor).
         self.fault_hook: Callable[[], Callable[[MeshFailure], object]] | None = None
@@ -154,6 +155,20 @@ class Supervision:
             sockets.Outbox.discard(address)
         for port, cluster_id, base_rank, reason in pending:
             self.fail(cluster_id, port, base_rank, reason)
+
+    def hub_lost(self, cluster_id: str, why: str) -> None:
+        """The cluster's hub is dead, and its procs with it: as :meth:`cluster_stopped`,
+        until :meth:`hub_back`."""
+        self.cluster_stopped(cluster_id, why)
+        with self._lock:
+            self._lost_hubs.add(cluster_id)
+
+    def hub_back(self, cluster_id: str) -> None:
+        """A hub runs again for the cluster (recovered): calls on it are sent again."""
+        with self._lock:
+            if cluster_id in self._lost_hubs:
+                self._lost_hubs.discard(cluster_id)
+                self._stopped.pop(cluster_id, None)
 
     def cluster_stopped(self, cluster_id: str, why: str) -> None:
         """This client stopped the cluster: its hub will send no news of the actors, so
