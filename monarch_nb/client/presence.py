@@ -50,13 +50,16 @@ class Presence:
         runtime().mailbox.send(self.hub_address, wire_frames.encode(self.cluster_id, header))
 
     def _run(self) -> None:
+        told = False
         while not self._closed.wait(HEARTBEAT_S):
-            try:
-                self._send(self._hello)
-                if self._watch is not None:
+            self._send(self._hello)
+            if self._watch is not None:
+                try:
                     self._watch()
-            except Exception:  # noqa: BLE001 - the heartbeat must outlive a failing beat
-                traceback.print_exc()
+                except Exception:  # noqa: BLE001 - a failing check must not end the heartbeat
+                    if not told:  # once: it would fail every second
+                        told = True
+                        traceback.print_exc()
 
     @property
     def closed(self) -> bool:
