@@ -191,3 +191,19 @@ def test_an_actor_at_the_port_a_stopped_clusters_dead_actor_had_is_not_taken_for
     # A late report of the old cluster fails no call waiting on the new one.
     client.actors_gone({"cluster": "old", "actors": {"tcp://127.0.0.1:4000": ("echo", 2, "late news")}})
     assert client._waiting == {"tcp://127.0.0.1:4000": {7: ("new", 0)}}
+
+
+def test_an_actor_at_the_port_a_dead_actor_of_the_same_cluster_had_is_not_taken_for_dead():
+    # Seen in CI: an actor spawned by an actor (no registry sync in this client) got the
+    # port of an earlier test's dead actor in the same cluster, and its first call failed
+    # with that actor's death ("KeptReader reader{'gpus': 1/2} ... was stopped").
+    from monarch_nb.client import supervision
+
+    client = supervision.Supervision(mailbox=lambda: None)
+    client.actors_gone({"cluster": "c", "actors": {"tcp://127.0.0.1:4000": ("reader", 1, "proc booted/1 was stopped")}})
+    assert client.watch("c", 7, {"tcp://127.0.0.1:4000": 0}, "inner") == {}  # another mesh's actor there now
+    assert client.why_dead("c", "tcp://127.0.0.1:4000", "inner", 0) is None
+    assert client.watch("c", 8, {"tcp://127.0.0.1:4000": 1}, "reader") == {"tcp://127.0.0.1:4000": "proc booted/1 was stopped"}
+    client.sync("c", ["tcp://127.0.0.1:5000"], {"0": "it died"}, "other")  # the registry's view of a mesh
+    assert client.why_dead("c", "tcp://127.0.0.1:5000", "other", 0) == "it died"
+    assert client.why_dead("c", "tcp://127.0.0.1:5000", "inner", 0) is None

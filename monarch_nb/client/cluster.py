@@ -310,7 +310,7 @@ class Cluster:
 
     def _actor_mesh(self, record: dict) -> ActorMesh:
         """A handle from the registry; calls to actors whose proc has exited fail at once."""
-        runtime().supervision.sync(self._info["cluster_id"], record["addresses"], record["dead"])
+        runtime().supervision.sync(self._info["cluster_id"], record["addresses"], record["dead"], record["name"])
         return ActorMesh(self._info["cluster_id"], self._info["hub"], record["proc_mesh"], record["name"],
                          record["class_name"], record["endpoints"], record["methods"],
                          Shape(Extent(record["extent"])), record["addresses"])

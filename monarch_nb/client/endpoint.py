@@ -82,8 +82,9 @@ class Endpoint(Generic[P, R]):
         if wire_frames.signed_at_send(frames):  # large buffers: some may wait in shared-memory segments
             # An actor whose death was reported while this was being sent would never take
             # its segment: drop it now (Supervision.actors_gone did before it existed).
+            rank_of = {a: base for base, a in enumerate(mesh._addresses)}
             for address in addresses:
-                if rt.supervision.why_dead(mesh._cluster_id, address) is not None:
+                if rt.supervision.why_dead(mesh._cluster_id, address, mesh._name, rank_of.get(address)) is not None:
                     sockets.Outbox.discard(address)
 
     @protected
@@ -127,7 +128,8 @@ class Endpoint(Generic[P, R]):
                 dead_ranks.add(i)
                 # Ranks that died with it (a stopped mesh, a lost host) are named too.
                 for base, j in by_base.items():
-                    why = None if j in answered else supervision.why_dead(mesh._cluster_id, mesh._addresses[base])
+                    why = None if j in answered else supervision.why_dead(mesh._cluster_id, mesh._addresses[base],
+                                                                          mesh._name, base)
                     if why is not None:
                         answered.add(j)
                         failures[j] = RemoteFailure(mesh.extent.point(view_ranks[j]), SupervisionError(why), "")
@@ -144,7 +146,7 @@ class Endpoint(Generic[P, R]):
         gather = Gather(rt.mailbox, on_reply)
         route = gather.open()
         port = route[envelope.PORT]
-        dead = supervision.watch(mesh._cluster_id, port, targets)
+        dead = supervision.watch(mesh._cluster_id, port, targets, mesh._name)
         try:
             self._send([addresses[b] for b in bases if addresses[b] not in dead], args, kwargs, gather, route)
         except BaseException:

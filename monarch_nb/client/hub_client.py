@@ -88,7 +88,7 @@ class HubControl(ControlPlane):
         rt = runtime()  # (calls queued for the dead were dropped when the hub said they died)
         reply = self.hub.request(hub_ops.RESTART_PROCS, timeout=timeout, name=proc_mesh, ranks=proc_ranks)
         for record in reply["actor_meshes"].values():
-            rt.supervision.sync(self.cluster_id, record["addresses"], record["dead"])
+            rt.supervision.sync(self.cluster_id, record["addresses"], record["dead"], record["name"])
             rt.supervision.clear_pending(self.cluster_id, record["name"])
         for handle in list(rt.proc_mesh_handles.get((self.cluster_id, proc_mesh), ())):  # all see the new procs
             handle._procs[:] = reply["proc_mesh"]["procs"]

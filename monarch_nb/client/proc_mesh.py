@@ -125,7 +125,7 @@ class ProcMesh(MeshHandle):
             bar.close(None)
         if "failures" in reply:
             raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
-        rt.supervision.sync(self._cluster_id, reply["addresses"], reply["dead"])
+        rt.supervision.sync(self._cluster_id, reply["addresses"], reply["dead"], reply["name"])
         # (an actor spawning a name another owner's mesh has gets its own, under its own name)
         mesh: ActorMesh[T] = ActorMesh(self._cluster_id, self._hub_address, self._name, reply["name"], class_name,
                                        endpoints, methods, Shape(Extent(reply["extent"])), reply["addresses"])

@@ -73,16 +73,29 @@ class Supervision:
         self.fault_hook: Callable[[], Callable[[MeshFailure], object]] | None = None
 
     # calls waiting on actors ------------------------------------------------------------
-    def watch(self, cluster_id: str, port: int, targets: dict[str, int]) -> dict[str, str]:
-        """Note that ``port`` waits on the actors at ``targets`` (address -> base rank);
-        returns those already known dead (address -> why), which must not be called."""
+    def _is_dead(self, cluster_id: str, address: str, mesh: str | None, rank: int | None) -> str | None:
+        """Why the actor at ``address`` (rank ``rank`` of actor mesh ``mesh``, where known)
+        is gone, or ``None``. A death is of one actor: a new actor of another mesh or rank
+        at that address (the OS reused the port) is alive. The caller holds the lock."""
+        entry = self._dead.get(address)
+        if entry is None or entry[0] != cluster_id:
+            return None
+        name = self._names.get(address)
+        if mesh is not None and name is not None and (name[1], name[2]) != (mesh, rank):
+            return None
+        return entry[1]
+
+    def watch(self, cluster_id: str, port: int, targets: dict[str, int], mesh: str | None = None) -> dict[str, str]:
+        """Note that ``port`` waits on the actors at ``targets`` (address -> base rank) of
+        actor mesh ``mesh``; returns those already known dead (address -> why), which must
+        not be called."""
         with self._lock:
             for address in targets:
                 self._waiting.setdefault(address, {})[port] = (cluster_id, targets[address])
             stopped = self._stopped.get(cluster_id)
             if stopped is not None:
                 return dict.fromkeys(targets, stopped)
-            dead = {a: entry[1] for a in targets if (entry := self._dead.get(a)) and entry[0] == cluster_id}
+            dead = {a: why for a in targets if (why := self._is_dead(cluster_id, a, mesh, targets[a])) is not None}
             for a in dead:
                 if a in self._names:
                     self._told[self._names[a]] = None
@@ -97,10 +110,10 @@ class Supervision:
                     if not ports:
                         del self._waiting[address]
 
-    def sync(self, cluster_id: str, addresses: list[str], dead: dict) -> None:
-        """The hub's view of an actor mesh of ``cluster_id``: the actors at ``addresses``
-        are alive except those whose rank is in ``dead`` (rank -> why it is gone: the
-        report calls raise)."""
+    def sync(self, cluster_id: str, addresses: list[str], dead: dict, mesh: str) -> None:
+        """The hub's view of actor mesh ``mesh`` of ``cluster_id``: the actors at
+        ``addresses`` are alive except those whose rank is in ``dead`` (rank -> why it is
+        gone: the report calls raise)."""
         with self._lock:
             for rank, address in enumerate(addresses):
                 why = dead.get(str(rank), dead.get(rank))
@@ -108,6 +121,7 @@ class Supervision:
                     self._dead.pop(address, None)  # a live actor; its port may be a dead one's, reused
                 else:
                     self._dead[address] = (cluster_id, why)
+                    self._names[address] = (cluster_id, mesh, rank)
 
     def fail(self, cluster_id: str, port: int, base_rank: int, why: str) -> None:
         """Send the waiting call at ``port`` a failure reply for ``base_rank``."""
@@ -116,11 +130,11 @@ class Supervision:
         mailbox.send(mailbox.address, wire_frames.encode_value(cluster_id, header,
                                                                  pack_exception(SupervisionError(why))))
 
-    def why_dead(self, cluster_id: str, address: str) -> str | None:
-        """Why the actor of ``cluster_id`` at ``address`` is known gone, or ``None``."""
+    def why_dead(self, cluster_id: str, address: str, mesh: str | None = None, rank: int | None = None) -> str | None:
+        """Why the actor of ``cluster_id`` at ``address`` (rank ``rank`` of actor mesh
+        ``mesh``, where known) is known gone, or ``None``."""
         with self._lock:
-            entry = self._dead.get(address)
-        return entry[1] if entry is not None and entry[0] == cluster_id else None
+            return self._is_dead(cluster_id, address, mesh, rank)
 
     # hub events -------------------------------------------------------------------------
     def on_event(self, event: dict) -> None:
