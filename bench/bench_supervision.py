@@ -12,6 +12,10 @@
 3. ``restart_failed()`` of 1 of 8 procs (new proc, actor re-created with its
    constructor arguments) and the first call after it, against spawning a fresh
    8-proc mesh and its actors (what a user would do without it), same run.
+4. SIGKILL of the hub -> SupervisionError of a call waiting on its actors, on an
+   ephemeral cluster whose host agents stop every proc ``grace_s`` = 2 s after the hub
+   goes (bound: the grace, plus 1 s margin, plus the client's 1 s heartbeat; before,
+   the call waited until its own timeout).
 
 Runs in an isolated MONARCH_NB_HOME; exit status 1 if a process is left behind.
 """
@@ -70,6 +74,25 @@ def _host_loss(reps: int) -> list[float]:
     return times
 
 
+def _hub_loss(reps: int, grace_s: float) -> list[float]:
+    """Seconds from SIGKILL of the hub to SupervisionError of a call waiting on its actors."""
+    times = []
+    for i in range(reps):
+        cluster = cluster_mod.Cluster.start_ephemeral(grace_s=grace_s)
+        try:
+            procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}, name=f"hubless{i}")
+            pending = procs.spawn(f"hubless{i}", Busy).wait.call(60)
+            t = time.perf_counter()
+            os.kill(cluster._hub_process.pid, signal.SIGKILL)
+            try:
+                pending.get(timeout=60)
+            except SupervisionError:
+                times.append(time.perf_counter() - t)
+        finally:
+            cluster.stop()
+    return times
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -103,6 +126,10 @@ def main() -> int:
         host_lost = _host_loss(2 if args.quick else 3)
         print(f"SIGKILLed host agent -> SupervisionError: median {statistics.median(host_lost):.2f} s "
               f"(n={len(host_lost)}; bound: the local allocator sees its agent exit within its 1 s poll; elsewhere the 3 s heartbeat timeout)", flush=True)
+        hub_lost = _hub_loss(2 if args.quick else 5, grace_s=2.0)
+        print(f"SIGKILLed hub -> SupervisionError of a waiting call: median {statistics.median(hub_lost):.2f} s, "
+              f"max {max(hub_lost):.2f} s (n={len(hub_lost)}; the agents stop every proc 2 s after the hub goes; "
+              "bound 4 s: grace + 1 s margin + the client's 1 s heartbeat)", flush=True)
         restart, fresh = [], []
         for i in range(3 if args.quick else 5):
             t = time.perf_counter()
