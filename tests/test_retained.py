@@ -386,9 +386,10 @@ def test_calls_on_a_cluster_whose_hub_died_fail_after_its_grace_and_work_after_r
     with pytest.raises(monarch_nb.actor.SupervisionError, match="hub of cluster 'hubless' died.*cluster recover"):
         waiting.get(timeout=60)
     assert time.monotonic() - started < 20  # grace 2 s; the call itself would run 30 s
+    started = time.monotonic()
     with pytest.raises(monarch_nb.actor.SupervisionError, match="hub of cluster 'hubless' died"):
         counter.incr.call_one().get(timeout=60)
-    assert time.monotonic() - started < 20  # at once
+    assert time.monotonic() - started < 10  # at once, not at the call's timeout
     recovered = monarch_nb.Cluster.recover("hubless")
     fresh = recovered.host_mesh().spawn_procs(per_host={"gpus": 1}, name="q").spawn("c2", Counter, 7)
     assert fresh.get.call_one().get(timeout=60) == 7

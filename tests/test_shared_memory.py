@@ -64,7 +64,7 @@ def test_a_segment_whose_sender_died_untaken_is_swept_by_the_host_agent(cluster,
     assert wait_until(lambda: not os.path.exists(path), 4 * 5.0)
 
 
-def test_a_segment_whose_receiver_is_gone_is_swept_while_its_sender_lives(cluster, arrays):
+def test_a_segment_whose_receiver_is_gone_is_swept_while_its_sender_lives(cluster):
     import socket
 
     cluster_id = cluster._info["cluster_id"]

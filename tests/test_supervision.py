@@ -207,3 +207,24 @@ def test_an_actor_at_the_port_a_dead_actor_of_the_same_cluster_had_is_not_taken_
     client.sync("c", ["tcp://127.0.0.1:5000"], {"0": "it died"}, "other")  # the registry's view of a mesh
     assert client.why_dead("c", "tcp://127.0.0.1:5000", "other", 0) == "it died"
     assert client.why_dead("c", "tcp://127.0.0.1:5000", "inner", 0) is None
+
+
+def test_a_lost_hub_coming_back_lets_calls_through_but_a_cluster_this_client_stopped_stays_stopped():
+    from monarch_nb.client import supervision
+
+    client = supervision.Supervision(mailbox=lambda: None)
+    actor = {"tcp://127.0.0.1:4000": 0}
+
+    def dead_now(port: int) -> dict:
+        found = client.watch("c", port, actor)
+        client.unwatch(port, actor)  # (nothing waits: no failure reply to send)
+        return found
+
+    client.hub_lost("c", "the hub of cluster 'c' died")
+    assert dead_now(1) == {"tcp://127.0.0.1:4000": "the hub of cluster 'c' died"}
+    client.hub_back("c")
+    assert dead_now(2) == {}
+    client.hub_lost("c", "died")
+    client.cluster_stopped("c", "stopped by this client")
+    client.hub_back("c")
+    assert dead_now(3) == {"tcp://127.0.0.1:4000": "stopped by this client"}

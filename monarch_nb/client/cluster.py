@@ -233,8 +233,8 @@ class Cluster:
         calls), and make ``this_host()`` mean this cluster."""
         self._presence = Presence(self._info["cluster_id"], self._info["hub"], self._watch_hub)
         atexit.register(self.disconnect)
-        runtime().supervision.hub_back(self._info["cluster_id"])  # a hub found dead before runs again
         rt = runtime()
+        rt.supervision.hub_back(self._info["cluster_id"])  # a hub found dead before runs again
         with rt.cluster_lock:
             rt.cluster = self
         return self

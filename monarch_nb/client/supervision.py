@@ -173,9 +173,7 @@ class Supervision:
     def hub_lost(self, cluster_id: str, why: str) -> None:
         """The cluster's hub is dead, and its procs with it: as :meth:`cluster_stopped`,
         until :meth:`hub_back`."""
-        self.cluster_stopped(cluster_id, why)
-        with self._lock:
-            self._lost_hubs.add(cluster_id)
+        self._fail_cluster(cluster_id, why, hub_lost=True)
 
     def hub_back(self, cluster_id: str) -> None:
         """A hub runs again for the cluster (recovered): calls on it are sent again."""
@@ -187,8 +185,15 @@ class Supervision:
     def cluster_stopped(self, cluster_id: str, why: str) -> None:
         """This client stopped the cluster: its hub will send no news of the actors, so
         every call still waiting on them fails now with ``why``, and later calls at once."""
+        self._fail_cluster(cluster_id, why, hub_lost=False)
+
+    def _fail_cluster(self, cluster_id: str, why: str, hub_lost: bool) -> None:
         with self._lock:
             self._stopped[cluster_id] = why
+            if hub_lost:
+                self._lost_hubs.add(cluster_id)
+            else:  # stopped for good: no hub coming back lifts it
+                self._lost_hubs.discard(cluster_id)
             pending = []
             for address in list(self._waiting):
                 ports = self._waiting[address]
