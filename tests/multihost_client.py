@@ -16,6 +16,8 @@ import sys
 import tempfile
 import time
 
+import numpy as np
+
 from monarch_nb.allocators.command import CommandAllocator
 from monarch_nb.client.cluster import Cluster
 from sample_actors import Arrays, AsyncCaller, Caller, Counter
@@ -76,6 +78,18 @@ def main() -> None:
         seen["dropped"] = arrays.wire_stats.call_one().get(timeout=60) - before
         seen["unpickled"] = os.path.exists(marker)
         seen["after"] = counters.get.call().get(timeout=60).values()
+
+        # Large values between hosts go ahead of their frame sets in chunks (wire.stream):
+        # client -> host 0 and back, as an array and as bytes, and host 0 -> host 1.
+        big = np.random.default_rng(5).integers(0, 256, (10 << 20) + 4097, np.uint8)
+        back = arrays.echo.call_one(big).get(timeout=120)
+        blob = big.tobytes()
+        far = procs.slice(hosts=1).spawn("far_arrays", Arrays)
+        relay = procs.slice(hosts=0).spawn("relay", Caller, far)
+        seen["large"] = [bool(np.array_equal(back, big)), bool(back.flags.writeable),
+                         arrays.echo.call_one(blob).get(timeout=120) == blob,
+                         relay.echo_through_other.call_one(big).get(timeout=120) == big.nbytes]
+        seen["large_dropped"] = arrays.wire_stats.call_one().get(timeout=60) - before - seen["dropped"]
         seen["listening"] = _listening(seen["pids"])
     finally:
         cluster.stop()

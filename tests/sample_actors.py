@@ -154,6 +154,13 @@ class Caller(Actor):
     def sum_of_other(self) -> int:
         return sum(self.other.get.call().get().values())
 
+    @endpoint
+    def echo_through_other(self, data) -> int:
+        """``data`` to the other mesh's one actor's ``echo`` and back: its size in bytes
+        if it came back equal, else -1."""
+        back = self.other.echo.call_one(data).get(timeout=120)
+        return memoryview(data).nbytes if memoryview(back).tobytes() == memoryview(data).tobytes() else -1
+
 
 class AsyncCaller(Actor):
     """``Caller`` with an async endpoint (an actor's endpoints are all sync or all async)."""

@@ -65,5 +65,8 @@ def test_two_namespaced_host_agents_form_one_cluster_and_drop_unsigned_frames(ne
     assert seen["dropped"] == 3 and not seen["unpickled"]
     assert seen["after"] == [15, 15]
 
+    # Large values cross the namespaces intact, both ways and actor to actor, none dropped.
+    assert seen["large"] == [True, True, True, True] and seen["large_dropped"] == 0
+
     # cluster.stop() in the client ended every process in every namespace (checked above).
     assert not path.exists()

@@ -2,10 +2,11 @@
 
 A ``bytes`` or ``bytearray`` argument (or return value) owns its memory, so the
 receiver must copy it out of whatever the transport handed over: a shared-memory
-segment or the socket's frames. Done naively (``bytes(frame)``) that holds the frame
-and the copy at once: 2 GiB for a 1 GiB value. Here the copy is made piece by piece and
-each piece of the source is released once copied (a segment is truncated behind the
-read, a frame is dropped), so the receiver holds the value plus one piece.
+segment or the socket's chunks (``wire.stream``). Done naively (``bytes(frame)``) that
+holds the source and the copy at once: 2 GiB for a 1 GiB value. Here the copy is made
+piece by piece and each piece of the source is released once copied (a segment is
+truncated behind the read, a chunk is dropped), so the receiver holds the value plus
+one piece.
 
 ``bytes`` are filled in place: :func:`fresh_bytes` allocates one with
 ``bytes(n)`` (calloc: its pages cost nothing until written) and hands out a writable
@@ -79,6 +80,26 @@ def _huge_pages(address: int, nbytes: int) -> None:
         _madvise(start, end - start, _MADV_HUGEPAGE)
 
 
+_MADV_POPULATE_WRITE = 23  # Linux 5.14 and later (<linux/mman.h>)
+_page = mmap.PAGESIZE
+
+
+def prefault(view: memoryview, start: int, nbytes: int) -> None:
+    """Fault in the pages of the writable ``view`` from byte ``start`` on, ``nbytes`` of
+    them, in one system call (``MADV_POPULATE_WRITE``), ahead of writing them: a fault
+    per page, taken as the writes come, cost the VMs here ~70% more. Best effort: pages
+    that are not whole within the range, or a kernel without it, fault as usual."""
+    if _madvise is None or nbytes < _page:
+        return
+    anchor = ctypes.c_char.from_buffer(view)
+    address = ctypes.addressof(anchor) + start
+    del anchor  # (it holds an export of the view's buffer)
+    first = (address + _page - 1) & ~(_page - 1)
+    end = (address + nbytes) & ~(_page - 1)
+    if end > first:
+        _madvise(first, end - first, _MADV_POPULATE_WRITE)
+
+
 def from_fd(fd: int, nbytes: int, kind: type) -> bytes | bytearray:
     """The ``nbytes`` bytes of the regular file ``fd`` (an unlinked shared-memory segment
     of exactly that size) as a new ``kind`` (``bytes`` or ``bytearray``), read from the
@@ -114,41 +135,3 @@ def _read_all(fd: int, nbytes: int) -> bytes:
     if len(data) != nbytes:
         raise EOFError(f"shared-memory segment holds {len(data)} of {nbytes} bytes")
     return data
-
-
-def from_pieces(pieces: list, nbytes: int, kind: type) -> bytes | bytearray:
-    """The concatenation of ``pieces`` (buffers, ``nbytes`` in all) as a new ``kind``
-    (``bytes``, or ``bytearray`` for anything else). Empties ``pieces`` as it goes, so
-    that each piece is freed once copied when nothing else holds it. Raises
-    ``ValueError`` when the pieces do not add up to ``nbytes``."""
-    total = sum(memoryview(piece).nbytes for piece in pieces)
-    if total != nbytes:  # before allocating: nbytes comes from an unsigned descriptor
-        raise ValueError(f"pieces hold {total} bytes, not the announced {nbytes}")
-    fresh = fresh_bytes(nbytes) if kind is bytes else None
-    value: bytes | bytearray
-    if fresh is not None:
-        value, view = fresh
-        at = 0
-        for i, piece in enumerate(pieces):
-            pieces[i] = None
-            piece_view = memoryview(piece).cast("B")
-            if at + piece_view.nbytes > nbytes:
-                raise ValueError(f"pieces hold more than the announced {nbytes} bytes")
-            view[at:at + piece_view.nbytes] = piece_view
-            at += piece_view.nbytes
-            piece_view.release()
-            piece = None
-        view.release()
-        pieces.clear()
-    else:
-        joined = bytearray()
-        for i, piece in enumerate(pieces):
-            pieces[i] = None
-            joined += memoryview(piece).cast("B")  # realloc grows in place: no second copy
-            piece = None
-        pieces.clear()
-        at = len(joined)
-        value = bytes(joined) if kind is bytes else joined
-    if at != nbytes:
-        raise ValueError(f"pieces hold {at} bytes, not the announced {nbytes}")
-    return value

@@ -7,12 +7,12 @@ the receiver either maps it, so a numpy array, tensor or memoryview argument arr
 without a copy on the receiving side, or, for a ``bytes`` or ``bytearray`` value (which
 must own its memory), reads it into a new object of that type while truncating the
 segment behind the read (``wire.fill``), so the value is held once, not twice. To any
-peer, a ``bytes`` or ``bytearray`` frame over ``fill.PIECE_BYTES`` that stays on the
-socket is sent as pieces the receiver copies into the new object one by one, freeing
-each as it goes. What travels on the socket is the frame set with those frames emptied,
-after one leading descriptor frame saying, for each, where it is (a segment, or how
-many pieces follow the frame set) and what to make of it (``b`` bytes, ``a``
-bytearray, ``m`` mapped).
+peer, a frame of ``stream.MIN_BYTES`` or more that stays on the socket is sent ahead of
+its frame set in chunks (``wire.stream``), which the receiver copies into the new object
+one by one as they arrive. What travels on the socket is the frame set with those frames
+emptied, after one leading descriptor frame saying, for each, where it is (a segment, or
+the stream that carried it) and what to make of it (``b`` bytes, ``a`` bytearray, ``m``
+mapped).
 
 Integrity. What travels on the socket is signed (``wire.frames``) and checked before
 anything is unpickled; a segment's contents are protected by who can write it: only
@@ -26,11 +26,11 @@ cluster's key. So a frame set whose segments were made for one send (``offload``
 and size in place of its contents, and neither side hashes what it moves through
 memory (marked ``seg``). A frame set signed before the send knew the route (``shm``)
 covers each frame's contents, as on the socket, and the receiver checks them after
-reading. A frame joined from pieces is the receiver's private copy of bytes the
-signature covers, so what was verified is what gets unpickled.
+reading. A streamed frame is the receiver's private copy, hashed as it was copied, of
+bytes the signature covers, so what was verified is what gets unpickled.
 
-The descriptor frame itself is not signed: a forged one naming segments of its own, or
-reordering or resizing the pieces, makes other bytes (or other names), which fail the
+The descriptor frame itself is not signed: a forged one naming segments or streams of
+its own, or resizing them, makes other bytes (or other names), which fail the
 signature check (every frame's length is signed too); ``seg`` and ``shm`` swapped make
 the receiver check another signature than the sender made; one naming a real segment
 would have to guess its 64 random bits (it could then only make the real message be
@@ -70,7 +70,7 @@ import warnings
 
 import psutil
 
-from . import fill
+from . import fill, stream
 
 SHM_DIR = "/dev/shm"
 MARKER = b"MNBSHM1 "
@@ -178,86 +178,80 @@ def kind_of(frame) -> str:
     return "b" if type(base) is bytes else "a" if type(base) is bytearray else "m"
 
 
-def offload(address: str, cluster_id: str, frames: list, first: int, segments: dict | None = None) -> list:
+def offload(address: str, cluster_id: str, frames: list, first: int, segments: dict | None = None,
+            streams: list | None = None) -> list:
     """``frames`` as they go to ``address``: ``[descriptor, *frames]`` when some frame
     from ``first`` on travels another way, else ``frames`` itself. A frame of
     ``MIN_BYTES`` or more to a peer on this host moves to a segment (emptied in place);
-    a ``bytes`` or ``bytearray`` frame over ``fill.PIECE_BYTES`` that stays on the socket
-    is split into pieces of that size sent after the other frames (emptied in place),
-    so that the receiver can free each piece once copied (``wire.fill``). The pieces
-    are views: nothing is copied here.
+    one of ``stream.MIN_BYTES`` or more that stays on the socket is emptied in place and
+    listed in ``streams`` as ``(index, stream id, kind, view)``, for the caller to send
+    ahead of the frame set (``wire.stream``). Nothing is copied here but into segments.
 
     ``segments``: the caller signs the frame set after this, naming each segment
     instead of hashing its contents (see the module docstring); it gets ``{index:
     segment name}`` for the frames moved to segments, which the descriptor marks so."""
     local = is_local(address)
     lines = []
-    pieces: list = []
     out = list(frames)
     for i in range(first, len(frames)):
         size = memoryview(frames[i]).nbytes
-        kind = None
         if size >= MIN_BYTES and local:
-            kind = kind_of(frames[i])
             name = _put_for(address, cluster_id, frames[i])
             if name is not None:
                 if segments is not None:
                     segments[i] = name
-                lines.append(f"{i} {size} {kind} {'seg' if segments is not None else 'shm'} {name}")
+                lines.append(f"{i} {size} {kind_of(frames[i])} {'seg' if segments is not None else 'shm'} {name}")
                 out[i] = b""
                 continue
-        if size > fill.PIECE_BYTES and (kind or kind_of(frames[i])) != "m":
-            view = memoryview(frames[i]).cast("B")
-            cut = [view[at:at + fill.PIECE_BYTES] for at in range(0, size, fill.PIECE_BYTES)]
-            lines.append(f"{i} {size} {kind or kind_of(frames[i])} pieces {len(cut)}")
-            pieces.extend(cut)
+        if size >= stream.MIN_BYTES and streams is not None:
+            stream_id, kind = secrets.token_bytes(16), kind_of(frames[i])
+            streams.append((i, stream_id, kind, memoryview(frames[i])))
+            lines.append(f"{i} {size} {kind} stream {stream_id.hex()}")
             out[i] = b""
     if not lines:
         return frames
-    return [MARKER + "\n".join(lines).encode(), *out, *pieces]
+    return [MARKER + "\n".join(lines).encode(), *out]
 
 
-def restore(frames: list, cluster_ids, segments: dict) -> list:
+def restore(frames: list, cluster_ids, segments: dict, streams=None, digests: dict | None = None) -> list:
     """Inverse of :func:`offload` on the receiving side: the frame set with each
-    emptied frame back, as a new ``bytes`` or ``bytearray`` read out of its segment or
-    joined from its pieces (``wire.fill``), or, for other frames, its segment mapped
-    (writable, private to this process once unlinked). Consumes ``frames``: the pieces
-    are removed from the list, so each is freed once copied. Fills ``segments`` with
-    ``{index: name}`` of the segments the frame set is signed by name (``offload``'s
-    ``segments``). Raises :class:`SegmentError` for a malformed descriptor, a segment
-    that is missing, not of ``cluster_ids``, not this user's own, or of the wrong size,
-    or pieces that don't add up; every segment the descriptor names is unlinked either way."""
-    entries: list[tuple[int, int, type, str, int]] = []  # index, size, kind, segment name or "", pieces
+    emptied frame back, as a new ``bytes`` or ``bytearray`` read out of its segment or,
+    for other frames, its segment mapped (writable, private to this process once
+    unlinked), or as the value its stream assembled (``streams``: the receiving inbox's
+    ``stream.Streams``). Fills ``segments`` with ``{index: name}`` of the segments the
+    frame set is signed by name (``offload``'s ``segments``), and ``digests`` with
+    ``{index: (keys, digest)}`` of the streamed frames. Raises :class:`SegmentError` for
+    a malformed descriptor, a segment that is missing, not of ``cluster_ids``, not this
+    user's own, or of the wrong size, or a stream that is missing or incomplete; every
+    segment the descriptor names is unlinked either way."""
+    entries: list[tuple[int, int, type, str, str]] = []  # index, size, kind, how, segment name or stream id
     try:
         for line in bytes(frames[0])[len(MARKER):].decode().split("\n"):
             at, nbytes, letter, how, what = line.split(" ")
-            if letter not in _KINDS or how not in ("shm", "seg", "pieces"):
+            if letter not in _KINDS or how not in ("shm", "seg", "stream"):
                 raise ValueError(line)
-            shm_name, n = (what, 0) if how != "pieces" else ("", int(what))
-            entries.append((int(at), int(nbytes), _KINDS[letter], shm_name, n))
+            entries.append((int(at), int(nbytes), _KINDS[letter], how, what))
             if how == "seg":
                 segments[int(at)] = what
     except ValueError:  # UnicodeDecodeError too
         raise SegmentError("malformed shared-memory descriptor") from None
-    n_pieces = sum(entry[4] for entry in entries)
-    if n_pieces > len(frames) - 1:
-        raise SegmentError("malformed shared-memory descriptor: fewer pieces than announced")
-    tail = len(frames) - n_pieces
-    pieces = frames[tail:]
-    del frames[tail:]  # the caller's list too: the pieces are freed as they are copied
     out = frames[1:]
     prefixes = tuple(_prefix(c) for c in cluster_ids)
     error = None
-    for index, size, kind, name, count in entries:
+    for index, size, kind, how, what in entries:
         try:
-            if not name:
-                mine, pieces[:count] = pieces[:count], []
-                out[index] = fill.from_pieces(mine, size, kind)
-            elif not (_NAME.match(name) and name.startswith(prefixes)):
-                error = error or SegmentError(f"segment {name!r} is not one of this process's clusters")
+            if not 0 <= index < len(out):
+                raise IndexError(f"no frame {index}")
+            if how == "stream":
+                if streams is None or digests is None:
+                    raise SegmentError("a streamed frame where none can arrive")
+                out[index], keys, digest = streams.take(bytes.fromhex(what), size)
+                digests[index] = (keys, digest)
+            elif not (_NAME.match(what) and what.startswith(prefixes)):
+                error = error or SegmentError(f"segment {what!r} is not one of this process's clusters")
             else:
-                out[index] = _take(name, size, kind)
-        except (OSError, EOFError, ValueError, SegmentError, IndexError) as e:
+                out[index] = _take(what, size, kind)
+        except (OSError, EOFError, ValueError, SegmentError, IndexError, stream.StreamError) as e:
             error = error or SegmentError(f"frame {index}: {e}")
     if error is not None:
         raise error

@@ -9,6 +9,7 @@ used by two threads at once) and closed once the peer is known gone or they go u
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -18,7 +19,7 @@ import zmq
 
 from ..errors import ClusterError
 from . import frames as wire_frames
-from . import shm
+from . import shm, stream
 from .interrupts import protected
 
 # How long a closed sending socket keeps trying to deliver what it has queued (ms).
@@ -191,24 +192,27 @@ class Outbox:
         if now > _next_sweep:
             _sweep_idle(now)  # before taking this thread's lock: it takes every thread's
         table = self._table()
-        if len(frames) > wire_frames.FIXED_FRAMES:  # out-of-band buffers: large ones travel apart
-            frames = wire_frames.route(address, frames)
-        buffers = frames[wire_frames.FIXED_FRAMES:]
+        trackers: list = []  # of large frames sent zero-copy, to wait on
         try:
             with table.lock:
                 sock = self._socket(table, address, now)
+                if len(frames) > wire_frames.FIXED_FRAMES:  # out-of-band buffers: large ones travel apart
+                    frames = wire_frames.route(address, frames, functools.partial(stream.send, sock, trackers))
+                buffers = frames[wire_frames.FIXED_FRAMES:]
                 if not buffers or sum(memoryview(f).nbytes for f in buffers) < zmq.COPY_THRESHOLD:
                     # send_multipart's per-frame enum arithmetic costs more than a small send.
                     for frame in frames[:-1]:
                         sock.send(frame, _SNDMORE)
                     sock.send(frames[-1])
-                    return
-                tracker = sock.send_multipart(frames, copy=False, track=True)
+                else:
+                    trackers.append(sock.send_multipart(frames, copy=False, track=True))
         except BaseException:
             self.forget(address)
             raise
+        deadline = time.monotonic() + SEND_DRAIN_TIMEOUT_S
         try:
-            tracker.wait(SEND_DRAIN_TIMEOUT_S)
+            for tracker in trackers:
+                tracker.wait(max(0.0, deadline - time.monotonic()))
         except zmq.NotDone:
             self.forget(address)
             raise ClusterError(
