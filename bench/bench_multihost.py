@@ -240,7 +240,7 @@ def main() -> int:
     log(f"monarch_nb multi-host bench: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, "
         f"MONARCH_NB_HOME={home}")
     started = time.perf_counter()
-    sizes = [(64 * MiB, 2 if args.quick else 4, 2 if args.quick else 4), (GiB, 1, 2 if args.quick else 4)]
+    sizes = [(64 * MiB, 2 if args.quick else 4, 2 if args.quick else 4), (GiB, 1, 2 if args.quick else 6)]
     rows = []
     status = 0
     with network() as (root, (ip_a, ip_b), spaces):

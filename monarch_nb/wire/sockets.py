@@ -209,6 +209,8 @@ class Outbox:
         except BaseException:
             self.forget(address)
             raise
+        if not trackers:
+            return
         deadline = time.monotonic() + SEND_DRAIN_TIMEOUT_S
         try:
             for tracker in trackers:

@@ -113,8 +113,8 @@ class _Stream:
 
 def _allocate(kind: bytes, size: int) -> tuple[Any, memoryview]:
     """The object a frame of ``kind`` arrives as, and a writable byte view of it: a new
-    ``bytes`` filled in place (``wire.fill``), a ``bytearray``, or (anything else) an
-    anonymous mapping, whose pages cost nothing until faulted in."""
+    ``bytes`` filled in place (``wire.fill``), a ``bytearray``, or (anything else) a
+    private anonymous mapping, whose pages cost nothing until faulted in."""
     if kind == b"b":
         fresh = fill.fresh_bytes(size)
         if fresh is not None:
@@ -122,7 +122,9 @@ def _allocate(kind: bytes, size: int) -> tuple[Any, memoryview]:
     if kind in (b"a", b"b"):  # (b: this interpreter's bytes layout is unknown; converted on taking)
         value = bytearray(size)
         return value, memoryview(value)
-    mapped = mmap.mmap(-1, size)
+    # Private: Python's default for an anonymous mapping is shared, which the kernel backs
+    # as shmem (1 GiB here: 430 ms to fault in and fill, 88 ms to unmap; private 345 and 24).
+    mapped = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return mapped, memoryview(mapped)
 
 
