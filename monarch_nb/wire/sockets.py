@@ -184,7 +184,10 @@ class Outbox:
         (``wire.interrupts``); a send that fails half way closes its socket, so that
         the torn message is never completed by the next one. When the message carries
         large buffers, wait until they have left this process (or were copied to shared
-        memory, for a peer on this host: ``wire.shm``) so the caller may reuse them.
+        memory, for a peer on this host: ``wire.shm``; to another host the largest go
+        ahead of the message in chunks on the same socket: ``wire.stream``) so the caller
+        may reuse them. The routing runs under this thread's socket lock, so a
+        :meth:`discard` from another thread waits for a send in progress.
 
         Raises :class:`ClusterError` when they can't leave within
         ``SEND_DRAIN_TIMEOUT_S`` (the peer is gone or not reading)."""
