@@ -28,6 +28,7 @@ def run_notebook(path: str | Path, output: str | Path | None = None, timeout: fl
     ``notebook`` extra (``pip install 'monarch_nb[notebook]'``).
     """
     try:
+        import jupyter_client
         import nbclient
         import nbformat
     except ImportError as e:
@@ -37,14 +38,21 @@ def run_notebook(path: str | Path, output: str | Path | None = None, timeout: fl
     nb = nbformat.read(path, as_version=4)
     previous = os.environ.get("JUPYTER_PATH")
     kernel = nb.metadata.get("kernelspec", {}).get("name", "python3")
-    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name=kernel if kernel == "monarch" else "python3",
-                                     resources={"metadata": {"path": str(path.parent.resolve())}})
     with tempfile.TemporaryDirectory(prefix="monarch-nb-kernels-") as kernels:
+        # The kernel talks to this process only: over Unix sockets in this private
+        # directory, not TCP ports any local user could connect to (ipykernel warns
+        # about plain TCP).
+        manager = jupyter_client.KernelManager(kernel_name=kernel if kernel == "monarch" else "python3",
+                                               transport="ipc", ip=os.path.join(kernels, "ipc"))
+        client = nbclient.NotebookClient(nb, timeout=timeout, km=manager,
+                                         resources={"metadata": {"path": str(path.parent.resolve())}})
         kernelspec.write_data_dir(kernels)
         os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [kernels, previous]))
         try:
             client.execute()
         finally:
+            if manager.has_kernel:  # (a kernel manager given to nbclient is left running by it)
+                manager.shutdown_kernel()
             nbformat.write(nb, output)
             if previous is None:
                 os.environ.pop("JUPYTER_PATH", None)
