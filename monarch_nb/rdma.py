@@ -46,6 +46,7 @@ from .client.future import Future
 from .client.runtime import runtime
 from .errors import SupervisionError
 from .protocol import envelope, rdma_ops
+from .wire import fill
 from .wire import frames as wire_frames
 from .wire import sockets
 from .wire.mailbox import Gather
@@ -338,6 +339,8 @@ class RDMABuffer:
                               rdma_ops.LENGTH: length, envelope.REPLY: address, envelope.PORT: sent}
                     data = memoryview((ctypes.c_char * length).from_address(local + start)).cast("B") \
                         if write else None
+                    if not write:  # its pages faulted in at once while the answer travels
+                        fill.prefault_at(local + start, length)
                     outbox.send(self._server, wire_frames.encode_value(self._cluster, header, data))
                     sent += 1
                 while not inbox.poll(int(max(0.0, min(deadline - time.monotonic(), 0.5)) * 1000)):

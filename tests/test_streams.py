@@ -1,7 +1,8 @@
 """Large frames to another host go ahead of their frame set in chunks hashed as they go
-(wire.stream): they arrive verified and writable, a chunk forged, reordered, lost or
-passed off as another cluster's fails the frame set, and what an inbox holds for streams
-not yet complete is bounded. End to end over real sockets: test_shared_memory's
+(wire.stream): they arrive verified and writable; a chunk forged, unsigned, replayed,
+reordered or lost, or one cluster's stream named by another's frame set, never gets
+unpickled; streams that arrive together are all kept, and a dead sender's half stream is
+dropped after STALE_S of reading. End to end over real sockets: test_shared_memory's
 "socket" round trips and test_multihost's large calls between namespaces."""
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ def routed(encoded: list, keys: list | None = None) -> list[list]:
     frame set. ``keys``: gets the key each stream was hashed with (None: not hashed)."""
     sock, trackers = Recorder(), []
 
-    def send_stream(cid, stream_id, kind, view, key):
+    def send_stream(head, view, key):
         if keys is not None:
             keys.append(key)
-        return stream.send(sock, trackers, cid, stream_id, kind, view, key)
+        return stream.send(sock, trackers, head, view, key)
 
     final = frames.route(REMOTE, encoded, send_stream)
     return [*sock.messages, list(final)]
@@ -90,21 +91,34 @@ def test_a_frame_set_signed_at_encode_streams_without_hashing_again(value):
     assert keys == [None]
 
 
-def test_a_forged_reordered_lost_or_foreign_chunk_fails_its_frame_set(value):
-    frames.register_key("streams-other", b"o" * 32)
+def test_a_forged_unsigned_replayed_reordered_or_lost_chunk_never_gets_unpickled(value):
     encoded = frames.encode_value("streams", {}, value, sign_at_send=True)
     before = frames.dropped()
 
-    forged = routed(encoded)
+    forged = routed(encoded)  # a chunk's contents changed on the way: the digest differs
     forged[1][1] = bytes(len(forged[1][1]))
     with pytest.raises(frames.BadMessage, match="bad signature"):
         receive(forged, frames.ReplayGuard())
+
+    guard = frames.ReplayGuard()
+    unsigned = routed(encoded)  # a head changed: nothing is kept of it
+    head = bytearray(unsigned[0][0])
+    head[-len(b"streams") - 1] ^= 1  # (the size field's last byte)
+    with pytest.raises(frames.BadMessage, match="bad signature"):
+        frames.decode([bytes(head), unsigned[0][1]], guard)
+    with pytest.raises(frames.BadMessage, match="unknown cluster"):
+        frames.decode([unsigned[0][0].replace(b"streams", b"nobody's"), unsigned[0][1]], guard)
+    assert len(guard.streams) == 0
+    with pytest.raises(frames.Absorbed):
+        frames.decode(unsigned[0], guard)
+    with pytest.raises(frames.BadMessage, match="replayed"):
+        frames.decode(unsigned[0], guard)
 
     swapped = routed(encoded)
     guard = frames.ReplayGuard()
     with pytest.raises(frames.Absorbed):
         frames.decode(swapped[0], guard)
-    with pytest.raises(frames.BadMessage, match="does not add up"):  # a chunk out of order: the stream is dropped
+    with pytest.raises(frames.BadMessage, match="of a stream that has"):  # out of order: the stream is dropped
         frames.decode(swapped[2], guard)
     with pytest.raises(frames.BadMessage, match="missing or incomplete"):
         frames.decode(swapped[-1], guard)
@@ -112,38 +126,48 @@ def test_a_forged_reordered_lost_or_foreign_chunk_fails_its_frame_set(value):
     lost = routed(encoded)
     with pytest.raises(frames.BadMessage, match="missing or incomplete"):
         receive([*lost[:-2], lost[-1]], frames.ReplayGuard())
+    assert frames.dropped() == before + 7
 
-    foreign = routed(encoded)  # chunks passed off as another cluster's, hashed with its key
-    for message in foreign[:-1]:
-        message[0] = message[0].replace(b"streams", b"streams-other")
+
+def test_a_frame_set_naming_another_clusters_stream_is_dropped(value):
+    frames.register_key("streams-other", b"o" * 32)
+    ours = routed(frames.encode_value("streams", {}, value, sign_at_send=True))
+    theirs = routed(frames.encode_value("streams-other", {}, value, sign_at_send=True))
+    our_id, their_id = (bytes(m[-1][0]).rpartition(b" ")[2] for m in (ours, theirs))
+    guard = frames.ReplayGuard()
+    for chunk in ours[:-1]:
+        with pytest.raises(frames.Absorbed):
+            frames.decode(chunk, guard)
     with pytest.raises(frames.BadMessage, match="streamed for another cluster"):
-        receive(foreign, frames.ReplayGuard())
-
-    unknown = routed(encoded)
-    unknown[0][0] = unknown[0][0].replace(b"streams", b"nobody's")
-    with pytest.raises(frames.BadMessage, match="does not add up"):
-        frames.decode(unknown[0], frames.ReplayGuard())
-    assert frames.dropped() == before + 6
+        frames.decode([theirs[-1][0].replace(their_id, our_id), *theirs[-1][1:]], guard)
 
 
-def test_what_an_inbox_holds_for_incomplete_streams_is_bounded(monkeypatch):
-    frames.register_key("streams-bound", b"b" * 32)
-    keys = frames._keys[b"streams-bound"]
-    budget = 3 * stream.MIN_BYTES
-    streams = stream.Streams(lambda: budget)
-    chunk = bytes(stream.CHUNK_BYTES)
+def _chunk(guard: frames.ReplayGuard, stream_id: bytes, size: int) -> None:
+    """A first chunk of a stream of ``size`` bytes, signed for cluster "streams", into ``guard``."""
+    head = frames._chunk_head(frames._keys[b"streams"], b"streams", stream_id, b"m", size, 0)
+    with pytest.raises(frames.Absorbed):
+        frames.decode([head, bytes(stream.CHUNK_BYTES)], guard)
 
-    def start(stream_id: bytes, size: int) -> None:
-        head = stream.MARKER + stream._HEAD.pack(stream_id, b"m", 0, size) + b"streams-bound"
-        streams.absorb([head, chunk], {b"streams-bound": keys}.get)
 
-    start(b"a" * 16, 2 * stream.MIN_BYTES)
-    start(b"b" * 16, 2 * stream.MIN_BYTES)  # over the budget together: the oldest goes
-    assert len(streams) == 1
-    with pytest.raises(stream.StreamError, match="missing or incomplete"):
-        streams.take(b"a" * 16, 2 * stream.MIN_BYTES)
-    with pytest.raises(stream.StreamError, match="over the"):  # refused before anything is allocated
-        start(b"c" * 16, 1 << 60)
-    monkeypatch.setattr(stream, "STALE_S", -1.0)  # every stream in progress has gone quiet too long
-    start(b"d" * 16, stream.MIN_BYTES)
-    assert len(streams) == 1  # b was dropped, d is held
+def test_streams_arriving_together_are_all_kept_whatever_their_total(value, monkeypatch):
+    monkeypatch.setenv("MONARCH_NB_MAX_MESSAGE_BYTES", str(2 * stream.MIN_BYTES))  # each stream's limit
+    guard = frames.ReplayGuard()
+    for n in range(4):  # 4x the limit in all
+        _chunk(guard, bytes([n]) * 16, 2 * stream.MIN_BYTES)
+    assert len(guard.streams) == 4
+    with pytest.raises(frames.BadMessage, match="did not start"):  # one stream over the limit
+        _chunk(guard, b"x" * 16, 2 * stream.MIN_BYTES + 1)
+
+
+def test_a_half_stream_is_dropped_after_stale_s_of_reading_not_of_idling(value, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(stream.time, "monotonic", lambda: now[0])
+    guard = frames.ReplayGuard()
+    _chunk(guard, b"h" * 16, stream.MIN_BYTES)  # its sender died after this
+    now[0] += 10 * stream.STALE_S  # the inbox idle, or its actor in a long endpoint
+    guard.streams.tick()
+    assert len(guard.streams) == 1
+    for _ in range(int(stream.STALE_S) + 2):  # then reading other messages, one a second
+        now[0] += 1.0
+        guard.streams.tick()
+    assert len(guard.streams) == 0

@@ -94,9 +94,15 @@ def prefault(view: memoryview, start: int, nbytes: int) -> None:
     anchor = ctypes.c_char.from_buffer(view)
     address = ctypes.addressof(anchor) + start
     del anchor  # (it holds an export of the view's buffer)
+    prefault_at(address, nbytes)
+
+
+def prefault_at(address: int, nbytes: int) -> None:
+    """:func:`prefault` of the writable memory at ``address``, ``nbytes`` long (already
+    populated pages cost only the walk over them)."""
     first = (address + _page - 1) & ~(_page - 1)
     end = (address + nbytes) & ~(_page - 1)
-    if end > first:
+    if _madvise is not None and end > first:
         _madvise(first, end - first, _MADV_POPULATE_WRITE)
 
 

@@ -31,6 +31,7 @@ may go to many inboxes (a call to every actor of a mesh); each accepts it once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import itertools
@@ -152,22 +153,27 @@ _WINDOW_MASK = (1 << REPLAY_WINDOW) - 1
 
 
 _senders = threading.local()  # .id, .seq: this thread's sender id and sequence numbers
+# The same for the chunks of streamed frames (wire.stream), a sender of their own: a
+# frame set is stamped when encoded, before its chunks, and must not fall more than
+# REPLAY_WINDOW behind them.
+_chunk_senders = threading.local()
 _pack_stamp, _now = _STAMP.pack, time.time
 
 
-def _stamp() -> bytes:
+def _stamp(senders: threading.local | None = None) -> bytes:
+    senders = senders or _senders
     try:
-        sender_id, seq = _senders.id, next(_senders.seq)
+        sender_id, seq = senders.id, next(senders.seq)
     except AttributeError:
-        sender_id = _senders.id = os.urandom(8)
-        _senders.seq = itertools.count(1)
-        seq = next(_senders.seq)
+        sender_id = senders.id = os.urandom(8)
+        senders.seq = itertools.count(1)
+        seq = next(senders.seq)
     return _pack_stamp(sender_id, seq, _now())
 
 
 def _new_senders_after_fork() -> None:
-    global _senders
-    _senders = threading.local()  # a forked child must not reuse its parent's ids
+    global _senders, _chunk_senders
+    _senders, _chunk_senders = threading.local(), threading.local()  # a forked child must not reuse its parent's ids
 
 
 os.register_at_fork(after_in_child=_new_senders_after_fork)
@@ -285,27 +291,29 @@ def signed_at_send(frames: list) -> bool:
     return type(frames[0]) is _Unsigned
 
 
-def route(address: str, frames: list, send_stream: Callable[[bytes, bytes, str, memoryview, bytes | None],
+def route(address: str, frames: list, send_stream: Callable[[Callable[[int], bytes], memoryview, bytes | None],
                                                             bytes | None]) -> list:
     """``frames`` as they leave for ``address``: large frames moved to shared memory or
     sent ahead in chunks (``wire.shm.offload``), and a frame set :func:`encode` left
     unsigned signed for that route. ``frames`` itself is left as it was (a call sends
     it to every actor of a mesh).
 
-    ``send_stream(cluster id, stream id, kind, view, key)`` sends one frame ahead
-    (``wire.stream.send`` on the destination's socket) and returns its keyed BLAKE3
-    digest under ``key`` (``None``: no digest wanted)."""
+    ``send_stream(head, view, key)`` sends one frame ahead (``wire.stream.send`` on the
+    destination's socket; ``head(offset)``: a chunk's signed head) and returns its keyed
+    BLAKE3 digest under ``key`` (``None``: no digest wanted)."""
     first = frames[0]
     unsigned = type(first) is _Unsigned
     cid = first.cid if unsigned else bytes(first)[_STAMP_AT.stop:]
     segments: dict[int, str] = {}
     streams: list = []
     out = shm.offload(address, cid.decode(), frames, FIXED_FRAMES, segments if unsigned else None, streams)
+    keys = first.keys if unsigned else _keys[cid]
     for index, stream_id, kind, view in streams:
         # A digest is wanted for signing: not for a frame set signed at encode, nor again
         # for a frame an earlier send of this frame set hashed.
         wanted = unsigned and index - 1 not in first.digests
-        digest = send_stream(cid, stream_id, kind, view, first.keys.blake3 if wanted else None)
+        head = functools.partial(_chunk_head, keys, cid, stream_id, kind.encode(), view.nbytes)
+        digest = send_stream(head, view, keys.blake3 if wanted else None)
         if wanted:
             first.digests[index - 1] = digest
     if not unsigned:
@@ -316,6 +324,47 @@ def route(address: str, frames: list, send_stream: Callable[[bytes, bytes, str, 
                             first.digests)
     out[at] = MAGIC + signature + first.stamp + first.cid
     return out
+
+
+def _chunk_head(keys: _Keys, cid: bytes, stream_id: bytes, kind: bytes, size: int, offset: int) -> bytes:
+    """The head of the chunk at ``offset`` of a streamed frame (``wire.stream``): its
+    fields and a replay stamp, signed with the cluster's key."""
+    fields = stream.FIELDS.pack(stream_id, kind, offset, size) + _stamp(_chunk_senders)
+    mac = keys.hmac.copy()
+    mac.update(fields)
+    return stream.MARKER + mac.digest() + fields + cid
+
+
+_CHUNK_FIELDS = slice(len(stream.MARKER) + 32, len(stream.MARKER) + 32 + stream.FIELDS.size + _STAMP.size)
+
+
+def _absorb(frames: list, guard: ReplayGuard) -> None:
+    """Keep a chunk of a streamed frame in ``guard``'s streams if its head is signed
+    and fresh; raises :class:`Absorbed` then, else :class:`BadMessage` (counted)."""
+    global _dropped
+    try:
+        head = bytes(frames[0])
+        if not head.startswith(stream.MARKER) or len(head) < _CHUNK_FIELDS.stop:
+            raise BadMessage("not a monarch_nb frame set")
+        keys = _keys.get(head[_CHUNK_FIELDS.stop:])
+        if keys is None:
+            raise BadMessage("unknown cluster id")
+        fields = head[_CHUNK_FIELDS]
+        mac = keys.hmac.copy()
+        mac.update(fields)
+        if not hmac.compare_digest(mac.digest(), head[len(stream.MARKER):_CHUNK_FIELDS.start]):
+            raise BadMessage("bad signature")
+        if not guard.accept(*_STAMP.unpack_from(fields, stream.FIELDS.size)):
+            raise BadMessage("replayed")
+        try:
+            guard.streams.absorb(*stream.FIELDS.unpack_from(fields), keys, frames[1])
+        except stream.StreamError as e:
+            raise BadMessage(str(e)) from None
+    except BadMessage:
+        with _dropped_lock:
+            _dropped += 1
+        raise
+    raise Absorbed()
 
 
 def cluster_of(frames: list) -> str:
@@ -334,14 +383,11 @@ def decode(frames: list, guard: ReplayGuard | None) -> Message:
     :class:`Absorbed` for a chunk of a stream (kept in ``guard``). Only the header is
     unpickled here (with the standard library's pickle)."""
     global _dropped
-    if len(frames) == 2 and guard is not None:  # (a frame set has FIXED_FRAMES or more)
-        try:
-            guard.streams.absorb(frames, _keys.get)
-        except stream.StreamError:
-            with _dropped_lock:
-                _dropped += 1
-            raise BadMessage("a chunk that does not add up") from None
-        raise Absorbed()
+    if guard is not None:
+        if len(frames) == 2:  # a chunk (a frame set has FIXED_FRAMES or more)
+            _absorb(frames, guard)
+        if guard.streams:
+            guard.streams.tick()
     try:
         prefix = bytes(frames[0])
         segments: dict[int, str] = {}  # index -> name of a segment signed by name

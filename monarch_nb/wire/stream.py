@@ -22,10 +22,14 @@ where one large message lands in a buffer zmq allocates and faults in page by pa
 (64 MiB: 0.83-0.90x; 256 MiB: 0.93x against 0.77x as one message; 1 GiB: median of 10,
 0.79-0.83x against 0.75x; ``bench/bench_multihost.py``).
 
-What an inbox holds for frame sets not yet arrived is bounded: streams in progress (a
-sender that died half way, junk from anyone who can connect) are dropped when they go
-``STALE_S`` seconds without a chunk, or, oldest first, when they would hold more than
-``frames.max_message_bytes()`` in all.
+Chunks are signed too (their head: HMAC-SHA256 with the cluster's key over the stream id,
+offset and size and a replay stamp, ``wire.frames``), so that nobody without the key can
+make an inbox hold anything: a chunk that fails is dropped before its stream exists.
+
+A stream whose sender died half way is dropped once its inbox has spent ``STALE_S``
+seconds reading other messages without a chunk of it (time the inbox spends idle or
+running a long endpoint does not count: a live sender's chunks may be waiting in the
+queue behind it).
 """
 
 from __future__ import annotations
@@ -58,8 +62,9 @@ MIN_BYTES = 2 * CHUNK_BYTES
 # 0.57x at 1 GiB; page by page 0.82-0.85x, 0.54x.
 PREFAULT_BYTES = 8 << 20
 STALE_S = 60.0
+_TICK_MAX_S = 1.0  # the most reading time one message counts for (see Streams.tick)
 
-_HEAD = struct.Struct("<16scQQ")  # stream id, kind letter (wire.shm.kind_of), offset, total size; then the cluster id
+FIELDS = struct.Struct("<16scQQ")  # of a chunk's head: stream id, kind letter (wire.shm.kind_of), offset, size
 _SNDMORE = int(zmq.SNDMORE)
 
 
@@ -67,21 +72,19 @@ class StreamError(Exception):
     """A chunk or a frame set's reference to a stream that does not add up."""
 
 
-def send(sock: zmq.Socket, trackers: list, cluster_id: bytes, stream_id: bytes, kind: str, view: memoryview,
+def send(sock: zmq.Socket, trackers: list, head: Callable[[int], bytes], view: memoryview,
          key: bytes | None) -> bytes | None:
-    """Send ``view`` (one frame of a frame set, ``kind`` as ``wire.shm.kind_of`` says) as
-    chunk messages of stream ``stream_id`` (16 bytes) on ``sock``, without copying it;
-    appends to ``trackers`` what tells when the chunks have left. Returns the keyed
-    BLAKE3 digest of ``view`` under ``key``, made chunk by chunk while zmq's I/O thread
-    sends them, or ``None`` with no ``key`` (the frame set was signed already)."""
+    """Send ``view`` (one frame of a frame set) on ``sock`` as chunk messages, each
+    ``[head(offset), chunk]``, without copying it; appends to ``trackers`` what tells
+    when the chunks have left. Returns the keyed BLAKE3 digest of ``view`` under ``key``,
+    made chunk by chunk while zmq's I/O thread sends them, or ``None`` with no ``key``
+    (the frame set was signed already)."""
     view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
-    size = view.nbytes
     hasher = blake3.blake3(key=key) if key is not None else None
-    letter = kind.encode()
     tracker = None
-    for at in range(0, size, CHUNK_BYTES):
+    for at in range(0, view.nbytes, CHUNK_BYTES):
         chunk = view[at:at + CHUNK_BYTES]
-        sock.send(MARKER + _HEAD.pack(stream_id, letter, at, size) + cluster_id, _SNDMORE)
+        sock.send(head(at), _SNDMORE)
         tracker = sock.send(chunk, copy=False, track=True)
         if hasher is not None:
             hasher.update(chunk)
@@ -91,37 +94,50 @@ def send(sock: zmq.Socket, trackers: list, cluster_id: bytes, stream_id: bytes, 
 
 
 class _Stream:
+    """One frame arriving: its value so far, hashed as it was written."""
+
     __slots__ = ("keys", "kind", "size", "received", "faulted", "value", "view", "hasher", "touched")
 
-    def __init__(self, keys: Any, kind: bytes, size: int):
+    def __init__(self, keys: Any, kind: bytes, size: int, now: float):
         self.keys, self.kind, self.size, self.received, self.faulted = keys, kind, size, 0, 0
         self.value, self.view = _allocate(kind, size)
         self.hasher = blake3.blake3(key=keys.blake3)
-        self.touched = time.monotonic()
+        self.touched = now
 
-    def put(self, offset: int, chunk: memoryview) -> None:
-        end = offset + chunk.nbytes
-        if end > self.faulted:
-            ahead = max(end, min(self.size, self.faulted + PREFAULT_BYTES)) - self.faulted
-            fill.prefault(self.view, self.faulted, ahead)
-            self.faulted += ahead
+    def put(self, chunk: memoryview, now: float) -> None:
         self.hasher.update(chunk)
-        self.view[offset:end] = chunk
+        end = self.received + chunk.nbytes
+        if self.view is None:
+            self.value += chunk  # a bytearray growing in place (realloc): pages touched as written
+        else:
+            if end > self.faulted:
+                ahead = max(end, min(self.size, self.faulted + PREFAULT_BYTES)) - self.faulted
+                fill.prefault(self.view, self.faulted, ahead)
+                self.faulted += ahead
+            self.view[self.received:end] = chunk
         self.received = end
-        self.touched = time.monotonic()
+        self.touched = now
+
+    def value_made(self) -> Any:
+        if self.view is not None:
+            self.view.release()
+        if self.kind == b"b" and type(self.value) is not bytes:
+            return bytes(self.value)  # (this interpreter's bytes layout is unknown: one copy)
+        return self.value
 
 
-def _allocate(kind: bytes, size: int) -> tuple[Any, memoryview]:
-    """The object a frame of ``kind`` arrives as, and a writable byte view of it: a new
-    ``bytes`` filled in place (``wire.fill``), a ``bytearray``, or (anything else) a
-    private anonymous mapping, whose pages cost nothing until faulted in."""
+def _allocate(kind: bytes, size: int) -> tuple[Any, memoryview | None]:
+    """The object a frame of ``kind`` arrives as and a writable byte view to fill it
+    through: a new ``bytes`` filled in place (``wire.fill``), or (anything else but a
+    ``bytearray``) a private anonymous mapping, whose pages cost nothing until faulted in;
+    a ``bytearray`` grows as the chunks come (no view), which ``bytearray(size)`` would
+    zero all at once."""
     if kind == b"b":
         fresh = fill.fresh_bytes(size)
         if fresh is not None:
             return fresh
-    if kind in (b"a", b"b"):  # (b: this interpreter's bytes layout is unknown; converted on taking)
-        value = bytearray(size)
-        return value, memoryview(value)
+    if kind in (b"a", b"b"):
+        return bytearray(), None
     # Private: Python's default for an anonymous mapping is shared, which the kernel backs
     # as shmem (1 GiB here: 430 ms to fault in and fill, 88 ms to unmap; private 345 and 24).
     mapped = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -131,33 +147,38 @@ def _allocate(kind: bytes, size: int) -> tuple[Any, memoryview]:
 class Streams:
     """The streams one inbox is receiving (used by that inbox's thread only)."""
 
-    def __init__(self, budget: Callable[[], int]):
-        self._budget = budget  # most bytes held in all, read when a stream starts
-        self._open: dict[bytes, _Stream] = {}  # stream id -> stream, oldest first
+    def __init__(self, limit: Callable[[], int]):
+        self._limit = limit  # the largest stream, in bytes
+        self._open: dict[bytes, _Stream] = {}  # stream id -> stream
+        self._clock = 0.0  # seconds spent reading while streams were open (tick)
+        self._last = time.monotonic()
 
-    def absorb(self, frames: list, keys_of: Callable[[bytes], Any]) -> None:
-        """Take one chunk message: hash it and copy it to its place. Raises
-        :class:`StreamError` for one that is not a chunk, of an unknown cluster, or out
-        of order (its stream is dropped)."""
-        head = bytes(frames[0])
-        if not head.startswith(MARKER) or len(head) < len(MARKER) + _HEAD.size:
-            raise StreamError("not a monarch_nb frame set or chunk")
-        stream_id, kind, offset, size = _HEAD.unpack_from(head, len(MARKER))
-        chunk = memoryview(frames[1]).cast("B")
+    def tick(self) -> None:
+        """The inbox read a message: advance the reading clock (by the time since the
+        last message, at most ``_TICK_MAX_S``: an inbox idle or busy elsewhere is not
+        reading) and drop the streams that went ``STALE_S`` of it without a chunk."""
+        now = time.monotonic()
+        self._clock += min(now - self._last, _TICK_MAX_S)
+        self._last = now
+        for stream_id in [s for s, stream in self._open.items() if self._clock - stream.touched > STALE_S]:
+            del self._open[stream_id]
+
+    def absorb(self, stream_id: bytes, kind: bytes, offset: int, size: int, keys: Any, chunk) -> None:
+        """Take one chunk (its head verified: ``keys`` are its cluster's): hash it and
+        copy it to its place. Raises :class:`StreamError` for one out of order (its
+        stream is dropped) or of a stream that is too large."""
+        chunk = memoryview(chunk).cast("B")
+        self.tick()
         stream = self._open.get(stream_id)
         if stream is None:
-            keys = keys_of(head[len(MARKER) + _HEAD.size:])
-            if keys is None:
-                raise StreamError("chunk of an unknown cluster")
-            if offset != 0 or size < MIN_BYTES:
-                raise StreamError("chunk of a stream that did not start")
-            self._make_room(size)
-            stream = self._open[stream_id] = _Stream(keys, kind, size)
+            if offset != 0 or size < MIN_BYTES or size > self._limit():
+                raise StreamError(f"chunk at byte {offset} of a stream of {size} bytes that did not start")
+            stream = self._open[stream_id] = _Stream(keys, kind, size, self._clock)
         if offset != stream.received or offset + chunk.nbytes > stream.size or size != stream.size \
-                or not chunk.nbytes:
+                or not chunk.nbytes or keys is not stream.keys:
             del self._open[stream_id]
             raise StreamError(f"chunk at byte {offset} of a stream that has {stream.received} of {stream.size}")
-        stream.put(offset, chunk)
+        stream.put(chunk, self._clock)
 
     def take(self, stream_id: bytes, size: int) -> tuple[Any, Any, bytes]:
         """The complete stream ``stream_id`` of ``size`` bytes, no longer held here:
@@ -166,22 +187,7 @@ class Streams:
         stream = self._open.pop(stream_id, None)
         if stream is None or stream.received != stream.size or stream.size != size:
             raise StreamError(f"stream {stream_id.hex()} is missing or incomplete")
-        stream.view.release()
-        value = stream.value
-        if stream.kind == b"b" and type(value) is not bytes:
-            value = bytes(value)
-        return value, stream.keys, stream.hasher.digest()
-
-    def _make_room(self, size: int) -> None:
-        now = time.monotonic()
-        for stream_id in [s for s, stream in self._open.items() if now - stream.touched > STALE_S]:
-            del self._open[stream_id]
-        budget = self._budget()
-        if size > budget:
-            raise StreamError(f"a stream of {size} bytes is over the {budget}-byte limit")
-        held = sum(stream.size for stream in self._open.values())
-        while self._open and held + size > budget:
-            held -= self._open.pop(next(iter(self._open))).size
+        return stream.value_made(), stream.keys, stream.hasher.digest()
 
     def __len__(self) -> int:
         return len(self._open)
