@@ -15,16 +15,17 @@ and copies it to its place while the next one travels. The frame set comes last,
 descriptor (``wire.shm``) naming each such frame ``stream <id>``; the receiver takes the
 assembled value and its digest from :class:`Streams`, and the signature check of the
 frame set covers them as if the frame had come inside it: nothing is unpickled before
-that check. Chunks are unsigned: a forged, reordered or replayed one changes the digest
-or breaks the stream, so the frame set fails its check and is dropped. The copy costs
-less than it saves: the value is written once, into pages faulted in ahead in bulk,
-where one large message lands in a buffer zmq allocates and faults in page by page
-(64 MiB: 0.83-0.90x; 256 MiB: 0.93x against 0.77x as one message; 1 GiB: median of 10,
-0.79-0.83x against 0.75x; ``bench/bench_multihost.py``).
+that check. The copy costs less than it saves: the value is written once, into pages
+faulted in ahead in bulk, where one large message lands in a buffer zmq allocates and
+faults in page by page (64 MiB: 0.83-0.90x; 256 MiB: 0.93x against 0.77x as one message;
+1 GiB: median of 10, 0.79-0.83x against 0.75x; ``bench/bench_multihost.py``).
 
-Chunks are signed too (their head: HMAC-SHA256 with the cluster's key over the stream id,
-offset and size and a replay stamp, ``wire.frames``), so that nobody without the key can
-make an inbox hold anything: a chunk that fails is dropped before its stream exists.
+A chunk's contents are covered by the frame set's signature (a changed one changes the
+digest; a reordered or missing one breaks its stream, which the frame set then lacks);
+its head is signed on its own (HMAC-SHA256 with the cluster's key over the stream id,
+kind, offset, size and a replay stamp: ``frames._chunk_head``), so that nobody without
+the key can make an inbox hold anything: a chunk whose head fails is dropped before its
+stream exists, and a replayed one is dropped like a replayed frame set.
 
 A stream whose sender died half way is dropped once its inbox has spent ``STALE_S``
 seconds reading other messages without a chunk of it (time the inbox spends idle or
