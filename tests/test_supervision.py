@@ -23,7 +23,7 @@ class Fragile(Actor):
         return os.getpid()
 
     @endpoint
-    def wait(self, seconds: float) -> int:
+    def wait(self, seconds: float, pad=None) -> int:
         time.sleep(seconds)
         return os.getpid()
 
@@ -86,6 +86,48 @@ def test_stopping_procs_fails_calls_still_waiting_on_them(host):
     procs.stop()
     with pytest.raises(SupervisionError, match="was stopped"):
         pending.get(timeout=30)
+
+
+def test_a_large_call_skips_a_target_that_died_while_it_was_sending_to_the_others(host, monkeypatch):
+    # A large argument goes to one actor after the other, each send waiting until it has
+    # left. An actor that died meanwhile was sent to all the same: a new socket to its
+    # dead address held the call up to Outbox's drain timeout (60 s), and then failed with
+    # ClusterError instead of SupervisionError.
+    import threading
+
+    import numpy as np
+
+    from monarch_nb.client.runtime import runtime
+    from monarch_nb.wire import mailbox, shm, sockets
+
+    procs = host.spawn_procs(per_host={"gpus": 2}, name="big_send")
+    try:
+        mesh = procs.spawn("big_send", Fragile)
+        pids = mesh.pid.call().get(timeout=60).values()
+        first, second = mesh._addresses
+        monkeypatch.setattr(shm, "MIN_BYTES", 1 << 62)  # through the socket, as to another host
+        monkeypatch.setattr(sockets, "SEND_DRAIN_TIMEOUT_S", 3600.0)
+        real_send = mailbox.Mailbox.send
+
+        def send(self, address, frames):
+            real_send(self, address, frames)
+            if address == first and len(frames) > 3:  # the call's large frame, sent to rank 0: rank 1 dies
+                os.kill(pids[1], signal.SIGKILL)
+                assert wait_until(lambda: runtime().supervision.why_dead(mesh._cluster_id, second, mesh._name, 1),
+                                  30)
+
+        monkeypatch.setattr(mailbox.Mailbox, "send", send)
+        got: list = []
+        caller = threading.Thread(target=lambda: got.append(mesh.wait.call(0, pad=np.ones(8 << 20, np.uint8))),
+                                  daemon=True)
+        caller.start()
+        caller.join(60)
+        assert not caller.is_alive(), "the call is still sending to the dead actor"
+        with pytest.raises(SupervisionError, match="big_send rank 1"):
+            got[0].get(timeout=30)
+    finally:
+        monkeypatch.undo()
+        procs.stop()
 
 
 def test_a_host_whose_agent_dies_is_lost_with_its_procs_within_the_heartbeat_bound():

@@ -78,13 +78,26 @@ class Endpoint(Generic[P, R]):
             header.update(route)
         frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
                                           what=f"an argument of {mesh._name}.{self._name}", sign_at_send=True)
-        (gather or Gather(rt.mailbox)).send(addresses, frames)
+        gather = gather or Gather(rt.mailbox)
+        if len(frames) <= wire_frames.FIXED_FRAMES:  # no out-of-band buffers: the usual case
+            gather.send(addresses, frames)
+            return
+        # Buffers: a send may take a while, and waits until they have left. An actor
+        # reported dead meanwhile is skipped (its call has failed already): a send to it
+        # would wait for a peer that never reads, up to Outbox's drain timeout.
+        rank_of = {a: base for base, a in enumerate(mesh._addresses)}
+
+        def dead(address: str) -> bool:
+            return rt.supervision.why_dead(mesh._cluster_id, address, mesh._name, rank_of.get(address)) is not None
+
+        for address in addresses:
+            if not dead(address):
+                gather.send([address], frames)
         if wire_frames.signed_at_send(frames):  # large buffers: some may wait in shared-memory segments
-            # An actor whose death was reported while this was being sent would never take
-            # its segment: drop it now (Supervision.actors_gone did before it existed).
-            rank_of = {a: base for base, a in enumerate(mesh._addresses)}
             for address in addresses:
-                if rt.supervision.why_dead(mesh._cluster_id, address, mesh._name, rank_of.get(address)) is not None:
+                # An actor whose death was reported while this was being sent would never
+                # take its segment: drop it now (Supervision.actors_gone did before it existed).
+                if dead(address):
                     sockets.Outbox.discard(address)
 
     @protected
