@@ -31,12 +31,18 @@ class Touch:
     def __reduce__(self):
         return (open, (marker, "w"))
 evil = pickle.dumps({"op": "spawn_actor", "x": Touch()})
-sock = zmq.Context.instance().socket(zmq.PUSH)
+ctx = zmq.Context.instance()
+sock = ctx.socket(zmq.PUSH)
+# Queued only once connected (a send waits for that, 60 s at most: then this exits with an
+# error), and all delivered before exit: on a loaded machine 5 s of linger once lost them.
+sock.setsockopt(zmq.IMMEDIATE, 1)
+sock.setsockopt(zmq.SNDTIMEO, 60000)
 sock.connect(address)
 sock.send_multipart([b"MNB1" + bytes(32) + cluster_id, evil, evil])  # forged signature
 sock.send_multipart([b"MNB1" + bytes(32) + b"not-this-cluster", evil, evil])  # unknown cluster
 sock.send_multipart([evil])  # no framing at all
-sock.close(linger=5000)
+sock.close(linger=60000)
+ctx.term()
 """
 
 
@@ -70,7 +76,7 @@ def main() -> None:
         before = arrays.wire_stats.call_one().get(timeout=60)
         marker = os.path.join(tempfile.mkdtemp(), "unpickled")
         sent = subprocess.run(["ip", "netns", "exec", ns_b, sys.executable, "-c", SENDER, target,
-                               cluster._info["cluster_id"], marker], capture_output=True, text=True, timeout=60)
+                               cluster._info["cluster_id"], marker], capture_output=True, text=True, timeout=150)
         seen["sender"] = sent.returncode, sent.stderr[-2000:]
         deadline = time.monotonic() + 30
         while arrays.wire_stats.call_one().get(timeout=60) < before + 3 and time.monotonic() < deadline:

@@ -367,13 +367,6 @@ def _absorb(frames: list, guard: ReplayGuard) -> None:
     raise Absorbed()
 
 
-def cluster_of(frames: list) -> str:
-    """The cluster id of an encoded frame set (as :func:`encode` made it)."""
-    if type(frames[0]) is _Unsigned:
-        return frames[0].cid.decode()
-    return bytes(frames[0])[_STAMP_AT.stop:].decode()
-
-
 def decode(frames: list, guard: ReplayGuard | None) -> Message:
     """Verify and parse frames (large ones mapped from shared memory or taken from the
     streams that carried them first: ``wire.shm``, ``wire.stream``); raises
