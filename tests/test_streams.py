@@ -161,7 +161,7 @@ def test_streams_arriving_together_are_all_kept_whatever_their_total(value, monk
 
 def test_a_half_stream_is_dropped_after_stale_s_of_reading_not_of_idling(value, monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr(stream.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(stream, "_now", lambda: now[0])
     guard = frames.ReplayGuard()
     _chunk(guard, b"h" * 16, stream.MIN_BYTES)  # its sender died after this
     now[0] += 10 * stream.STALE_S  # the inbox idle, or its actor in a long endpoint
@@ -171,3 +171,17 @@ def test_a_half_stream_is_dropped_after_stale_s_of_reading_not_of_idling(value, 
         now[0] += 1.0
         guard.streams.tick()
     assert len(guard.streams) == 0
+
+
+def test_a_stream_with_no_memory_left_for_it_is_dropped_and_the_inbox_goes_on(value, monkeypatch):
+    def no_memory(kind, size):
+        raise MemoryError()
+
+    monkeypatch.setattr(stream, "_allocate", no_memory)
+    guard, before = frames.ReplayGuard(), frames.dropped()
+    with pytest.raises(frames.BadMessage, match="no room"):
+        _chunk(guard, b"n" * 16, stream.MIN_BYTES)
+    assert len(guard.streams) == 0 and frames.dropped() == before + 1
+    monkeypatch.undo()
+    assert np.array_equal(receive(routed(frames.encode_value("streams", {}, value, sign_at_send=True)),
+                                  guard).value(), value)

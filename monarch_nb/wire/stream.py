@@ -67,6 +67,7 @@ _TICK_MAX_S = 1.0  # the most reading time one message counts for (see Streams.t
 
 FIELDS = struct.Struct("<16scQQ")  # of a chunk's head: stream id, kind letter (wire.shm.kind_of), offset, size
 _SNDMORE = int(zmq.SNDMORE)
+_now = time.monotonic  # (tests replace it: never time.monotonic itself, which every thread reads)
 
 
 class StreamError(Exception):
@@ -152,13 +153,13 @@ class Streams:
         self._limit = limit  # the largest stream, in bytes
         self._open: dict[bytes, _Stream] = {}  # stream id -> stream
         self._clock = 0.0  # seconds spent reading while streams were open (tick)
-        self._last = time.monotonic()
+        self._last = _now()
 
     def tick(self) -> None:
         """The inbox read a message: advance the reading clock (by the time since the
         last message, at most ``_TICK_MAX_S``: an inbox idle or busy elsewhere is not
         reading) and drop the streams that went ``STALE_S`` of it without a chunk."""
-        now = time.monotonic()
+        now = _now()
         self._clock += min(now - self._last, _TICK_MAX_S)
         self._last = now
         for stream_id in [s for s, stream in self._open.items() if self._clock - stream.touched > STALE_S]:
@@ -166,20 +167,23 @@ class Streams:
 
     def absorb(self, stream_id: bytes, kind: bytes, offset: int, size: int, keys: Any, chunk) -> None:
         """Take one chunk (its head verified: ``keys`` are its cluster's): hash it and
-        copy it to its place. Raises :class:`StreamError` for one out of order (its
-        stream is dropped) or of a stream that is too large."""
+        copy it to its place. Raises :class:`StreamError` for one out of order, of a
+        stream that is too large or with no memory left for it (the stream is dropped)."""
         chunk = memoryview(chunk).cast("B")
         self.tick()
         stream = self._open.get(stream_id)
-        if stream is None:
-            if offset != 0 or size < MIN_BYTES or size > self._limit():
-                raise StreamError(f"chunk at byte {offset} of a stream of {size} bytes that did not start")
-            stream = self._open[stream_id] = _Stream(keys, kind, size, self._clock)
-        if offset != stream.received or offset + chunk.nbytes > stream.size or size != stream.size \
-                or not chunk.nbytes or keys is not stream.keys:
-            del self._open[stream_id]
-            raise StreamError(f"chunk at byte {offset} of a stream that has {stream.received} of {stream.size}")
-        stream.put(chunk, self._clock)
+        try:
+            if stream is None:
+                if offset != 0 or size < MIN_BYTES or size > self._limit():
+                    raise StreamError(f"chunk at byte {offset} of a stream of {size} bytes that did not start")
+                stream = self._open[stream_id] = _Stream(keys, kind, size, self._clock)
+            if offset != stream.received or offset + chunk.nbytes > stream.size or size != stream.size \
+                    or not chunk.nbytes or keys is not stream.keys:
+                raise StreamError(f"chunk at byte {offset} of a stream that has {stream.received} of {stream.size}")
+            stream.put(chunk, self._clock)
+        except (StreamError, MemoryError, OSError) as e:  # (no memory for it: the inbox's thread goes on)
+            self._open.pop(stream_id, None)
+            raise e if isinstance(e, StreamError) else StreamError(f"no room for a stream of {size} bytes: {e!r}")
 
     def take(self, stream_id: bytes, size: int) -> tuple[Any, Any, bytes]:
         """The complete stream ``stream_id`` of ``size`` bytes, no longer held here:
@@ -188,7 +192,10 @@ class Streams:
         stream = self._open.pop(stream_id, None)
         if stream is None or stream.received != stream.size or stream.size != size:
             raise StreamError(f"stream {stream_id.hex()} is missing or incomplete")
-        return stream.value_made(), stream.keys, stream.hasher.digest()
+        try:
+            return stream.value_made(), stream.keys, stream.hasher.digest()
+        except MemoryError as e:  # (the one copy of bytes where their layout is unknown)
+            raise StreamError(f"no room for a stream of {size} bytes: {e!r}") from None
 
     def __len__(self) -> int:
         return len(self._open)
