@@ -395,8 +395,16 @@ def test_ctrl_c_with_interrupt_remote_off_leaves_the_calls_running(kernel, talke
         kernel.run("%monarch config interrupt_remote on")
 
 
-def test_ctrl_c_in_a_cell_without_calls_in_flight_shows_the_usual_traceback(kernel):
-    reply = _interrupt_cell(kernel, "import time\nprint('waiting', flush=True)\ntime.sleep(60)")
+def test_ctrl_c_in_a_cell_without_calls_in_flight_shows_the_usual_traceback(kernel, tmp_path):
+    # Interrupted once the cell is past its output: "waiting" shows while print's flush
+    # still waits on ipykernel's IO thread, and an interrupt there (seen on a loaded
+    # machine) lands outside the cell's own lines.
+    marker = tmp_path / "sleeping"
+    msg_id = kernel.execute(f"import time, pathlib\nprint('waiting', flush=True)\n"
+                            f"pathlib.Path({str(marker)!r}).touch()\ntime.sleep(60)")
+    assert kernel.wait_for(lambda: marker.exists(), 20)
+    kernel.km.interrupt_kernel()
+    reply = kernel.finish(msg_id, timeout=30)
     assert reply["ename"] == "KeyboardInterrupt"
     assert "time.sleep(60)" in re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(reply["traceback"]))
 
