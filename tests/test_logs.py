@@ -146,6 +146,23 @@ def test_folder_keeps_each_ranks_order():
     assert [g.text for g in shown if 1 in g.ranks] == ["A", "B"]
 
 
+def test_a_ranks_burst_of_one_text_folds_with_the_other_ranks_same_printings():
+    # Each rank prints "tick" three times; each proc's lines arrive as one burst. A rank's
+    # n-th tick joins the others' n-th: three lines naming all four ranks, not a burst of
+    # one rank joined to another rank's newest tick (issue 23: 8-9 lines, mixed ranks).
+    folder = logs.Folder(window=10)
+    for rank in (0, 1, 2, 3):
+        for _ in range(3):
+            folder.add([0, 0, "h", f"p/{rank}", "stdout", "t", rank, None, "tick", 4], 0.0)
+    assert [str(g) for g in folder.take()] == ["[t 0-3] tick"] * 3
+
+
+def test_stored_lines_fold_by_each_ranks_printings_too():
+    records = [[0, 0, "h", f"p/{rank}", "stdout", "t", rank, f"c:{call}", "tick", 2]
+               for call in (1, 2) for rank in (1, 0) for _ in range(2)]
+    assert [str(g) for g in logs.fold_records(records)] == ["[t 0-1] tick"] * 4
+
+
 def test_a_late_ranks_line_of_the_previous_call_does_not_keep_it_from_folding():
     # Lines reach the hub apart from replies: rank 2's last line of call 1 arrived after
     # the other ranks' first line of call 2 (seen with CPU hogs beside 8 ranks).

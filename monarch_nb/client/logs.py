@@ -42,10 +42,11 @@ SEQ, TIME, HOST, PROC, STREAM, MESH, RANK, ORIGIN, TEXT, SIZE = range(len(LOG_FI
 class Folded:
     """One line to show: ``text`` from ``ranks`` of ``mesh`` on ``stream``."""
 
-    __slots__ = ("mesh", "stream", "origin", "text", "ranks", "first", "size")
+    __slots__ = ("mesh", "stream", "origin", "text", "occurrence", "ranks", "first", "size")
 
-    def __init__(self, mesh, stream, origin, text, rank, first, size=None):
+    def __init__(self, mesh, stream, origin, text, rank, first, size=None, occurrence=0):
         self.mesh, self.stream, self.origin, self.text = mesh, stream, origin, text
+        self.occurrence = occurrence  # which time each of its ranks printed this text (0: the first)
         self.ranks = [] if rank is None else [rank]
         self.first = first
         self.size = size  # actors in the mesh: once that many ranks joined, nothing more can
@@ -65,20 +66,29 @@ class Folder:
     """Groups identical lines from different ranks that arrive within ``window``
     seconds (``hold`` once two ranks joined), keeping every rank's own lines in order.
     A group that every rank of its mesh has joined is shown at once (a one-actor mesh's
-    lines never wait)."""
+    lines never wait).
+
+    A rank's n-th printing of a text joins the other ranks' n-th printing of it: a rank
+    that prints ``tick`` three times in a burst makes three groups, and each other rank's
+    first ``tick`` joins the first of them, not the newest (which would mix one rank's
+    burst with another's earlier line). Counts are kept while a text has lines pending."""
 
     def __init__(self, window: float = FOLD_WINDOW_S, hold: float = FOLD_HOLD_S):
         self.window = window
         self.hold = max(window, hold)
         self.enabled = True
         self._pending: list[Folded] = []
-        self._open: dict[tuple, int] = {}  # (mesh, stream, origin, text) -> index in _pending
+        self._open: dict[tuple, int] = {}  # (mesh, stream, origin, text, occurrence) -> index in _pending
         self._last: dict[tuple, int] = {}  # (mesh, stream, origin, rank) -> index of its latest line
+        self._printed: dict[tuple, dict] = {}  # (mesh, stream, origin, text) -> {rank: times printed}
 
     def add(self, record: list, now: float) -> None:
         mesh, rank, stream, origin, text = record[MESH], record[RANK], record[STREAM], record[ORIGIN], record[TEXT]
         text = _ACTOR_TAG.sub("", text, count=1)
-        key = (mesh, stream, origin, text)
+        times = self._printed.setdefault((mesh, stream, origin, text), {})
+        occurrence = times.get(rank, 0)
+        times[rank] = occurrence + 1
+        key = (mesh, stream, origin, text, occurrence)
         who = (mesh, stream, origin, rank)  # stdout and stderr are separate pipes: no order between
         at = self._open.get(key) if self.enabled and rank is not None else None
         if at is not None and rank not in self._pending[at].ranks:
@@ -88,7 +98,7 @@ class Folder:
         else:
             at = len(self._pending)
             size = record[SIZE] if len(record) > SIZE else None
-            self._pending.append(Folded(mesh, stream, origin, text, rank, now, size))
+            self._pending.append(Folded(mesh, stream, origin, text, rank, now, size, occurrence))
             self._open[key] = at
         self._last[who] = at
 
@@ -124,7 +134,7 @@ class Folder:
     def _reindex(self) -> None:
         self._open, self._last = {}, {}
         for i, g in enumerate(self._pending):
-            self._open[(g.mesh, g.stream, g.origin, g.text)] = i
+            self._open[(g.mesh, g.stream, g.origin, g.text, g.occurrence)] = i
             for r in g.ranks:
                 self._last[(g.mesh, g.stream, g.origin, r)] = i
 
@@ -141,6 +151,8 @@ class Folder:
         done, self._pending = self._pending[:n], self._pending[n:]
         self._open = {k: i - n for k, i in self._open.items() if i >= n}
         self._last = {k: i - n for k, i in self._last.items() if i >= n}
+        pending_texts = {(g.mesh, g.stream, g.origin, g.text) for g in self._pending}
+        self._printed = {k: v for k, v in self._printed.items() if k in pending_texts}
         return done
 
     def next_due(self) -> float | None:
