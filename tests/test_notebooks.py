@@ -30,6 +30,14 @@ def _run_without_errors(name: str, tmp_path) -> tuple:
     return nb, _text_outputs(nb)
 
 
+def test_every_example_notebook_opens_on_the_monarch_kernel():
+    # JupyterLab picks a notebook's kernel from its metadata: on python3 the examples
+    # opened without the magics and progress bars (issue 23).
+    kernels = {path.name: nbformat.read(path, as_version=4).metadata.kernelspec.name
+               for path in NOTEBOOKS.glob("*.ipynb") if not path.name.endswith(".executed.ipynb")}
+    assert kernels and set(kernels.values()) == {"monarch"}, kernels
+
+
 def test_quickstart_runs_and_trains_above_threshold(tmp_path):
     nb, text = _run_without_errors("quickstart", tmp_path)
     assert "accuracy" in text.lower()
