@@ -149,6 +149,31 @@ def test_a_host_whose_agent_dies_is_lost_with_its_procs_within_the_heartbeat_bou
     assert wait_until(lambda: not cluster_processes(cluster.path), 15)
 
 
+def test_choose_picks_only_live_actors_and_says_when_none_is_left(cluster, fragile):
+    procs, mesh, pids = fragile
+    os.kill(pids[2], signal.SIGKILL)
+
+    def failed_in_health() -> bool:
+        nodes = {p["pid"]: p for h in cluster.health()["hosts"] for p in h["procs"]}
+        return nodes[pids[2]]["state"] == "failed"
+
+    assert wait_until(failed_in_health, 30)
+    # The hub's supervision event reaches this client on its own channel: wait for it
+    # (what choose() reads), not for a call that would fail on the dead rank first.
+    from monarch_nb.client.runtime import runtime
+
+    assert wait_until(lambda: runtime().supervision.why_dead(
+        mesh._cluster_id, mesh._addresses[2], mesh._name, 2) is not None, 30)
+    chosen = [mesh.pid.choose().get(timeout=30) for _ in range(40)]  # issue 23: every 4th failed
+    assert set(chosen) == {pids[0], pids[1], pids[3]}
+    for rank in (0, 1, 3):
+        os.kill(pids[rank], signal.SIGKILL)
+    assert wait_until(lambda: all(runtime().supervision.why_dead(mesh._cluster_id, mesh._addresses[r], mesh._name, r)
+                                  for r in range(4)), 30)
+    with pytest.raises(SupervisionError, match="no live actor left.*restart_failed"):
+        mesh.pid.choose().get(timeout=30)
+
+
 def test_health_tree_shows_each_proc_its_actors_and_a_failure_with_its_cause(cluster, fragile):
     procs, mesh, pids = fragile
     tree = cluster.health()

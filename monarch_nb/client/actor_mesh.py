@@ -91,15 +91,20 @@ class ActorMesh(MeshHandle, Generic[A]):
 
         future.add_done_callback(done)
 
-    def _least_loaded(self) -> int:
-        """View rank of an actor with the fewest outstanding calls from this process,
-        round-robin among equals."""
+    def _least_loaded(self) -> int | None:
+        """View rank of a live actor with the fewest outstanding calls from this process,
+        round-robin among equals; ``None`` when every actor of the view is known dead
+        (supervision has reported it)."""
+        rt = runtime()
         lock, load = self._load()
         with lock:
-            counts = [load.get(b, 0) for b in self._shape.base_ranks()]
-        low = min(counts)
-        candidates = [r for r, n in enumerate(counts) if n == low]
-        return candidates[next(runtime().choose_turn) % len(candidates)]
+            counts = {view: load.get(base, 0) for view, base in enumerate(self._shape.base_ranks())
+                      if rt.supervision.why_dead(self._cluster_id, self._addresses[base], self._name, base) is None}
+        if not counts:
+            return None
+        low = min(counts.values())
+        candidates = [r for r, n in counts.items() if n == low]
+        return candidates[next(rt.choose_turn) % len(candidates)]
 
     def _load(self) -> tuple[threading.Lock, dict[int, int]]:
         """The lock and the outstanding-call counts (base rank -> calls) of this mesh in

@@ -232,9 +232,21 @@ class Endpoint(Generic[P, R]):
         return self._one(0, args, kwargs)
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
-        """Call one actor of the mesh, the one with the fewest calls outstanding from this
-        client (round-robin among equals); the future's value is its return value."""
-        return self._one(self._mesh._least_loaded(), args, kwargs)
+        """Call one live actor of the mesh, the one with the fewest calls outstanding
+        from this client (round-robin among equals); the future's value is its return
+        value. Actors supervision reported dead are never chosen; when none is left the
+        future raises :class:`SupervisionError` saying so."""
+        chosen = self._mesh._least_loaded()
+        if chosen is None:
+            future: Future = Future(runtime(), f"{self!r}.choose()")
+            future._resolve(error=self._none_alive())
+            return future
+        return self._one(chosen, args, kwargs)
+
+    def _none_alive(self) -> SupervisionError:
+        return SupervisionError(
+            f"{self._mesh._name}.{self._name}.choose(): no live actor left among the {len(self._mesh)} of mesh "
+            f"{self._mesh._name!r} (all failed); restart them with procs.restart_failed() or mesh.restart()")
 
     def _one(self, view_rank: int, args, kwargs) -> Future:
         def finish(results, failures, dead):
@@ -336,12 +348,18 @@ def concurrent_endpoint(fn: Callable[..., Any] | None = None, *, propagate: Any 
 def send(endpoint: Endpoint, args: tuple, kwargs: dict, port: Port | None = None,
          selection: str = "all") -> None:
     """Monarch's lowest-level send: call ``endpoint`` on every actor (``selection``
-    ``"all"``) or on one (``"choose"``) without a future; each actor's return value (or
-    error) goes to ``port`` (tagged with its rank), or nowhere without one."""
+    ``"all"``) or on one live actor (``"choose"``) without a future; each actor's return
+    value (or error) goes to ``port`` (tagged with its rank), or nowhere without one.
+    Raises :class:`SupervisionError` for ``"choose"`` when no actor is left alive."""
     if selection not in ("all", "choose"):
         raise ValueError(f"selection must be 'all' or 'choose', not {selection!r}")
     mesh = endpoint._mesh
-    ranks = list(range(len(mesh))) if selection == "all" else [mesh._least_loaded()]
+    if selection == "all":
+        ranks = list(range(len(mesh)))
+    elif (chosen := mesh._least_loaded()) is not None:
+        ranks = [chosen]
+    else:
+        raise endpoint._none_alive()
     route = None if port is None else {envelope.PORT: port.port, envelope.REPLY: port.address}
     endpoint._send(endpoint._addresses_of(ranks), args, kwargs, route=route)
 
