@@ -228,8 +228,9 @@ class Shape:
         return Shape(Extent({label: len(ranks)}), ranks[0] if ranks else 0, (step,))
 
     def slice(self, **dims: Index) -> "Shape":
-        """A sub-view. An int selects one index and drops that dimension; a slice
-        (step >= 1) keeps it. Raises ``ValueError`` for an unknown dimension and
+        """A sub-view. An int selects one index and drops that dimension (a negative one
+        counts from the end, as in Python: ``gpus=-1`` is the last); a slice (step >= 1)
+        keeps it. Raises ``ValueError`` for an unknown dimension and
         ``IndexError`` for an out-of-range or empty selection."""
         unknown = [d for d in dims if d not in self.extent]
         if unknown:
