@@ -201,7 +201,16 @@ def actor_gone_report(actor: str, why: str, stopped: bool = False) -> str:
     Monarch's wording, which programs written for Monarch match."""
     if stopped:
         return f"Supervision event: actor {actor} has status:\n  stopped: {why}"
-    return f"The actor {actor} and all its descendants have failed:\n  {why}"
+    return f"{_FAILED_LEAD} {actor} and all its descendants have failed:\n  {why}"
+
+
+_FAILED_LEAD = "The actor"
+
+
+def reports_a_failure(report: str) -> bool:
+    """Does ``report`` (from :func:`actor_gone_report`) say the actor failed, rather
+    than that it was stopped?"""
+    return report.startswith(_FAILED_LEAD)
 
 
 class ClusterNotFound(MonarchNbError, LookupError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Awaitable, Callable, Concatenate, Generic, Iterator, Literal, ParamSpec, Protocol, TypeVar, overload
 
-from ..errors import ActorError, CallCycleError, RemoteFailure, SupervisionError
+from ..errors import ActorError, CallCycleError, RemoteFailure, SupervisionError, reports_a_failure
 from ..proc import actor as proc_actor
 from ..proc import call_chain
 from ..protocol import envelope, proc_ops
@@ -200,7 +200,10 @@ class Endpoint(Generic[P, R]):
         if dead:
             reports = "\n".join(str(f.exception) for f in dead)
             count = f"\n({len(dead)} of {total} ranks)" if total > 1 else ""
-            return SupervisionError(f"Endpoint call {self._mesh._name}.{self._name}() failed, {reports}{count}",
+            fix = (f"\nTo recover: restart() on actor mesh {self._mesh._name!r} restarts its failed ranks, "
+                   f"procs.restart_failed() every failed proc of its proc mesh"
+                   if any(reports_a_failure(str(f.exception)) for f in dead) else "")
+            return SupervisionError(f"Endpoint call {self._mesh._name}.{self._name}() failed, {reports}{count}{fix}",
                                     failures)
         return ActorError(self._mesh._name, self._name, failures, total)
 
