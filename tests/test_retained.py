@@ -119,6 +119,26 @@ def test_actor_state_survives_kernel_restart_new_kernel_and_a_script(clusters):
     assert pids_alive(pids) == pids
 
 
+def test_a_script_that_exits_right_after_its_calls_shows_every_line_they_caused(clusters):
+    # Lines reach the client apart from replies: a script that exits at once used to show
+    # 4-5 of these 24 (all were in the store). At exit it drains them, as a cell does.
+    clusters.append("drain")
+    monarch_nb.Cluster.start("drain").disconnect()
+    script = textwrap.dedent("""
+        import monarch_nb
+        from monarch_nb.actor import this_host
+        from sample_actors import Printer
+        monarch_nb.connect("drain")
+        printers = this_host().spawn_procs(per_host={"gpus": 8}, name="drain").spawn("printers", Printer)
+        for call in range(3):
+            printers.numbered.call(1).get()  # "rRANK line 0" from each rank
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd=TESTS)
+    assert out.returncode == 0, out.stderr
+    shown = [line for line in out.stdout.splitlines() if line.endswith(" line 0")]
+    assert len(shown) == 24, out.stdout
+
+
 def test_two_kernels_calling_one_mesh_at_once_each_get_only_their_replies(clusters):
     clusters.append("shared")
     cluster = monarch_nb.Cluster.start("shared")

@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 STOP_TIMEOUT_S = 15.0
 DEFAULT_NAME = "default"
 DEFAULT_GRACE_S = 10.0  # retained: how long procs outlive a dead hub, waiting for recovery
+# How long a client leaving at exit waits for lines its calls caused (a dead or stuck
+# hub must not hold a script's exit for longer).
+EXIT_FLUSH_TIMEOUT_S = 5.0
 HUB_LOST_MARGIN_S = 1.0  # after the grace: the agents' own heartbeat that notices
 
 
@@ -232,7 +235,7 @@ class Cluster:
         """Count this process as a client of the hub (which sends it the output of its
         calls), and make ``this_host()`` mean this cluster."""
         self._presence = Presence(self._info["cluster_id"], self._info["hub"], self._watch_hub)
-        atexit.register(self.disconnect)
+        atexit.register(self._leave_at_exit)
         rt = runtime()
         rt.supervision.hub_back(self._info["cluster_id"])  # a hub found dead before runs again
         with rt.cluster_lock:
@@ -351,6 +354,14 @@ class Cluster:
             self._presence.close()
         if self._debugger is not None:
             self._debugger.close()  # no more debug events for it
+
+    def _leave_at_exit(self) -> None:
+        """At interpreter exit: show the lines this client's calls caused that are still
+        on their way (a script that exits right after its last call would lose them; a
+        cell's end drains them the same way), then disconnect."""
+        if self._presence is not None and not self._presence.closed and runtime().touched:
+            self.flush_logs(timeout=EXIT_FLUSH_TIMEOUT_S)
+        self.disconnect()
 
     def stop(self) -> None:
         """Stop every proc, host agent and the hub, and remove the cluster's runtime
