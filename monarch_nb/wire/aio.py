@@ -14,6 +14,7 @@ libzmq does not keep reconnecting to addresses nobody listens on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from typing import Any
@@ -23,7 +24,7 @@ import zmq.asyncio
 
 from ..protocol import envelope
 from . import frames as wire_frames
-from . import sockets
+from . import shm, sockets, stream
 
 
 class AioEndpoint:
@@ -89,7 +90,13 @@ class AioEndpoint:
         self._used[address] = now
         if now > self._next_sweep:
             self._sweep(now)
-        await sock.send_multipart(wire_frames.encode(self.cluster_id, header, body, buffers), copy=False)
+        frames = wire_frames.encode(self.cluster_id, header, body, buffers)
+        if wire_frames.needs_route(frames):  # (a large spawn payload, a long log reply)
+            # The chunks go first on the same socket, sent at once: with no high-water mark a
+            # send never waits, and each chunk's frame keeps its buffer alive until it left.
+            sync: zmq.Socket = zmq.Socket.shadow(sock.underlying)
+            frames = wire_frames.route(address, frames, functools.partial(stream.send, sync, []))
+        await sock.send_multipart(frames, copy=False)
 
     def _sweep(self, now: float) -> None:
         """Close sockets unused for ``IDLE_SOCKET_S`` (after they deliver what they hold)."""
@@ -106,6 +113,7 @@ class AioEndpoint:
         sock = self._out.pop(address, None)
         if sock is not None:
             sock.close(0)
+        shm.unlink_sent(address)
 
     def open_sockets(self) -> int:
         """How many sending sockets are open (one per peer recently sent to)."""

@@ -82,6 +82,14 @@ _dropped = 0
 _dropped_lock = threading.Lock()
 
 
+# The largest frame an inbox takes in (bytes; libzmq's MAXMSGSIZE, checked against a
+# frame's announced length before anything is allocated for it): libzmq holds a frame
+# whole before anyone can check its signature, so this is what a peer without the
+# cluster's key can make a process hold per frame. Larger frames of the cluster's own
+# never travel as one: they go through shared memory or ahead in signed chunks (route).
+MAX_FRAME_BYTES = stream.MIN_BYTES
+
+
 def max_message_bytes() -> int:
     """Largest message (all frames, bytes) sent or accepted: ``MONARCH_NB_MAX_MESSAGE_BYTES``,
     default 2 GiB."""
@@ -274,7 +282,7 @@ def encode(cluster_id: str, header: dict, body: bytes | None = None, buffers=(),
             "smaller pieces, or raise MONARCH_NB_MAX_MESSAGE_BYTES in the client and every proc"
         )
     stamp = _stamp()
-    if sign_at_send and size >= shm.MIN_BYTES and any(memoryview(b).nbytes >= shm.MIN_BYTES for b in parts[2:]):
+    if sign_at_send and size >= shm.MIN_BYTES and any(memoryview(b).nbytes >= shm.MIN_BYTES for b in parts):
         return [_Unsigned(_keys[cid], stamp, cid), *parts]  # a buffer that may go through shared memory
     return [MAGIC + _mac(_keys[cid], stamp, parts) + stamp + cid, *parts]
 
@@ -291,10 +299,17 @@ def signed_at_send(frames: list) -> bool:
     return type(frames[0]) is _Unsigned
 
 
+def needs_route(frames: list) -> bool:
+    """Whether ``frames`` must go through :func:`route` before a socket: they hold
+    out-of-band buffers, or a header or body too large to travel as one frame."""
+    return len(frames) > FIXED_FRAMES or any(memoryview(f).nbytes >= shm.MIN_BYTES for f in frames[1:])
+
+
 def route(address: str, frames: list, send_stream: Callable[[Callable[[int], bytes], memoryview, bytes | None],
                                                             bytes | None]) -> list:
-    """``frames`` as they leave for ``address``: large frames moved to shared memory or
-    sent ahead in chunks (``wire.shm.offload``), and a frame set :func:`encode` left
+    """``frames`` as they leave for ``address``: large frames (the header and body too)
+    moved to shared memory or sent ahead in chunks (``wire.shm.offload``), so that none
+    left on the socket is over ``MAX_FRAME_BYTES``, and a frame set :func:`encode` left
     unsigned signed for that route. ``frames`` itself is left as it was (a call sends
     it to every actor of a mesh).
 
@@ -306,7 +321,7 @@ def route(address: str, frames: list, send_stream: Callable[[Callable[[int], byt
     cid = first.cid if unsigned else bytes(first)[_STAMP_AT.stop:]
     segments: dict[int, str] = {}
     streams: list = []
-    out = shm.offload(address, cid.decode(), frames, FIXED_FRAMES, segments if unsigned else None, streams)
+    out = shm.offload(address, cid.decode(), frames, 1, segments if unsigned else None, streams)
     keys = first.keys if unsigned else _keys[cid]
     for index, stream_id, kind, view in streams:
         # A digest is wanted for signing: not for a frame set signed at encode, nor again

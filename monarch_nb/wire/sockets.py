@@ -59,8 +59,10 @@ def bind_inbox(ctx: zmq.Context | None = None, prefer: str | None = None) -> tup
     sock = ctx.socket(zmq.PULL)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
-    # Oversized frames close the connection in libzmq instead of being buffered.
-    sock.setsockopt(zmq.MAXMSGSIZE, wire_frames.max_message_bytes())
+    # A frame announced larger closes its connection before libzmq allocates it: anyone
+    # who can reach the port could otherwise make this process hold up to the largest
+    # message before its signature is checked (frames.MAX_FRAME_BYTES).
+    sock.setsockopt(zmq.MAXMSGSIZE, wire_frames.MAX_FRAME_BYTES)
     if prefer is not None:
         try:
             sock.bind(prefer)
@@ -199,7 +201,7 @@ class Outbox:
         try:
             with table.lock:
                 sock = self._socket(table, address, now)
-                if len(frames) > wire_frames.FIXED_FRAMES:  # out-of-band buffers: large ones travel apart
+                if wire_frames.needs_route(frames):  # large frames travel apart
                     frames = wire_frames.route(address, frames, functools.partial(stream.send, sock, trackers))
                 buffers = frames[wire_frames.FIXED_FRAMES:]
                 if not buffers or sum(memoryview(f).nbytes for f in buffers) < zmq.COPY_THRESHOLD:
