@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -12,6 +15,7 @@ import monarch_nb.actor
 from monarch_nb.actor import Actor, ActorError, MeshFailure, SupervisionError, endpoint, this_proc
 
 from conftest import wait_until
+from kernels import TESTS
 
 BOUND_S = 10.0
 
@@ -82,6 +86,35 @@ def test_an_init_that_raises_is_a_fault_the_spawn_returns_and_calls_to_it_raise(
         assert mesh.slice(gpus=0).pid.call_one().get(timeout=30) in procs.pids
     finally:
         procs.stop()
+
+
+def test_a_script_hears_of_an_init_failure_at_once_and_initialized_raises_it(cluster):
+    # Monarch users asked for this (meta-pytorch/monarch#2049): the spawn returns (a
+    # fault, as in Monarch), but a script says so on stderr before its next line runs,
+    # and ActorMesh.initialized raises the __init__ failure.
+    script = textwrap.dedent(f"""
+        import sys
+        from monarch_nb.client.cluster import Cluster, cluster_dir
+        from monarch_nb.actor import this_host, SupervisionError
+        from test_actor_faults import InitRaisesOn
+        path = cluster_dir.cluster_path({cluster.name!r})
+        Cluster({cluster.name!r}, path, cluster_dir.read_info(path))._attach()
+        procs = this_host().spawn_procs(per_host={{"gpus": 2}}, name="script_initfault")
+        mesh = procs.spawn("initfault", InitRaisesOn, 1)
+        print("spawn returned", file=sys.stderr, flush=True)
+        assert mesh.slice(gpus=0).initialized.get() is True
+        try:
+            mesh.initialized.get()
+        except SupervisionError as e:
+            print("initialized raised:", str(e).replace(chr(10), " "), flush=True)
+        procs.stop()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=TESTS)
+    assert out.returncode == 0, out.stderr
+    said = out.stderr.split("spawn returned")[0]
+    assert "unhandled failure" in said and "no GPU here" in said, out.stderr
+    assert "initialized raised:" in out.stdout and "1 of 2 actors are gone" in out.stdout \
+        and "__init__ raised ValueError: no GPU here" in out.stdout, out.stdout
 
 
 def test_an_init_that_raises_in_this_proc_is_a_fault_too(faults):

@@ -10,6 +10,7 @@ import threading
 import warnings
 from typing import Any, Generic, TypeVar
 
+from ..errors import SupervisionError
 from ..mesh import Shape
 from .endpoint import Endpoint
 from .future import Future
@@ -59,6 +60,21 @@ class ActorMesh(MeshHandle, Generic[A]):
         """This mesh's actors viewed over ``shape`` (a slice, or the same ranks reshaped)."""
         return ActorMesh(self._cluster_id, self._hub_address, self._proc_mesh_name, self._name, self._class_name,
                          self._endpoints, self._methods, shape, self._addresses)
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """A finished ``Future`` (as in Monarch, where it waits for the actors to exist;
+        here ``spawn`` has already waited for every ``__init__``): ``True``, or raising
+        :class:`SupervisionError` with the report of each actor of this view that is
+        known gone (its ``__init__`` raised, or it died since). Never blocks."""
+        rt = runtime()
+        gone = [why for base in self._shape.base_ranks()
+                if (why := rt.supervision.why_dead(self._cluster_id, self._addresses[base], self._name, base))]
+        future: Future[bool] = Future(rt, f"{self._name}.initialized")
+        error = SupervisionError(f"actor mesh {self._name!r}: {len(gone)} of {len(self)} actors are gone:\n"
+                                 + "\n".join(gone)) if gone else None
+        future._resolve(True, error)
+        return future
 
     # endpoints -----------------------------------------------------------------------
     def __getattr__(self, name: str) -> Endpoint[..., Any]:

@@ -214,7 +214,10 @@ class Supervision:
             return any((cluster_id, mesh, rank) in self._told for mesh in failure.meshes for rank in failure.ranks)
 
     def arm(self, cluster_id: str, failure: MeshFailure, owner: dict | None = None) -> None:
-        """The default failure hook: the next call on the affected mesh raises ``failure``."""
+        """The default failure hook (a script's; the notebook shows failures under the
+        cell instead): says ``failure`` at once on stderr, and the next call on the
+        affected mesh raises it."""
+        print(f"monarch_nb: unhandled failure: {failure.report()}", file=sys.stderr, flush=True)
         meshes = [owner["mesh"]] if owner else (failure.meshes if failure.kind == "endpoint_failed" else ())
         with self._lock:
             for mesh in meshes:
