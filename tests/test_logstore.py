@@ -3,12 +3,22 @@ limits by size and age, grep in the database, and follow queries that read what'
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
+import os
 import re
+import sqlite3
+import sys
+import threading
 import time
 
 import pytest
 
+from monarch_nb.hub import logstore
 from monarch_nb.hub.logstore import LogStore
+
+from conftest import wait_until
 
 NOW = time.time()
 
@@ -88,4 +98,96 @@ def test_a_query_returns_at_most_its_limit_the_oldest_first(tmp_path):
     store.add("host0", lines(1_000))
     assert [r[0] for r in store.query(limit=5)] == [1, 2, 3, 4, 5]  # the database, not the ring's
     assert [r[0] for r in store.query(limit=5, after_seq=998)] == [999, 1_000]
+    store.close()
+
+
+class _FullDisk:
+    """A disk that fills up and is freed: while ``full``, the store's inserts fail as
+    sqlite fails them on a full disk, and so does every write to stderr (hub.log is on
+    the same disk)."""
+
+    def __init__(self, monkeypatch):
+        self.full = False
+        disk = self
+        real_connect = logstore._connect
+
+        class Connection:
+            def __init__(self, conn):
+                self._conn = conn
+
+            def executemany(self, sql, rows):
+                if disk.full:
+                    raise sqlite3.OperationalError("database or disk is full")
+                return self._conn.executemany(sql, rows)
+
+            def __getattr__(self, name):
+                return getattr(self._conn, name)
+
+        class Stderr(io.StringIO):
+            def write(self, text):
+                if disk.full:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                return super().write(text)
+
+        monkeypatch.setattr(logstore, "_connect", lambda db, readonly=False: (
+            real_connect(db, readonly) if readonly else Connection(real_connect(db))))
+        self.stderr = Stderr()
+        monkeypatch.setattr(sys, "stderr", self.stderr)
+
+
+def test_a_full_disk_is_reported_and_counted_and_writing_resumes_when_space_returns(tmp_path, monkeypatch):
+    disk = _FullDisk(monkeypatch)
+    monkeypatch.setattr(logstore, "RETRY_S", 0.05)
+    monkeypatch.setattr(logstore, "CATCH_UP_S", 3600.0)  # a query that waited for the writer would hang
+    store = LogStore(tmp_path, ring_lines=100)
+    store.add("host0", lines(10))
+    assert wait_until(lambda: store.writing()["lines"] == 10, 30)
+    disk.full = True
+    store.add("host0", lines(250, start=10))
+    # The store says it is failing, and counts what it had to let go (the ring and the
+    # backlog each keep the newest 100).
+    assert wait_until(lambda: not store.writing()["ok"], 30), store.writing()
+    assert "disk is full" in store.writing()["error"]
+    assert wait_until(lambda: store.writing()["lost"] == 150, 30), store.writing()
+    store.add("host0", lines(20, start=260))
+    assert wait_until(lambda: store.writing()["lost"] == 170, 30), store.writing()
+    assert store.writing()["unwritten"] == 100
+    # A query answers with what there is, without waiting for a writer that can't write.
+    found: list = []
+    query = threading.Thread(target=lambda: found.extend(store.query()))
+    query.start()
+    query.join(60)
+    assert not query.is_alive(), "the query waited for the failing writer"
+    assert [r[0] for r in found] == list(range(1, 11)) + list(range(181, 281))
+    # Space returns: the kept lines are written, and the store says so.
+    disk.full = False
+    assert wait_until(lambda: store.writing()["ok"] and store.writing()["unwritten"] == 0, 30), store.writing()
+    assert "writing the log store" in disk.stderr.getvalue()
+    store.add("host0", lines(5, start=280))
+    store.close()
+    with contextlib.closing(sqlite3.connect(tmp_path / "logs" / logstore.DB_FILE)) as db:
+        stored = [seq for (seq,) in db.execute("SELECT seq FROM lines ORDER BY seq")]
+    assert stored == list(range(1, 11)) + list(range(181, 286))
+    assert store.writing()["lost"] == 170
+
+
+def test_the_writer_survives_a_failure_it_did_not_expect(tmp_path, monkeypatch):
+    monkeypatch.setattr(logstore, "RETRY_S", 0.05)
+    store = LogStore(tmp_path, ring_lines=100)
+    writer = store._writer
+    assert writer is not None
+    real_write = writer._write
+    failing = [True]
+
+    def write():
+        if failing[0]:
+            raise RuntimeError("a bug in the writer")
+        return real_write()
+
+    monkeypatch.setattr(writer, "_write", write)
+    store.add("host0", lines(3))
+    assert wait_until(lambda: not store.writing()["ok"], 30), store.writing()
+    assert "a bug in the writer" in store.writing()["error"]
+    failing[0] = False
+    assert wait_until(lambda: store.writing()["ok"] and store.writing()["lines"] == 3, 30), store.writing()
     store.close()

@@ -87,7 +87,7 @@ class LogStore:
                 try:
                     configured = retention()
                 except ValueError as e:  # the hub runs on with the defaults; hub.log says why
-                    print(f"monarch_nb hub: {e}; the log store keeps its defaults", file=sys.stderr, flush=True)
+                    _say(f"monarch_nb hub: {e}; the log store keeps its defaults")
                     configured = (MAX_BYTES, MAX_AGE_S)
                 max_bytes = configured[0] if max_bytes is None else max_bytes
                 max_age_s = configured[1] if max_age_s is None else max_age_s
@@ -187,6 +187,16 @@ def _regexp(pattern: str, text: str | None) -> bool:
     return text is not None and _compiled(pattern).search(text) is not None
 
 
+def _say(notice: str) -> None:
+    """Print ``notice`` on stderr (``hub.log``), if it can be written: it is said from
+    the writer's error handling, often about the very disk that holds hub.log, and a
+    notice that raised there would end the writer."""
+    try:
+        print(notice, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def _connect(db: Path, readonly: bool = False) -> sqlite3.Connection:
     uri = f"file:{db}?mode=ro" if readonly else f"file:{db}"
     conn = sqlite3.connect(uri, uri=True, timeout=CATCH_UP_S, isolation_level=None, check_same_thread=False)
@@ -200,7 +210,8 @@ class _Writer:
     On ``OSError`` or ``sqlite3.Error`` (a full disk, a removed directory, a read-only
     file system) it warns once on stderr, keeps up to ``limit`` unwritten records (older
     ones are counted as lost) and, every ``RETRY_S``, reopens the database and writes
-    them."""
+    them. Any other failure is handled the same way: nothing ends the thread but
+    ``close``."""
 
     def __init__(self, db: Path, limit: int, max_bytes: int, max_age_s: float):
         self.db = db
@@ -278,20 +289,26 @@ class _Writer:
     # the thread ------------------------------------------------------------------------
     def _run(self) -> None:
         retry_at = 0.0
-        while True:
+        stop = False
+        while not stop:
             waiting = self._error is not None and bool(self._backlog)
             try:
                 item = self._queue.get(timeout=max(0.0, retry_at - time.monotonic()) if waiting else None)
             except queue.Empty:
                 item = []
-            stop = self._take(item)
-            if self._error is None or time.monotonic() >= retry_at:
-                if not self._write():
-                    retry_at = time.monotonic() + RETRY_S
-            if stop:
-                if self._conn is not None:
-                    self._conn.close()
-                return
+            try:
+                stop = self._take(item)
+                if self._error is None or time.monotonic() >= retry_at:
+                    if not self._write():
+                        retry_at = time.monotonic() + RETRY_S
+            except Exception as e:  # noqa: BLE001 - a dead writer would leave the store "ok" for ever
+                self._failed(e)
+                retry_at = time.monotonic() + RETRY_S
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass
 
     def _take(self, item) -> bool:
         """Move ``item`` and everything else queued into the backlog; True on close."""
@@ -365,10 +382,10 @@ class _Writer:
             self._failed(e)
             return False
         if self._error is not None:
-            print(f"monarch_nb hub: writing the log store {self.db} again"
-                  + (f"; {self._lost} lines were lost meanwhile" if self._lost else ""), file=sys.stderr, flush=True)
             with self._written:
                 self._error = None
+            _say(f"monarch_nb hub: writing the log store {self.db} again"
+                 + (f"; {self._lost} lines were lost meanwhile" if self._lost else ""))
         return True
 
     def _failed(self, e: BaseException) -> None:
@@ -378,13 +395,13 @@ class _Writer:
             except sqlite3.Error:
                 pass
             self._conn = None  # reopened on retry: the path may have been fixed meanwhile
-        if self._error is None:
-            print(f"monarch_nb hub: could not write the log store {self.db}: {e}; keeping lines in "
-                  f"memory only (the newest {self.limit}) and trying again every {RETRY_S:.0f} s",
-                  file=sys.stderr, flush=True)
-        with self._written:
-            self._error = str(e) or type(e).__name__
+        first = self._error is None
+        with self._written:  # before anything is said: saying it may fail too (the same full disk)
+            self._error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             self._written.notify_all()  # a query waiting for the writer reads what there is
+        if first:
+            _say(f"monarch_nb hub: could not write the log store {self.db}: {e}; keeping lines in "
+                 f"memory only (the newest {self.limit}) and trying again every {RETRY_S:.0f} s")
 
     def _enforce_limits(self, conn: sqlite3.Connection) -> None:
         """Drop lines older than ``max_age_s``, then the oldest lines until the database
