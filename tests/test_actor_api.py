@@ -308,7 +308,7 @@ def test_a_long_wait_on_many_ranks_reports_progress(counters, monkeypatch):
     seen = []
 
     class Recorder:
-        def __init__(self, description, total):
+        def __init__(self, description, total, started=None):
             seen.append(("open", description, total))
 
         def update(self, done):
@@ -326,6 +326,37 @@ def test_a_long_wait_on_many_ranks_reports_progress(counters, monkeypatch):
     assert seen == []  # done within the first second: no bar
 
 
+def test_a_slow_spawns_bar_ends_complete_and_counts_time_from_the_spawns_start(procs4, monkeypatch):
+    # It froze grey at "0/2 ranks done in 1.0 s" after a successful spawn (closed with no
+    # count), its time leaving out the second before it showed (issue 23).
+    import time
+
+    from bad_actors import SlowInit
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, description, total, started=None):
+            seen.append(("open", description, total, started))
+
+        def update(self, done):
+            seen.append(("update", done))
+
+        def close(self):
+            seen.append(("close",))
+
+    monkeypatch.setattr(runtime(), "bar_factory", Recorder)
+    began = time.monotonic()
+    mesh = procs4.spawn("slow_bar", SlowInit, 1.5)
+    try:
+        (_, description, total, started), *rest = seen
+        assert (description, total) == ("slow_bar: SlowInit.__init__", 4)
+        assert began <= started <= began + 0.5  # the spawn's start, not the bar's (a second later)
+        assert rest[-2:] == [("update", 4), ("close",)]
+    finally:
+        mesh.stop()
+
+
 def test_spawning_many_procs_reports_how_many_are_up(host, monkeypatch):
     from monarch_nb.client import progress
     from monarch_nb.wire import mailbox
@@ -333,7 +364,7 @@ def test_spawning_many_procs_reports_how_many_are_up(host, monkeypatch):
     seen = []
 
     class Recorder:
-        def __init__(self, description, total):
+        def __init__(self, description, total, started=None):
             seen.append((description, total))
 
         def update(self, done):

@@ -111,9 +111,11 @@ class ProcMesh(MeshHandle):
         fields = dict(extent=dict(self.extent), class_name=class_name, endpoints=endpoints, methods=methods,
                       replace=replace, raise_init_errors=raise_init_errors, o=rt.origin(),
                       main_thread=getattr(actor_class, "_monarch_main_thread", False), owner=owner_of_new_meshes())
+        ran = None  # constructors that returned (or raised): every one once the hub replies
         try:
             reply = control.spawn_actors(self._name, self._shape.base_ranks(), name, fields, body,
                                          [b.raw() for b in buffers], init_timeout, bar.tick)
+            ran = len(self)
         except HubTimeout:
             abandon_spawn(control, self._name, name)
             raise TimeoutError(f"{actor_class.__name__}.__init__ did not return within {init_timeout} s on every "
@@ -122,7 +124,7 @@ class ProcMesh(MeshHandle):
             abandon_spawn(control, self._name, name)
             raise
         finally:
-            bar.close(None)
+            bar.close(ran)
         if "failures" in reply:
             raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
         rt.supervision.sync(self._cluster_id, reply["addresses"], reply["dead"], reply["name"])

@@ -27,7 +27,7 @@ class Bar(Protocol):
 
 
 class _RichBar:
-    def __init__(self, description: str, total: int):
+    def __init__(self, description: str, total: int, started: float | None = None):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -42,12 +42,15 @@ class _RichBar:
         self._progress.stop()
 
 
-BarFactory = Callable[[str, int], "Bar | None"]
+# ``factory(description, total, started=...)``: a bar for ``total`` ranks whose wait began at
+# ``started`` (``time.monotonic()``: a bar shows only after SHOW_AFTER_S, and its elapsed
+# time counts from the wait's start), or ``None`` where nothing can show one.
+BarFactory = Callable[..., "Bar | None"]
 
 
-def terminal_bar(description: str, total: int) -> Bar | None:
+def terminal_bar(description: str, total: int, started: float | None = None) -> Bar | None:
     """The default bar factory: a rich bar on an interactive terminal, else none."""
-    return _RichBar(description, total) if sys.stderr.isatty() else None
+    return _RichBar(description, total, started) if sys.stderr.isatty() else None
 
 
 def wait(mailbox: Mailbox, factory: BarFactory, done: Callable[[], bool], timeout: float | None, description: str,
@@ -57,12 +60,13 @@ def wait(mailbox: Mailbox, factory: BarFactory, done: Callable[[], bool], timeou
     Returns ``done()``."""
     if total < 2:
         return mailbox.wait(done, timeout)
-    deadline = None if timeout is None else time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = None if timeout is None else started + timeout
     if mailbox.wait(done, SHOW_AFTER_S if timeout is None else min(timeout, SHOW_AFTER_S)):
         return True
     if deadline is not None and time.monotonic() >= deadline:
         return False
-    bar = factory(description, total)
+    bar = factory(description, total, started=started)
     if bar is None:
         return mailbox.wait(done, None if deadline is None else deadline - time.monotonic())
     try:
@@ -93,7 +97,7 @@ class Later:
         if self._total < 2 or time.monotonic() - self._started < SHOW_AFTER_S:
             return
         if self._bar is None:
-            self._bar = self._factory(self._description, self._total)
+            self._bar = self._factory(self._description, self._total, started=self._started)
             if self._bar is None:
                 self._total = 0  # nowhere to show it: stop trying
                 return

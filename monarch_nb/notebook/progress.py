@@ -10,11 +10,12 @@ from ..client.runtime import runtime
 class WidgetBar:
     """``[=====    ] trainers.train: 5/8 ranks done``, then the time it took."""
 
-    def __init__(self, description: str, total: int):
+    def __init__(self, description: str, total: int, started: float | None = None):
         from IPython.display import display
         from ipywidgets import HBox, IntProgress, Label
 
-        self._description, self._total, self._started = description, total, time.monotonic()
+        self._description, self._total = description, total
+        self._started = time.monotonic() if started is None else started  # the wait's start, not the bar's
         self._bar = IntProgress(value=0, min=0, max=total)
         self._label = Label(f"{description}: 0/{total} ranks done")
         display(HBox([self._bar, self._label]))
