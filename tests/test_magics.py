@@ -426,3 +426,11 @@ def test_the_kernel_binds_the_cluster_it_connected_to_as_cluster(kernel, talkers
     out = kernel.run("cluster.actor_meshes['talkers'].talk.call(0).get(timeout=30).values()")
     assert "monarch: it is `cluster`; mesh handles: cluster.actor_meshes['" in out
     assert out.strip().splitlines()[-1] == "[0, 1, 2, 3]"
+
+
+def test_loading_into_an_ipykernel_older_than_7_says_that_late_lines_go_astray():
+    from monarch_nb.notebook import ipykernel_warning
+
+    warning = ipykernel_warning("6.29.5")
+    assert "ipykernel 6.29.5" in warning and "pip install 'ipykernel>=7'" in warning
+    assert ipykernel_warning("7.0.1") == "" and ipykernel_warning("10.0") == ""

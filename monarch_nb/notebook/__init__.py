@@ -54,6 +54,29 @@ def load_ipython_extension(shell) -> None:
     cells.register()
     if getattr(shell, "kernel", None) is not None:  # a notebook frontend: widgets can render
         progress.install()
+        warning = ipykernel_warning()
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+
+
+def ipykernel_warning(version: str | None = None) -> str:
+    """What to say when the kernel's ipykernel (``version``: the installed one) is older
+    than 7, the first to give each thread its own output parent: before it, actor lines
+    that arrive after their cell ended show under whichever cell runs then. "" if fine."""
+    if version is None:
+        try:
+            from ipykernel import __version__ as version
+        except ImportError:
+            return ""
+    try:
+        major = int(str(version).split(".")[0])
+    except ValueError:
+        return ""
+    if major >= 7:
+        return ""
+    return (f"monarch_nb: this kernel runs ipykernel {version}; monarch_nb needs ipykernel>=7 to show every actor "
+            f"line under the cell that caused it (on {version} late lines land under the wrong cell): "
+            f"pip install 'ipykernel>=7' and restart the kernel")
 
 
 def unload_ipython_extension(shell) -> None:
