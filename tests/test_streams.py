@@ -2,16 +2,20 @@
 (wire.stream): they arrive verified and writable; a chunk forged, unsigned, replayed,
 reordered or lost, or one cluster's stream named by another's frame set, never gets
 unpickled; streams that arrive together are all kept, and a dead sender's half stream is
-dropped after STALE_S of reading. End to end over real sockets: test_shared_memory's
+dropped after STALE_S of its inbox reading or waiting for messages. End to end over real sockets: test_shared_memory's
 "socket" round trips and test_multihost's large calls between namespaces."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import numpy as np
 import pytest
 import zmq
 
-from monarch_nb.wire import frames, stream
+from monarch_nb.wire import frames, sockets, stream
+from conftest import wait_until
 
 REMOTE = "tcp://10.0.0.1:5"  # not this host's: no shared memory
 
@@ -164,13 +168,71 @@ def test_a_half_stream_is_dropped_after_stale_s_of_reading_not_of_idling(value, 
     monkeypatch.setattr(stream, "_now", lambda: now[0])
     guard = frames.ReplayGuard()
     _chunk(guard, b"h" * 16, stream.MIN_BYTES)  # its sender died after this
-    now[0] += 10 * stream.STALE_S  # the inbox idle, or its actor in a long endpoint
+    now[0] += 10 * stream.STALE_S  # a gap between two messages: its actor in a long endpoint
     guard.streams.tick()
     assert len(guard.streams) == 1
     for _ in range(int(stream.STALE_S) + 2):  # then reading other messages, one a second
         now[0] += 1.0
         guard.streams.tick()
     assert len(guard.streams) == 0
+
+
+def test_a_half_stream_is_dropped_after_stale_s_of_its_inbox_waiting_for_nothing(value, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(stream, "_now", lambda: now[0])
+    guard = frames.ReplayGuard()
+    _chunk(guard, b"i" * 16, stream.MIN_BYTES)  # its sender died after this
+    waits: list[int] = []
+
+    def nothing_comes(timeout_ms: int) -> bool:
+        waits.append(timeout_ms)
+        now[0] += timeout_ms / 1000
+        return False
+
+    stream.wait_idle(guard.streams, nothing_comes)  # returns once no stream is left to wait for
+    assert len(guard.streams) == 0
+    waited = sum(waits) / 1000
+    assert stream.STALE_S < waited <= stream.STALE_S + stream.IDLE_CHECK_S
+
+
+def test_a_half_stream_in_a_blocking_inbox_is_dropped_while_it_waits(value, monkeypatch):
+    """An actor's loop blocked in recv_frames with nothing ever arriving (90 s idle kept a
+    1 GiB argument's first 600 MiB before): its wait counts, and ends with the next message."""
+    now = [1000.0]
+    monkeypatch.setattr(stream, "_now", lambda: now[0])
+    monkeypatch.setattr(stream, "IDLE_CHECK_S", 0.01)
+    inbox, address = sockets.bind_inbox()
+    out = zmq.Context.instance().socket(zmq.PUSH)
+    guard = frames.ReplayGuard()
+    try:
+        out.connect(address)
+        head = frames._chunk_head(frames._keys[b"streams"], b"streams", b"w" * 16, b"m", stream.MIN_BYTES, 0)
+        out.send_multipart([head, bytes(stream.CHUNK_BYTES)])
+        with pytest.raises(frames.Absorbed):  # its sender died after this chunk
+            frames.decode(sockets.recv_frames(inbox), guard)
+        assert len(guard.streams) == 1
+        real_monotonic = time.monotonic
+
+        def later():  # each idle step of the wait takes a quarter of STALE_S
+            now[0] += stream.STALE_S / 4
+            return now[0]
+
+        monkeypatch.setattr(stream, "_now", later)
+
+        def next_message():
+            wait_until(lambda: not guard.streams, 30)  # (before the fix: 30 s, then the test fails)
+            out.send_multipart(frames.encode("streams", {"k": "next"}))
+
+        sender = threading.Thread(target=next_message)
+        sender.start()
+        started = real_monotonic()
+        message = frames.decode(sockets.recv_frames(inbox), guard)
+        sender.join()
+        assert len(guard.streams) == 0 and message.header == {"k": "next"}
+        assert real_monotonic() - started < 30
+    finally:
+        out.close(0)
+        inbox.close(0)
 
 
 def test_a_stream_with_no_memory_left_for_it_is_dropped_and_the_inbox_goes_on(value, monkeypatch):

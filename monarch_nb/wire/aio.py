@@ -52,6 +52,12 @@ class AioEndpoint:
                 self._drained_at = time.monotonic()
                 self._idle = True
                 try:
+                    streams = self.guard.streams
+                    while streams:  # half-received: time spent waiting for nothing counts (wire.stream)
+                        started = time.monotonic()
+                        if await self.inbox.poll(int(stream.IDLE_CHECK_S * 1000)):
+                            break
+                        streams.idle(time.monotonic() - started)
                     frames = await self.inbox.recv_multipart(copy=False)
                 finally:
                     self._idle = False

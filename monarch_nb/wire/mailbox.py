@@ -130,7 +130,13 @@ class Mailbox:
                 if remaining <= 0:
                     return
                 poll_ms = max(1, min(int(remaining * 1000), int(_CHUNK_S * 1000)))
-            if not _poll(inbox, poll_ms):
+            streams = self.guard.streams
+            if streams:  # half-received: time spent waiting for nothing counts toward dropping them
+                started = time.monotonic()
+                if not _poll(inbox, poll_ms):
+                    streams.idle(time.monotonic() - started)
+                    continue
+            elif not _poll(inbox, poll_ms):
                 continue
             # Drain what is queued while this wait is not over (checking EVENTS is cheaper
             # than a failing recv); a wait for one reply asks no EVENTS at all. What stays

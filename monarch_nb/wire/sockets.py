@@ -28,6 +28,7 @@ from .interrupts import protected
 SEND_LINGER_MS = 2000
 
 _SNDMORE = int(zmq.SNDMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
 
 # Sending sockets to peers that are gone (a client whose kernel restarted) must not
 # pile up: libzmq retries each every 100 ms by default. Back off to 1 s, and close a
@@ -75,7 +76,15 @@ def bind_inbox(ctx: zmq.Context | None = None, prefer: str | None = None) -> tup
 
 
 def recv_frames(sock: zmq.Socket, flags: int = 0) -> list:
-    """Receive one frame set; large frames stay zero-copy ``zmq.Frame`` objects."""
+    """Receive one frame set; large frames stay zero-copy ``zmq.Frame`` objects. Blocks
+    (without ``zmq.NOBLOCK``) until one is there; a wait while this thread's inbox holds
+    half-received streams counts toward dropping them (``stream.wait_idle``)."""
+    reading = stream.reading
+    if not flags & _NOBLOCK:
+        held = getattr(reading, "streams", None)
+        if held is not None and held[1] is sock and held[0]:
+            stream.wait_idle(held[0], sock.poll)  # a half stream of a dead sender goes while this waits
+    reading.socket = sock
     # As recv_multipart(copy=False), asking each frame whether more follow instead of
     # the socket (getsockopt(RCVMORE) through pyzmq's enum layer, once per frame).
     frame = sock.recv(flags, copy=False)

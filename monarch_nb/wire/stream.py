@@ -28,15 +28,20 @@ the key can make an inbox hold anything: a chunk whose head fails is dropped bef
 stream exists, and a replayed one is dropped like a replayed frame set.
 
 A stream whose sender died half way is dropped once its inbox has spent ``STALE_S``
-seconds reading other messages without a chunk of it (time the inbox spends idle or
-running a long endpoint does not count: a live sender's chunks may be waiting in the
-queue behind it).
+seconds reading other messages or waiting for any, without a chunk of it. Time the inbox's
+thread spends elsewhere (running a long endpoint) does not count: a live sender's chunks
+may be waiting in the queue behind it. Time spent waiting on an empty queue counts in
+full (nothing of a live sender is held up then): a thread that reads an inbox with open
+streams waits in steps of ``IDLE_CHECK_S`` (:func:`wait_idle`, from ``sockets.recv_frames``
+and the mailbox's and asyncio daemons' waits), so that a half stream goes within
+``STALE_S`` + ``IDLE_CHECK_S`` of idle time even if nothing else ever arrives.
 """
 
 from __future__ import annotations
 
 import mmap
 import struct
+import threading
 import time
 from typing import Any, Callable
 
@@ -63,11 +68,17 @@ MIN_BYTES = 2 * CHUNK_BYTES
 # 0.57x at 1 GiB; page by page 0.82-0.85x, 0.54x.
 PREFAULT_BYTES = 8 << 20
 STALE_S = 60.0
+IDLE_CHECK_S = 5.0  # steps of a wait on an inbox with open streams (see wait_idle)
 _TICK_MAX_S = 1.0  # the most reading time one message counts for (see Streams.tick)
 
 FIELDS = struct.Struct("<16scQQ")  # of a chunk's head: stream id, kind letter (wire.shm.kind_of), offset, size
 _SNDMORE = int(zmq.SNDMORE)
 _now = time.monotonic  # (tests replace it: never time.monotonic itself, which every thread reads)
+# What this thread receives from: .socket, the socket it last read (sockets.recv_frames),
+# and .streams, (Streams, the socket their last opened stream came from). A receiving
+# loop's wait (sockets.recv_frames) knows its socket but not the inbox's Streams: it finds
+# them here, and only for that socket (an actor's thread also reads its mailbox's replies).
+reading = threading.local()
 
 
 class StreamError(Exception):
@@ -146,6 +157,18 @@ def _allocate(kind: bytes, size: int) -> tuple[Any, memoryview | None]:
     return mapped, memoryview(mapped)
 
 
+def wait_idle(streams: "Streams", poll: Callable[[int], Any]) -> None:
+    """Before a blocking receive on an inbox whose ``streams`` are open: wait for a
+    message in steps of ``IDLE_CHECK_S`` with ``poll(timeout_ms)`` (true: something is
+    there), counting each step that found nothing as idle time (:meth:`Streams.idle`);
+    returns when something is there or no stream is left open."""
+    while streams:
+        start = _now()
+        if poll(int(IDLE_CHECK_S * 1000)):
+            return
+        streams.idle(_now() - start)
+
+
 class Streams:
     """The streams one inbox is receiving (used by that inbox's thread only)."""
 
@@ -162,8 +185,19 @@ class Streams:
         now = _now()
         self._clock += min(now - self._last, _TICK_MAX_S)
         self._last = now
+        self._drop_stale()
+
+    def idle(self, waited: float) -> None:
+        """The inbox waited ``waited`` seconds and found nothing to read: that time counts
+        in full (no chunk of a live sender waits behind anything then); drop the streams
+        that went ``STALE_S`` of reading time without a chunk."""
+        self._clock += waited
+        self._last = _now()
+        self._drop_stale()
+
+    def _drop_stale(self) -> None:
         for stream_id in [s for s, stream in self._open.items() if self._clock - stream.touched > STALE_S]:
-            del self._open[stream_id]
+            del self._open[stream_id]  # (its memory goes with it: nothing else refers to it)
 
     def absorb(self, stream_id: bytes, kind: bytes, offset: int, size: int, keys: Any, chunk) -> None:
         """Take one chunk (its head verified: ``keys`` are its cluster's): hash it and
@@ -177,6 +211,7 @@ class Streams:
                 if offset != 0 or size < MIN_BYTES or size > self._limit():
                     raise StreamError(f"chunk at byte {offset} of a stream of {size} bytes that did not start")
                 stream = self._open[stream_id] = _Stream(keys, kind, size, self._clock)
+                reading.streams = (self, getattr(reading, "socket", None))
             if offset != stream.received or offset + chunk.nbytes > stream.size or size != stream.size \
                     or not chunk.nbytes or keys is not stream.keys:
                 raise StreamError(f"chunk at byte {offset} of a stream that has {stream.received} of {stream.size}")
