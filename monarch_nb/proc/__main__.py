@@ -52,6 +52,7 @@ def main() -> None:
     debug_session.install(server)  # breakpoint() pauses under debugpy, armed on first use
     signal.signal(signal.SIGINT, lambda _, frame: server.interrupt(frame))
     signal.signal(signal.SIGTERM, lambda *_: _terminate(server))
+    os.register_at_fork(after_in_child=_default_signals)
     server.outbox.send(args.agent, wire_frames.encode(
         cluster_id, {envelope.OP: agent_ops.PROC_READY, agent_ops.PROC_ID: args.proc_id, "address": server.address,
                      "pid": os.getpid()}))
@@ -74,6 +75,15 @@ def main() -> None:
     # Actor threads may be busy in user code; exit without waiting for them.
     stdio.flush_all()
     os._exit(0)
+
+
+def _default_signals() -> None:
+    """In a child that an actor's code forked: Python's own SIGINT and SIGTERM handling.
+    The proc's would speak for the parent: its SIGTERM handler sends this proc's
+    actors stop messages (a parent ending its worker with SIGTERM stopped its own
+    actor), and its SIGINT handler interrupts the actors' inherited copies."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _terminate(server: ProcServer) -> None:

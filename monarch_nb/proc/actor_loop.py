@@ -49,7 +49,7 @@ from ..wire import frames as wire_frames
 from ..wire import interrupts, sockets
 from ..wire import port as wire_port
 from ..wire.remote_error import pack_exception
-from . import activity, call_chain
+from . import activity, call_chain, forked_child
 from .actor import Actor, ActorInstance, Context, _set_current, endpoint_names, is_endpoint, takes_port
 from .async_actor import AsyncServer
 from .stdio import end_of_call, set_call_origin
@@ -93,6 +93,7 @@ class ActorThread:
         self._spawn = spawn
         self._reply_to = reply_to
         self._instance_info = ActorInstance(mesh_name, point, proc_id, os.getpid())
+        self._lineage = forked_child.lineage()  # a process forked after this is not this actor
         self._loop: asyncio.AbstractEventLoop | None = None  # a sync actor's, for awaitables its endpoints return
         self._async: AsyncServer | None = None  # an async actor's message loop
         self._has_cleanup = False
@@ -192,12 +193,29 @@ class ActorThread:
             gate.release()
             try:
                 result = fn(*args, **kwargs)
+            except BaseException as e:
+                self._leave_if_forked(e)
+                raise
+            else:
+                self._leave_if_forked(None)
             finally:
                 gate.acquire()
                 _landing()
             return result, None
         except BaseException as e:  # noqa: BLE001 - the caller reports it
             return None, e
+
+    def forked_child(self) -> bool:
+        """Whether this is a child process that this actor's code forked (in which the
+        actor's thread is a copy that must never speak for the actor)."""
+        return forked_child.is_child(self._lineage)
+
+    def _leave_if_forked(self, error: BaseException | None, suspended: bool = False) -> None:
+        """In a child that this actor's code forked, leaving that code (``error``: how;
+        ``None``: it returned) ends the child (``proc.forked_child``): no reply, no
+        failure report, no inbox read for its parent. A no-op in the actor's process."""
+        if forked_child.is_child(self._lineage):
+            forked_child.leave(error, f"{self.mesh_name}[{self.point.rank}]", suspended)
 
     def status(self) -> dict:
         """``state`` idle, busy (``endpoint``, ``since``) or paused (where, since)."""
@@ -455,13 +473,17 @@ class ActorThread:
         """One step of an async endpoint's coroutine (``send`` or ``throw``), telling the
         proc's hooks of an exception it ends with, as :meth:`_run_endpoint` does."""
         try:
-            return step(arg)
+            yielded = step(arg)
         except StopIteration:
             raise
         except BaseException as e:
-            if self._on_endpoint_error is not None:
+            if self._on_endpoint_error is not None and not self.forked_child():
                 self._on_endpoint_error(e, name)  # the debugger's post-mortem: paused here first
             raise
+        # A forked child awaiting would run on its copy of this actor's event loop,
+        # whose epoll set and inbox are its parent's.
+        self._leave_if_forked(None, suspended=True)
+        return yielded
 
     def _port(self, reply_to: tuple[str, int] | None) -> wire_port.Port:
         """The port a call's caller waits on (one that drops values, for a broadcast)."""
@@ -477,7 +499,7 @@ class ActorThread:
                     self._loop = asyncio.new_event_loop()
                 result = self._loop.run_until_complete(result)
         except BaseException as e:
-            if self._on_endpoint_error is not None:
+            if self._on_endpoint_error is not None and not self.forked_child():
                 self._on_endpoint_error(e, name)  # the debugger's post-mortem: paused here first
             raise
         return result
