@@ -9,8 +9,8 @@ arming debugpy costs a proc that is not paused.
    imports and starts debugpy, is reported separately). Baseline: ``call_one``
    round trip to the same actor.
 2. ``eval`` round trip: ``cluster.debugger.eval("y", mesh, ranks)`` on 1 paused rank
-   and on 8 paused ranks at once; and on 1 rank with debugpy's loopback socket left
-   with Nagle's algorithm (the stall TCP_NODELAY removes), interleaved.
+   and on 8 paused ranks at once (each proc's session talks to pydevd over a Unix
+   socketpair: no port, and no Nagle delay).
 3. Armed but not paused: an 8-proc mesh armed (a breakpoint hit and continued, no
    breakpoint left) against an 8-proc mesh never armed, same run, interleaved blocks:
    ``call_one`` round trip of a trivial endpoint, and a Python loop of 200k
@@ -53,17 +53,6 @@ class Target(Actor):
         for i in range(n):
             total += i & 7
         return total
-
-    @endpoint
-    def nagle(self, on: bool) -> bool:
-        """Put Nagle's algorithm back on (or off) on pydevd's socket (benchmark only)."""
-        import socket
-
-        from monarch_nb.debug import pydevd_adapter
-
-        sock = pydevd_adapter.dap_socket()
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0 if on else 1)
-        return on
 
 
 def _median_ms(samples) -> float:
@@ -131,19 +120,8 @@ def main() -> int:
         dbg.wait_paused(8, "armed", timeout=120)
         one = _round_trips(lambda: dbg.eval("y", "armed", 3), reps * 2)
         eight = _round_trips(lambda: dbg.eval("y", "armed"), reps * 2)
-        nagle_on, nagle_off = [], []
-        for block in range(4 if args.quick else 8):
-            target = nagle_on if block % 2 else nagle_off
-            dbg.continue_("armed", 3)  # to run code there: set its socket, then pause it again
-            armed.slice(gpus=3).nagle.call_one(block % 2 == 1).get()
-            armed.slice(gpus=3).halt.broadcast()
-            dbg.wait_paused(8, "armed", timeout=60)
-            target += _round_trips(lambda: dbg.eval("y", "armed", 3), 5)
         print(f"eval round trip: 1 rank {_median_ms(one):.2f} ms, 8 ranks at once {_median_ms(eight):.2f} ms "
-              f"({_median_ms(eight) / _median_ms(one):.1f}x); 1 rank with Nagle's algorithm on debugpy's socket "
-              f"{_median_ms(nagle_on):.1f} ms vs {_median_ms(nagle_off):.2f} ms with TCP_NODELAY "
-              f"({_median_ms(nagle_on) / _median_ms(nagle_off):.0f}x)", flush=True)
-        armed.slice(gpus=3).nagle.call_one(False)  # queued behind the pause; runs after continue
+              f"({_median_ms(eight) / _median_ms(one):.1f}x)", flush=True)
         dbg.continue_all()
         pending.get(timeout=60)
 

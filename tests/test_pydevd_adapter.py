@@ -22,20 +22,39 @@ from monarch_nb.debug import pydevd_adapter
 pytest.importorskip("debugpy")
 
 ARMED_PROBE = textwrap.dedent("""
-    import inspect, json, socket, sys, threading
+    import inspect, json, os, socket, sys, threading
     from monarch_nb.debug import pydevd_adapter
     from monarch_nb.debug.dap import DapClient
 
     out = {}
-    host, port = pydevd_adapter.listen()
-    client = DapClient.connect(host, port)
-    out["nodelay"] = pydevd_adapter.fix_nodelay()
+    client = DapClient(pydevd_adapter.connect_private())
     sock = pydevd_adapter.dap_socket()
-    out["nodelay_set"] = bool(sock is not None and sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+    out["dap_socket_family"] = None if sock is None else sock.family.name
+
+    def listening_ports():
+        # TCP/TCP6 ports on which a socket of this process listens (state 0A)
+        inodes = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:  # the listing's own fd, closed by now
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        ports = []
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for row in open(table).read().splitlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A" and fields[9] in inodes:
+                    ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+        return ports
     client.request("initialize", clientID="test", adapterID="debugpy", pathFormat="path",
                    linesStartAt1=True, columnsStartAt1=True)
     client.request("attach", justMyCode=True, redirectOutput=False, subProcess=False)
     client.request("configurationDone")
+    out["listening_ports"] = listening_ports()
+    out["answers_dap"] = "supportsConfigurationDoneRequest" in client.request(
+        "initialize", clientID="again", adapterID="debugpy", pathFormat="path")
     out["global_debugger"] = pydevd_adapter.global_debugger() is not None
     out["constants"] = {name: pydevd_adapter._reach(pydevd_adapter.CONSTANTS, name, "missing") is not None
                         for name in ("get_global_debugger", "get_thread_id", "PYDEVD_USE_SYS_MONITORING")}
@@ -107,8 +126,12 @@ def test_hidden_threads_carry_the_attributes_pydevd_reads():
     assert thread.pydev_do_not_trace and thread.is_pydev_daemon_thread
 
 
-def test_nodelay_is_set_on_pydevds_dap_socket(armed):
-    assert armed["nodelay"] and armed["nodelay_set"]
+def test_pydevd_runs_on_a_socketpair_and_nothing_listens(armed):
+    # debugpy.listen kept a loopback TCP port for the proc's life: any local user could
+    # connect (DAP has no authentication) and run code as the proc's owner.
+    assert armed["dap_socket_family"] == "AF_UNIX"
+    assert armed["listening_ports"] == []
+    assert armed["answers_dap"]  # and our session speaks DAP with it over the pair
 
 
 def test_the_global_debugger_is_there_once_armed(armed):

@@ -1,6 +1,6 @@
 """Distributed breakpoints: debugpy in every proc, a DAP client of ours, a relay to IDEs.
 
-Proc side: ``arming`` starts debugpy (in-process, loopback only, once per proc) and
+Proc side: ``arming`` starts debugpy (in process, on a socketpair: no port; once per proc) and
 owns ``sys.breakpointhook``; ``session`` is the proc's own DAP client, which turns
 debugpy's stops into entries of the hub's debug registry and answers the client's
 debug requests (where, locals, eval, step, continue); ``mux`` lets IDE sessions share

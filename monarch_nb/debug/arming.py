@@ -1,10 +1,11 @@
-"""Starting debugpy inside a proc: once, on loopback, without restarting the proc.
+"""Starting debugpy inside a proc: once, without restarting the proc, reachable by no
+other process.
 
-debugpy runs *in process* (``in_process_debug_adapter=True``): pydevd itself speaks
-DAP on a 127.0.0.1 port, no adapter subprocess. The only client on that port is the
-proc's own session (``session.ProcDebugger``); IDEs share it through ``mux``. Every
-call into debugpy or pydevd goes through ``pydevd_adapter``; what is here needs
-neither.
+pydevd runs *in process* (no adapter subprocess) and speaks DAP over one end of a
+socketpair whose other end is the proc's own session (``session.ProcDebugger``,
+through ``pydevd_adapter.connect_private``): no port, so no local user can connect to
+it. IDEs share that session through ``mux``. Every call into debugpy or pydevd goes
+through ``pydevd_adapter``; what is here needs neither.
 """
 
 from __future__ import annotations

@@ -57,8 +57,10 @@ class Parser:
 
 def no_delay(sock: socket.socket) -> None:
     """Send small writes at once: with Nagle's algorithm a header and body written
-    separately wait for the peer's delayed ACK, ~40 ms per message on loopback."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    separately wait for the peer's delayed ACK, ~40 ms per message on loopback. (A Unix
+    socket, e.g. a proc's socketpair to pydevd, has no such delay: left as it is.)"""
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class DapClient:

@@ -1,16 +1,16 @@
 """debugpy and its vendored pydevd, behind one door: the only module that imports them.
 
-A proc's debugger needs a few things debugpy's public API has no call for: TCP_NODELAY
-on pydevd's socket, waking a resumed thread at once, untracing every thread while
-there is nothing to stop for, tracing them again, stopping in a given frame. Each is
-a function here that names the internal it reaches into; ``tests/test_pydevd_adapter.py``
+A proc's debugger needs a few things debugpy's public API has no call for: pydevd
+connected to one end of a socketpair (no port to listen on), waking a resumed thread
+at once, untracing every thread while there is nothing to stop for, tracing them
+again, stopping in a given frame. Each is a function here that names the internal it reaches into; ``tests/test_pydevd_adapter.py``
 checks every one against the installed debugpy on the running Python (CI: 3.11 and
 3.13).
 
 Written against debugpy 1.8.22 (``SUPPORTED``: the range trusted). Outside it, a
 one-time warning on stderr (the proc's log) and the safe fallback: the proc is never
-untraced (breakpoints still work, an armed proc runs slower); the harmless reach-ins
-(socket option, wake-up) are still tried. A missing internal is reported once on
+untraced (breakpoints still work, an armed proc runs slower); the harmless reach-in
+(wake-up) is still tried. A missing internal is reported once on
 stderr, naming what stops working, and the caller gets the slow-but-correct path:
 these functions never raise for a changed pydevd, and never stay silent about it.
 
@@ -26,7 +26,6 @@ import re
 import socket
 import sys
 import threading
-import time
 from typing import Any
 
 SUPPORTED = ((1, 8, 22), (1, 9, 0))  # debugpy versions trusted: [low, high)
@@ -76,9 +75,8 @@ def supported() -> bool:
     version = debugpy_version()
     if version is not None and low <= version < high:
         return True
-    span = f"{'.'.join(map(str, low))} to before {'.'.join(map(str, high))}"
     report_once("version", f"debugpy {_version_text()} is outside the versions monarch_nb's debugger was "
-                f"written for ({span}): breakpoints work, but an armed proc stays traced (slower); "
+                f"written for ({_span()}): breakpoints work, but an armed proc stays traced (slower); "
                 f"install debugpy>={'.'.join(map(str, low))},<{'.'.join(map(str, high))} for full speed")
     return False
 
@@ -101,7 +99,7 @@ def _reach(modules: str | tuple[str, ...], name: str, consequence: str) -> Any:
 
 def global_debugger():
     """pydevd's ``PyDB`` of this process (``get_global_debugger``), ``None`` before
-    :func:`listen` or when pydevd changed (reported)."""
+    :func:`connect_private` or when pydevd changed (reported)."""
     get = _reach(CONSTANTS, "get_global_debugger", "the debugger's speed-ups are off")
     return get() if get is not None else None
 
@@ -128,17 +126,68 @@ def monitoring_tool() -> str | None:
 
 
 # starting -------------------------------------------------------------------------------
-def listen() -> tuple[str, int]:
-    """``debugpy.listen`` on a free loopback port, pydevd in process (no adapter
-    subprocess); returns ``(host, port)``. Call once per process (debugpy refuses a
-    second call). Checks the version (:func:`supported`). Raises ``ImportError``
-    without debugpy, ``RuntimeError`` when debugpy can't listen."""
+def connect_private() -> socket.socket:
+    """Start pydevd in this process, its DAP stream on one end of a ``socketpair``;
+    returns the other end, for this proc's own DAP client. Nothing listens: no other
+    process, of this user or another, can reach pydevd (``debugpy.listen`` kept a
+    loopback TCP port open for the proc's life, and DAP has no authentication: any
+    local user who connected ran code as the owner).
+
+    debugpy has no call for this: pydevd's ``settrace(block_until_connected=True)``
+    connects through ``pydevd.start_client(host, port)`` (from ``pydevd_comm``),
+    which is replaced for the duration of the call by one that hands over the
+    socketpair's end; ``debugpy.server`` sets pydevd's protocol to DAP as it imports.
+    pydevd runs in process, no adapter subprocess. Call once per process (the
+    caller's lock). Checks the version (:func:`supported`). Raises ``ImportError``
+    without debugpy, ``RuntimeError`` when pydevd can't be started this way (a
+    changed pydevd: nothing is left listening then either)."""
     # pydevd warns on stderr about frozen stdlib modules; our breakpoints are never in them.
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     import debugpy
+    import debugpy.server  # noqa: F401 - makes pydevd speak DAP (debugpy._vendored.force_pydevd)
+    import pydevd
 
     supported()
-    return debugpy.listen(("127.0.0.1", 0), in_process_debug_adapter=True)
+    if global_debugger() is not None:
+        raise RuntimeError("pydevd already runs in this process (debugpy.listen or pydevd.settrace was called), "
+                           "outside monarch_nb's debugger")
+    if not callable(getattr(pydevd, "start_client", None)):
+        raise RuntimeError(f"debugpy {_version_text()}: pydevd has no start_client to hand its connection to; "
+                           "install a debugpy in " + _span())
+    ours, theirs = socket.socketpair()
+    handed: list[socket.socket] = []
+
+    def start_client(host, port):
+        handed.append(theirs)
+        return theirs
+
+    hide = "DEBUGPY_TRACE_DEBUGPY" not in os.environ  # as debugpy's own listen()
+    original = pydevd.start_client
+    pydevd.start_client = start_client
+    try:
+        pydevd.settrace(host="monarch-nb-socketpair", port=0, suspend=False, patch_multiprocessing=False,
+                        block_until_connected=True, wait_for_ready_to_run=False, notify_stdin=False,
+                        trace_only_current_thread=False,
+                        dont_trace_start_patterns=(os.path.dirname(os.path.abspath(debugpy.__file__)),) if hide
+                        else (),
+                        dont_trace_end_patterns=("debugpy_launcher.py",) if hide else ())
+    except BaseException:
+        ours.close()
+        theirs.close()
+        raise
+    finally:
+        pydevd.start_client = original
+    if not handed:
+        ours.close()
+        theirs.close()
+        raise RuntimeError(f"debugpy {_version_text()}: pydevd did not connect through start_client; "
+                           "install a debugpy in " + _span())
+    return ours
+
+
+def _span() -> str:
+    low, high = SUPPORTED
+    return f"{'.'.join(map(str, low))} to before {'.'.join(map(str, high))}"
 
 
 def hide_thread(thread: threading.Thread) -> None:
@@ -151,41 +200,16 @@ def hide_thread(thread: threading.Thread) -> None:
 
 # speed-ups --------------------------------------------------------------------------------
 def dap_socket() -> socket.socket | None:
-    """pydevd's side of the DAP connection (``PyDB.writer.sock``), ``None`` before a
-    client connected or when pydevd changed (reported)."""
+    """pydevd's side of the DAP connection (``PyDB.writer.sock``: after
+    :func:`connect_private`, the socketpair's other end), ``None`` before it connected
+    or when pydevd changed (reported)."""
     py_db = global_debugger()
     writer = getattr(py_db, "writer", None)
     sock = getattr(writer, "sock", None)
     if py_db is not None and not hasattr(py_db, "writer"):
-        report_once("PyDB.writer", f"debugpy {_version_text()}: PyDB has no writer: debugger requests are "
-                    "slower (~44 ms each: Nagle's algorithm stays on)")
+        report_once("PyDB.writer", f"debugpy {_version_text()}: PyDB has no writer: its DAP socket "
+                    "can't be found")
     return sock if isinstance(sock, socket.socket) else None
-
-
-def fix_nodelay(timeout: float = 2.0) -> bool:
-    """Set TCP_NODELAY on pydevd's side of the DAP connection.
-
-    pydevd writes each message's header and body with two ``sendall`` calls; with
-    Nagle's algorithm the body then waits for the client's delayed ACK, which costs
-    ~44 ms per response on loopback. Waits up to ``timeout`` seconds for pydevd to
-    accept the connection; returns False (requests merely slow) when it can't. (The
-    option is set here rather than through ``dap.no_delay``: ``dap`` imports this
-    module, for :func:`hide_thread`.)"""
-    if _reach(CONSTANTS, "get_global_debugger", "the debugger's speed-ups are off") is None:
-        return False
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        sock = dap_socket()
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return True
-            except OSError:
-                return False
-        time.sleep(0.001)
-    report_once("nodelay", f"pydevd's DAP socket did not show within {timeout} s: debugger requests are "
-                "slower (~44 ms each)")
-    return False
 
 
 def wake(thread_ident: int | None) -> bool:

@@ -114,9 +114,8 @@ class ProcDebugger:
             if self._arm_error is not None:
                 raise RuntimeError(self._arm_error)
             try:
-                host, port = pydevd_adapter.listen()
-                client = DapClient.connect(host, port, self._on_message, name="monarch-nb-dap")
-                pydevd_adapter.fix_nodelay()
+                # pydevd on a socketpair: no port, so no other process can reach it.
+                client = DapClient(pydevd_adapter.connect_private(), self._on_message, name="monarch-nb-dap")
                 self.capabilities = client.request("initialize", clientID="monarch_nb", adapterID="debugpy",
                                                    pathFormat="path", linesStartAt1=True, columnsStartAt1=True)
                 client.request("attach", justMyCode=True, stopAllThreadsOnSuspend=False,
@@ -131,7 +130,7 @@ class ProcDebugger:
                 self._arm_error = f"could not start debugpy in this proc: {e}"
                 raise RuntimeError(self._arm_error) from None
             self.client = client
-            self._traced = True  # debugpy.listen traced every thread
+            self._traced = True  # starting pydevd traced every thread
             arming.install_hook(breakpointhook)
 
     # entry points from the proc --------------------------------------------------------
