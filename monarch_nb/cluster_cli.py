@@ -27,9 +27,12 @@ def add_parser(sub) -> None:
     start.add_argument("--idle-timeout", type=float, default=None,
                        help="stop after this many seconds without a connected client (default: never)")
     slurm_options.add_arguments(start)
-    for verb, text in (("stop", "stop every process of a cluster and remove its files"),
-                       ("recover", "start a new hub that re-adopts a cluster whose hub died")):
-        verbs.add_parser(verb, help=text).add_argument("name", nargs="?", default="default")
+    verbs.add_parser("stop", help="stop every process of a cluster and remove its files").add_argument(
+        "name", nargs="?", default="default")
+    recover = verbs.add_parser("recover", help="start a new hub that re-adopts a cluster whose hub died")
+    recover.add_argument("name", nargs="?", default="default")
+    recover.add_argument("--force", action="store_true",
+                         help="kill its hub first if that still runs but does not answer")
     status = verbs.add_parser("status", help="show a cluster's health tree (hosts, procs, actors) and clients")
     status.add_argument("name", nargs="?", default="default")
     status.add_argument("-w", "--watch", action="store_true", help="keep refreshing it (Ctrl-C stops)")
@@ -106,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"cluster [bold]{args.name}[/] is running{' on ' + where if where else ''} "
                           f"({time.monotonic() - t0:.2f} s); connect with monarch_nb.connect({args.name!r})")
         elif args.verb == "recover":
-            cluster_mod.Cluster.recover(args.name).disconnect()
+            cluster_mod.Cluster.recover(args.name, force=args.force).disconnect()
             console.print(f"cluster [bold]{args.name}[/] recovered")
         elif args.verb == "stop":
             found = discovery.probe(args.name)

@@ -455,3 +455,42 @@ def test_calls_on_a_cluster_another_client_stopped_say_the_cluster_was_stopped(c
     with pytest.raises(monarch_nb.actor.SupervisionError,
                        match="was stopped with its cluster 'stopped_elsewhere': start or connect"):
         counter.incr.call_one().get(timeout=30)
+
+
+def test_connect_to_a_paused_hub_says_it_does_not_answer_and_recover_leaves_it_alive(clusters):
+    # connect() said "not running ... recover it with Cluster.recover(...)", and recover()
+    # SIGKILLed a hub that did not answer: following the hint killed a live hub.
+    clusters.append("paused")
+    cluster, procs, counters = _spawn_counters("paused", grace_s=60)
+    hub_pid = cluster._info["hub_pid"]
+    runtime().cluster = None
+    os.kill(hub_pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(monarch_nb.actor.ClusterError, match=rf"hub \(pid {hub_pid}\) is running but does not "
+                                                                 r"answer.*try again") as refused:
+            monarch_nb.connect("paused")
+        assert "not running" not in str(refused.value) and "force=True" in str(refused.value)
+        with pytest.raises(InvalidRequest, match=rf"hub \(pid {hub_pid}\) is alive.*force=True"):
+            monarch_nb.Cluster.recover("paused")
+        cli = _cli("cluster", "recover", "paused")
+        assert cli.returncode == 1 and "--force" in cli.stdout, cli.stdout + cli.stderr
+        assert pids_alive([hub_pid]) == [hub_pid]
+    finally:
+        os.kill(hub_pid, signal.SIGCONT)
+    again = monarch_nb.connect("paused")
+    assert again._info["hub_pid"] == hub_pid and _state(again.actor_meshes["counters"]) == [7, 7]
+
+
+def test_recover_with_force_replaces_a_hub_that_does_not_answer(clusters):
+    clusters.append("wedged")
+    cluster, procs, counters = _spawn_counters("wedged", grace_s=60)
+    hub_pid = cluster._info["hub_pid"]
+    runtime().cluster = None
+    os.kill(hub_pid, signal.SIGSTOP)
+    try:
+        recovered = monarch_nb.Cluster.recover("wedged", force=True)
+    finally:
+        if pids_alive([hub_pid]):
+            os.kill(hub_pid, signal.SIGCONT)
+    assert not pids_alive([hub_pid]) and recovered._info["hub_pid"] != hub_pid
+    assert _state(recovered.actor_meshes["counters"]) == [7, 7]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import cluster_dir
-from ..errors import ClusterError, ClusterNotFound, InvalidRequest
+from ..errors import ClusterError, ClusterNotFound, HubTimeout, InvalidRequest
 from ..mesh import Extent, Shape
 from ..proc.actor import proc_identity
 from ..protocol import hub_ops
@@ -184,15 +184,19 @@ class Cluster:
             return cls(name, path, cluster_dir.read_info(path))._attach()
 
     @classmethod
-    def recover(cls, name: str = DEFAULT_NAME) -> "Cluster":
+    def recover(cls, name: str = DEFAULT_NAME, force: bool = False) -> "Cluster":
         """Start a new hub for the retained cluster ``name`` whose hub died, re-adopting
         its host agents, procs and meshes from the state file (actor state is intact:
         the procs never stopped). Must happen within the cluster's grace period
-        (``grace_s`` of :meth:`start`) after the hub's death. A hub that still runs but
-        does not answer is killed first.
+        (``grace_s`` of :meth:`start`) after the hub's death. Blocks until the new hub
+        is up (~1 s, plus up to 2 s asking the old one).
+
+        A hub whose process is alive but does not answer (stopped, or too busy) is
+        left alone unless ``force=True``, which SIGKILLs it first.
 
         Raises :class:`ClusterNotFound` when there is nothing to recover, and
-        :class:`InvalidRequest` when the cluster is running."""
+        :class:`InvalidRequest` when the cluster is running, or its hub is alive and
+        ``force`` is not given."""
         with cluster_dir.locked(name):
             found = discovery.probe(name)
             if found.state == "running":
@@ -200,6 +204,13 @@ class Cluster:
                                      f"Use monarch_nb.connect({name!r})")
             if found.state == "missing" or not (found.path / "state.json").exists() or "hub" not in found.info:
                 raise ClusterNotFound(f"cluster {name!r} has no state to recover" + _running_hint())
+            if not force and discovery.hub_alive(found.info):
+                # A hub paused for a moment would answer again: killing it is the user's call.
+                raise InvalidRequest(
+                    f"cluster {name!r}: its hub (pid {found.info['hub_pid']}) is alive but does not answer "
+                    f"(stopped, or too busy); recover() does not kill a live hub. Try "
+                    f"monarch_nb.connect({name!r}) again in a moment, or kill it and start a new hub with "
+                    f"monarch_nb.Cluster.recover({name!r}, force=True) (`monarch-nb cluster recover --force {name}`)")
             discovery.end_hub(found.info)
             return cls._recover(found)
 
@@ -460,7 +471,8 @@ def connect(name: str | None = None) -> Cluster:
 
     Raises :class:`ClusterNotFound` (a ``LookupError``) naming the running clusters
     when ``name`` is not running, and saying why when its ``cluster.json`` is stale
-    (hub dead or its pid reused)."""
+    (hub dead or its pid reused); :class:`HubTimeout` when its hub's process is alive
+    but does not answer within 2 s (stopped, or too busy)."""
     if name is None:
         running = discovery.running_names()
         if len(running) == 1:
@@ -471,6 +483,10 @@ def connect(name: str | None = None) -> Cluster:
             raise ClusterNotFound(f"several clusters are running ({', '.join(running)}); "
                                   "pass the name: monarch_nb.connect(NAME)")
     found = discovery.wait_until_started(name)
+    if found.state == "stale" and discovery.hub_alive(found.info):
+        raise HubTimeout(f"cluster {name!r}: {found.reason} (stopped, or too busy); try again in a moment. If it "
+                         f"stays silent, monarch_nb.Cluster.recover({name!r}, force=True) kills it and starts a "
+                         "new hub that re-adopts its procs")
     if found.state == "stale":
         hint = (f"recover it with monarch_nb.Cluster.recover({name!r}) (its procs are still alive)"
                 if discovery.leftover_agents(found.path) and (found.path / "state.json").exists()

@@ -68,8 +68,9 @@ def probe(name: str) -> Probe:
     try:
         hub_info = HubClient(info["cluster_id"], info["hub"]).request(hub_ops.INFO, timeout=PROBE_TIMEOUT_S)
     except ClusterError:
-        return Probe(name, path, "stale", info,
-                     reason=f"its hub (pid {info['hub_pid']}) does not answer at {info['hub']}")
+        alive = "is running but " if hub_alive(info) else ""
+        return Probe(name, path, "stale", info, reason=f"its hub (pid {info['hub_pid']}) {alive}does not answer "
+                                                      f"at {info['hub']} within {PROBE_TIMEOUT_S:g} s")
     return Probe(name, path, "running", info, hub_info)
 
 
@@ -96,6 +97,13 @@ def hub_process_problem(info: dict) -> str:
     except psutil.NoSuchProcess:
         return f"its hub (pid {pid}) is not running"
     return ""
+
+
+def hub_alive(info: dict) -> bool:
+    """Whether the hub named by ``info`` is the live process that wrote it, on this
+    machine (it may still not answer: stopped, or too busy). Does not block."""
+    return (bool(info.get("hub_pid")) and info.get("hostname") == socket.gethostname()
+            and not hub_process_problem(info))
 
 
 def end_hub(info: dict, wait_s: float = 0.0) -> None:
