@@ -7,7 +7,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from .. import cluster_dir
+from .. import cluster_dir, notices
 from ..wire import frames as wire_frames
 from ..wire import interfaces
 from .agent import HostAgent
@@ -25,6 +25,7 @@ def main() -> None:
                              "that routes to the hub (default: MONARCH_NB_BIND, else loopback)")
     parser.add_argument("--node", default="", help="the allocator's name for this host (e.g. a Slurm node)")
     args = parser.parse_args()
+    notices.install()  # its stderr is hub.log: a full disk must not end its heartbeat
     if args.bind:
         # Through the environment, so that the procs this agent starts bind there too.
         ip = interfaces.route_source(interfaces.host_of(args.hub)) if args.bind == "auto" else args.bind

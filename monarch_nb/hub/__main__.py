@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .. import cluster_dir, lifeline
+from .. import cluster_dir, lifeline, notices
 from ..wire import frames as wire_frames
 from .server import Hub, HubError
 
@@ -33,6 +33,7 @@ def main() -> None:
                         help='the allocator spec as JSON, e.g. {"kind": "slurm", "nodes": 2} (default: local)')
     parser.add_argument("--ready-fd", type=int, default=None)
     args = parser.parse_args()
+    notices.install()  # hub.log on a full disk must not fail what reports to it
     if args.detach and os.fork() > 0:
         # The starting client reaps this short-lived parent; the hub carries on
         # re-parented, so it never becomes a zombie of a client that outlives it.

@@ -54,6 +54,9 @@ class MeshOps:
         self._spawning_actors: dict[str, list[ProcRecord]] = {}  # actor mesh being constructed -> its procs
         self._abandoned: set[str] = set()  # actor meshes being constructed whose client gave up: not created
         self._claimed: dict[str, asyncio.Event] = {}  # proc mesh name or actor mesh key being spawned -> set when done
+        # actor mesh being constructed -> resolved with why, once one of its procs is gone
+        # (died, lost with its host, stopped): its answer would never come
+        self._construct_lost: dict[str, asyncio.Future] = {}
         # Supervision's actor_died(record, rank, cause, endpoint, traceback), set by the hub
         # (supervision uses these ops): a spawned actor whose __init__ raised is a failure.
         self.actor_died: Callable[..., Awaitable[None]] | None = None
@@ -159,21 +162,33 @@ class MeshOps:
             payload_id = f"a{self._registry.next_number()}"
             raise_init_errors = header.get(hub_ops.RAISE_INIT_ERRORS, False)
             constructing = self._spawning_actors[key] = [mesh.procs[r] for r in header["proc_ranks"]]
+            proc_gone = self._construct_lost[key] = asyncio.get_running_loop().create_future()
+            asking = asyncio.gather(*(
+                self._net.request(mesh.procs[r].address, {
+                    envelope.OP: proc_ops.SPAWN_ACTOR, proc_ops.MESH: name, envelope.RANK: i,
+                    proc_ops.EXTENT: header["extent"], proc_ops.ORIGIN: header.get(proc_ops.ORIGIN),
+                    proc_ops.MAIN_THREAD: header.get(proc_ops.MAIN_THREAD, False),
+                    proc_ops.INIT_FAULT: not raise_init_errors,
+                    "owner": header.get("owner"), **self._debug.spawn_fields()},
+                    body, buffers)
+                for i, r in enumerate(header["proc_ranks"])))
             try:
-                replies = await asyncio.gather(*(
-                    self._net.request(mesh.procs[r].address, {
-                        envelope.OP: proc_ops.SPAWN_ACTOR, proc_ops.MESH: name, envelope.RANK: i,
-                        proc_ops.EXTENT: header["extent"], proc_ops.ORIGIN: header.get(proc_ops.ORIGIN),
-                        proc_ops.MAIN_THREAD: header.get(proc_ops.MAIN_THREAD, False),
-                        proc_ops.INIT_FAULT: not raise_init_errors,
-                        "owner": header.get("owner"), **self._debug.spawn_fields()},
-                        body, buffers)
-                    for i, r in enumerate(header["proc_ranks"])))
+                await asyncio.wait([asking, proc_gone], return_when=asyncio.FIRST_COMPLETED)
             finally:
                 if self._spawning_actors.get(key) is constructing:
                     del self._spawning_actors[key]
+                if self._construct_lost.get(key) is proc_gone:
+                    del self._construct_lost[key]
                 abandoned = key in self._abandoned
                 self._abandoned.discard(key)
+                if not asking.done():  # a proc is gone
+                    asking.cancel()
+                    asking.add_done_callback(lambda f: f.cancelled() or f.exception())  # (retrieved: not logged)
+            if not asking.done() or asking.cancelled():
+                await self._stop_constructing(name, constructing)
+                raise HubError(f"actor mesh {name!r} was not created: {proc_gone.result()} while its actors were "
+                               "being constructed; spawn it again on live procs")
+            replies = asking.result()
             addresses = [r.header[proc_ops.ADDRESS] for r in replies]
             failures = {r.header[envelope.RANK]: bytes(r.body) for r in replies if not r.header[envelope.OK]}
             record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
@@ -182,8 +197,13 @@ class MeshOps:
             if failures and (raise_init_errors or abandoned):
                 await self.stop_actor_mesh(record)
                 return {"failures": failures}
+            try:
+                self._registry.keep_payload(payload_id, [body, *buffers])
+            except OSError as e:  # a full disk: a mesh that a recovered hub could not restart is not made
+                await self.stop_actor_mesh(record)
+                raise HubError(f"actor mesh {name!r} was not created: its constructor could not be kept for "
+                               f"restarts in {self._registry.path}: {e}; free space there and spawn it again") from None
             self._registry.actor_meshes[key] = record
-            self._registry.keep_payload(payload_id, [body, *buffers])
             self._registry.save()
             view = self.actor_mesh_view(record)
             for r in replies:  # Monarch: a raising __init__ is a supervision fault, the mesh lives on
@@ -193,6 +213,14 @@ class MeshOps:
                     view["dead"][str(rank)] = record.gone_report(rank, cause)
                     await self.actor_died(record, rank, cause, "__init__", r.header.get(proc_ops.TRACEBACK, ""))
             return view
+
+    async def _stop_constructing(self, name: str, procs: list[ProcRecord]) -> None:
+        """Stop actor mesh ``name`` in those of ``procs`` still alive, constructed or
+        not (a spawn that failed part way)."""
+        await asyncio.gather(*(
+            self._net.request(p.address, {envelope.OP: proc_ops.STOP_ACTOR, proc_ops.MESH: name},
+                              timeout=STOP_ACTOR_TIMEOUT_S)
+            for p in procs if p.exit_code is None), return_exceptions=True)
 
     async def stop_actors(self, header, message):
         """Stop actor mesh ``name`` of ``proc_mesh`` (without ``proc_mesh``: ``name`` is a
@@ -305,6 +333,10 @@ class MeshOps:
         Returns the addresses of those actors (whose orphans the caller stops)."""
         actors: dict[str, tuple[str, int, str]] = {}
         for mesh, rank, proc, why in deaths:
+            for key, constructing in self._spawning_actors.items():
+                lost = self._construct_lost.get(key)
+                if lost is not None and not lost.done() and any(p is proc for p in constructing):
+                    lost.set_result(why)  # the spawn answers now instead of never
             for record, i in self._registry.actors_on(mesh.name, rank):
                 actors[record.addresses[i]] = (record.name, i,
                                                record.gone_report(i, why, stopped, proc_exit=proc.exit_code))

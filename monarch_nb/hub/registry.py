@@ -66,10 +66,11 @@ class Registry:
     # constructor payloads ----------------------------------------------------------------
     def keep_payload(self, payload_id: str, frames: list[bytes]) -> None:
         """Keep an actor mesh's constructor frames for its restarts (a retained
-        cluster's also in the state directory, for a recovering hub)."""
-        self._payloads[payload_id] = frames
+        cluster's also in the state directory, for a recovering hub). Raises
+        ``OSError`` when they can't be written there (a full disk); nothing is kept."""
         if not self.ephemeral:
             state.save_payload(self.path, payload_id, frames)
+        self._payloads[payload_id] = frames
 
     def payload(self, payload_id: str) -> list[bytes] | None:
         return self._payloads.get(payload_id) or state.load_payload(self.path, payload_id)

@@ -32,7 +32,7 @@ from typing import Awaitable, Callable
 
 import psutil
 
-from .. import cluster_dir
+from .. import cluster_dir, notices
 from ..allocators import base as allocators
 from ..protocol import agent_ops, envelope, hub_ops
 from ..wire import frames as wire_frames
@@ -144,6 +144,7 @@ class Hub:
             hub_ops.DEBUG_BREAKPOINTS: self.debug.debug_breakpoints,
             hub_ops.DEBUG_CLEAR_BREAKPOINTS: self.debug.debug_clear_breakpoints,
             hub_ops.DEBUG_POST_MORTEM: self.debug.debug_post_mortem,
+            hub_ops.DEBUG_RELAY_REFUSED: self.debug.debug_relay_refused,
         }
 
     # lifecycle ---------------------------------------------------------------------
@@ -289,11 +290,12 @@ class Hub:
         self.malformed += 1
         wire_frames.count_dropped()
         op = header.get(envelope.OP)
+        # The answer first: the caller waits for it, whatever becomes of the notice.
+        await self._reply(header, ok=False, error=f"hub failed on {op}: {type(error).__name__}: {error}",
+                          error_type="ClusterError")
         if self.malformed <= MALFORMED_LOGGED:
             print(f"monarch_nb hub: failed on a {op!r} message: {type(error).__name__}: {error} "
                   f"({self.malformed} so far)", file=sys.stderr)
-        await self._reply(header, ok=False, error=f"hub failed on {op}: {type(error).__name__}: {error}",
-                          error_type="ClusterError")
 
     async def _reply(self, header: dict, **fields) -> None:
         """``net.reply`` that never raises: a reply that can't be sent (a bad reply
@@ -322,10 +324,13 @@ class Hub:
 
     def _stats(self) -> dict:
         """Counters of this hub's own health: frame sets dropped (bad signature, replay,
-        malformed), its stalls, its open sending sockets and the log store's state."""
+        malformed), its stalls, its open sending sockets, the log store's state and the
+        notices hub.log could not take (a full disk, see ``notices``)."""
         return {"dropped_frames": wire_frames.dropped(), "malformed": self.malformed,
                 "stalls": self.heartbeats.stalls, "sockets": self.net.open_sockets(),
-                "log_store": self.logs.store.writing()}
+                "relay_refused": self.debug.state.relay_refused,
+                "log_store": self.logs.store.writing(),
+                "notices_lost": sys.stderr.lost if isinstance(sys.stderr, notices.NeverRaising) else 0}
 
     async def shutdown(self, header, message):
         """Stop everything; the reply goes out once all has stopped (see ``run``)."""

@@ -65,11 +65,15 @@ def save_payload(path: Path, payload_id: str, frames: list[bytes]) -> None:
     folder.mkdir(mode=0o700, exist_ok=True)
     tmp = folder / f".{payload_id}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        for frame in frames:
-            f.write(_LEN.pack(len(frame)))
-            f.write(frame)
-    os.replace(tmp, folder / f"{payload_id}.bin")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for frame in frames:
+                f.write(_LEN.pack(len(frame)))
+                f.write(frame)
+        os.replace(tmp, folder / f"{payload_id}.bin")
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # (a full disk: what was written of it is given back)
+        raise
 
 
 def drop_payload(path: Path, payload_id: str) -> None:
