@@ -203,6 +203,8 @@ def summary_parts(tree: dict) -> list[tuple[str, str]]:
             state = "failed" if count != "0" else ""
         elif "starting" in part:
             state = "starting"
+        elif part.endswith("refused"):  # another user's connections to a debugger relay
+            state = "failed"
         else:
             state = word if word in STATE_COLOURS else ""
         parts.append((part, state))

@@ -431,12 +431,16 @@ class Debugger:
     def attach(self, mesh, rank: int, port: int = 0):
         """Open a relay for an IDE to the paused ``rank`` of ``mesh``: a DAP port on this
         client's 127.0.0.1 carried over the cluster's signed channel (the proc may be
-        on another host). Returns the :class:`~monarch_nb.debug.relay.Relay`
-        (``.port``, ``.launch_config()`` for VS Code, ``.close()``)."""
+        on another host). Only connections from this user's processes are admitted;
+        others are refused, said on stderr and counted (``relay.refused``, and the hub's
+        ``relay_refused`` in ``cluster.health()["hub"]``). Returns the
+        :class:`~monarch_nb.debug.relay.Relay` (``.port``, ``.launch_config()`` for VS
+        Code, ``.close()``)."""
         from ..debug.relay import Relay
 
         stop = self._one(mesh, rank, "attach")
-        relay = Relay(self._cluster_id, stop.address, f"{stop.mesh} rank {stop.rank}", port)
+        relay = Relay(self._cluster_id, stop.address, f"{stop.mesh} rank {stop.rank}", port,
+                      hub_address=self._cluster._info["hub"])
         relay.remote_cwd = stop.cwd if stop.host != socket.gethostname() else None
         return relay
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import linecache
 import os
+import pwd
+import secrets
+import stat
 import sys
 from pathlib import Path
 from typing import Callable
@@ -23,18 +26,61 @@ def materialize(path: str, source: str) -> None:
     """Write a notebook cell's ``source`` at its file name ``path`` (e.g.
     ``/tmp/ipykernel_123/4567.py``) unless a file is there: debugpy sets breakpoints
     only in files that exist, and tracebacks and ``where`` then show its lines. The
-    name is a hash of the text, so a file already there holds the same cell."""
+    name is a hash of the text, so a file already there holds the same cell.
+
+    The folder is in a place every user can write (``/tmp``) under a name anyone can
+    guess (the kernel's pid is in ``ps``, the hash is of public text): another user can
+    make it first and plant a symlink at the name written, and a proc that followed it
+    would overwrite a file of its owner's. So the file is written only in a folder that
+    is ours and that no one else can write (made 0700 if missing), through a temporary
+    file created with ``O_EXCL | O_NOFOLLOW`` under a random name, relative to the
+    folder's descriptor; otherwise nothing is written and stderr (the proc's log) says
+    why and how to fix it (the cell's breakpoints then bind nowhere in this proc)."""
     if path.startswith("<") or os.path.exists(path):
         return
+    folder, name = os.path.split(path)
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as e:
         print(f"monarch_nb: can't write {path} for its breakpoints: {e}", file=sys.stderr, flush=True)
+        return
+    try:
+        problem = _not_private(os.fstat(fd), folder)
+        if problem is not None:
+            print(f"monarch_nb: not writing {path} for its breakpoints: {problem}; its breakpoints don't bind "
+                  f"in this proc (remove {folder}, or run the kernel with TMPDIR set to a folder of your own)",
+                  file=sys.stderr, flush=True)
+            return
+        tmp = f"{name}.{secrets.token_hex(8)}.tmp"
+        try:
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
+            with os.fdopen(out, "w") as f:
+                f.write(source)
+            os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except OSError as e:
+            print(f"monarch_nb: can't write {path} for its breakpoints: {e}", file=sys.stderr, flush=True)
+            try:
+                os.unlink(tmp, dir_fd=fd)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
     linecache.checkcache(path)
+
+
+def _not_private(folder: os.stat_result, path: str) -> str | None:
+    """What makes the folder ``path`` (its ``fstat``) unsafe to write in, or None: it
+    belongs to another user, or others than its owner may write in it."""
+    if folder.st_uid != os.geteuid():
+        try:
+            owner = pwd.getpwuid(folder.st_uid).pw_name
+        except KeyError:
+            owner = "unknown"
+        return f"{path} belongs to another user ({owner}, uid {folder.st_uid})"
+    if folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} may be written by other users (mode {stat.S_IMODE(folder.st_mode):o})"
+    return None
 
 
 def install_hook(hook: Callable) -> None:

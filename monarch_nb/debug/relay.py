@@ -8,35 +8,50 @@ IDE ──TCP 127.0.0.1:PORT──► Relay ──signed zmq (relay_data)──�
 One IDE connection at a time; when it closes, the port takes the next one. The relay
 tells the proc it is alive every ``ALIVE_S`` seconds (a proc drops an IDE session
 whose relay fell silent: its client went away).
+
+A port on 127.0.0.1 takes connections from every local user, and whoever drives the
+paused rank runs code as the cluster's owner. So a connection is admitted only when
+the socket at its other end belongs to this process's user (``peer.peer_uid``: the uid
+the kernel lists for it in ``/proc/net/tcp``); any other is closed before a byte is
+read, said on stderr, counted (``.refused``) and reported to the hub, whose health
+shows the count (``hub.relay_refused``).
 """
 
 from __future__ import annotations
 
+import os
+import pwd
 import secrets
 import socket
+import sys
 import threading
 import time
 
 import zmq
 
 from ..protocol import debug as debug_ops
-from ..protocol import envelope, proc_ops
+from ..protocol import envelope, hub_ops, proc_ops
 from ..wire import frames as wire_frames
 from ..wire import sockets
 from .dap import no_delay
+from .peer import peer_uid
 
 ALIVE_S = 1.0
 
 
 class Relay:
     """Listens on ``127.0.0.1:port`` (``port`` 0: a free one; see ``.port``) for one
-    IDE at a time and carries its DAP session to the proc at ``proc_address``.
-    Runs on a daemon thread until :meth:`close`."""
+    IDE at a time, of this process's user only, and carries its DAP session to the proc
+    at ``proc_address``; connections of other users are refused and reported to the hub
+    at ``hub_address`` (when given). Runs on a daemon thread until :meth:`close`."""
 
-    def __init__(self, cluster_id: str, proc_address: str, label: str = "", port: int = 0):
+    def __init__(self, cluster_id: str, proc_address: str, label: str = "", port: int = 0,
+                 hub_address: str | None = None):
         self.cluster_id = cluster_id
         self.proc_address = proc_address
         self.label = label
+        self.hub_address = hub_address
+        self.refused = 0  # connections refused: another user's, or one whose owner could not be found
         self._listener = socket.create_server(("127.0.0.1", port))
         self.port = self._listener.getsockname()[1]
         self._inbox, self._inbox_address = sockets.bind_inbox()
@@ -64,7 +79,9 @@ class Relay:
                 ready = dict(poller.poll(int(ALIVE_S * 1000 / 2)))
                 if self._listener.fileno() in ready:
                     new, _ = self._listener.accept()
-                    if conn is not None:  # one IDE at a time
+                    if not self._admit(new):
+                        new.close()
+                    elif conn is not None:  # one IDE at a time
                         new.close()
                     else:
                         conn = new
@@ -108,6 +125,23 @@ class Relay:
             self._listener.close()
             self._inbox.close(0)
 
+    def _admit(self, conn: socket.socket) -> bool:
+        """Is ``conn`` from a socket of this process's user? If not: said on stderr,
+        counted, and reported to the hub (one-way: never waits)."""
+        uid = peer_uid(conn)
+        if uid == os.geteuid():
+            return True
+        self.refused += 1
+        who = "a process whose owner could not be found" if uid is None else _user(uid)
+        print(f"monarch_nb: the debugger relay on 127.0.0.1:{self.port} ({self.label}) refused a connection from "
+              f"{who}: only an IDE of {_user(os.geteuid())} may attach (it runs code as that user)",
+              file=sys.stderr, flush=True)
+        if self.hub_address is not None:
+            self._outbox.send(self.hub_address, wire_frames.encode(
+                self.cluster_id, {envelope.OP: hub_ops.DEBUG_RELAY_REFUSED, hub_ops.REFUSED_UID: uid,
+                                  hub_ops.REFUSED_PORT: self.port}))
+        return False
+
     def launch_config(self, remote_cwd: str | None = None) -> dict:
         """A VS Code ``launch.json`` entry that attaches to this relay. ``remote_cwd``:
         the proc's working directory when it runs on another host (mapped to the
@@ -125,3 +159,11 @@ class Relay:
 
     def __repr__(self) -> str:
         return f"<Relay {self.label} on 127.0.0.1:{self.port}>"
+
+
+def _user(uid: int) -> str:
+    """``user alice (uid 1000)``, or ``uid 1000`` for a uid without a name."""
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import sys
 from dataclasses import dataclass, field
 
 from ..protocol import debug as debug_actions
-from ..protocol import envelope, events, proc_ops
+from ..protocol import envelope, events, hub_ops, proc_ops
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
 from .errors import HubError
@@ -55,6 +56,7 @@ class DebugState:
     changes: int = 0
     epoch: str = field(default_factory=lambda: secrets.token_hex(4))
     synced: bool = False  # a recovered hub asked the procs for their stops
+    relay_refused: int = 0  # connections clients' IDE relays refused (another user's), as they reported
     sweeper: "asyncio.Task | None" = None
 
     def config(self) -> dict:
@@ -171,6 +173,16 @@ class DebugRegistry:
         self.state.post_mortem = bool(header["on"])
         await self._push()
         return {"post_mortem": self.state.post_mortem}
+
+    async def debug_relay_refused(self, header, message):
+        """One-way: a client's IDE relay refused a connection of another user (or of an
+        owner it could not find): counted (``relay_refused`` in the hub's health) and
+        said in hub.log."""
+        self.state.relay_refused += 1
+        uid = header.get(hub_ops.REFUSED_UID)
+        print(f"monarch_nb hub: a debugger relay (127.0.0.1:{header.get(hub_ops.REFUSED_PORT)}) refused a "
+              f"connection from {'an unknown owner' if uid is None else f'uid {uid}'}", file=sys.stderr, flush=True)
+        return None
 
     # for spawn -----------------------------------------------------------------------
     def spawn_fields(self) -> dict:

@@ -153,9 +153,12 @@ class Health:
         replies = await asyncio.gather(*(self._proc_status(p) for p in live))
         statuses = {p.proc_id: r for p, r in zip(live, replies) if r is not False}
         hosts = [registry.hosts[h] for h in registry.host_order if h in registry.hosts]
-        return {**tree(self._name, hosts, registry.proc_meshes, registry.actor_meshes, statuses,
-                       self._meshes.starting()),
-                "hub": self._hub_stats()}
+        found = tree(self._name, hosts, registry.proc_meshes, registry.actor_meshes, statuses,
+                     self._meshes.starting())
+        stats = self._hub_stats()
+        if stats.get("relay_refused"):  # another user tried a debugger relay: the owner should know
+            found["summary"] += f" · {stats['relay_refused']} debugger connection(s) refused"
+        return {**found, "hub": stats}
 
     async def _proc_status(self, proc: ProcRecord) -> dict | None | bool:
         """The proc's answer to ``status``; ``None`` if it did not answer in time;

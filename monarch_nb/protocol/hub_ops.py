@@ -74,3 +74,6 @@ DEBUG_SET_BREAKPOINT = "debug_set_breakpoint"  # add a cluster breakpoint (file,
 DEBUG_BREAKPOINTS = "debug_breakpoints"  # the cluster's breakpoints and post-mortem setting
 DEBUG_CLEAR_BREAKPOINTS = "debug_clear_breakpoints"  # remove breakpoints by id (or all)
 DEBUG_POST_MORTEM = "debug_post_mortem"  # switch post-mortem pausing on raising endpoints on or off
+DEBUG_RELAY_REFUSED = "debug_relay_refused"  # one-way: a client's IDE relay refused a connection of another user
+REFUSED_UID = "peer_uid"  # DEBUG_RELAY_REFUSED: the uid that connected (None: it could not be found)
+REFUSED_PORT = "relay_port"  # DEBUG_RELAY_REFUSED: the relay's port
