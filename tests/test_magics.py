@@ -118,6 +118,30 @@ def test_output_of_a_finished_cell_lands_under_that_cell(kernel, talkers):
     assert "printed later" not in kernel.text(busy)
 
 
+def test_actor_lines_never_split_the_cells_own_lines(kernel, talkers):
+    # print() writes its parts one by one; actor lines streaming in meanwhile landed
+    # between them ("own 2 [w 0-1] chatter" then "v2 end": 268 of 600 lines, issue 23).
+    msg_id = kernel.execute(textwrap.dedent("""
+        import time
+
+        class Slow:  # print() turns it into text between writing "own i " and "v2"
+            def __str__(self):
+                time.sleep(0.001)
+                return "v2"
+
+        pending = talkers.talk.call(150)  # its lines stream in while the cell prints
+        for i in range(1500):
+            print("own", i, Slow(), "end")
+        pending.get()
+    """))
+    assert kernel.finish(msg_id)["status"] == "ok"
+    lines = kernel.text(msg_id).splitlines()
+    own = [line for line in lines if "own" in line]
+    assert len(own) == 1500 and all(re.fullmatch(r"own \d+ v2 end", line) for line in own), \
+        [line for line in own if not re.fullmatch(r"own \d+ v2 end", line)][:5]
+    assert sum(line.startswith("[talkers") and "step" in line for line in lines) >= 150  # folded per step
+
+
 def test_a_flood_is_capped_in_the_cell_and_kept_in_the_store(kernel, talkers):
     msg_id = kernel.execute("talkers.slice(gpus=0).flood.call_one(3000).get()")
     assert kernel.finish(msg_id)["status"] == "ok"

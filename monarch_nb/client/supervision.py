@@ -68,7 +68,7 @@ class Supervision:
         self._told: dict[tuple[str, str, int], None] = _Recent()
         self._stopped: dict[str, str] = {}  # cluster id -> why: clusters this client stopped
         self._lost_hubs: set[str] = set()  # of those, the ones whose hub died (it may come back)
-        self._hook: FailureHook = self.arm
+        self._hook: FailureHook = self.say_and_arm
         # Gives Monarch's unhandled_fault_hook as it is now (set by monarch_nb.actor).
         self.fault_hook: Callable[[], Callable[[MeshFailure], object]] | None = None
 
@@ -214,21 +214,24 @@ class Supervision:
             return any((cluster_id, mesh, rank) in self._told for mesh in failure.meshes for rank in failure.ranks)
 
     def arm(self, cluster_id: str, failure: MeshFailure, owner: dict | None = None) -> None:
-        """The default failure hook (a script's; the notebook shows failures under the
-        cell instead): says ``failure`` at once on stderr, and the next call on the
-        affected mesh raises it."""
-        print(f"monarch_nb: unhandled failure: {failure.report()}", file=sys.stderr, flush=True)
+        """The next call on the affected mesh raises ``failure``."""
         meshes = [owner["mesh"]] if owner else (failure.meshes if failure.kind == "endpoint_failed" else ())
         with self._lock:
             for mesh in meshes:
                 self._armed.setdefault((cluster_id, mesh), []).append(failure)
 
+    def say_and_arm(self, cluster_id: str, failure: MeshFailure, owner: dict | None = None) -> None:
+        """The default failure hook (a script's; the notebook's shows failures under the
+        cell): says ``failure`` at once on stderr, then :meth:`arm`."""
+        print(f"monarch_nb: unhandled failure: {failure.report()}", file=sys.stderr, flush=True)
+        self.arm(cluster_id, failure, owner)
+
     def set_failure_hook(self, hook: FailureHook | None) -> None:
         """Route unhandled failures to ``hook(cluster_id, failure, owner)`` instead of the
-        default (:meth:`arm`); ``None`` restores the default."""
+        default (:meth:`say_and_arm`); ``None`` restores the default."""
         if hook is not None and not callable(hook):
             raise TypeError(f"set_failure_hook needs a function (cluster_id, failure, owner) or None, not {hook!r}")
-        self._hook = hook or self.arm
+        self._hook = hook or self.say_and_arm
 
     def _call_fault_hook(self, failure: MeshFailure) -> None:
         hook = self.fault_hook() if self.fault_hook is not None else None

@@ -18,6 +18,7 @@ import sys
 from ..client import logs
 from ..client.runtime import runtime
 from ..errors import MeshFailure
+from .line_gate import LineGate
 
 MAX_LINES_PER_CELL = 1000
 _REMEMBERED_CELLS = 256
@@ -35,8 +36,11 @@ class CellLogs:
         self.running = False  # a cell is executing now
         self.queued: list[str] = []  # notices that came between cells, for the next one
         self._anonymous = itertools.count(1)
+        self.gate = LineGate()  # actor lines between the cell's own lines, not inside one
 
     def register(self) -> None:
+        self.gate.install(sys.stdout)
+        self.gate.install(sys.stderr)
         self.shell.events.register("pre_run_cell", self.pre_run_cell)
         self.shell.events.register("post_run_cell", self.post_run_cell)
         rt = runtime()
@@ -64,6 +68,7 @@ class CellLogs:
         rt.set_line_sink(None)
         rt.set_failure_hook(None)
         rt.cell = ""
+        self.gate.uninstall()
 
     def flush(self) -> None:
         """Show every line the calls made so far in this cell caused."""
@@ -95,6 +100,7 @@ class CellLogs:
         """Show every line the cell's calls caused before the cell completes."""
         self.flush()
         self.running = False
+        self.gate.release()
         hidden = self.hidden.pop(self.current, None)
         if hidden:
             meshes = " ".join(sorted(hidden))
@@ -139,17 +145,22 @@ class CellLogs:
                 self.hidden.setdefault(tag, collections.Counter())[line.mesh] += len(line.ranks) or 1
                 continue
             self.shown[tag] += 1
-            self._write(line, self.parents.get(tag))
+            self._write(line, self.parents.get(tag), hold=self.running and tag == self.current)
 
-    @staticmethod
-    def _write(line: logs.Folded, parent: dict | None) -> None:
+    def _write(self, line: logs.Folded, parent: dict | None, hold: bool) -> None:
+        """Write ``line`` under the cell of ``parent``; ``hold``: that cell is running, so
+        the line waits for the cell's own output to end its line (``line_gate``)."""
         stream = sys.stderr if line.stream == "stderr" else sys.stdout
         set_parent = getattr(stream, "set_thread_parent", None)
-        if parent is None or set_parent is None:  # not an ipykernel stream (terminal IPython)
-            stream.write(f"{line}\n")
-            return
-        token = set_parent(parent)
-        try:
-            stream.write(f"{line}\n")
-        finally:
-            stream.reset_thread_parent(token)
+
+        def writer(write) -> None:
+            if parent is None or set_parent is None:  # not an ipykernel stream (terminal IPython)
+                write(f"{line}\n")
+                return
+            token = set_parent(parent)
+            try:
+                write(f"{line}\n")
+            finally:
+                stream.reset_thread_parent(token)
+
+        self.gate.write(stream, writer, hold)
