@@ -49,7 +49,9 @@ def add_logs_parser(sub) -> None:
     logs.add_argument("--tail", type=int, default=100)
     logs.add_argument("--grep", default=None, help="a regular expression")
     logs.add_argument("--stream", choices=("stdout", "stderr"), default=None)
-    logs.add_argument("--no-fold", action="store_true", help="one line per rank, never folded")
+    logs.add_argument("--fold", choices=("on", "off"), default="on",
+                      help="fold identical lines across ranks (default on; as %%monarch logs --fold)")
+    logs.add_argument("--no-fold", dest="fold", action="store_const", const="off", help="the same as --fold off")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines (Ctrl-C stops)")
 
 
@@ -72,7 +74,7 @@ def run_logs(args: argparse.Namespace) -> int:
                  "stream": args.stream, "grep": args.grep}
         records = hub.request(hub_ops.LOGS_QUERY, timeout=60.0, tail=args.tail, **query)["records"]
         while True:
-            logs.print_sink(logs.fold_records(records, not args.no_fold))
+            logs.print_sink(logs.fold_records(records, args.fold == "on"))
             if not args.follow:
                 return 0
             last = records[-1][logs.SEQ] if records else 0

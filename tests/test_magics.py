@@ -243,6 +243,16 @@ def test_logs_follow_shows_new_lines_until_interrupted_and_the_cli_reads_the_sto
     assert out.returncode == 0 and out.stdout.strip() == "[talkers 1] followed"
 
 
+def test_the_cli_and_the_magic_take_the_same_fold_switch(kernel, talkers):
+    # `monarch-nb logs ... --fold off` was refused ("unrecognized arguments").
+    kernel.run("talkers.say_followed.call().get()")  # "followed" from every rank
+    folded = _cli("logs", "default", "talkers", "--grep", "^followed", "--tail", "4")
+    unfolded = _cli("logs", "default", "talkers", "--grep", "^followed", "--tail", "4", "--fold", "off")
+    assert folded.returncode == 0 and folded.stdout.strip() == "[talkers 0-3] followed", folded.stderr
+    assert unfolded.returncode == 0, unfolded.stderr
+    assert sorted(unfolded.stdout.splitlines()) == [f"[talkers {r}] followed" for r in range(4)]
+
+
 def test_spawn_arguments_are_python_call_arguments(kernel, talkers):
     kernel.run("from sample_actors import Counter")
     out = kernel.run("%monarch spawn c Counter --procs workers -- start=len('a b, c')\nprint(c.get.call().get().values())")
