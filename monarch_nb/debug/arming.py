@@ -10,6 +10,7 @@ through ``pydevd_adapter``; what is here needs neither.
 
 from __future__ import annotations
 
+import grp
 import linecache
 import os
 import pwd
@@ -31,12 +32,13 @@ def materialize(path: str, source: str) -> None:
     The folder is in a place every user can write (``/tmp``) under a name anyone can
     guess (the kernel's pid is in ``ps``, the hash is of public text): another user can
     make it first and plant a symlink at the name written, and a proc that followed it
-    would overwrite a file of its owner's. So the file is written only in a folder that
-    is ours and that no one else can write (made 0700 if missing), through a temporary
-    file created with ``O_EXCL | O_NOFOLLOW`` under a random name, relative to the
-    folder's descriptor; otherwise nothing is written and stderr (the proc's log) says
-    why and how to fix it (the cell's breakpoints then bind nowhere in this proc)."""
-    if path.startswith("<") or os.path.exists(path):
+    would overwrite a file of its owner's (or plant a cell file showing other lines). So
+    a file is used or written only in a folder that is ours and that no one else can
+    write (made 0700 if missing), through a temporary file created with ``O_EXCL |
+    O_NOFOLLOW`` under a random name, relative to the folder's descriptor; otherwise
+    nothing is written and stderr (the proc's log) says why and how to fix it (the
+    cell's breakpoints then bind nowhere in this proc)."""
+    if path.startswith("<"):
         return
     folder, name = os.path.split(path)
     try:
@@ -51,6 +53,8 @@ def materialize(path: str, source: str) -> None:
             print(f"monarch_nb: not writing {path} for its breakpoints: {problem}; its breakpoints don't bind "
                   f"in this proc (remove {folder}, or run the kernel with TMPDIR set to a folder of your own)",
                   file=sys.stderr, flush=True)
+            return
+        if _exists(name, fd):
             return
         tmp = f"{name}.{secrets.token_hex(8)}.tmp"
         try:
@@ -69,18 +73,38 @@ def materialize(path: str, source: str) -> None:
     linecache.checkcache(path)
 
 
+def _exists(name: str, folder_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=folder_fd)
+    except OSError:
+        return False
+    return True
+
+
 def _not_private(folder: os.stat_result, path: str) -> str | None:
     """What makes the folder ``path`` (its ``fstat``) unsafe to write in, or None: it
-    belongs to another user, or others than its owner may write in it."""
+    belongs to another user, or others than its owner may write in it (its group may,
+    when that group is the owner's own: ``_own_group``)."""
     if folder.st_uid != os.geteuid():
         try:
             owner = pwd.getpwuid(folder.st_uid).pw_name
         except KeyError:
             owner = "unknown"
         return f"{path} belongs to another user ({owner}, uid {folder.st_uid})"
-    if folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if folder.st_mode & stat.S_IWOTH or (folder.st_mode & stat.S_IWGRP and not _own_group(folder.st_gid)):
         return f"{path} may be written by other users (mode {stat.S_IMODE(folder.st_mode):o})"
     return None
+
+
+def _own_group(gid: int) -> bool:
+    """Is ``gid`` a group of this user alone (a user private group: named as the user,
+    no other members)? A kernel started with umask 002 makes its folders group-writable
+    for such a group, which lets in no one else."""
+    try:
+        group, user = grp.getgrgid(gid), pwd.getpwuid(os.geteuid())
+    except KeyError:
+        return False
+    return gid == user.pw_gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
 
 
 def install_hook(hook: Callable) -> None:
