@@ -46,11 +46,12 @@ class ActorError(MonarchNbError):
         traceback: the remote traceback text of the first failed rank.
     """
 
-    def __init__(self, mesh: str, endpoint: str, failures: list["RemoteFailure"], total: int):
+    def __init__(self, mesh: str, endpoint: str, failures: list["RemoteFailure"], total: int, note: str = ""):
         self.mesh = mesh
         self.endpoint = endpoint
         self.failures = failures
         self.total = total
+        self.note = note  # what else happened and what to do, said after the first line
         first = failures[0]
         self.exception = first.exception
         self.traceback = first.traceback
@@ -65,10 +66,12 @@ class ActorError(MonarchNbError):
             ranks += f", ... ({len(self.failures) - 8} more)"
         # Opens with Monarch's wording, which programs written for Monarch match.
         head = f"Actor call {self.mesh}.{self.endpoint} failed in {len(self.failures)} of {self.total} actor(s): {ranks}"
+        if self.note:
+            head += f"\n{self.note}"
         return f"{head}\nfirst failure at {first.point}:\n{first.traceback.rstrip()}"
 
     def __reduce__(self):
-        return (ActorError, (self.mesh, self.endpoint, self.failures, self.total))
+        return (ActorError, (self.mesh, self.endpoint, self.failures, self.total, self.note))
 
 
 class RemoteFailure:

@@ -353,7 +353,8 @@ def test_restarting_a_live_rank_fails_its_pending_call_and_serves_again(workers,
         mesh.restart([4])
 
 
-def test_a_restart_whose_init_raises_again_reports_it_and_can_be_retried(workers, tmp_path):
+def test_a_restart_whose_init_raises_again_reports_it_and_keeps_the_other_meshes(workers, tmp_path, unhandled):
+    # The proc was stopped again: one mesh's __init__ kept every other mesh there failed.
     procs, mesh, pids = workers
     flag = tmp_path / "flag"
     fussy = procs.spawn("fussy", InitFailsIf, str(flag))
@@ -363,17 +364,45 @@ def test_a_restart_whose_init_raises_again_reports_it_and_can_be_retried(workers
         mesh.count.call().get(timeout=30)
     with pytest.raises(ActorError, match="is there") as info:
         procs.restart_failed()
-    assert [str(p) for p in info.value.points] == ["{'gpus': 1/4}"] and "restarting" in str(info.value)
-    # The proc stays failed (no actor of any mesh pretends to live there), calls fail at once.
+    message = str(info.value)
+    assert [str(p) for p in info.value.points] == ["{'gpus': 1/4}"] and "restarting" in message
+    assert "restarted proc rank 1" in message and "back: workers" in message, message
+    assert "fussy stays failed there: stop it (fussy.stop())" in message, message
+    # The healthy mesh serves on the new proc; the broken one's actor there fails at once.
+    assert mesh.slice(gpus=1).count.call_one().get(timeout=30) == ("t", 1)
     tree = procs._hub().request("health", timeout=30)
     [node] = [p for h in tree["hosts"] for p in h["procs"] if p["proc_mesh"] == procs._name and p["rank"] == 1]
-    assert node["state"] == "failed" and "__init__ raised when it was restarted" in node["cause"]
-    with pytest.raises(SupervisionError, match="workers rank 1"):
-        mesh.slice(gpus=1).count.call_one().get(timeout=30)
+    assert node["state"] == "healthy" and node["pid"] != pids[1]
+    with pytest.raises(SupervisionError, match="fussy rank 1: __init__ raised RuntimeError"):
+        fussy.slice(gpus=1).pid.call_one().get(timeout=30)
+    # Once its __init__ can succeed, restarting that rank brings it back.
     flag.unlink()
-    assert procs.restart_failed() == [1]
-    assert mesh.slice(gpus=1).count.call_one().get(timeout=30) == ("t", 1)
+    assert fussy.restart([1]) == [1]
     assert fussy.pid.call().get(timeout=30).values()[1] != pids[1]
+    assert mesh.slice(gpus=1).count.call_one().get(timeout=30) == ("t", 1)
+
+
+def test_a_mesh_whose_init_failed_at_spawn_does_not_keep_restart_failed_from_the_healthy_ones(workers, unhandled):
+    # Every restart re-created the broken mesh, failed and stopped the new proc again.
+    procs, mesh, pids = workers
+    broken = procs.spawn("broken", BadInit)  # a fault on every rank; the mesh lives on (Monarch)
+    assert wait_until(lambda: unhandled, BOUND_S)
+    os.kill(pids[2], signal.SIGKILL)
+    with pytest.raises(SupervisionError):
+        mesh.count.call().get(timeout=30)
+    for attempt in range(2):  # and again, after the new proc died too
+        with pytest.raises(ActorError, match="no GPU here") as info:
+            procs.restart_failed()
+        assert "broken stays failed there: stop it (broken.stop())" in str(info.value), str(info.value)
+        assert mesh.slice(gpus=2).count.call_one().get(timeout=30) == ("t", 1)
+        assert procs.restart_failed() == []  # nothing is left failed: no proc to restart
+        if attempt == 0:
+            os.kill(mesh.slice(gpus=2).pid.call_one().get(timeout=30), signal.SIGKILL)
+            assert wait_until(lambda: procs._hub().request("health", timeout=30)["counts"]["failed"] == 1, 30)
+    broken.stop()
+    os.kill(mesh.slice(gpus=2).pid.call_one().get(timeout=30), signal.SIGKILL)
+    assert wait_until(lambda: procs._hub().request("health", timeout=30)["counts"]["failed"] == 1, 30)
+    assert procs.restart_failed() == [2]  # nothing broken is left: a plain restart
 
 
 def test_calls_to_a_stopped_actor_mesh_fail_at_once(workers):

@@ -86,11 +86,11 @@ def abandon_spawn(control: ControlPlane, proc_mesh: str, name: str) -> None:
         pass
 
 
-def init_error(mesh: str, what: str, packed: dict, extent: Extent) -> ActorError:
+def init_error(mesh: str, what: str, packed: dict, extent: Extent, note: str = "") -> ActorError:
     """The :class:`ActorError` for actors whose ``__init__`` raised (``packed``: rank ->
-    the exception as the proc packed it)."""
+    the exception as the proc packed it; ``note``: said after its first line)."""
     failures = []
     for rank, frames in sorted(packed.items()):
         exc, tb = unpack_exception(serialize.loads(frames))
         failures.append(RemoteFailure(extent.point(int(rank)), exc, tb))
-    return ActorError(mesh, what, failures, extent.nelements)
+    return ActorError(mesh, what, failures, extent.nelements, note)

@@ -92,11 +92,11 @@ class HubControl(ControlPlane):
             rt.supervision.clear_pending(self.cluster_id, record["name"])
         for handle in list(rt.proc_mesh_handles.get((self.cluster_id, proc_mesh), ())):  # all see the new procs
             handle._procs[:] = reply["proc_mesh"]["procs"]
-        if reply["failures"]:  # the first actor mesh's; the procs are stopped, so health shows them all
+        if reply["failures"]:  # the first actor mesh's; the note names every broken one
             key, packed = sorted(reply["failures"].items())[0]
             record = reply["actor_meshes"][key]
             raise init_error(record["name"], f"{record['class_name'].rpartition('.')[2]}.__init__ (restarting)",
-                             packed, Extent(record["extent"]))
+                             packed, Extent(record["extent"]), _restart_note(proc_mesh, reply))
         return reply
 
     def proc_mesh_record(self, name: str) -> dict | None:
@@ -130,3 +130,19 @@ class HubControl(ControlPlane):
 
     def set_rank_env(self, proc_mesh: str, env: dict[int, dict]) -> None:
         self.hub.request(hub_ops.SET_RANK_ENV, timeout=30.0, name=proc_mesh, env=env)
+
+
+def _restart_note(proc_mesh: str, reply: dict) -> str:
+    """What a restart in which some ``__init__`` raised again did: which procs are back
+    with which actor meshes, and what to do with each mesh left failed on them."""
+    restarted = sorted(reply["restarted"])
+    which = f"rank {restarted[0]}" if len(restarted) == 1 else f"ranks {', '.join(map(str, restarted))}"
+    broken = reply["failures"]
+    back = sorted(r["name"] for key, r in reply["actor_meshes"].items()
+                  if key not in broken and set(restarted) & set(r["proc_ranks"]))
+    lines = [f"restarted proc {which} of {proc_mesh!r}; back: {', '.join(back) or 'no other actor mesh'}"]
+    for key in sorted(broken):
+        name, ranks = reply["actor_meshes"][key]["name"], sorted(int(r) for r in broken[key])
+        lines.append(f"{name} stays failed there: stop it ({name}.stop()) and spawn it again, or restart it "
+                     f"({name}.restart({ranks})) once its __init__ can succeed")
+    return "\n".join(lines)

@@ -169,9 +169,11 @@ class ProcMesh(MeshHandle):
 
         Handles keep working: a restarted actor listens at its old address when it is
         free (else get new handles from ``cluster.actor_meshes``). Raises
-        :class:`ClusterError` when procs can't start or ``__init__`` raises again,
-        ``ValueError`` when the mesh was stopped, and :class:`InvalidRequest` at once on
-        ``this_proc()`` (the client itself can't be restarted)."""
+        :class:`ClusterError` when procs can't start, ``ValueError`` when the mesh was
+        stopped, and :class:`InvalidRequest` at once on ``this_proc()`` (the client
+        itself can't be restarted). An ``__init__`` that raises again fails that actor
+        only (the procs and their other meshes are back): the restart then raises its
+        :class:`ActorError`, naming the meshes back and what to do with the broken one."""
         return self._control().restart_procs(self._name, None, timeout)["restarted"]
 
     def logging_option(self, stream_to_client: bool = True, aggregate_window_sec: int | None = None,

@@ -1,6 +1,8 @@
 """Recovery from failures: ``restart_procs`` starts new procs in place of failed ones
 (same host, same proc id) and re-creates every actor that lived on them from its saved
-constructor payload, at the same address when it is free.
+constructor payload, at the same address when it is free. An actor whose ``__init__``
+raises again is a failure of that actor alone (as at spawn): the proc and its other
+meshes serve on, and the reply names the broken mesh.
 
 Variables set in procs since their start (``set_rank_env``: torch's ``RANK`` and the
 like) are kept per rank, so a restarted proc starts with them.
@@ -12,6 +14,7 @@ import asyncio
 
 from ..protocol import envelope, proc_ops
 from ..wire.aio import AioEndpoint
+from ..wire.frames import Message
 from .debug_ops import DebugRegistry
 from .errors import HubError
 from .launcher import ProcLauncher
@@ -52,10 +55,15 @@ class Restarts:
         lost = [r for r in ranks if mesh.procs[r].host_id not in hosts or hosts[mesh.procs[r].host_id].lost]
         if lost:
             raise HubError(f"ranks {lost} of {mesh.name!r} were on a lost host; spawn a new proc mesh")
-        failures = await self._restart(mesh, sorted(set(ranks))) if ranks else {}
-        return {"proc_mesh": mesh.public(), "restarted": ranks, "failures": failures,
-                "actor_meshes": {n: self._meshes.actor_mesh_view(a) for n, a in self._registry.actor_meshes.items()
-                                 if a.proc_mesh == mesh.name}}
+        failed = await self._restart(mesh, sorted(set(ranks))) if ranks else {}
+        views = {n: self._meshes.actor_mesh_view(a) for n, a in self._registry.actor_meshes.items()
+                 if a.proc_mesh == mesh.name}
+        for key, reports in failed.items():  # calls to them fail at once (their procs live)
+            if key in views:
+                views[key]["dead"].update({str(rank): report for rank, (_, report) in reports.items()})
+        return {"proc_mesh": mesh.public(), "restarted": ranks, "actor_meshes": views,
+                "failures": {key: {rank: packed for rank, (packed, _) in reports.items()}
+                             for key, reports in failed.items()}}
 
     async def set_rank_env(self, header, message):
         """Remember variables set in procs of a mesh since their start (``env``: rank ->
@@ -67,11 +75,14 @@ class Restarts:
         self._registry.save()
         return {}
 
-    async def _restart(self, mesh: ProcMeshRecord, ranks: list[int]) -> dict:
-        """New procs for ``ranks``, then every actor that lived on them. A proc on which
-        an actor's ``__init__`` raises again is stopped (so it stays failed, and a later
-        restart tries again); returns those failures (actor mesh -> rank -> packed
-        exception, unpickled by the client only); actor meshes by key."""
+    async def _restart(self, mesh: ProcMeshRecord, ranks: list[int]) -> dict[str, dict[int, tuple[bytes, str]]]:
+        """New procs for ``ranks``, then every actor that lived on them. An actor whose
+        ``__init__`` raises again is left dead on its new proc (it answers calls with its
+        failure), and supervision hears of it as of any actor's death; its proc and the
+        actors of other meshes there serve on (stopping the proc made one broken mesh
+        keep every other mesh of the proc failed). Returns those failures: actor mesh
+        key -> rank -> (packed exception, unpickled by the client only; the report calls
+        to it raise)."""
         live = [mesh.procs[r] for r in ranks if mesh.procs[r].exit_code is None]
         for proc in live:  # an explicit restart of a live rank: it is stopped, as expected
             proc.exit_code = 0
@@ -90,23 +101,21 @@ class Restarts:
         for r in ranks:
             mesh.procs[r] = new[mesh.procs[r].proc_id]
         self._registry.save()
-        failures: dict[str, dict[int, bytes]] = {}
-        broken: set[int] = set()
+        failures: dict[str, dict[int, tuple[bytes, str]]] = {}
         for record in [a for a in self._registry.actor_meshes.values() if a.proc_mesh == mesh.name]:
             failed = await self._respawn_actors(mesh, record, [r for r in ranks if r in record.proc_ranks])
-            if failed:
-                failures[record.key] = failed
-                broken.update(record.proc_ranks[i] for i in failed)
-        if broken:
-            for r in sorted(broken):
-                mesh.procs[r].cause = "was stopped: an actor's __init__ raised when it was restarted"
-            await self._launcher.stop([mesh.procs[r] for r in sorted(broken)])
+            for rank, reply in sorted(failed.items()):
+                cause = f"__init__ raised {reply.header.get(envelope.ERROR, '')} (when its proc was restarted)"
+                failures.setdefault(record.key, {})[rank] = (bytes(reply.body), record.gone_report(rank, cause))
+                await self._supervision.actor_died(record, rank, cause, "__init__",
+                                                   reply.header.get(proc_ops.TRACEBACK, ""))
         return failures
 
     async def _respawn_actors(self, mesh: ProcMeshRecord, record: ActorMeshRecord,
-                              proc_ranks: list[int]) -> dict[int, bytes]:
+                              proc_ranks: list[int]) -> dict[int, Message]:
         """Construct ``record``'s actors again on the new procs at ``proc_ranks``;
-        returns the ranks whose ``__init__`` raised (rank -> packed exception)."""
+        returns the replies of the ranks whose ``__init__`` raised (rank -> reply, its
+        body the packed exception). Those actors stay, dead (``INIT_FAULT``)."""
         if not proc_ranks:
             return {}
         frames = self._registry.payload(record.payload_id)
@@ -118,10 +127,10 @@ class Restarts:
             self._net.request(mesh.procs[record.proc_ranks[i]].address, {
                 envelope.OP: proc_ops.SPAWN_ACTOR, proc_ops.MESH: record.name, envelope.RANK: i,
                 proc_ops.EXTENT: record.extent, proc_ops.ORIGIN: None, proc_ops.PREFER: record.addresses[i],
-                "owner": record.owner, **self._debug.spawn_fields()},
+                proc_ops.INIT_FAULT: True, "owner": record.owner, **self._debug.spawn_fields()},
                 body, buffers)
             for i in indices))
         for r in replies:
             record.addresses[r.header[envelope.RANK]] = r.header[proc_ops.ADDRESS]
         self._registry.save()
-        return {r.header[envelope.RANK]: bytes(r.body) for r in replies if not r.header[envelope.OK]}
+        return {r.header[envelope.RANK]: r for r in replies if not r.header[envelope.OK]}
