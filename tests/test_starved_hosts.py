@@ -4,18 +4,27 @@ waits without a bound meanwhile (a spawn whose procs go away answers at once).""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
+from monarch_nb import cluster_dir
 from monarch_nb.actor import Actor, ClusterError, endpoint
 from monarch_nb.client.cluster import Cluster
+from monarch_nb.client.launch import HUB_LOG, launch_hub
+from monarch_nb.hub.heartbeats import HOST_TIMEOUT_S, counted_silence, cpu_wait
 
-from conftest import cluster_processes, wait_until
+from conftest import cluster_processes, system_part_missing, wait_until
+
+_names = itertools.count()
 
 
 class Slow(Actor):
@@ -66,3 +75,107 @@ def test_a_spawn_whose_proc_dies_during_init_answers_with_the_cause(cluster):
     killer.join()
     # The other rank's constructor was stopped; the live proc takes a new mesh.
     assert procs.slice(gpus=0).spawn("pid", Pid).pid.call_one().get(timeout=60) == procs.pids[0]
+
+
+@pytest.fixture
+def retained():
+    """A retained cluster (hub.log in its directory), stopped afterwards."""
+    started: list[Cluster] = []
+
+    def start() -> Cluster:
+        name = f"starved-{os.getpid()}-{next(_names)}"
+        path, _ = cluster_dir.create(name)
+        launch_hub(path, hosts=1, grace_s=60.0)
+        c = Cluster(name, path, cluster_dir.read_info(path))._attach()
+        started.append(c)
+        return c
+
+    yield start
+    for c in started:
+        for p in cluster_processes(c.path):
+            try:
+                p.resume()
+            except psutil.Error:
+                pass
+        c.stop()
+        assert wait_until(lambda: not cluster_processes(c.path), 30), cluster_processes(c.path)
+
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (CFS bandwidth)
+
+
+@pytest.fixture
+def starve():
+    """``starve(pid)``: put process ``pid`` in a CPU cgroup allowed 1 ms of CPU a second,
+    shared with 3 busy loops: runnable, it waits seconds for a CPU, as on a machine whose
+    load is many times its cores. Undone afterwards."""
+    if os.geteuid() != 0 or not (CPU_CGROUP / "cpu.cfs_quota_us").exists():
+        system_part_missing("a cgroup v1 cpu controller, writable as root, to starve a process")
+    group = CPU_CGROUP / f"monarch-nb-test-{os.getpid()}-{next(_names)}"
+    group.mkdir()
+    hogs: list[subprocess.Popen] = []
+
+    def put(pid: int) -> None:
+        (group / "cgroup.procs").write_text(str(pid))
+
+    def start(pid: int) -> None:
+        (group / "cpu.cfs_period_us").write_text("1000000")
+        (group / "cpu.cfs_quota_us").write_text("1000")
+        for _ in range(3):
+            hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            hogs.append(hog)
+            put(hog.pid)
+        put(pid)
+
+    try:
+        yield start
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        for task in (group / "tasks").read_text().split():
+            try:
+                (CPU_CGROUP / "tasks").write_text(task)
+            except OSError:
+                pass  # exited meanwhile
+        group.rmdir()
+
+
+def test_the_silence_of_an_agent_waiting_for_a_cpu_is_not_counted():
+    # Runnable now, having run 0.1 s of 10 s of silence: it waited the other 9.9 s.
+    assert counted_silence(10.0, cpu_wait(10.0, (5.0, 1.0), (5.1, 1.0, True))) == pytest.approx(0.1)
+    # Sleeping now, its waits ended: those count as waiting (4 s of 10).
+    assert counted_silence(10.0, cpu_wait(10.0, (5.0, 1.0), (5.0, 5.0, False))) == pytest.approx(6.0)
+    # Stopped or hung: it neither ran nor waited; all of its silence counts.
+    assert counted_silence(10.0, cpu_wait(10.0, (5.0, 1.0), (5.0, 1.0, False))) == pytest.approx(10.0)
+    # Busy (a loop that never sends): running is not waiting.
+    assert counted_silence(10.0, cpu_wait(10.0, (5.0, 1.0), (15.0, 1.0, True))) == pytest.approx(10.0)
+
+
+def test_a_host_agent_starved_of_cpu_is_not_lost_and_its_procs_keep_working(retained, starve):
+    c = retained()
+    mesh = c.host_mesh().spawn_procs(per_host={"gpus": 2}, name="p").spawn("pid", Pid)
+    pids = mesh.pid.call().get(timeout=60).values()
+    starve(c.info()["hosts"][0]["pid"])
+    # Silent past the hub's timeout, waiting for a CPU: starved, not lost.
+    assert wait_until(lambda: (lambda h: h["lost"] or h.get("starved", 0) >= 1)(c.info()["hosts"][0]), 120)
+    host = c.info()["hosts"][0]
+    assert not host["lost"] and host["silent_s"] > HOST_TIMEOUT_S, host
+    assert mesh.pid.call().get(timeout=60).values() == pids  # its procs were never failed
+    assert "its procs are lost" not in (c.path / HUB_LOG).read_text(errors="replace")
+
+
+def test_spawning_on_a_host_lost_while_its_agent_is_stopped_says_it_may_come_back(retained):
+    c = retained()
+    procs = c.host_mesh().spawn_procs(per_host={"gpus": 1}, name="p")
+    agent = psutil.Process(c.info()["hosts"][0]["pid"])
+    agent.suspend()
+    try:
+        assert wait_until(lambda: c.info()["hosts"][0]["lost"], 60)
+        with pytest.raises(ClusterError, match="taken back with its procs: try again then"):
+            c.host_mesh().spawn_procs(per_host={"gpus": 1}, name="q")
+    finally:
+        agent.resume()
+    assert wait_until(lambda: not c.info()["hosts"][0]["lost"], 60)
+    assert procs.spawn("pid", Pid).pid.call_one().get(timeout=60) == procs.pids[0]
+    c.host_mesh().spawn_procs(per_host={"gpus": 1}, name="q").stop()

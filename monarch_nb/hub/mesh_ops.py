@@ -95,6 +95,9 @@ class MeshOps:
         if gone:
             causes = "; ".join(f"{h}: {known[h].cause or 'its agent fell silent'}" if h in known
                                else f"{h}: unknown" for h in gone)
+            if all(h in known and not known[h].cause for h in gone):  # silent: they may be heard again
+                raise HubError(f"can't start procs on lost host(s) ({causes}); a host whose agent is heard from "
+                               "again is taken back with its procs: try again then, or spawn on other hosts")
             raise HubError(f"can't start procs on lost host(s) ({causes}); stop this cluster and start a new one")
         extent = {**host_extent, **per_host}
         name = header.get("name")

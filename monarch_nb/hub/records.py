@@ -24,10 +24,15 @@ class HostRecord:
     cause: str = ""  # why it failed, when its allocation ended (a cancelled Slurm job)
     dropped_frames: int = 0  # frame sets its agent dropped (bad signature, replay, malformed), as it last said
     heartbeats: int = 0  # heartbeats heard from its agent by this hub
+    # An agent on this hub's machine: seconds its event loop had run on and waited for a
+    # CPU when it was last heard (see ``heartbeats``); None elsewhere. Not saved.
+    sched_at_seen: tuple[float, float] | None = None
+    starved: int = 0  # silences past the timeout excused because the agent was waiting for a CPU
 
     def public(self) -> dict:
         return {**self.saved(), "lost": self.lost, "cause": self.cause, "heartbeats": self.heartbeats,
-                "silent_s": round(time.monotonic() - self.last_seen, 3), "dropped_frames": self.dropped_frames}
+                "silent_s": round(time.monotonic() - self.last_seen, 3), "dropped_frames": self.dropped_frames,
+                "starved": self.starved}
 
     def saved(self) -> dict:
         return {"host_id": self.host_id, "address": self.address, "pid": self.pid, "hostname": self.hostname,
