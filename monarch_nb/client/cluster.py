@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import cluster_dir
+from .. import cluster_dir, fd_limit
 from ..errors import ClusterError, ClusterNotFound, HubTimeout, InvalidRequest
 from ..mesh import Extent, Shape
 from ..proc.actor import proc_identity
@@ -65,6 +65,7 @@ class Cluster:
         self.path = path
         self._info = info
         self._hub_process = hub_process  # set for an ephemeral cluster: the hub is our child
+        fd_limit.raise_soft_limit()  # a client holds a few descriptors per proc it calls
         wire_frames.register_key(info["cluster_id"], cluster_dir.key_of(info))
         binding.receive_from(info["hub"])  # a multi-host cluster's procs must reach our inboxes
         self.hub = HubClient(info["cluster_id"], info["hub"])
@@ -259,7 +260,8 @@ class Cluster:
 
         ``hosts``: each with ``dropped_frames`` (frame sets its host agent dropped: bad
         signature, replay, or a message it could not act on), ``lost`` and ``cause``;
-        ``hub_stats``: the hub's own ``dropped_frames``, ``malformed`` (messages it
+        ``hub_stats``: the hub's own ``dropped_frames``, ``refused_connections`` (peers
+        refused at the handshake: no or a wrong cluster password), ``malformed`` (messages it
         could not act on), ``stalls`` (times it found itself stopped or blocked),
         ``sockets`` (open sending sockets) and ``log_store`` (``ok`` False while the
         disk fails; ``error``, ``unwritten``, ``lost``; ``file``, ``lines``, ``bytes``,

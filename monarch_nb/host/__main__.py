@@ -7,7 +7,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from .. import cluster_dir, notices
+from .. import cluster_dir, fd_limit, notices
 from ..wire import frames as wire_frames
 from ..wire import interfaces
 from .agent import HostAgent
@@ -26,6 +26,7 @@ def main() -> None:
     parser.add_argument("--node", default="", help="the allocator's name for this host (e.g. a Slurm node)")
     args = parser.parse_args()
     notices.install()  # its stderr is hub.log: a full disk must not end its heartbeat
+    fd_limit.raise_soft_limit()  # a few descriptors per proc (its procs inherit the limit)
     if args.bind:
         # Through the environment, so that the procs this agent starts bind there too.
         ip = interfaces.route_source(interfaces.host_of(args.hub)) if args.bind == "auto" else args.bind

@@ -21,6 +21,7 @@ import sys
 import time
 from typing import Awaitable, Callable
 
+from .. import fd_limit
 from ..proc.stdio import RECORD_FD_ENV
 from ..protocol import agent_ops, envelope, hub_ops
 from ..wire import frames as wire_frames
@@ -218,8 +219,13 @@ class HostAgent:
         await self.net.reply(header, ok=True)
 
     async def _spawn(self, request: dict) -> None:
-        """Start every requested proc at once, then wait for each to report its address."""
+        """Start every requested proc at once, then wait for each to report its address.
+        Procs that would not fit under this agent's open-file limit are refused at once."""
         proc_ids = request[agent_ops.PROC_IDS]
+        problem = fd_limit.spawn_problem(f"host agent {self.host_id}", len(self.procs), len(proc_ids))
+        if problem:
+            await self.net.reply(request, ok=False, error=problem)
+            return
         loop = asyncio.get_running_loop()
         env = {**os.environ, **request.get("env", {})}
         env_by_proc = request.get("env_by_proc") or {}  # e.g. torch's RANK for a restarted proc
@@ -249,8 +255,9 @@ class HostAgent:
             reports = await asyncio.wait_for(
                 asyncio.gather(*(self.ready[p] for p in proc_ids)), PROC_READY_TIMEOUT_S)
         except Exception as e:
+            why = self._spawn_failure(e, proc_ids) + fd_limit.near_limit()
             await self._stop_procs(proc_ids)
-            await self.net.reply(request, ok=False, error=f"could not start procs on {self.host_id}: {e}")
+            await self.net.reply(request, ok=False, error=f"could not start procs on {self.host_id}: {why}")
             return
         finally:
             for p in proc_ids:
@@ -259,6 +266,14 @@ class HostAgent:
             {agent_ops.PROC_ID: r[agent_ops.PROC_ID], "address": r["address"], "pid": r["pid"],
              agent_ops.HOST_ID: self.host_id}
             for r in reports])
+
+    def _spawn_failure(self, error: Exception, proc_ids: list[str]) -> str:
+        """What went wrong starting ``proc_ids`` (a timeout's own text is empty)."""
+        if isinstance(error, asyncio.TimeoutError):
+            late = [p for p in proc_ids if p in self.ready and not self.ready[p].done()]
+            return (f"{len(late)} of {len(proc_ids)} procs did not report ready within {PROC_READY_TIMEOUT_S:g} s "
+                    f"(first: {late[0] if late else '?'}; their output is in the cluster's logs)")
+        return f"{type(error).__name__}: {error}"
 
     def _proc_pids(self) -> set[int]:
         return {proc.pid for proc in self.procs.values()}

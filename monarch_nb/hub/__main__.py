@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .. import cluster_dir, lifeline, notices
+from .. import cluster_dir, fd_limit, lifeline, notices
 from ..wire import frames as wire_frames
 from .server import Hub, HubError
 
@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--ready-fd", type=int, default=None)
     args = parser.parse_args()
     notices.install()  # hub.log on a full disk must not fail what reports to it
+    fd_limit.raise_soft_limit()  # a few descriptors per proc: the host agents it starts inherit it too
     if args.detach and os.fork() > 0:
         # The starting client reaps this short-lived parent; the hub carries on
         # re-parented, so it never becomes a zombie of a client that outlives it.

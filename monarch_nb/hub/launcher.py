@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from .. import fd_limit
 from ..protocol import agent_ops, envelope
 from ..wire.aio import AioEndpoint
 from .errors import HubError
@@ -26,7 +27,11 @@ class ProcLauncher:
         """Have each host's agent start the procs ``ids_by_host[host]``, all at once;
         returns them in that order. If any host fails (or is silent for
         ``SPAWN_TIMEOUT_S``), the procs that did start are stopped and ``HubError`` says
-        why."""
+        why; so does a hub that would run out of open files with them (before any starts)."""
+        live = sum(p.exit_code is None for m in self._registry.proc_meshes.values() for p in m.procs)
+        problem = fd_limit.spawn_problem("the hub", live, sum(len(ids) for ids in ids_by_host.values()))
+        if problem:
+            raise HubError(problem)
         hosts = list(ids_by_host)
         replies = await asyncio.gather(*(
             self._net.request(self._registry.hosts[h].address, {
