@@ -10,15 +10,14 @@ through ``pydevd_adapter``; what is here needs neither.
 
 from __future__ import annotations
 
-import grp
 import linecache
 import os
-import pwd
 import secrets
-import stat
 import sys
 from pathlib import Path
 from typing import Callable
+
+from ..proc import cell_files
 
 RUNTIME_DIR = str(Path(__file__).resolve().parent.parent)  # monarch_nb/: never shown or stepped into
 
@@ -37,23 +36,27 @@ def materialize(path: str, source: str) -> None:
     write (made 0700 if missing), through a temporary file created with ``O_EXCL |
     O_NOFOLLOW`` under a random name, relative to the folder's descriptor; otherwise
     nothing is written and stderr (the proc's log) says why and how to fix it (the
-    cell's breakpoints then bind nowhere in this proc)."""
+    cell's breakpoints then bind nowhere in this proc). What this writes (the file, and
+    the folder when this made it) goes with the cluster: ``proc.cell_files``."""
     if path.startswith("<"):
         return
     folder, name = os.path.split(path)
     try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
+        made = _make_folder(folder)
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as e:
         print(f"monarch_nb: can't write {path} for its breakpoints: {e}", file=sys.stderr, flush=True)
         return
     try:
-        problem = _not_private(os.fstat(fd), folder)
+        here = os.fstat(fd)
+        problem = cell_files.not_private(here, folder)
         if problem is not None:
             print(f"monarch_nb: not writing {path} for its breakpoints: {problem}; its breakpoints don't bind "
                   f"in this proc (remove {folder}, or run the kernel with TMPDIR set to a folder of your own)",
                   file=sys.stderr, flush=True)
             return
+        if made:  # ours to remove with the cluster once empty (never the kernel's own folder)
+            cell_files.record(folder, here)
         if _exists(name, fd):
             return
         tmp = f"{name}.{secrets.token_hex(8)}.tmp"
@@ -61,7 +64,10 @@ def materialize(path: str, source: str) -> None:
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=fd)
             with os.fdopen(out, "w") as f:
                 f.write(source)
+                f.flush()
+                written = os.fstat(f.fileno())
             os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            cell_files.record(folder, written, name)  # removed with the cluster (``proc.cell_files``)
         except OSError as e:
             print(f"monarch_nb: can't write {path} for its breakpoints: {e}", file=sys.stderr, flush=True)
             try:
@@ -73,38 +79,25 @@ def materialize(path: str, source: str) -> None:
     linecache.checkcache(path)
 
 
+def _make_folder(folder: str) -> bool:
+    """Make ``folder`` (0700) unless it is there; True if this call made it. Raises
+    ``OSError``."""
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        return False
+    except FileNotFoundError:  # its parent is missing too (a TMPDIR not made yet)
+        os.makedirs(os.path.dirname(folder), mode=0o700, exist_ok=True)
+        return _make_folder(folder)
+    return True
+
+
 def _exists(name: str, folder_fd: int) -> bool:
     try:
         os.stat(name, dir_fd=folder_fd)
     except OSError:
         return False
     return True
-
-
-def _not_private(folder: os.stat_result, path: str) -> str | None:
-    """What makes the folder ``path`` (its ``fstat``) unsafe to write in, or None: it
-    belongs to another user, or others than its owner may write in it (its group may,
-    when that group is the owner's own: ``_own_group``)."""
-    if folder.st_uid != os.geteuid():
-        try:
-            owner = pwd.getpwuid(folder.st_uid).pw_name
-        except KeyError:
-            owner = "unknown"
-        return f"{path} belongs to another user ({owner}, uid {folder.st_uid})"
-    if folder.st_mode & stat.S_IWOTH or (folder.st_mode & stat.S_IWGRP and not _own_group(folder.st_gid)):
-        return f"{path} may be written by other users (mode {stat.S_IMODE(folder.st_mode):o})"
-    return None
-
-
-def _own_group(gid: int) -> bool:
-    """Is ``gid`` a group of this user alone (a user private group: named as the user,
-    no other members)? A kernel started with umask 002 makes its folders group-writable
-    for such a group, which lets in no one else."""
-    try:
-        group, user = grp.getgrgid(gid), pwd.getpwuid(os.geteuid())
-    except KeyError:
-        return False
-    return gid == user.pw_gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
 
 
 def install_hook(hook: Callable) -> None:

@@ -22,6 +22,7 @@ import time
 from typing import Awaitable, Callable
 
 from .. import fd_limit
+from ..proc import cell_files
 from ..proc.stdio import RECORD_FD_ENV
 from ..protocol import agent_ops, envelope, hub_ops
 from ..wire import frames as wire_frames
@@ -62,6 +63,7 @@ class HostAgent:
         self.leaving: asyncio.Future | None = None  # set when a signal from outside stops this agent
         self.hub_told = False  # the hub acknowledged that: it has failed this host's procs
         self.malformed = 0  # verified messages no handler could act on
+        self.cell_files = cell_files.record_path(cluster_dir, host_id)  # what procs wrote for the debugger
         # op -> handler(header), awaited on the receive loop (see _serve)
         self.ops: dict[str, Callable[[dict], Awaitable[None]]] = {
             agent_ops.HUB_ALIVE: self._hub_alive,
@@ -78,6 +80,7 @@ class HostAgent:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda sig=sig: asyncio.ensure_future(self._signalled(sig)))
+        self._housekeep("preparing the cell files record", lambda: cell_files.prepare(self.cell_files))
         await self.net.send(self.hub, {envelope.OP: hub_ops.AGENT_READY, agent_ops.HOST_ID: self.host_id,
                                        "address": self.net.address, "pid": os.getpid(),
                                        "hostname": socket.gethostname(), "node": self.node})
@@ -90,6 +93,7 @@ class HostAgent:
         await self._send_lines_now()
         self.capture.close_all()
         shm.remove_all(self.cluster_id)  # this host's procs are gone: no segment has a reader left
+        self._housekeep("removing cell files", lambda: cell_files.sweep(self.cell_files))  # procs can't: killed
         self.net.close()
 
     async def _signalled(self, sig: signal.Signals) -> None:
@@ -241,7 +245,7 @@ class HostAgent:
                         "--cluster-dir", self.cluster_dir, "--agent", self.net.address,
                         "--proc-id", proc_id, "--ppid", str(os.getpid()),
                         env={**env, **env_by_proc.get(proc_id, {}), RECORD_FD_ENV: str(records),
-                             descendants.PROC_ID_ENV: proc_id},
+                             descendants.PROC_ID_ENV: proc_id, cell_files.RECORD_ENV: str(self.cell_files)},
                         cwd=request.get("cwd") or None, stdin=asyncio.subprocess.DEVNULL,
                         stdout=out, stderr=err, pass_fds=(records,),
                         start_new_session=True)  # its own process group: what it starts ends with it
