@@ -17,7 +17,7 @@ from ..proc import call_chain
 from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
 from ..wire import sockets
-from ..wire.interrupts import protected
+from ..wire.interrupts import guard_main_thread, protected
 from ..wire.mailbox import Gather
 from ..wire.port import Port
 from ..wire.remote_error import unpack_exception
@@ -67,6 +67,7 @@ class Endpoint(Generic[P, R]):
               route: dict | None = None) -> None:
         """Pickle and sign the arguments once; send them to the actors at ``addresses``
         (see :meth:`_addresses_of`), replies routed by ``route`` (none for broadcast)."""
+        guard_main_thread()  # first: a cell's default SIGINT handler would not defer out of what follows
         mesh = self._mesh
         rt = runtime()
         rt.supervision.raise_armed(mesh._cluster_id, mesh._name)
@@ -104,6 +105,7 @@ class Endpoint(Generic[P, R]):
     def _gather(self, view_ranks: list[int], args, kwargs, finish) -> Future:
         """Send to ``view_ranks``; once all replied, ``finish(results, failures, dead)`` gives the
         future's ``(value, error)``."""
+        guard_main_thread()  # first: a cell's default SIGINT handler would not defer out of what follows
         mesh = self._mesh
         rt = runtime()
         supervision = rt.supervision
@@ -125,16 +127,12 @@ class Endpoint(Generic[P, R]):
             if i is None or i in answered:  # a reply and a supervision failure may both come
                 return
             answered.add(i)
-            try:
-                value = message.value()
-                if message.header[envelope.OK]:
-                    results[i] = value
-                else:
-                    exc, tb = unpack_exception(value)
-                    failures[i] = RemoteFailure(mesh.extent.point(view_ranks[i]), exc, tb)
-            except BaseException as e:  # noqa: BLE001 - a value we can't unpickle here (even SystemExit)
-                failures[i] = RemoteFailure(mesh.extent.point(view_ranks[i]), e,
-                                            f"could not unpickle the reply: {e!r}\n")
+            point = mesh.extent.point(view_ranks[i])
+            value, failure, interrupted = _read_reply(message, point)
+            if failure is None:
+                results[i] = value
+            else:
+                failures[i] = failure
             remaining[0] -= 1
             died = i in failures and message.header.get("supervision", False)
             if died:
@@ -154,6 +152,8 @@ class Endpoint(Generic[P, R]):
                 value, error = finish(results, [failures[k] for k in sorted(failures)],
                                       [failures[k] for k in sorted(dead_ranks)])
                 future._resolve(value, error)
+            if interrupted is not None:
+                raise interrupted  # the client's own Ctrl-C, now that the reply is accounted for
 
         # The port exists before anything is sent: a reply may arrive at once.
         gather = Gather(rt.mailbox, on_reply)
@@ -196,15 +196,18 @@ class Endpoint(Generic[P, R]):
                dead: list[RemoteFailure]) -> ActorError | SupervisionError:
         """``SupervisionError`` when a rank's actor or proc is gone (``dead``), else
         ``ActorError``. The former starts as Monarch's does (``Endpoint call M.E() failed,``)
-        then gives each gone rank's report."""
+        then gives each gone rank's report; when one failed (rather than being stopped),
+        a note (PEP 678: shown under the traceback, not part of ``str()``, which programs
+        written for Monarch match) says how to get it back."""
         if dead:
             reports = "\n".join(str(f.exception) for f in dead)
             count = f"\n({len(dead)} of {total} ranks)" if total > 1 else ""
-            fix = (f"\nTo recover: restart() on actor mesh {self._mesh._name!r} restarts its failed ranks, "
-                   f"procs.restart_failed() every failed proc of its proc mesh"
-                   if any(reports_a_failure(str(f.exception)) for f in dead) else "")
-            return SupervisionError(f"Endpoint call {self._mesh._name}.{self._name}() failed, {reports}{count}{fix}",
-                                    failures)
+            error = SupervisionError(f"Endpoint call {self._mesh._name}.{self._name}() failed, {reports}{count}",
+                                     failures)
+            if any(reports_a_failure(str(f.exception)) for f in dead) and hasattr(error, "add_note"):  # 3.11+
+                error.add_note(f"To recover: restart() on actor mesh {self._mesh._name!r} restarts its failed "
+                               f"ranks, procs.restart_failed() every failed proc of its proc mesh")
+            return error
         return ActorError(self._mesh._name, self._name, failures, total)
 
     # adverbs ---------------------------------------------------------------------------
@@ -365,6 +368,39 @@ def send(endpoint: Endpoint, args: tuple, kwargs: dict, port: Port | None = None
         raise endpoint._none_alive()
     route = None if port is None else {envelope.PORT: port.port, envelope.REPLY: port.address}
     endpoint._send(endpoint._addresses_of(ranks), args, kwargs, route=route)
+
+
+def _read_reply(message: wire_frames.Message, point) -> tuple[Any, RemoteFailure | None, KeyboardInterrupt | None]:
+    """``(value, failure, interrupt)`` of one actor's reply: its value, or the failure it
+    reports (or ours to unpickle it), for the actor at ``point``.
+
+    Under a SIGINT handler of the user's own (the runtime's defers Ctrl-C out of this),
+    the client's own KeyboardInterrupt can land while the reply is unpickled: it is not
+    the actor's error. The reply is then unpickled again (unpickling has no effect but
+    its value) and the interrupt returned, for the caller to raise once the reply is
+    accounted for. A KeyboardInterrupt on the second try too is the value's own."""
+    try:
+        return (*_unpickle_reply(message, point), None)
+    except KeyboardInterrupt as e:
+        interrupted = e
+    try:
+        return (*_unpickle_reply(message, point), interrupted)
+    except KeyboardInterrupt as e:
+        return None, RemoteFailure(point, e, f"could not unpickle the reply: {e!r}\n"), None
+
+
+def _unpickle_reply(message: wire_frames.Message, point) -> tuple[Any, RemoteFailure | None]:
+    """``(value, None)`` or ``(None, failure)``; raises only KeyboardInterrupt."""
+    try:
+        value = message.value()
+        if message.header[envelope.OK]:
+            return value, None
+        exc, tb = unpack_exception(value)
+        return None, RemoteFailure(point, exc, tb)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - a value we can't unpickle here (even SystemExit)
+        return None, RemoteFailure(point, e, f"could not unpickle the reply: {e!r}\n")
 
 
 def _paused_ranks_hint(mesh: "ActorMesh", by_base: dict[int, int]) -> str:
