@@ -55,6 +55,25 @@ def add_logs_parser(sub) -> None:
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines (Ctrl-C stops)")
 
 
+def _kept_logs(args: argparse.Namespace, why_not_running: str) -> int:
+    """``monarch-nb logs NAME`` for a cluster that is not running: its kept store, if any."""
+    from .client import logs
+    from .client.cluster import kept_logs
+    from .errors import MonarchNbError
+    from .mesh.ranks import parse_ranks
+    from .protocol.records import LOG_FIELDS
+
+    try:
+        records = kept_logs(args.name, mesh=args.mesh, ranks=parse_ranks(args.ranks) if args.ranks else None,
+                            stream=args.stream, grep=args.grep, tail=args.tail)
+    except MonarchNbError as e:
+        print(f"monarch-nb logs: cluster {args.name!r} is not running ({why_not_running}) and {e}", file=sys.stderr)
+        return 1
+    print(f"monarch-nb logs: cluster {args.name!r} is stopped; the lines kept of it:", file=sys.stderr)
+    logs.print_sink(logs.fold_records([[r[f] for f in LOG_FIELDS] for r in records], args.fold == "on"))
+    return 0
+
+
 def run_logs(args: argparse.Namespace) -> int:
     """``monarch-nb logs NAME [MESH]``: print (and follow) stored lines."""
     from .client import discovery
@@ -65,9 +84,7 @@ def run_logs(args: argparse.Namespace) -> int:
 
     found = discovery.probe(args.name)
     if found.state != "running":
-        print(f"monarch-nb logs: cluster {args.name!r} is not running: {found.reason or 'it does not exist'}",
-              file=sys.stderr)
-        return 1
+        return _kept_logs(args, found.reason or "it does not exist")
     hub = HubClient(found.info["cluster_id"], found.info["hub"])
     try:
         query = {"mesh": args.mesh, "ranks": parse_ranks(args.ranks) if args.ranks else None,

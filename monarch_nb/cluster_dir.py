@@ -26,6 +26,13 @@ def clusters_root() -> Path:
     return home() / "clusters"
 
 
+def kept_logs_path(name: str) -> Path:
+    """Where the log store of the stopped cluster ``name`` is kept
+    (``$MONARCH_NB_HOME/stopped/NAME.sqlite``; see ``hub.logstore.keep``)."""
+    cluster_path(name)  # validates the name
+    return home() / "stopped" / f"{name}.sqlite"
+
+
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 NAME_RULE = "use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
 

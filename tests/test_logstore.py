@@ -101,6 +101,26 @@ def test_a_query_returns_at_most_its_limit_the_oldest_first(tmp_path):
     store.close()
 
 
+def test_a_stopped_clusters_store_is_kept_readable_and_only_the_newest_are(tmp_path, monkeypatch):
+    monkeypatch.setenv("MONARCH_NB_HOME", str(tmp_path))
+    monkeypatch.setattr(logstore, "KEPT_STOPPED", 2)
+    kept = tmp_path / "stopped"
+    for n, name in enumerate(["a", "b", "c"]):
+        cluster = tmp_path / "clusters" / name
+        cluster.mkdir(parents=True)
+        store = LogStore(cluster, ring_lines=10)
+        store.add("host0", lines(100, mesh=name))
+        store.close()
+        logstore.keep(cluster / "logs" / logstore.DB_FILE, kept / f"{name}.sqlite")
+        os.utime(kept / f"{name}.sqlite", (NOW + n, NOW + n))  # stopped in this order
+    assert sorted(p.name for p in kept.iterdir()) == ["b.sqlite", "c.sqlite"]  # "a", the oldest, is forgotten
+    found = logstore.read_kept(kept / "c.sqlite", mesh="c", ranks=[1], tail=2)
+    assert [r[8] for r in found] == ["line 93", "line 97"]
+    assert [r[0] for r in logstore.read_kept(kept / "b.sqlite", after_seq=98)] == [99, 100]
+    with pytest.raises(re.error):
+        logstore.read_kept(kept / "b.sqlite", grep="line (")
+
+
 class _FullDisk:
     """A disk that fills up and is freed: while ``full``, the store's inserts fail as
     sqlite fails them on a full disk, and so does every write to stderr (hub.log is on

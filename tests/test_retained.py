@@ -28,7 +28,7 @@ from monarch_nb.errors import ClusterNotFound, InvalidRequest
 from conftest import cluster_processes, pids_alive, wait_until
 from kernels import TESTS, Kernel
 from monarch_nb.client.launch import launch_hub
-from sample_actors import Counter
+from sample_actors import Counter, Printer
 
 COUNTER_CELL = textwrap.dedent("""
     import monarch_nb
@@ -137,6 +137,26 @@ def test_a_script_that_exits_right_after_its_calls_shows_every_line_they_caused(
     assert out.returncode == 0, out.stderr
     shown = [line for line in out.stdout.splitlines() if line.endswith(" line 0")]
     assert len(shown) == 24, out.stdout
+
+
+def test_a_stopped_clusters_lines_stay_readable_from_python_and_the_cli(clusters):
+    # cluster.stop() deleted the log store with everything else (issue 23).
+    clusters.append("kept")
+    cluster = monarch_nb.Cluster.start("kept")
+    try:
+        printers = this_host().spawn_procs(per_host={"gpus": 4}, name="kept").spawn("printers", Printer)
+        printers.say.call(["kept after the stop"]).get()
+    finally:
+        cluster.stop()
+    assert sorted(r["rank"] for r in cluster.logs(mesh="printers", grep="^kept after")) == [0, 1, 2, 3]
+    cli = [sys.executable, "-m", "monarch_nb.cli", "logs", "kept", "printers", "--grep", "^kept after"]
+    folded = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert folded.returncode == 0 and folded.stdout.strip() == "[printers 0-3] kept after the stop", folded.stderr
+    unfolded = subprocess.run([*cli, "--fold", "off"], capture_output=True, text=True, timeout=60)
+    assert sorted(unfolded.stdout.splitlines()) == [f"[printers {r}] kept after the stop" for r in range(4)]
+    never = subprocess.run([sys.executable, "-m", "monarch_nb.cli", "logs", "never-started"], capture_output=True,
+                           text=True, timeout=60)
+    assert never.returncode == 1 and "no log store is kept" in never.stderr
 
 
 def test_two_kernels_calling_one_mesh_at_once_each_get_only_their_replies(clusters):

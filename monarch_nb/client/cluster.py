@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -351,11 +352,14 @@ class Cluster:
         (an int or a list), ``stream`` (``"stdout"``/``"stderr"``), ``since`` (epoch
         seconds, or a negative number: that many seconds ago), ``grep`` (a regular
         expression), ``tail`` (the last N). Raises :class:`InvalidRequest` for a bad
-        pattern. Works for lines printed before this client connected."""
+        pattern. Works for lines printed before this client connected, and after the
+        cluster was stopped (a retained one's store is kept: ``hub.logstore.keep``)."""
         if isinstance(ranks, int):
             ranks = [ranks]
         if since is not None and since < 0:
             since = time.time() + since
+        if self._stopped:
+            return kept_logs(self.name, mesh=mesh, ranks=ranks, stream=stream, since=since, grep=grep, tail=tail)
         reply = self.hub.request(hub_ops.LOGS_QUERY, timeout=60.0, mesh=mesh, ranks=ranks, stream=stream, since=since,
                                  grep=grep, tail=tail)
         return [dict(zip(LOG_FIELDS, r)) for r in reply["records"]]
@@ -447,6 +451,24 @@ def _check_start_args(name, hosts, grace_s, idle_timeout) -> None:
         raise ValueError(f"grace_s={grace_s!r}: give a number of seconds > 0")
     if idle_timeout is not None and not idle_timeout > 0:
         raise ValueError(f"idle_timeout={idle_timeout!r}: give a number of seconds > 0, or None for never")
+
+
+def kept_logs(name: str, **filters) -> list[dict]:
+    """Lines of the stopped retained cluster ``name`` (its kept store), as
+    :meth:`Cluster.logs` gives them, with the same filters (``since`` in epoch seconds).
+    Raises :class:`ClusterNotFound` when no store of that name is kept, ``InvalidRequest``
+    for a bad pattern."""
+    from ..hub import logstore  # sqlite: only for this
+
+    path = cluster_dir.kept_logs_path(name)
+    if not path.exists():
+        raise ClusterNotFound(f"no log store is kept for a stopped cluster {name!r} (only retained clusters' are, "
+                              f"the {logstore.KEPT_STOPPED} stopped last, within the [logs] retention)")
+    try:
+        records = logstore.read_kept(path, **filters)
+    except re.error as e:
+        raise InvalidRequest(f"bad --grep pattern {filters.get('grep')!r}: {e}") from None
+    return [dict(zip(LOG_FIELDS, r)) for r in records]
 
 
 def _allocator_spec(allocator, hosts: int | None) -> dict:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import collections
 import functools
+import os
 import queue
 import re
 import sqlite3
@@ -39,6 +40,7 @@ RETENTION_EVERY_S = 5.0  # how often the writer enforces the limits
 MAX_RECORDS = 1_000_000  # the most records one query returns (the oldest ones, or the tail)
 CATCH_UP_S = 10.0  # how long a query waits for the writer to store what the ring let go of
 DB_FILE = "lines.sqlite"
+KEPT_STOPPED = 16  # stopped clusters whose log stores are kept (the most recently stopped)
 
 # The fields of a record (LOG_FIELDS), then the proc's mesh, so that a query by mesh
 # name finds a proc mesh's lines through an index too.
@@ -204,6 +206,79 @@ def _connect(db: Path, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
+def read_rows(db: Path, after_seq: int, before_seq: int, mesh: str | None, ranks: list[int] | None,
+              stream: str | None, since: float | None, grep: str | None, limit: int, newest: bool) -> list[tuple]:
+    """Rows of the database ``db`` with ``after_seq < seq < before_seq`` matching the
+    filters, oldest first: the first ``limit``, or with ``newest`` the last; ``[]`` when
+    it can't be read (a live store's writer says why in hub.log). Opens it read-only."""
+    where = ["seq > ?", "seq < ?"]
+    params: list[object] = [after_seq, before_seq]
+    if mesh is not None:
+        where.append("(mesh = ? OR proc_mesh = ?)")
+        params += [mesh, mesh]
+    if ranks is not None:
+        where.append(f"rank IN ({', '.join('?' * len(ranks))})")
+        params += list(ranks)
+    for column, op, value in (("stream", "=", stream), ("time", ">=", since), ("text", "REGEXP", grep)):
+        if value is not None:
+            where.append(f"{column} {op} ?")
+            params.append(value)
+    sql = (f"SELECT {_COLUMNS} FROM lines WHERE {' AND '.join(where)} "
+           f"ORDER BY seq {'DESC' if newest else 'ASC'} LIMIT ?")
+    try:
+        conn = _connect(db, readonly=True)
+        try:
+            rows = conn.execute(sql, [*params, limit]).fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return []
+    return rows[::-1] if newest else rows
+
+
+def keep(db: Path, target: Path) -> None:
+    """Keep the closed store ``db`` of a stopped cluster as ``target`` (moved, with its
+    WAL files), then forget the oldest kept stores beyond ``KEPT_STOPPED``, older than
+    the retention's age or beyond its bytes in total (:func:`retention`). Never raises:
+    a store that can't be kept is said on stderr (``hub.log``)."""
+    try:
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for suffix in ("", "-wal", "-shm"):
+            source, kept = Path(f"{db}{suffix}"), Path(f"{target}{suffix}")
+            if source.exists():
+                os.replace(source, kept)
+            else:
+                kept.unlink(missing_ok=True)  # a kept store's WAL must not meet another's file
+        _forget_old(target.parent)
+    except OSError as e:
+        _say(f"monarch_nb hub: could not keep this stopped cluster's log store at {target}: {e}")
+
+
+def _forget_old(folder: Path) -> None:
+    try:
+        max_bytes, max_age_s = retention()
+    except ValueError:
+        max_bytes, max_age_s = MAX_BYTES, MAX_AGE_S
+    stores = sorted(folder.glob("*.sqlite"), key=lambda p: p.stat().st_mtime, reverse=True)
+    total, now = 0, time.time()
+    for i, store in enumerate(stores):
+        total += store.stat().st_size
+        if i >= KEPT_STOPPED or now - store.stat().st_mtime > max_age_s or total > max_bytes:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{store}{suffix}").unlink(missing_ok=True)
+
+
+def read_kept(db: Path, mesh: str | None = None, ranks: list[int] | None = None, stream: str | None = None,
+              since: float | None = None, grep: str | None = None, tail: int | None = None,
+              after_seq: int = 0) -> list[tuple]:
+    """Records of a stopped cluster's kept store ``db`` (see :func:`keep`), filtered as
+    :meth:`LogStore.query`; ``[]`` when it can't be read. Raises ``re.error`` for a bad
+    pattern."""
+    if grep:
+        re.compile(grep)
+    return read_rows(db, after_seq, 1 << 62, mesh, ranks, stream, since, grep, tail or MAX_RECORDS, tail is not None)
+
+
 class _Writer:
     """Writes records to the database from its own thread and enforces its limits.
 
@@ -262,29 +337,7 @@ class _Writer:
         with self._written:
             self._written.wait_for(lambda: self.written_seq >= before_seq - 1 or self._error is not None,
                                    CATCH_UP_S)
-        where = ["seq > ?", "seq < ?"]
-        params: list[object] = [after_seq, before_seq]
-        if mesh is not None:
-            where.append("(mesh = ? OR proc_mesh = ?)")
-            params += [mesh, mesh]
-        if ranks is not None:
-            where.append(f"rank IN ({', '.join('?' * len(ranks))})")
-            params += list(ranks)
-        for column, op, value in (("stream", "=", stream), ("time", ">=", since), ("text", "REGEXP", grep)):
-            if value is not None:
-                where.append(f"{column} {op} ?")
-                params.append(value)
-        sql = (f"SELECT {_COLUMNS} FROM lines WHERE {' AND '.join(where)} "
-               f"ORDER BY seq {'DESC' if newest else 'ASC'} LIMIT ?")
-        try:
-            conn = _connect(self.db, readonly=True)
-            try:
-                rows = conn.execute(sql, [*params, limit]).fetchall()
-            finally:
-                conn.close()
-        except sqlite3.Error:
-            return []  # the writer says why in hub.log
-        return rows[::-1] if newest else rows
+        return read_rows(self.db, after_seq, before_seq, mesh, ranks, stream, since, grep, limit, newest)
 
     # the thread ------------------------------------------------------------------------
     def _run(self) -> None:

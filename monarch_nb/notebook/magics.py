@@ -315,6 +315,13 @@ class MonarchMagics(Magics):
         print(f"monarch: {args.var} = {mesh!r}")
 
     def _logs(self, args, cell=None) -> None:
+        stopped = runtime().cluster
+        if stopped is not None and stopped._stopped:  # the lines kept of the cluster this kernel stopped
+            since = -args.since if args.since is not None else None
+            self._show_records([[r[f] for f in LOG_FIELDS] for r in stopped.logs(
+                mesh=args.mesh, ranks=parse_ranks(args.ranks) if args.ranks else None, stream=args.stream,
+                since=since, grep=args.grep, tail=args.tail)])
+            return
         cluster = self._cluster()
         if args.fold is not None:
             runtime().lines.folder.enabled = args.fold == "on"
