@@ -37,7 +37,7 @@ from ..allocators import base as allocators
 from ..protocol import agent_ops, envelope, hub_ops
 from ..wire import frames as wire_frames
 from ..wire.aio import AioEndpoint
-from . import state
+from . import logstore, state
 from .allocation import Allocation
 from .announce import Announcer
 from .clients import Clients
@@ -186,8 +186,11 @@ class Hub:
                                         "cluster and spawn again")
         await self._shutdown_hosts()
         serve.cancel()
-        # Everything has stopped: nothing is left to recover, so no runtime file stays.
+        # Everything has stopped: nothing is left to recover, so no runtime file stays;
+        # a retained cluster's lines stay readable (`monarch-nb logs NAME`).
         self.logs.store.close()
+        if not self.ephemeral:
+            logstore.keep(self.path / "logs" / logstore.DB_FILE, cluster_dir.kept_logs_path(self.path.name))
         shutil.rmtree(self.path, ignore_errors=True)
         if self._shutdown_request is not None:
             await self.net.reply(self._shutdown_request, ok=True)
