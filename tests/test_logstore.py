@@ -21,6 +21,9 @@ from monarch_nb.hub.logstore import LogStore
 from conftest import wait_until
 
 NOW = time.time()
+# close() waits for the writer up to this long: a loaded machine (CI) may take more than
+# its default 5 s to write 50,000 lines.
+CLOSE_S = 120.0
 
 
 def lines(n: int, start: int = 0, when: float = NOW, mesh: str = "m") -> list[tuple]:
@@ -31,25 +34,25 @@ def lines(n: int, start: int = 0, when: float = NOW, mesh: str = "m") -> list[tu
 def test_a_reopened_store_continues_and_finds_every_line(tmp_path):
     store = LogStore(tmp_path, ring_lines=100)
     store.add("host0", lines(5_000))
-    store.close()
+    store.close(CLOSE_S)
     again = LogStore(tmp_path, ring_lines=100)  # a recovered hub: an empty ring
     assert again.seq == 5_000
     assert [r[8] for r in again.query(tail=3)] == ["line 4997", "line 4998", "line 4999"]
     assert len(again.query(mesh="m", ranks=[1])) == 1_250
     again.add("host0", lines(1, start=5_000))
     assert again.query(tail=1)[0][:1] == (5_001,)
-    again.close()
+    again.close(CLOSE_S)
 
 
 def test_grep_runs_in_the_database_and_a_bad_pattern_is_an_error(tmp_path):
     store = LogStore(tmp_path, ring_lines=10)
     store.add("host0", lines(1_000))
-    store.close()
+    store.close(CLOSE_S)
     store = LogStore(tmp_path, ring_lines=10)
     assert [r[8] for r in store.query(grep=r"^line 9\d\d$", ranks=[0], tail=2)] == ["line 992", "line 996"]
     with pytest.raises(re.error):
         store.query(grep="line (")
-    store.close()
+    store.close(CLOSE_S)
 
 
 def test_follow_queries_return_only_what_is_new_past_the_ring(tmp_path):
@@ -59,30 +62,30 @@ def test_follow_queries_return_only_what_is_new_past_the_ring(tmp_path):
     assert store.query(after_seq=1_000) == []
     store.add("host0", lines(2, start=1_000))
     assert [r[0] for r in store.query(after_seq=1_000)] == [1_001, 1_002]
-    store.close()
+    store.close(CLOSE_S)
 
 
 def test_lines_older_than_the_age_limit_are_dropped(tmp_path):
     store = LogStore(tmp_path, ring_lines=10, max_age_s=3600)
     store.add("host0", lines(100, when=NOW - 7200) + lines(100, start=100))  # one batch: one write
-    store.close()
+    store.close(CLOSE_S)
     store = LogStore(tmp_path, ring_lines=10, max_age_s=3600)
     kept = store.query()
     assert [r[8] for r in kept] == [f"line {i}" for i in range(100, 200)]
-    store.close()
+    store.close(CLOSE_S)
 
 
 def test_the_oldest_lines_go_when_the_store_passes_its_size(tmp_path):
     limit = 512 * 1024
     store = LogStore(tmp_path, ring_lines=10, max_bytes=limit)
     store.add("host0", lines(50_000))
-    store.close()
+    store.close(CLOSE_S)
     state = store.writing()
     assert state["bytes"] <= limit and state["expired"] > 0
     store = LogStore(tmp_path, ring_lines=10, max_bytes=limit)
     kept = [r[0] for r in store.query()]
     assert kept == list(range(50_001 - len(kept), 50_001))  # the newest, none missing
-    store.close()
+    store.close(CLOSE_S)
 
 
 def test_the_limits_come_from_config_toml(tmp_path, monkeypatch):
@@ -90,7 +93,7 @@ def test_the_limits_come_from_config_toml(tmp_path, monkeypatch):
     (tmp_path / "config.toml").write_text("[logs]\nmax_mb = 2\nmax_age_days = 0.5\n")
     store = LogStore(tmp_path)
     assert (store.writing()["max_bytes"], store.writing()["max_age_s"]) == (2 * 2**20, 43_200.0)
-    store.close()
+    store.close(CLOSE_S)
 
 
 def test_a_query_returns_at_most_its_limit_the_oldest_first(tmp_path):
@@ -98,7 +101,7 @@ def test_a_query_returns_at_most_its_limit_the_oldest_first(tmp_path):
     store.add("host0", lines(1_000))
     assert [r[0] for r in store.query(limit=5)] == [1, 2, 3, 4, 5]  # the database, not the ring's
     assert [r[0] for r in store.query(limit=5, after_seq=998)] == [999, 1_000]
-    store.close()
+    store.close(CLOSE_S)
 
 
 def test_a_stopped_clusters_store_is_kept_readable_and_only_the_newest_are(tmp_path, monkeypatch):
@@ -110,7 +113,7 @@ def test_a_stopped_clusters_store_is_kept_readable_and_only_the_newest_are(tmp_p
         cluster.mkdir(parents=True)
         store = LogStore(cluster, ring_lines=10)
         store.add("host0", lines(100, mesh=name))
-        store.close()
+        store.close(CLOSE_S)
         logstore.keep(cluster / "logs" / logstore.DB_FILE, kept / f"{name}.sqlite")
         os.utime(kept / f"{name}.sqlite", (NOW + n, NOW + n))  # stopped in this order
     assert sorted(p.name for p in kept.iterdir()) == ["b.sqlite", "c.sqlite"]  # "a", the oldest, is forgotten
@@ -184,7 +187,7 @@ def test_a_full_disk_is_reported_and_counted_and_writing_resumes_when_space_retu
     assert wait_until(lambda: store.writing()["ok"] and store.writing()["unwritten"] == 0, 30), store.writing()
     assert "writing the log store" in disk.stderr.getvalue()
     store.add("host0", lines(5, start=280))
-    store.close()
+    store.close(CLOSE_S)
     with contextlib.closing(sqlite3.connect(tmp_path / "logs" / logstore.DB_FILE)) as db:
         stored = [seq for (seq,) in db.execute("SELECT seq FROM lines ORDER BY seq")]
     assert stored == list(range(1, 11)) + list(range(181, 286))
@@ -210,4 +213,4 @@ def test_the_writer_survives_a_failure_it_did_not_expect(tmp_path, monkeypatch):
     assert "a bug in the writer" in store.writing()["error"]
     failing[0] = False
     assert wait_until(lambda: store.writing()["ok"] and store.writing()["lines"] == 3, 30), store.writing()
-    store.close()
+    store.close(CLOSE_S)
