@@ -19,20 +19,34 @@ import time
 import numpy as np
 
 from monarch_nb.allocators.command import CommandAllocator
+from monarch_nb import cluster_dir
 from monarch_nb.client.cluster import Cluster
+from monarch_nb.wire import zap
 from sample_actors import Arrays, AsyncCaller, Caller, Counter
 
 # Run inside the other namespace: frame sets that a receiver must drop unread. Their
 # header would create MARKER if anything unpickled it.
+# First without the cluster's password: refused at the handshake (wire.zap), which it
+# prints; then with it (read from stdin), as a peer that has it but not the key would.
 SENDER = """
 import pickle, sys, zmq
+from zmq.utils.monitor import recv_monitor_message
 address, cluster_id, marker = sys.argv[1], sys.argv[2].encode(), sys.argv[3]
 class Touch:
     def __reduce__(self):
         return (open, (marker, "w"))
 evil = pickle.dumps({"op": "spawn_actor", "x": Touch()})
 ctx = zmq.Context.instance()
+stranger = ctx.socket(zmq.PUSH)
+monitor = stranger.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+stranger.connect(address)
+stranger.send_multipart([b"MNB1" + bytes(32) + cluster_id, evil, evil])
+print(zmq.Event(recv_monitor_message(monitor)["event"]).name if monitor.poll(60000) else "none")
+stranger.close(0)
+monitor.close(0)
 sock = ctx.socket(zmq.PUSH)
+sock.plain_username, sock.plain_password = cluster_id, sys.stdin.buffer.read()
 # Queued only once connected (a send waits for that, 60 s at most: then this exits with an
 # error), and all delivered before exit: on a loaded machine 5 s of linger once lost them.
 sock.setsockopt(zmq.IMMEDIATE, 1)
@@ -75,9 +89,12 @@ def main() -> None:
         target = cluster.info()["actor_meshes"]["p/arrays"]["addresses"][0]  # keyed PROC_MESH/NAME
         before = arrays.wire_stats.call_one().get(timeout=60)
         marker = os.path.join(tempfile.mkdtemp(), "unpickled")
+        password = zap.password(cluster_dir.key_of(cluster._info))
         sent = subprocess.run(["ip", "netns", "exec", ns_b, sys.executable, "-c", SENDER, target,
-                               cluster._info["cluster_id"], marker], capture_output=True, text=True, timeout=150)
-        seen["sender"] = sent.returncode, sent.stderr[-2000:]
+                               cluster._info["cluster_id"], marker], input=password, capture_output=True,
+                              timeout=150)
+        seen["sender"] = sent.returncode, sent.stderr[-2000:].decode(errors="replace")
+        seen["stranger"] = sent.stdout.decode().strip()
         deadline = time.monotonic() + 30
         while arrays.wire_stats.call_one().get(timeout=60) < before + 3 and time.monotonic() < deadline:
             time.sleep(0.05)  # waiting for frames in flight to a process we can only ask

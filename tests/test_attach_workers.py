@@ -65,3 +65,35 @@ def test_workers_refuse_any_ca_but_trust_all():
         run_worker_loop_forever(address="ipc:///tmp/unused", ca="/path/to/ca.pem")
     with pytest.raises(NotImplementedError, match="trust_all_connections"):
         attach_to_workers(workers=["ipc:///tmp/unused"], ca="/path/to/ca.pem")
+
+
+def test_a_waiting_worker_closes_a_request_over_its_limit_unread_and_serves_on(tmp_path):
+    import json
+
+    import zmq
+
+    from monarch_nb.host.worker import MAX_REQUEST_BYTES
+
+    address = f"ipc://{tmp_path}/w"
+    worker = _worker(address)
+    ctx = zmq.Context()
+    try:
+        big = ctx.socket(zmq.REQ)
+        monitor = big.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        big.connect(address)
+        big.send(b" " * (MAX_REQUEST_BYTES + 1))  # a worker holds no key: anyone may send
+        assert monitor.poll(30_000), "the worker kept the connection of an oversized request"
+        big.disable_monitor()
+        monitor.close(0)
+        big.close(0)
+        small = ctx.socket(zmq.REQ)
+        small.connect(address)
+        small.send(json.dumps({"not": "a request"}).encode())
+        assert small.poll(30_000), "the worker stopped answering"
+        assert "needs strings" in json.loads(small.recv())["error"]
+        small.close(0)
+        assert worker.poll() is None
+    finally:
+        ctx.destroy(0)
+        worker.kill()
+        worker.wait()

@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from monarch_nb.errors import ActorError
-from monarch_nb.wire import frames
+from monarch_nb.wire import frames, zap
 from bad_actors import Busy, SlowInit, Target
 from conftest import wait_until
 
@@ -27,6 +27,7 @@ def target(host):
 def _raw_send(address: str, *frame_sets: list, times: int = 1) -> None:
     """Send on one new connection, in order (a receiver keeps one connection's order)."""
     sock = zmq.Context.instance().socket(zmq.PUSH)
+    zap.present(sock, frames.cluster_of(frame_sets[0]))  # admitted: the signature is what is tested
     sock.connect(address)
     for frame_set in frame_sets:
         for _ in range(times):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import zmq
 
-from monarch_nb.wire import frames, sockets, stream
+from monarch_nb.wire import frames, sockets, stream, zap
 from conftest import wait_until
 
 REMOTE = "tcp://10.0.0.1:5"  # not this host's: no shared memory
@@ -205,6 +205,7 @@ def test_a_half_stream_in_a_blocking_inbox_is_dropped_while_it_waits(value, monk
     out = zmq.Context.instance().socket(zmq.PUSH)
     guard = frames.ReplayGuard()
     try:
+        zap.present(out, "streams")
         out.connect(address)
         head = frames._chunk_head(frames._keys[b"streams"], b"streams", b"w" * 16, b"m", stream.MIN_BYTES, 0)
         out.send_multipart([head, bytes(stream.CHUNK_BYTES)])

@@ -10,7 +10,7 @@ import pytest
 import torch
 import zmq
 
-from monarch_nb.wire import frames, serialize
+from monarch_nb.wire import frames, serialize, zap
 from conftest import wait_until
 from sample_actors import Arrays
 
@@ -200,6 +200,7 @@ def test_unsigned_and_badly_signed_messages_are_never_unpickled(arrays, tmp_path
     before = one.wire_stats.call_one().get()
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.PUSH)
+    zap.present(sock, cid)  # admitted (wire.zap): every frame set's signature is still checked
     sock.connect(address)
     sock.send_multipart([b"MNB1" + b"\0" * 32 + cid, payload, body])             # bad signature
     sock.send_multipart([b"MNB1" + cid, payload, body])                         # no signature
@@ -221,9 +222,10 @@ def test_sockets_to_vanished_peers_are_closed_once_idle(monkeypatch):
     gone = "tcp://127.0.0.1:9"  # nothing listens: like a client whose kernel restarted
     outbox.send(gone, [b"x", b"h", b"b"])
     inbox, live = sockets.bind_inbox()
+    frames.register_key("t", b"k" * 32)  # (a live inbox admits only a cluster's peers: wire.zap)
     try:
         def sweep():
-            outbox.send(live, [b"x", b"h", b"b"])
+            outbox.send(live, frames.encode("t", {}))
             return gone not in outbox._local.table.sockets
 
         assert wait_until(sweep, 5)

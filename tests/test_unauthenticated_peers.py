@@ -8,25 +8,35 @@ from __future__ import annotations
 
 import zmq
 
-from monarch_nb.wire import frames, sockets, stream
+from monarch_nb.wire import frames, sockets, stream, zap
 from sample_actors import Counter
 from second_user import run_as_other_user
 
 GIB = 1 << 30
 
 
-def _send_unsigned(address: str, size: int, count: int) -> int:
+def _send_unsigned(address: str, size: int, count: int) -> tuple[int, str]:
     """As the second user: ``count`` unsigned frames of ``size`` bytes to ``address``,
-    each a message of its own; returns how many were handed to zmq."""
+    each a message of its own; returns how many were handed to zmq and how the
+    connection's handshake ended (the attacker has no password: ``wire.zap``)."""
+    from zmq.utils.monitor import recv_monitor_message
+
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
     sock.connect(address)
     junk = bytes(size)  # (zero pages: the attacker itself holds next to nothing)
     for _ in range(count):
         sock.send(junk, copy=False)
-    sock.close(linger=60_000)  # all of it written, or refused, before this returns
+    outcome = zmq.Event(recv_monitor_message(monitor)["event"]).name if monitor.poll(120_000) else "none"
+    if outcome == "HANDSHAKE_SUCCEEDED":
+        sock.close(linger=60_000)  # all of it written, or refused, before this returns
+    else:
+        sock.close(linger=0)
+    monitor.close(0)
     ctx.term()
-    return count
+    return count, outcome
 
 
 def _peak_rss(pid: int) -> int:
@@ -47,9 +57,10 @@ def test_three_unsigned_1_gib_frames_from_another_user_leave_the_hub_bounded_and
     hub_pid, hub = cluster._info["hub_pid"], cluster._info["hub"]
     _reset_peak_rss(hub_pid)
     baseline = _peak_rss(hub_pid)
-    assert run_as_other_user(_send_unsigned, hub, GIB, 3, timeout=180) == 3
-    # Whatever the hub took in is in by now: the sender's close waited until the kernel
-    # had all of it, and the hub reads before it acts on our next request.
+    # Refused at the handshake now (wire.zap), before any frame: without the key there is
+    # no connection to send on. (Before that, frames of 4 MiB or more closed it at their length.)
+    sent, handshake = run_as_other_user(_send_unsigned, hub, GIB, 3, timeout=180)
+    assert sent == 3 and handshake.startswith("HANDSHAKE_FAILED"), handshake
     procs = host.spawn_procs(per_host={"gpus": 1}, name="after_flood")
     try:
         assert procs.spawn("counter", Counter, 1).incr.call_one(2).get(timeout=60) == 3
@@ -61,10 +72,12 @@ def test_three_unsigned_1_gib_frames_from_another_user_leave_the_hub_bounded_and
 
 
 def test_an_inbox_refuses_a_frame_over_the_limit_without_holding_it():
+    frames.register_key("bounds", b"b" * 32)
     inbox, address = sockets.bind_inbox()
     out = zmq.Context.instance().socket(zmq.PUSH)
     monitor = inbox.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     try:
+        zap.present(out, "bounds")  # a peer admitted at the handshake (wire.zap) is still bounded
         out.connect(address)
         out.send(bytes(frames.MAX_FRAME_BYTES + 1))
         assert monitor.poll(30_000), "the inbox kept the connection of an oversized frame"

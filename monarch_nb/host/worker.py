@@ -24,6 +24,11 @@ import zmq
 
 from ..protocol import worker_ops
 
+# The largest request a waiting worker takes in (bytes; libzmq's MAXMSGSIZE, checked at a
+# frame's announced length before anything is allocated): an attach request is a few
+# hundred bytes of JSON, and anyone who can reach the worker may send one.
+MAX_REQUEST_BYTES = 64 << 10
+
 TRUST_ALL = "trust_all_connections"  # the only `ca` there is: no TLS, anyone who can connect may attach
 _FD_ADDRESS = re.compile(r"tcp://(?P<host>[^:]+):fd(?P<fd>\d+)")
 
@@ -74,6 +79,7 @@ def run_worker_loop_forever(address: str, ca: str = TRUST_ALL) -> None:
     check_ca(ca)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REP)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)  # (a larger one closes its connection unread)
     _bind(sock, address)
     while True:
         try:

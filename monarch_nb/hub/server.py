@@ -36,6 +36,7 @@ from .. import cluster_dir, notices
 from ..allocators import base as allocators
 from ..protocol import agent_ops, envelope, hub_ops
 from ..wire import frames as wire_frames
+from ..wire import zap
 from ..wire.aio import AioEndpoint
 from . import logstore, state
 from .allocation import Allocation
@@ -327,9 +328,11 @@ class Hub:
 
     def _stats(self) -> dict:
         """Counters of this hub's own health: frame sets dropped (bad signature, replay,
-        malformed), its stalls, its open sending sockets, the log store's state and the
-        notices hub.log could not take (a full disk, see ``notices``)."""
-        return {"dropped_frames": wire_frames.dropped(), "malformed": self.malformed,
+        malformed), connections refused at the handshake (``wire.zap``), its stalls, its
+        open sending sockets, the log store's state and the notices hub.log could not
+        take (a full disk, see ``notices``)."""
+        return {"dropped_frames": wire_frames.dropped(), "refused_connections": zap.refused(),
+                "malformed": self.malformed,
                 "stalls": self.heartbeats.stalls, "sockets": self.net.open_sockets(),
                 "relay_refused": self.debug.state.relay_refused,
                 "log_store": self.logs.store.writing(),

@@ -24,7 +24,7 @@ import zmq.asyncio
 
 from ..protocol import envelope
 from . import frames as wire_frames
-from . import shm, sockets, stream
+from . import shm, sockets, stream, zap
 
 
 class AioEndpoint:
@@ -42,6 +42,7 @@ class AioEndpoint:
         self._next_sweep = time.monotonic() + sockets.IDLE_SOCKET_S
         self._pending: dict[int, asyncio.Future] = {}
         self._ports = itertools.count(1)
+        self.refused_sends = 0  # messages whose peer refused the handshake (see send)
 
     async def recv(self) -> wire_frames.Message:
         """Next verified message; bad frame sets are dropped (and counted)."""
@@ -89,20 +90,28 @@ class AioEndpoint:
         sock = self._out.get(address)
         if sock is None:
             sock = self._out[address] = self.ctx.socket(zmq.PUSH)
+            zap.present(sock, self.cluster_id)
             sock.setsockopt(zmq.LINGER, sockets.SEND_LINGER_MS)
             sock.setsockopt(zmq.SNDHWM, 0)
+            sock.setsockopt(zmq.SNDTIMEO, 0)  # (a send waits only after a refused handshake: sockets.Outbox)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, sockets.RECONNECT_IVL_MAX_MS)
             sock.connect(address)
         self._used[address] = now
         if now > self._next_sweep:
             self._sweep(now)
         frames = wire_frames.encode(self.cluster_id, header, body, buffers)
-        if wire_frames.needs_route(frames):  # (a large spawn payload, a long log reply)
-            # The chunks go first on the same socket, sent at once: with no high-water mark a
-            # send never waits, and each chunk's frame keeps its buffer alive until it left.
-            sync: zmq.Socket = zmq.Socket.shadow(sock.underlying)
-            frames = wire_frames.route(address, frames, functools.partial(stream.send, sync, []))
-        await sock.send_multipart(frames, copy=False)
+        try:
+            if wire_frames.needs_route(frames):  # (a large spawn payload, a long log reply)
+                # The chunks go first on the same socket, sent at once: with no high-water mark a
+                # send never waits, and each chunk's frame keeps its buffer alive until it left.
+                sync: zmq.Socket = zmq.Socket.shadow(sock.underlying)
+                frames = wire_frames.route(address, frames, functools.partial(stream.send, sync, []))
+            await sock.send_multipart(frames, copy=False)
+        except zmq.Again:
+            # The process at ``address`` refused this cluster's credentials (wire.zap): not
+            # ours, so whoever was ours there is gone. Lost as to a gone peer, and counted.
+            self.refused_sends += 1
+            self.forget(address)
 
     def _sweep(self, now: float) -> None:
         """Close sockets unused for ``IDLE_SOCKET_S`` (after they deliver what they hold)."""

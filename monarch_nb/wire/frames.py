@@ -46,7 +46,7 @@ from typing import Any, Callable
 import blake3
 
 from ..errors import MessageTooLarge
-from . import serialize, shm, stream
+from . import serialize, shm, stream, zap
 
 MAGIC = b"MNB1"
 FIXED_FRAMES = 3  # magic + signature + stamp + cluster id, header, body; out-of-band buffers follow
@@ -103,6 +103,7 @@ def register_key(cluster_id: str, key: bytes) -> None:
     # dozen calls for each small message); use that object itself where there is one.
     _keys[cluster_id.encode()] = _Keys(getattr(mac, "_hmac", None) or mac,
                                        hmac.digest(key, b"monarch_nb large frames, keyed BLAKE3", "sha256"))
+    zap.trust(cluster_id, key)  # its peers may connect to this process's inboxes
 
 
 def trusted_clusters() -> list[str]:
@@ -297,6 +298,19 @@ def signed_at_send(frames: list) -> bool:
     """Whether :func:`encode` left ``frames`` to be signed by their sends (they hold a
     buffer large enough for shared memory)."""
     return type(frames[0]) is _Unsigned
+
+
+def cluster_of(frames: list) -> bytes | None:
+    """The cluster id of a frame set :func:`encode` made (signed or to be signed at
+    send), ``None`` for anything else (a socket's credentials name it: ``wire.zap``)."""
+    first = frames[0]
+    if type(first) is _Unsigned:
+        return first.cid
+    try:
+        prefix = bytes(first)
+    except TypeError:
+        return None
+    return prefix[_STAMP_AT.stop:] if prefix.startswith(MAGIC) and len(prefix) > _STAMP_AT.stop else None
 
 
 def needs_route(frames: list) -> bool:

@@ -19,7 +19,7 @@ import zmq
 
 from ..errors import ClusterError
 from . import frames as wire_frames
-from . import shm, stream
+from . import shm, stream, zap
 from .interrupts import protected
 
 # How long a closed sending socket keeps trying to deliver what it has queued (ms).
@@ -57,9 +57,13 @@ def bind_inbox(ctx: zmq.Context | None = None, prefer: str | None = None) -> tup
     ``prefer``: an address to take if it is free (a restarted hub takes its
     predecessor's), else a random port is used."""
     ctx = ctx or context()
+    zap.serve(ctx)
     sock = ctx.socket(zmq.PULL)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
+    # Only a peer holding the cluster's key gets a connection at all: libzmq takes in every
+    # part of a message before anyone can check its signature (wire.zap).
+    zap.admit(sock)
     # A frame announced larger closes its connection before libzmq allocates it: anyone
     # who can reach the port could otherwise make this process hold up to the largest
     # message before its signature is checked (frames.MAX_FRAME_BYTES).
@@ -176,15 +180,23 @@ class Outbox:
                 _tables.add(table)
         return table
 
-    def _socket(self, table: _ThreadSockets, address: str, now: float) -> zmq.Socket:
-        """This thread's socket to ``address``; the caller holds ``table.lock``."""
+    def _socket(self, table: _ThreadSockets, address: str, now: float, cluster_id: bytes | None) -> zmq.Socket:
+        """This thread's socket to ``address``, connecting with ``cluster_id``'s
+        credentials (``wire.zap``; ``None``: none, the peer refuses it); the caller holds
+        ``table.lock``."""
         table.used[address] = now
         sock = table.sockets.get(address)
         if sock is None:
             sock = (self._ctx or context()).socket(zmq.PUSH)
+            if cluster_id is not None:
+                zap.present(sock, cluster_id)
             sock.setsockopt(zmq.LINGER, SEND_LINGER_MS)
             sock.setsockopt(zmq.SNDHWM, 0)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+            # With no high-water mark a send waits only when the socket has no pipe left,
+            # which is after the peer refused the handshake (wire.zap): fail it at once
+            # (send raises) instead of waiting for ever.
+            sock.setsockopt(zmq.SNDTIMEO, 0)
             sock.connect(address)
             table.sockets[address] = sock
         return sock
@@ -201,7 +213,8 @@ class Outbox:
         :meth:`discard` from another thread waits for a send in progress.
 
         Raises :class:`ClusterError` when they can't leave within
-        ``SEND_DRAIN_TIMEOUT_S`` (the peer is gone or not reading)."""
+        ``SEND_DRAIN_TIMEOUT_S`` (the peer is gone or not reading), or the peer refused
+        this cluster's credentials at the handshake (``wire.zap``)."""
         now = time.monotonic()
         if now > _next_sweep:
             _sweep_idle(now)  # before taking this thread's lock: it takes every thread's
@@ -209,7 +222,7 @@ class Outbox:
         trackers: list = []  # of large frames sent zero-copy, to wait on
         try:
             with table.lock:
-                sock = self._socket(table, address, now)
+                sock = self._socket(table, address, now, wire_frames.cluster_of(frames))
                 if wire_frames.needs_route(frames):  # large frames travel apart
                     frames = wire_frames.route(address, frames, functools.partial(stream.send, sock, trackers))
                 buffers = frames[wire_frames.FIXED_FRAMES:]
@@ -220,6 +233,12 @@ class Outbox:
                     sock.send(frames[-1])
                 else:
                     trackers.append(sock.send_multipart(frames, copy=False, track=True))
+        except zmq.Again:
+            self.forget(address)
+            raise ClusterError(
+                f"{address} refused the connection: the process there does not hold this cluster's key "
+                "(a process of another cluster on a reused port?); the one this message was for is gone"
+            ) from None
         except BaseException:
             self.forget(address)
             raise
