@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, fields
 from typing import Callable
 
+from ..debug import binding
 from ..errors import ClusterError, InvalidRequest
 from ..mesh.ranks import format_ranks, parse_ranks
 from ..protocol import debug as debug_actions
@@ -385,7 +386,8 @@ class Debugger:
         """Pause when code reaches a line, without editing it. ``where``: ``"FILE:LINE"``,
         a file path (with ``line``), or a function, method or class (``line``: a line of
         its file, default its first body line) — also one defined in a notebook cell
-        (the procs run it pickled by value, under the cell's file name). ``mesh``/
+        (the procs run it pickled by value, under the cell's file name; it binds to the
+        actors' function of the same name and code, whatever cell it is in). ``mesh``/
         ``ranks``: only those actors stop (default: any thread of any proc);
         ``condition``: a Python expression evaluated in the frame. Notebook code binds
         to the actors' code from the same cell text, also after a kernel restart. Returns
@@ -405,9 +407,10 @@ class Debugger:
             source = "".join(cached[2]) or None
         else:
             source = None if os.path.exists(file) else "".join(linecache.getlines(file)) or None
+        function = _function_at(where, line) if source is not None else None
         return self._cluster.hub.request(hub_ops.DEBUG_SET_BREAKPOINT, timeout=REQUEST_TIMEOUT_S, file=file, line=line,
                                          mesh=_mesh_name(mesh), ranks=ranks, condition=condition,
-                                         source=source)["breakpoint"]
+                                         source=source, **{hub_ops.BREAKPOINT_FUNCTION: function})["breakpoint"]
 
     def breakpoints(self) -> list[dict]:
         """The cluster's breakpoints (``id``, ``file``, ``line``, ``mesh``, ``ranks``, ``condition``)."""
@@ -489,6 +492,28 @@ def _location(where, line: int | None) -> tuple[str, int]:
         raise InvalidRequest(f"breakpoint in {getattr(target, '__qualname__', where)} at line {line}: it spans "
                              f"lines {first}-{last} of {file}; give one of those")
     return file, line
+
+
+def _function_at(where, line: int) -> dict | None:
+    """The identity (``debug.binding.identity``) of the function holding ``line`` when
+    ``where`` is that function, or a class with a method holding it; None otherwise
+    (a ``FILE:LINE``: bound by the cell's text)."""
+    target = getattr(inspect.unwrap(where), "__func__", inspect.unwrap(where)) if callable(where) else None
+    candidates = [target] if inspect.isfunction(target) else []
+    if inspect.isclass(target):
+        for value in vars(target).values():
+            value = getattr(value, "__func__", value)
+            value = getattr(value, "fget", value)
+            if inspect.isfunction(value):
+                candidates.append(inspect.unwrap(value))
+    for function in candidates:
+        code = function.__code__
+        try:
+            if code.co_firstlineno <= line < code.co_firstlineno + len(inspect.getsourcelines(code)[0]):
+                return binding.identity(function, line)
+        except (OSError, TypeError):
+            continue
+    return None
 
 
 def _first_body_line(file: str, first: int) -> int:

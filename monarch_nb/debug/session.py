@@ -82,6 +82,7 @@ class ProcDebugger:
         self._applied: set[str] = set()  # files we set breakpoints in
         self._files: dict[int, str] = {}  # breakpoint id -> the file it is set in here (``binding``)
         self._bound: dict[int, str] = {}  # breakpoint id -> the file, where the actors here run that code
+        self._lines: dict[int, int] = {}  # breakpoint id -> its line there, when not its own (``binding.bind_function``)
         self._steps: dict[int, tuple[dict, float]] = {}  # DAP thread id -> (request header, deadline)
         self._pm_endpoint: dict[int, str] = {}  # thread ident -> endpoint that raised (post-mortem)
         self._stopping: set[int] = set()  # threads between breakpoint() and their stop: keep tracing
@@ -413,21 +414,27 @@ class ProcDebugger:
         self.arm()
         actors = dict(self.server.actors)
         by_file: dict[str, list[dict]] = {}
-        self._files, self._bound = {}, {}
+        self._files, self._bound, self._lines = {}, {}, {}
         for bp in self.config.get("breakpoints", []):
             if bp.get("mesh") is None or bp["mesh"] in meshes:
                 concerned = [a for name, a in actors.items() if bp.get("mesh") in (None, name)
                              and (bp.get("ranks") is None or a.point.rank in bp["ranks"])]
                 classes = [a.actor_class for a in concerned if a.actor_class is not None]
                 bound = None
-                if concerned:
+                function = bp.get(hub_ops.BREAKPOINT_FUNCTION)
+                found = binding.bind_function(function, classes) if concerned and function else None
+                if found is not None:  # the same function, perhaps in another cell now, at another line
+                    bound, self._lines[bp["id"]], text = found
+                    if bound != bp["file"] or not bp.get("source"):
+                        arming.materialize(bound, text)
+                elif concerned:
                     bound = binding.bind(bp["file"], bool(bp.get("source")), binding.code_files(classes))
                 # Not bound (yet): where it was set, for an actor about to start with that code.
                 file = self._files[bp["id"]] = bound or bp["file"]
                 if bound is not None:
                     self._bound[bp["id"]] = bound
                 by_file.setdefault(file, []).append(bp)
-                if bp.get("source"):
+                if bp.get("source") and (found is None or bound == bp["file"]):
                     arming.materialize(file, bp["source"])
         for path in set(by_file) | self._applied:
             self.set_source_breakpoints(path)
@@ -436,7 +443,7 @@ class ProcDebugger:
     def ours(self, path: str) -> list[dict]:
         """The cluster's breakpoints in ``path`` as DAP ``SourceBreakpoint`` s."""
         meshes = set(self.server.actors)
-        return [{"line": bp["line"], **({"condition": c} if (c := _condition(bp)) else {})}
+        return [{"line": self._lines.get(bp["id"], bp["line"]), **({"condition": c} if (c := _condition(bp)) else {})}
                 for bp in self.config.get("breakpoints", [])
                 if self._files.get(bp["id"], bp["file"]) == path and (bp.get("mesh") is None or bp["mesh"] in meshes)]
 

@@ -40,7 +40,7 @@ SWEEP_S = 0.1  # how often stops of dead procs are looked for (only while there 
 
 
 def _public(bp: dict) -> dict:
-    return {k: v for k, v in bp.items() if k != "source"}
+    return {k: v for k, v in bp.items() if k not in ("source", hub_ops.BREAKPOINT_FUNCTION)}
 
 
 @dataclass
@@ -139,6 +139,12 @@ class DebugRegistry:
               "ranks": sorted(set(ranks)) if ranks is not None else None, "condition": condition or None}
         if header.get("source"):  # a notebook cell's text: procs write it under its file name
             bp["source"] = header["source"]
+        function = header.get(hub_ops.BREAKPOINT_FUNCTION)
+        if function is not None:  # procs bind it by the function (debug.binding.identity)
+            fields = {"qualname": str, "code": str, "offset": int, "lines": str}
+            if not isinstance(function, dict) or not all(isinstance(function.get(k), t) for k, t in fields.items()):
+                raise HubError(f"a breakpoint's function needs {', '.join(fields)}", "ValueError")
+            bp[hub_ops.BREAKPOINT_FUNCTION] = {k: function[k] for k in fields}
         state.next_id += 1
         state.breakpoints.append(bp)
         bound = await self._push()

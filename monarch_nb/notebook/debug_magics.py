@@ -14,6 +14,7 @@ import re
 import shlex
 import threading
 import time
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import MagicArgumentParser
@@ -22,6 +23,7 @@ from IPython.display import display
 from ..client.actor_mesh import ActorMesh
 from ..client.debugger import Stop
 from ..mesh.ranks import format_ranks
+from .cell_names import CellNames
 from .display import widgets_render
 
 HELP = """\
@@ -97,6 +99,11 @@ def _resolve(magics, location: str):
             obj = None
         if callable(obj):
             return obj, int(number) if number else None
+        first = name.split(".")[0]
+        if first not in magics.shell.user_ns and not name.endswith(".py"):
+            # A name of notebook code this kernel has not defined (yet): e.g. after a restart.
+            raise UsageError(f"%monarch break {location}: {first} is not defined in this kernel (restarted?): "
+                             f"re-run the cell that defines {first}, then set the breakpoint again")
     if not number:
         raise UsageError(f"%monarch break {location}: write FILE:LINE, or NAME[:LINE] of a function or class "
                          "defined here")
@@ -158,8 +165,9 @@ def _debug(magics, rest: str):
         on = dbg.post_mortem(tail.strip() == "on")
         print(f"monarch: post-mortem {'on: ranks pause at unhandled endpoint errors' if on else 'off'}")
         return None
+    names = CellNames(magics.shell)
     if action == "list":
-        display(PausedView(dbg))
+        display(PausedView(dbg, names))
         return None
     if action in ("where", "locals", "attach"):
         parts = tail.split()
@@ -170,7 +178,9 @@ def _debug(magics, rest: str):
         mesh, rank = _mesh_name(magics, parts[0]), int(parts[1])
         if action == "where":
             for i, frame in enumerate(dbg.where(mesh, rank)):
-                print(f"#{i} {frame.function} at {frame.file}:{frame.line}")
+                label = names.label(frame.file)
+                print(f"#{i} {frame.function} at " + (f"{label}, line {frame.line}" if label is not None
+                                                       else f"{frame.file}:{frame.line}"))
                 if frame.source:
                     print(f"      {frame.source.strip()}")
         elif action == "locals":
@@ -218,7 +228,7 @@ def _debug(magics, rest: str):
             return None
         moved = {"step": dbg.step, "next": dbg.next, "out": dbg.step_out}[action](mesh, ranks)
         for rank, stop in sorted(moved.items()):
-            print(f"[{mesh} {rank}] " + (f"at {os.path.basename(stop.file or '?')}:{stop.line} in {stop.function}"
+            print(f"[{mesh} {rank}] " + (f"at {names.where(stop.file, stop.line)} in {stop.function}"
                                          if stop is not None else
                                          f"running: the {action} is still pending and pauses this rank at the "
                                          "next line of user code it runs (a later call's, if this one ended)"))
@@ -230,29 +240,33 @@ def _debug(magics, rest: str):
 COLUMNS = ("mesh", "rank", "host", "pid", "thread", "where", "function", "call", "reason", "paused since")
 
 
-def _rows(stops: list[Stop]) -> list[tuple]:
+def _rows(stops: list[Stop], names: CellNames | None) -> list[tuple]:
+    """One row per stop; ``names``: the kernel's cells by name (``Cell In[12], line 5``)."""
+    def where(s: Stop) -> str:
+        return names.where(s.file, s.line) if names is not None else f"{os.path.basename(s.file or '?')}:{s.line}"
+
     return [(s.mesh or "-", "-" if s.rank is None else str(s.rank), s.host, str(s.pid), s.thread,
-             f"{os.path.basename(s.file or '?')}:{s.line}", s.function or "", s.endpoint or "",
+             where(s), s.function or "", s.endpoint or "",
              (s.reason or "") + (f" ({s.text})" if s.text else ""),
              time.strftime("%H:%M:%S", time.localtime(s.since))) for s in stops]
 
 
-def to_plain(stops: list[Stop]) -> str:
+def to_plain(stops: list[Stop], names: CellNames | None = None) -> str:
     if not stops:
         return "no paused ranks"
-    rows = [COLUMNS] + _rows(stops)
+    rows = [COLUMNS] + _rows(stops, names)
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     return f"{len(stops)} paused\n" + "\n".join(lines)
 
 
-def to_html(stops: list[Stop]) -> str:
+def to_html(stops: list[Stop], names: CellNames | None = None) -> str:
     if not stops:
         return "<div class='mnb-paused'>no paused ranks</div>"
     head = "".join(f"<th style='text-align:left'>{c}</th>" for c in COLUMNS)
     body = "".join("<tr data-mnb-stop='{}'>{}</tr>".format(
         html.escape(s.key), "".join(f"<td style='text-align:left'>{html.escape(v)}</td>" for v in row))
-        for s, row in zip(stops, _rows(stops)))
+        for s, row in zip(stops, _rows(stops, names)))
     return (f"<div class='mnb-paused'><b>{len(stops)} paused</b><table><thead><tr>{head}</tr></thead>"
             f"<tbody>{body}</tbody></table></div>")
 
@@ -265,23 +279,24 @@ class PausedView:
     _live: "PausedView | None" = None  # the newest live view (older ones stop following)
     _lock = threading.Lock()
 
-    def __init__(self, debugger):
+    def __init__(self, debugger, names: CellNames | None = None):
         self.debugger = debugger
+        self.names = names
         self.stops = debugger.paused()
-        self.widget = None
-        self._unwatch = None
+        self.widget: Any = None  # an ipywidgets.HTML once shown in a kernel
+        self._unwatch: Any = None
 
     def _on_change(self, stops: list[Stop]) -> None:
         self.stops = stops
         if self.widget is not None:
-            self.widget.value = to_html(stops)
+            self.widget.value = to_html(stops, self.names)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        bundle = {"text/plain": to_plain(self.stops), "text/html": to_html(self.stops)}
+        bundle = {"text/plain": to_plain(self.stops, self.names), "text/html": to_html(self.stops, self.names)}
         if widgets_render():
             import ipywidgets
 
-            self.widget = ipywidgets.HTML(value=to_html(self.stops))
+            self.widget = ipywidgets.HTML(value=to_html(self.stops, self.names))
             with PausedView._lock:
                 old, PausedView._live = PausedView._live, self
             if old is not None and old._unwatch is not None:
@@ -292,4 +307,4 @@ class PausedView:
         return bundle
 
     def __repr__(self) -> str:
-        return to_plain(self.stops)
+        return to_plain(self.stops, self.names)

@@ -71,6 +71,7 @@ LOGS_QUERY = "logs_query"  # stored log records matching filters
 # from clients: the debugger ---------------------------------------------------------------
 DEBUG_PAUSED = "debug_paused"  # every thread paused in the debugger
 DEBUG_SET_BREAKPOINT = "debug_set_breakpoint"  # add a cluster breakpoint (file, line, mesh, ranks, condition)
+BREAKPOINT_FUNCTION = "function"  # DEBUG_SET_BREAKPOINT: the function it is in (debug.binding.identity), kept with it
 DEBUG_BREAKPOINTS = "debug_breakpoints"  # the cluster's breakpoints and post-mortem setting
 DEBUG_CLEAR_BREAKPOINTS = "debug_clear_breakpoints"  # remove breakpoints by id (or all)
 DEBUG_POST_MORTEM = "debug_post_mortem"  # switch post-mortem pausing on raising endpoints on or off
