@@ -371,6 +371,29 @@ def test_a_remote_traceback_shows_the_cells_source_and_no_client_frames(kernel, 
     shown = re.sub(r"\x1b\[[0-9;]*m", "", str(failed.value))
     assert 'raise ValueError("bad batch")' in shown  # the line in the cell, under the remote frame
     assert "future.py" not in shown and "raise self._error" not in shown
+    # Cells named as IPython names them, the remote frame's too, not by their hashed file names.
+    shown = shown[len(f"{failed.value.ename}: {failed.value.evalue}\n"):]  # the traceback shown
+    assert re.search(r"Cell In\[\d+\], line 1, in <module>", shown) and re.search(
+        r"Cell In\[\d+\], line \d+, in fail", shown) and "ipykernel_" not in shown, shown
+
+
+def test_a_failure_shown_under_the_cell_is_not_said_again_by_the_error_its_call_raises(kernel, talkers):
+    kernel.run("%monarch procs gone --per-host gpus=1\n%monarch spawn goner Talker --procs gone\n"
+               "import monarch_nb.actor\nheard = []\nmonarch_nb.actor.unhandled_fault_hook = heard.append")
+    # The death is noticed while the cell runs (no call of it is waiting), then its call raises it.
+    msg_id = kernel.execute(
+        "import os, signal, time\nos.kill(goner.pid.call_one().get(), signal.SIGKILL)\n"
+        "deadline = time.monotonic() + 60\nwhile not heard and time.monotonic() < deadline:\n    time.sleep(0.05)\n"
+        "goner.pid.call_one().get()")
+    assert kernel.finish(msg_id, timeout=90)["status"] == "error"
+    notice = kernel.text(msg_id, "stderr")
+    assert "[monarch] unhandled failure: proc gone/0" in notice, notice
+    why = notice.split("[monarch] unhandled failure: ", 1)[1].splitlines()[0]
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(
+        line for m in kernel.outputs[msg_id] if m["msg_type"] == "error" for line in m["content"]["traceback"]))
+    assert "SupervisionError: Endpoint call goner.pid() failed" in shown, shown
+    assert why not in shown and "the failure shown above" in shown, shown
+    kernel.run("monarch_nb.actor.unhandled_fault_hook = lambda failure: None\ngone.stop()\n'stopped'", timeout=30)
 
 
 def test_a_value_mesh_shows_as_a_table_by_point_and_a_short_line(kernel, talkers):

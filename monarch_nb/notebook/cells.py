@@ -17,7 +17,8 @@ import sys
 
 from ..client import logs
 from ..client.runtime import runtime
-from ..errors import MeshFailure
+from ..errors import MeshFailure, MonarchNbError, SupervisionError
+from .cell_names import CellNames
 from .line_gate import LineGate
 
 MAX_LINES_PER_CELL = 1000
@@ -34,7 +35,9 @@ class CellLogs:
         self.hidden: dict[str, collections.Counter] = {}
         self.current: str | None = None
         self.running = False  # a cell is executing now
-        self.queued: list[str] = []  # notices that came between cells, for the next one
+        self.queued: list[tuple[str, str]] = []  # (notice, failure.why) that came between cells, for the next one
+        self.said: list[str] = []  # failure.why of the notices shown under the running cell
+        self.names = CellNames(shell)
         self._anonymous = itertools.count(1)
         self.gate = LineGate()  # actor lines between the cell's own lines, not inside one
 
@@ -58,12 +61,17 @@ class CellLogs:
             return base.__call__(self, result)
 
         hook.__class__ = type(f"Flushing{base.__name__}", (base,), {"__call__": call, "_monarch_base": base})
+        # IPython's own traceback machinery stays (%debug, %tb, the error message); only
+        # what monarch_nb's errors show passes through here first.
+        show = self.shell._showtraceback
+        self.shell._showtraceback = lambda etype, value, stb: show(etype, value, self.traceback(value, stb))
 
     def unregister(self) -> None:
         self.shell.events.unregister("pre_run_cell", self.pre_run_cell)
         self.shell.events.unregister("post_run_cell", self.post_run_cell)
         hook = self.shell.displayhook
         hook.__class__ = getattr(hook, "_monarch_base", type(hook))
+        self.shell.__dict__.pop("_showtraceback", None)
         rt = runtime()
         rt.set_line_sink(None)
         rt.set_failure_hook(None)
@@ -93,7 +101,8 @@ class CellLogs:
         rt.cell = tag
         rt.touched = False
         queued, self.queued = self.queued, []
-        for text in queued:
+        self.said = [why for _, why in queued]
+        for text, _ in queued:
             print(text, file=sys.stderr, flush=True)
 
     def post_run_cell(self, result=None) -> None:
@@ -124,8 +133,9 @@ class CellLogs:
         if failure.kind == "endpoint_failed" or owner:
             text += f"\n[monarch] the next call on {owner['mesh'] if owner else failure.meshes[0]} raises it"
         if not self.running:
-            self.queued.append(text)
+            self.queued.append((text, failure.why))
             return
+        self.said.append(failure.why)
         parent = self.parents.get(self.current)
         set_parent = getattr(sys.stderr, "set_thread_parent", None)
         token = set_parent(parent) if parent is not None and set_parent is not None else None
@@ -134,6 +144,21 @@ class CellLogs:
         finally:
             if token is not None:
                 sys.stderr.reset_thread_parent(token)
+
+    def traceback(self, value: BaseException, stb: list[str]) -> list[str]:
+        """What the notebook shows for the traceback ``stb`` of ``value``: for monarch_nb's
+        errors, cells named as IPython names them (``Cell In[12], line 5``), and a
+        failure already shown under this cell (the unhandled failure notice) not said
+        again by the ``SupervisionError`` the cell's call raised for it."""
+        if not isinstance(value, MonarchNbError):
+            return stb
+        said = self.said if isinstance(value, SupervisionError) else []
+        out = []
+        for text in stb:
+            for why in filter(None, said):
+                text = text.replace(why, "the failure shown above")
+            out.append(self.names.in_text(text))
+        return out
 
     def sink(self, lines: list[logs.Folded]) -> None:
         """Called on the log receiver's thread with lines in arrival order."""
