@@ -5,7 +5,8 @@ test can send it SIGINT at random instants.
 <cluster dir>``, then loops over ``call``, ``call_one``, ``choose``, ``broadcast`` and
 ``stream`` (each ``KeyboardInterrupt`` caught and counted) until SIGUSR1; then makes
 ``CHECKED`` calls whose values it checks, and prints one JSON object of what it saw.
-``python interrupt_client.py hammer`` instead calls ``interrupt()`` on busy actors
+``python interrupt_client.py own_handler`` does the same under a SIGINT handler of the
+user's own. ``python interrupt_client.py hammer`` instead calls ``interrupt()`` on busy actors
 from the main thread while a second thread keeps calling them.
 """
 
@@ -32,7 +33,7 @@ def main(mode: str) -> None:
     try:
         procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 2}, name="p")
         mesh = procs.spawn("rec", Recorder)
-        (storm if mode == "storm" else hammer)(mesh, procs, report)
+        {"storm": storm, "own_handler": own_handler_storm, "hammer": hammer}[mode](mesh, procs, report)
         ids = itertools.count(10**6, 2)
         wrong = 0
         for _ in range(CHECKED):  # after the storm: every call answers, right
@@ -55,7 +56,8 @@ def main(mode: str) -> None:
 
 
 @interrupts.protected  # the harness's own loop and bookkeeping: a Ctrl-C waits for _one_call
-def storm(mesh, procs, report) -> None:
+def storm(mesh, procs, report, one_call=None) -> None:
+    one_call = one_call or _one_call
     stop = threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: stop.set())
     returned: list[int] = []  # ids of calls whose future this client got: each must run
@@ -66,7 +68,7 @@ def storm(mesh, procs, report) -> None:
     while not stop.is_set() and len(report["other_errors"]) < 5:
         i += 1
         try:
-            _one_call(mesh, one, i, returned)
+            one_call(mesh, one, i, returned)
         except KeyboardInterrupt:
             report["interrupts"] += 1
         except BaseException as e:  # noqa: BLE001 - the test fails on any of these
@@ -76,28 +78,53 @@ def storm(mesh, procs, report) -> None:
 
 
 @interrupts.checkpoint
-def _one_call(mesh, one, i: int, returned: list[int]) -> None:
+def _one_call(mesh, one, i: int, returned: list[int], **rich) -> None:
     """One call of each kind in turn, as a user's cell would make it: a Ctrl-C may land
     at any instant in here."""
     kind = i % 5
     if kind == 0:
-        fut = mesh.note.call(i)
+        fut = mesh.note.call(i, **rich)
         returned.append(i)
         assert fut.get(timeout=30).values() == [i, i]
     elif kind == 1:
-        fut = one.note.call_one(i)
+        fut = one.note.call_one(i, **rich)
         returned.append(i)
         assert fut.get(timeout=30) == i
     elif kind == 2:
-        fut = mesh.note.choose(i)
+        fut = mesh.note.choose(i, **rich)
         returned.append(i)
         assert fut.get(timeout=30) == i
     elif kind == 3:
         mesh.note.broadcast(i)
         returned.append(i)
     else:
-        for fut in mesh.note.stream(i):
+        for fut in mesh.note.stream(i, **rich):
             assert fut.get(timeout=30) == i
+
+
+def own_handler_storm(mesh, procs, report) -> None:
+    """``storm`` under a SIGINT handler of the user's own (some training libraries
+    install one), which raises ``KeyboardInterrupt`` as Python's does: the runtime leaves
+    it alone, so an interrupt lands at any bytecode of a call, the runtime's included.
+    Replies unpickle Python code (as tensors do), so some land inside an unpickle. The
+    handler raises once per call (armed as the call starts), so that the harness's own
+    bookkeeping around the calls stays whole."""
+    armed = [False]
+
+    def users_handler(signum, frame) -> None:
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    def armed_call(mesh, one, i: int, returned: list[int]) -> None:
+        armed[0] = True
+        try:
+            _one_call(mesh, one, i, returned, rich=True)
+        finally:
+            armed[0] = False
+
+    signal.signal(signal.SIGINT, users_handler)
+    storm(mesh, procs, report, armed_call)
 
 
 def hammer(mesh, procs, report) -> None:

@@ -36,31 +36,49 @@ def _finish(client: subprocess.Popen, timeout: float) -> dict:
     return report
 
 
-def _assert_healthy_after(report: dict) -> None:
+def _assert_healthy_after(report: dict, protected: bool = True) -> None:
+    """``protected``: the runtime's SIGINT handler was in place (else a receive that an
+    interrupt tore in the client is dropped and counted there: that call's Ctrl-C)."""
     assert report["other_errors"] == [], report["other_errors"][0]
     assert report["wrong"] == 0, "a checked call after the interrupts returned a wrong value"
     assert report["duplicates"] == 0, "a call ran twice"
-    assert report["dropped_client"] == 0 and report["dropped_procs"] == [0, 0], "frames were dropped as bad"
+    assert report["dropped_procs"] == [0, 0], "frames were dropped as bad"
+    assert report["dropped_client"] == 0 or not protected, "frames were dropped as bad"
     assert all(names for names in report["threads_alive"]), "an actor thread died"
 
 
-def test_random_ctrl_c_while_calling_loses_no_call_and_wedges_nothing():
-    client = _client("storm")
+def _storm(mode: str, interrupts: int, seed: int) -> dict:
+    """Run ``interrupt_client.py mode``, Ctrl-C it ``interrupts`` times at random instants
+    while it calls, and return its report."""
+    client = _client(mode)
     try:
         line = client.stdout.readline()
         assert line.startswith("READY"), line
-        rng = random.Random(12)
-        for _ in range(INTERRUPTS):
+        rng = random.Random(seed)
+        for _ in range(interrupts):
             time.sleep(rng.uniform(0.001, 0.015))  # the gaps between Ctrl-Cs, not synchronisation
             client.send_signal(signal.SIGINT)
         client.send_signal(signal.SIGUSR1)
-        report = _finish(client, 120)
+        return _finish(client, 120)
     finally:
         if client.poll() is None:
             client.kill()
+
+
+def test_random_ctrl_c_while_calling_loses_no_call_and_wedges_nothing():
+    report = _storm("storm", INTERRUPTS, 12)
     _assert_healthy_after(report)
     assert report["lost"] == [], f"calls whose future the client got never ran: {report['lost']}"
     assert report["interrupts"] > INTERRUPTS // 10  # they did land (many coalesce or come between calls)
+
+
+def test_ctrl_c_under_the_users_own_sigint_handler_is_never_an_actors_error_and_wedges_nothing():
+    # The runtime leaves a handler of the user's own in place: its interrupts land at
+    # any bytecode, also while a reply is unpickled or a lock of the runtime is held.
+    report = _storm("own_handler", INTERRUPTS, 13)
+    _assert_healthy_after(report, protected=False)
+    assert report["lost"] == [], f"calls whose future the client got never ran: {report['lost']}"
+    assert report["interrupts"] > INTERRUPTS // 10
 
 
 def test_interrupting_busy_actors_over_and_over_leaves_them_answering():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..protocol import envelope
 from ..wire import frames as wire_frames
@@ -38,20 +38,39 @@ class PortReceiver(Generic[R]):
 
     def _on_message(self, message: wire_frames.Message) -> None:
         """On the dispatching thread: hand the value to the oldest recv(), or queue it."""
+        interrupted = None
         try:
-            value, error = message.value(), None
-            if not message.header[envelope.OK]:
-                value, error = None, unpack_exception(value)[0]
-            elif self._ranked:
-                value = (message.header.get(envelope.RANK), value)
-        except BaseException as e:  # noqa: BLE001 - a value we can't unpickle here
-            value, error = None, e
+            value, error = self._read(message)
+        except KeyboardInterrupt as e:
+            # The client's own Ctrl-C under a SIGINT handler of the user's own, not the
+            # value's error: read it again, raise the interrupt once the value is handed on.
+            interrupted = e
+            try:
+                value, error = self._read(message)
+            except KeyboardInterrupt as again:  # twice: the value's own
+                value, error, interrupted = None, again, None
         with self._lock:
             if not self._waiting:
                 self._arrived.append((value, error))
-                return
-            future = self._waiting.popleft()
-        future._resolve(value, error)
+                future = None
+            else:
+                future = self._waiting.popleft()
+        if future is not None:
+            future._resolve(value, error)
+        if interrupted is not None:
+            raise interrupted
+
+    def _read(self, message: wire_frames.Message) -> tuple[Any, BaseException | None]:
+        """``(value, None)`` or ``(None, error)``; raises only KeyboardInterrupt."""
+        try:
+            value = message.value()
+            if not message.header[envelope.OK]:
+                return None, unpack_exception(value)[0]
+            return ((message.header.get(envelope.RANK), value) if self._ranked else value), None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - a value we can't unpickle here
+            return None, e
 
     @protected
     def recv(self) -> Future[R]:

@@ -44,7 +44,10 @@ class Mailbox:
         self.guard = wire_frames.ReplayGuard()
         self._ports: dict[int, Callable[[wire_frames.Message], None]] = {}
         self._next_port = itertools.count(1)
-        self._io_lock = threading.Lock()
+        # Whether a thread drives the inbox, and the lock taken to claim it. Not a try-lock
+        # held while driving: see wait().
+        self._driven = False
+        self._claim = threading.Lock()
         self._sleepers: set = set()  # one lock per sleeping thread, released to wake it (interrupts.sleep_on)
         self._async_lock = threading.Lock()
         self._async_waiters = 0
@@ -93,14 +96,26 @@ class Mailbox:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return False
-            if self._io_lock.acquire(blocking=False):
-                try:
+            # Under a SIGINT handler of the user's own, KeyboardInterrupt lands at any
+            # instant the interpreter checks for signals: after any call returns, a try-
+            # lock's included, before its caller could note that it holds the lock (that
+            # left the inbox claimed forever: every later wait of the process timed out).
+            # So the claim is a flag set and cleared where no such check comes between:
+            # inside a ``with`` of a lock (entered and left in C), by plain assignments,
+            # in a ``try`` whose ``finally`` clears it without calling anything first.
+            mine = False
+            try:
+                with self._claim:
+                    if not self._driven:
+                        self._driven = mine = True
+                if mine:
                     self._drive(done, deadline)
-                finally:
-                    self._io_lock.release()
+                else:
+                    self._sleep(done, _CHUNK_S if remaining is None else min(remaining, _CHUNK_S))
+            finally:
+                if mine:
+                    self._driven = False
                     self._wake_sleepers()  # one of them takes over the inbox
-            else:
-                self._sleep(done, _CHUNK_S if remaining is None else min(remaining, _CHUNK_S))
         return True
 
     def _sleep(self, done: Callable[[], bool], seconds: float) -> None:
@@ -108,7 +123,7 @@ class Mailbox:
         waiter.acquire()
         self._sleepers.add(waiter)
         try:
-            if not done() and self._io_lock.locked():
+            if not done() and self._driven:
                 sleep_on(waiter, seconds)
         finally:
             self._sleepers.discard(waiter)
@@ -155,6 +170,12 @@ class Mailbox:
         if callback is not None:
             try:
                 callback(message)
+            except KeyboardInterrupt:
+                # This client's own Ctrl-C, landed under a SIGINT handler of the user's
+                # own (the runtime's defers it): the waiting caller gets it, as the user
+                # asked; swallowed here, the wait it ended went on until its timeout.
+                self._wake_sleepers()
+                raise
             except BaseException:  # noqa: BLE001 - a broken callback must not take the dispatching thread down
                 traceback.print_exc()
         self._wake_sleepers()
