@@ -122,3 +122,51 @@ def test_kernel_interrupt_leaves_the_cluster_the_kernel_started_running():
         assert "{'gpus': 1/2}: 0" in kernel.run("print(spinners.spin.call(0).get(timeout=30))", timeout=60)
     finally:
         kernel.shutdown()
+
+
+def _reply_to_self(mailbox, cluster_id: str) -> list:
+    """Send ``mailbox`` a message to a new port of its own; the list it arrives in."""
+    from monarch_nb.protocol import envelope
+    from monarch_nb.wire import frames
+
+    arrived: list = []
+    port = mailbox.open_port(arrived.append)
+    mailbox.send(mailbox.address, frames.encode_value(cluster_id, {envelope.PORT: port}, "reply"))
+    return arrived
+
+
+def test_a_keyboard_interrupt_at_any_signal_check_of_a_wait_leaves_the_mailbox_working():
+    # A SIGINT handler of the user's own raises wherever the interpreter checks for
+    # signals: on entering a function and after a call returns. Raise there, at the
+    # n-th such point of a wait for a reply, for every n; the next wait must still work
+    # (one landing right after the inbox's try-lock was taken left it held for good).
+    from monarch_nb.wire import frames
+    from monarch_nb.wire.mailbox import Mailbox
+
+    frames.register_key("interrupt-sweep", b"i" * 32)
+    mailbox = Mailbox()
+    first = _reply_to_self(mailbox, "interrupt-sweep")
+    assert mailbox.wait(lambda: bool(first), 10)  # connected: each wait of the sweep takes the same path
+    landed = 0
+    for n in range(1, 1000):
+        arrived = _reply_to_self(mailbox, "interrupt-sweep")
+        seen = [0]
+
+        def check_point(frame, event, arg) -> None:
+            if event in ("call", "return", "c_return"):
+                seen[0] += 1
+                if seen[0] == n:
+                    raise KeyboardInterrupt
+
+        sys.setprofile(check_point)
+        try:
+            mailbox.wait(lambda: bool(arrived), 10)
+        except KeyboardInterrupt:
+            landed += 1
+        finally:
+            sys.setprofile(None)
+        if seen[0] < n:  # the wait ended before its n-th point: every point was tried
+            break
+        after = _reply_to_self(mailbox, "interrupt-sweep")
+        assert mailbox.wait(lambda: bool(after), 10), f"an interrupt at check point {n} of a wait wedged the mailbox"
+    assert landed > 10
