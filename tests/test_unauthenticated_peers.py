@@ -17,7 +17,7 @@ GIB = 1 << 30
 
 def _send_unsigned(address: str, size: int, count: int) -> tuple[int, str]:
     """As the second user: ``count`` unsigned frames of ``size`` bytes to ``address``,
-    each a message of its own; returns how many were handed to zmq and how the
+    each a message of its own; returns how many it tried to send and how the
     connection's handshake ended (the attacker has no password: ``wire.zap``)."""
     from zmq.utils.monitor import recv_monitor_message
 
@@ -28,7 +28,10 @@ def _send_unsigned(address: str, size: int, count: int) -> tuple[int, str]:
     sock.connect(address)
     junk = bytes(size)  # (zero pages: the attacker itself holds next to nothing)
     for _ in range(count):
-        sock.send(junk, copy=False)
+        try:
+            sock.send(junk, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            break  # refused already: libzmq dropped the connection's pipe, nothing to send on
     outcome = zmq.Event(recv_monitor_message(monitor)["event"]).name if monitor.poll(120_000) else "none"
     if outcome == "HANDSHAKE_SUCCEEDED":
         sock.close(linger=60_000)  # all of it written, or refused, before this returns

@@ -198,3 +198,34 @@ def test_a_send_to_a_process_that_refuses_the_clusters_credentials_fails_naming_
     finally:
         outbox.forget(address)
         inbox.close(0)
+
+
+def _read_command(conn: socket.socket) -> bytes:
+    flags, size = conn.recv(2, socket.MSG_WAITALL)
+    assert flags == 0x04, f"expected a short command, got flags {flags}"
+    return conn.recv(size, socket.MSG_WAITALL)
+
+
+def test_an_admitted_connection_half_way_through_a_message_leaves_the_inbox_unreadable():
+    """(A ZAP user id reaches the inbox's pipe as a credential message, flushed before a
+    large message has all arrived: the socket polled readable with nothing to receive, and
+    a mailbox's non-blocking receive raised zmq.Again: two hosts' large calls failed.)"""
+    frames.register_key("admission", b"a" * 32)
+    inbox, address = sockets.bind_inbox()
+    host, port = address[len("tcp://"):].rsplit(":", 1)
+    secret = zap._passwords[b"admission"]
+    try:
+        with socket.create_connection((host, int(port)), timeout=30) as conn:
+            conn.sendall(_greeting(b"PLAIN") + _command(b"HELLO", bytes([9]) + b"admission" + bytes([len(secret)])
+                                                          + secret))
+            conn.recv(64, socket.MSG_WAITALL)  # the inbox's greeting
+            assert _read_command(conn).startswith(b"\x07WELCOME")
+            conn.sendall(_command(b"INITIATE", b"\x0bSocket-Type\x00\x00\x00\x04PUSH"))
+            assert _read_command(conn).startswith(b"\x05READY")
+            # A first part, and half of a 1 MiB second part.
+            conn.sendall(b"\x01\x05first" + b"\x02" + struct.pack(">Q", 1 << 20) + bytes(1 << 19))
+            assert not inbox.poll(1000) and not inbox.getsockopt(zmq.EVENTS) & zmq.POLLIN
+            conn.sendall(bytes(1 << 19))  # the rest: now there is a message
+            assert inbox.poll(30_000) and [len(f) for f in inbox.recv_multipart(zmq.NOBLOCK)] == [5, 1 << 20]
+    finally:
+        inbox.close(0)
