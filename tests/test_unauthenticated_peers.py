@@ -11,6 +11,7 @@ import zmq
 from monarch_nb.wire import frames, sockets, stream, zap
 from sample_actors import Counter
 from second_user import run_as_other_user
+from test_streams import Recorder
 
 GIB = 1 << 30
 
@@ -95,7 +96,7 @@ def test_an_inbox_refuses_a_frame_over_the_limit_without_holding_it():
 
 def test_no_frame_to_another_host_is_over_the_limit_even_a_large_header_or_body():
     frames.register_key("bounds", b"b" * 32)
-    sock, trackers = _Recorder(), []
+    sock, trackers = Recorder(), []
     big_body = list(range(2_000_000))  # pickled in the body itself: ~10 MiB, no out-of-band buffer
     encoded = frames.encode_value("bounds", {"note": "x" * (2 * stream.MIN_BYTES)}, big_body)
     assert frames.needs_route(encoded)
@@ -112,16 +113,3 @@ def test_no_frame_to_another_host_is_over_the_limit_even_a_large_header_or_body(
     got = frames.decode(messages[-1], guard)
     assert got.header["note"] == "x" * (2 * stream.MIN_BYTES) and got.value() == big_body
 
-
-class _Recorder:
-    """Stands in for a zmq socket: the messages sent to it, each a list of frames."""
-
-    def __init__(self):
-        self.messages: list[list[bytes]] = []
-        self._message: list[bytes] = []
-
-    def send(self, data, flags=0, copy=True, track=False):
-        self._message.append(bytes(data))
-        if not flags & zmq.SNDMORE:
-            self.messages.append(self._message)
-            self._message = []
