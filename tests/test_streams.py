@@ -236,6 +236,32 @@ def test_a_half_stream_in_a_blocking_inbox_is_dropped_while_it_waits(value, monk
         inbox.close(0)
 
 
+def test_a_half_stream_of_an_async_actor_is_dropped_after_its_inbox_idled_stale_s(value):
+    """An async actor's loop never blocks in recv_frames: it counts the idle time itself,
+    every IDLE_CHECK_S, once what waits in its inbox is read."""
+    from monarch_nb.proc.async_actor import AsyncServer
+
+    inbox, address = sockets.bind_inbox()
+    out = zmq.Context.instance().socket(zmq.PUSH)
+    server = AsyncServer(None, inbox, None)
+    try:
+        server._stopped = server.loop.create_future()
+        zap.present(out, "streams")
+        out.connect(address)
+        head = frames._chunk_head(frames._keys[b"streams"], b"streams", b"a" * 16, b"m", stream.MIN_BYTES, 0)
+        out.send_multipart([head, bytes(stream.CHUNK_BYTES)])  # its sender dies after this chunk
+        assert wait_until(lambda: (server._readable(), len(server.guard.streams))[1] == 1, 30)
+        server._count_idle()  # just read: nothing counts yet
+        assert len(server.guard.streams) == 1
+        server._drained_at -= stream.STALE_S + 1  # then the inbox waited for nothing that long
+        server._count_idle()
+        assert len(server.guard.streams) == 0
+    finally:
+        server.loop.close()
+        out.close(0)
+        inbox.close(0)
+
+
 def test_a_stream_with_no_memory_left_for_it_is_dropped_and_the_inbox_goes_on(value, monkeypatch):
     def no_memory(kind, size):
         raise MemoryError()

@@ -25,6 +25,7 @@ import collections
 import functools
 import inspect
 import sys
+import time
 import traceback
 
 import zmq
@@ -32,7 +33,7 @@ import zmq
 from ..errors import MeshFailure
 from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
-from ..wire import sockets
+from ..wire import sockets, stream
 from . import call_chain
 from .actor import is_concurrent
 from .stdio import set_call_origin
@@ -103,6 +104,8 @@ class AsyncServer:
         self.loop = asyncio.new_event_loop()
         self._queued = asyncio.Event()
         self._stopped: asyncio.Future | None = None  # set with the stop message's reply_to
+        self._drained_at = time.monotonic()  # when a message was last read, or idle time last counted
+        self._idle_check: asyncio.TimerHandle | None = None
 
     def run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -128,10 +131,12 @@ class AsyncServer:
         self.loop.add_reader(fd, self._readable)
         serial = self.loop.create_task(self._serve_in_order())
         self._readable()  # what arrived before the reader was added
+        self._idle_check = self.loop.call_later(stream.IDLE_CHECK_S, self._count_idle)
         try:
             reply_to = await self._stopped
         finally:
             self.loop.remove_reader(fd)
+            self._idle_check.cancel()
         await self._shut_down(serial)
         actor = self.actor
         cleanup = actor.cleanup_hook(self.instance)
@@ -142,10 +147,25 @@ class AsyncServer:
             actor.cleaned_up(error)
         actor.stopped(reply_to)
 
+    def _count_idle(self) -> None:
+        """Every ``IDLE_CHECK_S`` while half-received streams are open: once what waits in
+        the inbox is read, the time since a message last came (or this last counted) was
+        spent waiting for nothing, and counts toward dropping a dead sender's stream
+        (``wire.stream``; a blocking inbox counts it in ``sockets.recv_frames``; this loop
+        never blocks there)."""
+        streams = self.guard.streams
+        if streams:
+            self._readable()  # what waits is read first: a chunk keeps its stream
+            now = time.monotonic()
+            streams.idle(now - self._drained_at)
+            self._drained_at = now
+        self._idle_check = self.loop.call_later(stream.IDLE_CHECK_S, self._count_idle)
+
     def _readable(self) -> None:
         """Take every message queued at the inbox (its descriptor is edge-triggered)."""
         inbox = self.inbox
         while not self._stopped.done() and inbox.getsockopt(_EVENTS) & _POLLIN:
+            self._drained_at = time.monotonic()
             try:
                 message = wire_frames.decode(sockets.recv_frames(inbox, zmq.NOBLOCK), self.guard)
             except wire_frames.BadMessage:
