@@ -12,6 +12,7 @@ from ..errors import ActorError, HubTimeout
 from ..mesh import Extent, Shape
 from ..proc.actor import Actor, endpoint_names, owner_of_new_meshes
 from ..proc.setup_actor import ProcSetup, set_root_log_level
+from ..protocol import hub_ops
 from ..wire import serialize, sockets
 from . import progress, torch_env
 from .actor_mesh import ActorMesh
@@ -23,6 +24,9 @@ from .value_mesh import ValueMesh
 
 T = TypeVar("T", bound=Actor)
 
+
+# How long spawn waits for the hub's news of an __init__ failure to reach the failure hooks.
+INIT_FAILURE_HEARD_S = 5.0
 
 def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
@@ -128,6 +132,8 @@ class ProcMesh(MeshHandle):
         if "failures" in reply:
             raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
         rt.supervision.sync(self._cluster_id, reply["addresses"], reply["dead"], reply["name"])
+        if reply.get(hub_ops.INIT_FAILED) and fields["owner"] is None:  # said by the failure hooks before returning
+            rt.supervision.wait_heard(self._cluster_id, reply["name"], INIT_FAILURE_HEARD_S)
         # (an actor spawning a name another owner's mesh has gets its own, under its own name)
         mesh: ActorMesh[T] = ActorMesh(self._cluster_id, self._hub_address, self._name, reply["name"], class_name,
                                        endpoints, methods, Shape(Extent(reply["extent"])), reply["addresses"])

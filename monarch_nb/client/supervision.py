@@ -69,6 +69,8 @@ class Supervision:
         self._stopped: dict[str, str] = {}  # cluster id -> why: clusters this client stopped
         self._lost_hubs: set[str] = set()  # of those, the ones whose hub died (it may come back)
         self._hook: FailureHook = self.say_and_arm
+        self._heard: dict[tuple[str, str], None] = _Recent()  # (cluster id, actor mesh) with a failure heard
+        self._heard_changed = threading.Condition()
         # Gives Monarch's unhandled_fault_hook as it is now (set by monarch_nb.actor).
         self.fault_hook: Callable[[], Callable[[MeshFailure], object]] | None = None
 
@@ -146,6 +148,18 @@ class Supervision:
             failure = MeshFailure.from_event(event["failure"])
             self._hook(event[events.CLUSTER], failure, event["failure"].get("owner"))
             self._call_fault_hook(failure)
+            with self._heard_changed:
+                for mesh in failure.meshes:
+                    self._heard[(event[events.CLUSTER], mesh)] = None
+                self._heard_changed.notify_all()
+
+    def wait_heard(self, cluster_id: str, mesh: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until a failure of actor mesh ``mesh`` has gone
+        through the failure hooks (``spawn`` waits so for its ``__init__`` failures: a
+        script says them before its next line, a notebook under the spawning cell).
+        Returns whether one has."""
+        with self._heard_changed:
+            return self._heard_changed.wait_for(lambda: (cluster_id, mesh) in self._heard, timeout)
 
     def actors_gone(self, event: dict) -> None:
         """The hub's news that actors died with their proc or were stopped: fail what waits

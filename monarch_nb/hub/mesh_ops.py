@@ -209,9 +209,11 @@ class MeshOps:
             self._registry.actor_meshes[key] = record
             self._registry.save()
             view = self.actor_mesh_view(record)
+            view[hub_ops.INIT_FAILED] = []
             for r in replies:  # Monarch: a raising __init__ is a supervision fault, the mesh lives on
                 if not r.header["ok"]:
                     rank = r.header["rank"]
+                    view[hub_ops.INIT_FAILED].append(rank)
                     cause = f"__init__ raised {r.header.get('error', '')}"
                     view["dead"][str(rank)] = record.gone_report(rank, cause)
                     await self.actor_died(record, rank, cause, "__init__", r.header.get(proc_ops.TRACEBACK, ""))
