@@ -126,7 +126,7 @@ class MeshOps:
                 self._spawning.pop(name, None)
             record = self._registry.proc_meshes[name] = ProcMeshRecord(name, extent, procs, owner=header.get("owner"),
                                                                        launch=launch)
-            self._registry.save()
+            await self._registry.save(record)  # on disk before the reply: a recovered hub has it
             return record.public()
 
     async def spawn_actors(self, header, message):
@@ -207,7 +207,7 @@ class MeshOps:
                 raise HubError(f"actor mesh {name!r} was not created: its constructor could not be kept for "
                                f"restarts in {self._registry.path}: {e}; free space there and spawn it again") from None
             self._registry.actor_meshes[key] = record
-            self._registry.save()
+            await self._registry.save(record)  # on disk before the reply: a recovered hub has it
             view = self.actor_mesh_view(record)
             view[hub_ops.INIT_FAILED] = []
             for r in replies:  # Monarch: a raising __init__ is a supervision fault, the mesh lives on
@@ -321,14 +321,14 @@ class MeshOps:
         self.stop_orphans(gone)  # (waiting calls failed above)
         for actor_mesh in [a for a in self._registry.actor_meshes.values() if a.proc_mesh == record.name]:
             self.forget_actor_mesh(actor_mesh)
-        self._registry.save()
+        self._registry.save(record)
         await self._launcher.stop(record.procs)
 
     def forget_actor_mesh(self, record: ActorMeshRecord) -> None:
         if self._registry.actor_meshes.get(record.key) is record:
             del self._registry.actor_meshes[record.key]
             self._registry.drop_payload(record.payload_id)
-            self._registry.save()
+            self._registry.save(record)
 
     async def actors_gone(self, deaths: list[tuple[ProcMeshRecord, int, ProcRecord, str]],
                           stopped: bool = False) -> set[str]:

@@ -1,13 +1,20 @@
 """The registry: the hosts, proc meshes and actor meshes of the cluster, and the state
-file that keeps them for a recovering hub (see ``state``).
+files that keep them for a recovering hub (see ``state``).
 
-Every service that changes the registry calls :meth:`Registry.save` afterwards: it
-writes the state file (a retained cluster's) and announces ``health_changed``.
+Every service that changes the registry calls :meth:`Registry.save` afterwards, naming
+the records it changed where it can: it announces ``health_changed`` and has the
+change written to disk by a thread (``state_writer``), off the event loop. A change
+costs one journal line in proportion to the record changed (a proc's exit: one proc),
+not a rewrite of the whole state; ``save()`` without records (hosts, host order,
+allocation, several records) takes a snapshot, at most once per pass of the event loop
+however many ask, and the journal is folded into a snapshot once it outgrows the last
+one. Replies that promise a change (a spawn's) await ``save``'s future: it is done
+once the change is on disk.
 """
 
 from __future__ import annotations
 
-import sys
+import asyncio
 import time
 from pathlib import Path
 
@@ -15,13 +22,16 @@ from . import state
 from .announce import Announcer
 from .errors import HubError
 from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
+from .state_writer import JOURNAL, SNAPSHOT, StateWriter
+
+COMPACT_MIN_BYTES = 1 << 20  # a journal under this is never folded into a snapshot
 
 
 class Registry:
     """What the hub knows, in memory and (unless ``ephemeral``) on disk under ``path``.
 
     ``allocator`` is asked for its spec (with its live allocation, e.g. a Slurm job id)
-    on every save; ``saved``: a recovering hub's loaded state file, whose start time
+    at every snapshot; ``saved``: a recovering hub's loaded state, whose start time
     and mesh counter carry on (its hosts and meshes are taken over by adoption)."""
 
     def __init__(self, path: Path, ephemeral: bool, allocator, announcer: Announcer, saved: dict | None):
@@ -36,27 +46,105 @@ class Registry:
         self.started = saved["started"] if saved else time.time()
         self.mesh_counter = saved["mesh_counter"] if saved else 0
         self._payloads: dict[str, list[bytes]] = {}  # actor mesh constructor frames, for restarts
-        self._state_failing = False  # the last state file write failed (said once in hub.log)
+        # proc id -> (proc mesh, rank), checked at each use and built again when stale
+        self._proc_index: dict[str, tuple[ProcMeshRecord, int]] = {}
+        self._indexed: tuple[int, int, int] | None = None  # (changes, id and size of proc_meshes) when built
+        self._changes = 0  # saves so far
+        # Writing: a recovering hub journals on after its predecessor's snapshot.
+        self._gen = saved.get("journal", 0) if saved else 0
+        # The first save writes a snapshot: the journal follows it (a recovering hub's
+        # predecessor may have left a line cut short at the end of its journal).
+        self._snapshot_wanted = True
+        self._lines: list[bytes] = []  # journal lines not yet handed to the writer
+        self._waiters: list[asyncio.Future] = []  # saves not yet handed to the writer
+        self._flush_soon = False
+        self._journal_bytes = 0  # in the journal since the last snapshot
+        self._compact_at = COMPACT_MIN_BYTES
+        self.writer = None if ephemeral else StateWriter(path)
 
-    def save(self) -> None:
-        """The registry changed: write the state file and tell clients (coalesced)."""
+    def save(self, *changed: ProcRecord | ProcMeshRecord | ActorMeshRecord) -> asyncio.Future:
+        """The registry changed: ``changed`` records (added, changed or removed from
+        the registry; none: anything may have). Tells clients (coalesced) and has the
+        change written off the event loop. Returns a future done once the change is on
+        disk (or could not be written: a full disk only costs recoverability); never
+        blocks. Call it on the event loop."""
         self._announcer.health_changed()
-        if self.ephemeral:
-            return
-        # On the event loop, not in a thread: a reply sent after this promises that a
-        # recovering hub finds the change. A full disk only costs recoverability.
-        try:
-            state.save(self.path, self.started, self.hosts, self.host_order, self.mesh_counter,
-                       self.proc_meshes, self.actor_meshes, allocator=self._allocator.spec())
-        except OSError as e:
-            if not self._state_failing:
-                print(f"monarch_nb hub: could not write the state file ({e}); the cluster runs on, but a hub "
-                      "recovered after this one dies may miss the latest changes", file=sys.stderr)
-            self._state_failing = True
+        self._changes += 1
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        if self.writer is None:
+            done.set_result(None)
+            return done
+        if not changed or self._snapshot_wanted:
+            self._snapshot_wanted = True
         else:
-            if self._state_failing:
-                print("monarch_nb hub: writing the state file again", file=sys.stderr)
-            self._state_failing = False
+            for record in changed:
+                line = self._entry(record)
+                if line is None:
+                    self._snapshot_wanted = True
+                    break
+                self._lines.append(line)
+        self._waiters.append(done)
+        if not self._flush_soon:
+            self._flush_soon = True
+            loop.call_soon(self._flush)  # every save of this pass of the loop in one job
+        return done
+
+    def _entry(self, record) -> bytes | None:
+        """The journal line saying what ``record``'s key now holds; None: a snapshot is needed."""
+        counter = self.mesh_counter
+        if isinstance(record, ProcRecord):
+            found = self.find_proc(record.proc_id)
+            if found is None:
+                return b""  # no longer in the registry: its mesh's removal says it
+            mesh, rank, proc = found
+            return state.entry(state.PROC, counter, mesh=mesh.name, rank=rank, record=vars(proc))
+        if isinstance(record, ProcMeshRecord):
+            current = self.proc_meshes.get(record.name)
+            if current is None:
+                return state.entry(state.PROC_MESH_GONE, counter, name=record.name)
+            return state.entry(state.PROC_MESH, counter, record=current.saved())
+        if isinstance(record, ActorMeshRecord):
+            now = self.actor_meshes.get(record.key)
+            if now is None:
+                return state.entry(state.ACTOR_MESH_GONE, counter, key=record.key)
+            return state.entry(state.ACTOR_MESH, counter, record=now.saved())
+        return None
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        if self.writer is None:
+            return
+        waiters, self._waiters = self._waiters, []
+        loop = asyncio.get_running_loop()
+
+        def done() -> None:  # in the writer's thread
+            try:
+                loop.call_soon_threadsafe(_resolve, waiters)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+        if self._snapshot_wanted or self.writer.needs_snapshot or self._journal_bytes > self._compact_at:
+            self._gen += 1
+            text = state.snapshot(self.started, self.hosts, self.host_order, self.mesh_counter, self.proc_meshes,
+                                  self.actor_meshes, self._allocator.spec(), self._gen)
+            self._snapshot_wanted = False
+            self._lines = []  # the snapshot holds what they say
+            self._journal_bytes = 0
+            self._compact_at = max(COMPACT_MIN_BYTES, 2 * len(text))  # folding in costs O(1) a change
+            self.writer.submit(SNAPSHOT, self._gen, text, done)
+        else:
+            lines = b"".join(self._lines)
+            self._lines = []
+            self._journal_bytes += len(lines)
+            self.writer.submit(JOURNAL, self._gen, lines, done)
+
+    def close(self) -> None:
+        """Write what is pending and stop the writer; blocks for the disk (the hub's
+        end: its directory is removed next, and nothing may be written into it then)."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
     def next_number(self) -> int:
         """A number never given before in this cluster (for generated names and ids)."""
@@ -84,12 +172,28 @@ class Registry:
         return [p for m in self.proc_meshes.values() for p in m.procs if p.exit_code is None]
 
     def find_proc(self, proc_id: str) -> tuple[ProcMeshRecord, int, ProcRecord] | None:
-        """The proc mesh, rank and record of the proc ``proc_id``, if the registry holds it."""
-        for mesh in self.proc_meshes.values():
-            for rank, proc in enumerate(mesh.procs):
-                if proc.proc_id == proc_id:
-                    return mesh, rank, proc
-        return None
+        """The proc mesh, rank and record of the proc ``proc_id``, if the registry holds
+        it. O(1): by an index, built again (O(procs)) only when a lookup misses after
+        the registry changed."""
+        found = self._indexed_proc(proc_id)
+        if found is None and self._indexed != self._index_key():
+            self._proc_index = {proc.proc_id: (mesh, rank) for mesh in self.proc_meshes.values()
+                                for rank, proc in enumerate(mesh.procs)}
+            self._indexed = self._index_key()
+            found = self._indexed_proc(proc_id)
+        return found
+
+    def _index_key(self) -> tuple[int, int, int]:
+        return self._changes, id(self.proc_meshes), len(self.proc_meshes)
+
+    def _indexed_proc(self, proc_id: str) -> tuple[ProcMeshRecord, int, ProcRecord] | None:
+        hit = self._proc_index.get(proc_id)
+        if hit is None:
+            return None
+        mesh, rank = hit
+        if self.proc_meshes.get(mesh.name) is not mesh or rank >= len(mesh.procs) or mesh.procs[rank].proc_id != proc_id:
+            return None  # stale: the mesh was stopped or replaced since
+        return mesh, rank, mesh.procs[rank]
 
     def find_actor_mesh(self, name: str) -> ActorMeshRecord | None:
         """The actor mesh with key ``name`` (``PROC_MESH/NAME``), or else the only one
@@ -113,3 +217,9 @@ class Registry:
         """``proc P (pid N on HOST)``, as failures name a proc."""
         host = self.hosts.get(proc.host_id)
         return f"proc {proc.proc_id} (pid {proc.pid} on {host.hostname if host else proc.host_id})"
+
+
+def _resolve(waiters: list[asyncio.Future]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)

@@ -72,7 +72,7 @@ class Restarts:
         if mesh is None:
             raise HubError(f"no proc mesh named {header['name']!r}; it was stopped", "ValueError")
         mesh.rank_env.update({str(r): env for r, env in header["env"].items()})
-        self._registry.save()
+        await self._registry.save(mesh)  # on disk before the reply
         return {}
 
     async def _restart(self, mesh: ProcMeshRecord, ranks: list[int]) -> dict[str, dict[int, tuple[bytes, str]]]:
@@ -100,7 +100,7 @@ class Restarts:
             raise HubError(f"proc mesh {mesh.name!r} was stopped during the restart", "ValueError")
         for r in ranks:
             mesh.procs[r] = new[mesh.procs[r].proc_id]
-        self._registry.save()
+        await self._registry.save(mesh)  # the new pids and addresses, before any reply
         failures: dict[str, dict[int, tuple[bytes, str]]] = {}
         for record in [a for a in self._registry.actor_meshes.values() if a.proc_mesh == mesh.name]:
             failed = await self._respawn_actors(mesh, record, [r for r in ranks if r in record.proc_ranks])
@@ -132,5 +132,5 @@ class Restarts:
             for i in indices))
         for r in replies:
             record.addresses[r.header[envelope.RANK]] = r.header[proc_ops.ADDRESS]
-        self._registry.save()
+        await self._registry.save(record)
         return {r.header[envelope.RANK]: r for r in replies if not r.header[envelope.OK]}

@@ -190,6 +190,7 @@ class Hub:
         # Everything has stopped: nothing is left to recover, so no runtime file stays;
         # a retained cluster's lines stay readable (`monarch-nb logs NAME`).
         self.logs.store.close()
+        self.registry.close()  # nothing may be written into the directory once it is removed
         if not self.ephemeral:
             logstore.keep(self.path / "logs" / logstore.DB_FILE, cluster_dir.kept_logs_path(self.path.name))
         shutil.rmtree(self.path, ignore_errors=True)

@@ -75,16 +75,17 @@ class Supervision:
 
     # failures ------------------------------------------------------------------------
     async def proc_exited(self, header, message):
-        for mesh in self._registry.proc_meshes.values():
-            for rank, proc in enumerate(mesh.procs):
-                # The pid too: a late report about a stopped mesh's proc must not hit the
-                # new proc of the same id in a mesh spawned again under that name.
-                if proc.proc_id == header[agent_ops.PROC_ID] and proc.pid == header.get("pid", proc.pid):
-                    if proc.exit_code is not None:
-                        return  # already failed (lost with its host, or stopped for a restart)
-                    proc.exit_code = header["returncode"]
-                    self._registry.save()
-                    await self.procs_died([(mesh, rank, proc)], header.get("expected", False))
+        found = self._registry.find_proc(header[agent_ops.PROC_ID])  # by index: no scan of every proc
+        if found is None:
+            return
+        mesh, rank, proc = found
+        # The pid too: a late report about a stopped mesh's proc must not hit the new
+        # proc of the same id in a mesh spawned again under that name.
+        if proc.pid != header.get("pid", proc.pid) or proc.exit_code is not None:
+            return  # (or already failed: lost with its host, or stopped for a restart)
+        proc.exit_code = header["returncode"]
+        self._registry.save(proc)  # one journal line; a recovering hub learns exits from the agents anyway
+        await self.procs_died([(mesh, rank, proc)], header.get("expected", False))
 
     async def host_lost(self, host: HostRecord, silent_s: float) -> None:
         """A host agent fell silent: its procs (which die with it) are failed."""

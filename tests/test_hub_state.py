@@ -1,0 +1,173 @@
+"""The hub's state on disk: changes go to a journal written off the event loop, a
+burst of changes costs a few writes, a hub killed at any byte of a write leaves state a
+recovering hub loads, and a recovered hub finds every mesh whose spawn was answered."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+
+import monarch_nb
+from monarch_nb import cluster_dir
+from monarch_nb.client.runtime import runtime
+from monarch_nb.hub import state
+from monarch_nb.hub.records import ActorMeshRecord, ProcMeshRecord, ProcRecord
+from monarch_nb.hub.registry import Registry
+
+from conftest import cluster_processes, pids_alive, wait_until
+from sample_actors import Counter
+
+
+class _Allocator:
+    def spec(self) -> dict:
+        return {"kind": "local"}
+
+
+class _Announcer:
+    def health_changed(self) -> None:
+        pass
+
+
+def _mesh(name: str, n: int) -> ProcMeshRecord:
+    return ProcMeshRecord(name, {"gpus": n}, [ProcRecord(f"{name}/{r}", "host0", f"tcp://127.0.0.1:{r}", 1000 + r)
+                                              for r in range(n)])
+
+
+def _actors(name: str, proc_mesh: ProcMeshRecord) -> ActorMeshRecord:
+    n = len(proc_mesh.procs)
+    return ActorMeshRecord(name, proc_mesh.name, list(range(n)), {"gpus": n}, "Counter", {"incr": False}, [],
+                           [f"tcp://a/{r}" for r in range(n)], f"payload-{name}")
+
+
+def _summary(saved: dict | None) -> dict:
+    """What a recovering hub would take over, comparable."""
+    assert saved is not None
+    return {"procs": {n: [(p.proc_id, p.pid, p.exit_code) for p in m.procs] for n, m in saved["proc_meshes"].items()},
+            "actors": sorted(saved["actor_meshes"]), "counter": saved["mesh_counter"]}
+
+
+def test_a_burst_of_256_proc_deaths_is_written_off_the_event_loop_in_a_few_fsyncs(tmp_path, monkeypatch):
+    fsyncs: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(threading.current_thread().name), real_fsync(fd)))
+
+    async def main() -> None:
+        registry = Registry(tmp_path, False, _Allocator(), _Announcer(), None)
+        mesh = registry.proc_meshes["big"] = _mesh("big", 2048)
+        await registry.save(mesh)
+        assert registry.writer is not None
+        snapshots = registry.writer.snapshots
+        fsyncs.clear()
+        done = []
+        for proc in mesh.procs[:256]:  # a preempted host: its agent reports each exit
+            found = registry.find_proc(proc.proc_id)
+            assert found is not None and found[2] is proc
+            proc.exit_code = -9
+            done.append(registry.save(proc))
+        await asyncio.wait_for(asyncio.gather(*done), 60)
+        assert threading.main_thread().name not in fsyncs, "the event loop waited for the disk"
+        assert len(fsyncs) <= 2, fsyncs  # one write for the burst, not 256 rewrites of all 2,048 procs
+        assert registry.writer.snapshots == snapshots
+        registry.close()
+
+    asyncio.run(main())
+    exits = [p.exit_code for p in state.load(tmp_path)["proc_meshes"]["big"].procs]
+    assert exits == [-9] * 256 + [None] * (2048 - 256)
+
+
+def test_state_loads_after_a_hub_killed_at_any_byte_of_a_journal_write(tmp_path):
+    """Every prefix of the journal (a SIGKILL mid-write) loads as the state after its
+    last whole line: never an error, never a change half applied."""
+    expected: list[dict] = []
+
+    async def main() -> None:
+        registry = Registry(tmp_path, False, _Allocator(), _Announcer(), None)
+        a = registry.proc_meshes["a"] = _mesh("a", 3)
+        await registry.save()
+        expected.append(_summary(state.load(tmp_path)))
+        b = registry.proc_meshes["b"] = _mesh("b", 2)
+        registry.next_number()
+        changes = [lambda: b, lambda: registry.actor_meshes.setdefault("a/c", _actors("c", a))]
+        for rank in range(3):
+            changes.append(lambda rank=rank: setattr(a.procs[rank], "exit_code", -9) or a.procs[rank])
+        changes += [lambda: registry.actor_meshes.pop("a/c"), lambda: registry.proc_meshes.pop("a")]
+        for change in changes:
+            await registry.save(change())
+            expected.append(_summary(state.load(tmp_path)))
+        assert registry.writer is not None and registry.writer.snapshots == 1  # each change a line
+        registry.close()
+
+    asyncio.run(main())
+    assert len({str(e) for e in expected}) == len(expected)  # each change shows
+    journal = next(tmp_path.glob("state.*.journal"))
+    data = journal.read_bytes()
+    assert data.count(b"\n") == len(expected) - 1
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    shutil.copy(tmp_path / state.STATE_FILE, cut / state.STATE_FILE)
+    for end in range(len(data) + 1):
+        (cut / journal.name).write_bytes(data[:end])
+        assert _summary(state.load(cut)) == expected[data[:end].count(b"\n")], end
+
+
+def test_find_proc_follows_meshes_stopped_and_spawned_again_under_the_same_name(tmp_path):
+    async def main() -> None:
+        registry = Registry(tmp_path, True, _Allocator(), _Announcer(), None)
+        first = registry.proc_meshes["p"] = _mesh("p", 4)
+        registry.save(first)
+        assert registry.find_proc("p/2")[2] is first.procs[2]
+        del registry.proc_meshes["p"]
+        registry.save(first)
+        assert registry.find_proc("p/2") is None
+        again = registry.proc_meshes["p"] = _mesh("p", 2)
+        registry.save(again)
+        assert registry.find_proc("p/1")[2] is again.procs[1] and registry.find_proc("p/2") is None
+        again.procs[1] = ProcRecord("p/1", "host0", "tcp://new", 4242)  # a restart
+        assert registry.find_proc("p/1")[2].pid == 4242
+
+    asyncio.run(main())
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "monarch_nb.cli", *args], capture_output=True, text=True,
+                          timeout=180)
+
+
+def test_a_hub_killed_during_a_burst_of_changes_recovers_every_answered_spawn():
+    name = "journal-burst"
+    path = cluster_dir.cluster_path(name)
+    try:
+        cluster = monarch_nb.Cluster.start(name, grace_s=60)
+        keep = cluster.host_mesh().spawn_procs(per_host={"gpus": 2}, name="keep")
+        counters = keep.spawn("counters", Counter, 3)
+        counters.incr.call(4).get()
+        doomed = cluster.host_mesh().spawn_procs(per_host={"gpus": 12}, name="doomed")
+        for pid in doomed.pids:  # 12 exits for the hub to write while it answers spawns
+            os.kill(pid, signal.SIGKILL)
+        answered = [keep.spawn(f"late{i}", Counter, i) for i in range(3)]
+        os.kill(cluster._info["hub_pid"], signal.SIGKILL)  # right after the last spawn's reply
+        assert wait_until(lambda: not pids_alive([cluster._info["hub_pid"]]), 30)
+        runtime().cluster = None
+
+        recovered = _cli("cluster", "recover", name)
+        assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+        again = monarch_nb.connect(name)
+        assert again.proc_meshes["keep"].pids == keep.pids
+        assert sorted(again.actor_meshes["counters"].get.call().get().values()) == [7, 7]
+        for i, mesh in enumerate(answered):
+            assert sorted(again.actor_meshes[f"late{i}"].get.call().get().values()) == [i, i]
+        assert "doomed" not in again.proc_meshes  # every proc of it died: forgotten, not left failed
+        again.stop()
+        assert not pids_alive(keep.pids + doomed.pids)
+    finally:
+        subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", name], capture_output=True)
+        assert wait_until(lambda: not cluster_processes(path), 30), cluster_processes(path)
+        if runtime().cluster is not None:
+            runtime().cluster.disconnect()
+            runtime().cluster = None
+    assert not path.exists(), f"{path} left behind"
