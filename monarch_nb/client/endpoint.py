@@ -64,12 +64,15 @@ class Endpoint(Generic[P, R]):
 
     @protected
     def _send(self, addresses: list[str], args: tuple, kwargs: dict, gather: Gather | None = None,
-              route: dict | None = None) -> None:
+              route: dict | None = None, deaths: int | None = None) -> None:
         """Pickle and sign the arguments once; send them to the actors at ``addresses``
-        (see :meth:`_addresses_of`), replies routed by ``route`` (none for broadcast)."""
+        (see :meth:`_addresses_of`), replies routed by ``route`` (none for broadcast).
+        ``deaths``: ``Supervision.deaths`` when the caller last checked its targets alive."""
         guard_main_thread()  # first: a cell's default SIGINT handler would not defer out of what follows
         mesh = self._mesh
         rt = runtime()
+        if deaths is None:
+            deaths = rt.supervision.deaths
         rt.supervision.raise_armed(mesh._cluster_id, mesh._name)
         header: dict = {envelope.KIND: proc_ops.CALL, proc_ops.ENDPOINT: self._name, proc_ops.ORIGIN: rt.origin()}
         chain = call_chain.current()
@@ -82,6 +85,8 @@ class Endpoint(Generic[P, R]):
         gather = gather or Gather(rt.mailbox)
         if len(frames) <= wire_frames.FIXED_FRAMES:  # no out-of-band buffers: the usual case
             gather.send(addresses, frames)
+            if rt.supervision.deaths != deaths:
+                self._drop_queued_for_dead(addresses)
             return
         # Buffers: a send may take a while, and waits until they have left. An actor
         # reported dead meanwhile is skipped (its call has failed already): a send to it
@@ -94,12 +99,23 @@ class Endpoint(Generic[P, R]):
         for address in addresses:
             if not dead(address):
                 gather.send([address], frames)
-        if wire_frames.signed_at_send(frames):  # large buffers: some may wait in shared-memory segments
-            for address in addresses:
-                # An actor whose death was reported while this was being sent would never
-                # take its segment: drop it now (Supervision.actors_gone did before it existed).
-                if dead(address):
-                    sockets.Outbox.discard(address)
+        # Large buffers may wait in shared-memory segments: an actor whose death was reported
+        # while this was being sent would never take its segment (actors_gone dropped the
+        # segments before it existed).
+        if wire_frames.signed_at_send(frames) or rt.supervision.deaths != deaths:
+            self._drop_queued_for_dead(addresses)
+
+    def _drop_queued_for_dead(self, addresses: list[str]) -> None:
+        """Actors reported dead while a call to them was being sent: its socket to each
+        (and shared-memory segments), closed for them by ``Supervision.actors_gone``
+        before the send made them again, would hold the call until a new actor took the
+        address, and deliver it there (a restarted rank ran a call that had already
+        failed)."""
+        mesh, supervision = self._mesh, runtime().supervision
+        rank_of = {a: base for base, a in enumerate(mesh._addresses)}
+        for address in addresses:
+            if supervision.why_dead(mesh._cluster_id, address, mesh._name, rank_of.get(address)) is not None:
+                sockets.Outbox.discard(address)
 
     @protected
     def _gather(self, view_ranks: list[int], args, kwargs, finish) -> Future:
@@ -159,9 +175,10 @@ class Endpoint(Generic[P, R]):
         gather = Gather(rt.mailbox, on_reply)
         route = gather.open()
         port = route[envelope.PORT]
+        deaths = supervision.deaths
         dead = supervision.watch(mesh._cluster_id, port, targets, mesh._name)
         try:
-            self._send([addresses[b] for b in bases if addresses[b] not in dead], args, kwargs, gather, route)
+            self._send([addresses[b] for b in bases if addresses[b] not in dead], args, kwargs, gather, route, deaths)
         except BaseException:
             gather.close()
             supervision.unwatch(port, targets)

@@ -71,6 +71,9 @@ class Supervision:
         self._hook: FailureHook = self.say_and_arm
         self._heard: dict[tuple[str, str], None] = _Recent()  # (cluster id, actor mesh) with a failure heard
         self._heard_changed = threading.Condition()
+        # Counts actors_gone reports: a sender that saw it change while it sent checks its
+        # targets again (a socket closed for a dead actor may have been made again by it).
+        self.deaths = 0
         # Gives Monarch's unhandled_fault_hook as it is now (set by monarch_nb.actor).
         self.fault_hook: Callable[[], Callable[[MeshFailure], object]] | None = None
 
@@ -166,6 +169,7 @@ class Supervision:
         on them, and close the sockets to them (dropping calls still queued for them)."""
         cluster = event.get(events.CLUSTER, "")
         with self._lock:
+            self.deaths += 1
             pending = []
             for address, (mesh, rank, why) in event["actors"].items():
                 self._dead[address] = (cluster, why)
