@@ -10,6 +10,7 @@ import threading
 import traceback
 from typing import Callable
 
+from ..errors import ClusterError
 from ..protocol import envelope, hub_ops
 from ..wire import frames as wire_frames
 from ..proc.actor import proc_identity
@@ -49,10 +50,19 @@ class Presence:
     def _send(self, header: dict) -> None:
         runtime().mailbox.send(self.hub_address, wire_frames.encode(self.cluster_id, header))
 
+    def _try_send(self, header: dict) -> None:
+        """:meth:`_send`, for the heartbeat and goodbye: a hub that is gone refuses them
+        (``ClusterError``, e.g. another cluster's process on its port now), which must not
+        end the heartbeat thread: its watch below finds out what became of the hub."""
+        try:
+            self._send(header)
+        except ClusterError:
+            pass
+
     def _run(self) -> None:
         told = False
         while not self._closed.wait(HEARTBEAT_S):
-            self._send(self._hello)
+            self._try_send(self._hello)
             if self._watch is not None:
                 try:
                     self._watch()
@@ -68,4 +78,4 @@ class Presence:
     def close(self) -> None:
         if not self._closed.is_set():
             self._closed.set()
-            self._send({envelope.OP: hub_ops.CLIENT_BYE, "client_id": runtime().client_id})
+            self._try_send({envelope.OP: hub_ops.CLIENT_BYE, "client_id": runtime().client_id})
