@@ -92,11 +92,15 @@ def test_state_loads_after_a_hub_killed_at_any_byte_of_a_journal_write(tmp_path)
         expected.append(_summary(state.load(tmp_path)))
         b = registry.proc_meshes["b"] = _mesh("b", 2)
         registry.next_number()
+
+        def exited(rank: int) -> ProcRecord:
+            a.procs[rank].exit_code = -9
+            return a.procs[rank]
+
         changes = [lambda: b, lambda: registry.actor_meshes.setdefault("a/c", _actors("c", a))]
-        for rank in range(3):
-            changes.append(lambda rank=rank: setattr(a.procs[rank], "exit_code", -9) or a.procs[rank])
+        changes += [lambda rank=rank: exited(rank) for rank in range(3)]
         changes += [lambda: registry.actor_meshes.pop("a/c"), lambda: registry.proc_meshes.pop("a")]
-        for change in changes:
+        for change in changes:  # each awaited: one line each
             await registry.save(change())
             expected.append(_summary(state.load(tmp_path)))
         assert registry.writer is not None and registry.writer.snapshots == 1  # each change a line

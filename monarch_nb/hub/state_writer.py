@@ -65,7 +65,11 @@ class StateWriter:
                     break
                 jobs = list(self._jobs)
                 self._jobs.clear()
-            self._write(jobs)
+            try:
+                self._write(jobs)
+            except Exception as e:  # never a dead writer: a spawn awaiting its job would wait for ever
+                self._failed(e)
+                self._gen = None
             for *_, done in jobs:
                 done()
         self._close_journal()
@@ -94,7 +98,7 @@ class StateWriter:
         self._gen = gen
         self.needs_snapshot = False
         if self._failing:
-            print("monarch_nb hub: writing the state file again", file=sys.stderr)
+            _say("monarch_nb hub: writing the state file again")
             self._failing = False
         keep = state.journal_name(gen)
         for old in self._path.glob("state.*.journal"):  # replayed into this snapshot already
@@ -124,10 +128,17 @@ class StateWriter:
             os.close(self._fd)
             self._fd = None
 
-    def _failed(self, error: OSError) -> None:
+    def _failed(self, error: Exception) -> None:
         self._close_journal()
         self.needs_snapshot = True
         if not self._failing:
-            print(f"monarch_nb hub: could not write the state file ({error}); the cluster runs on, but a hub "
-                  "recovered after this one dies may miss the latest changes", file=sys.stderr)
+            _say(f"monarch_nb hub: could not write the state file ({error}); the cluster runs on, but a hub "
+                 "recovered after this one dies may miss the latest changes")
         self._failing = True
+
+
+def _say(notice: str) -> None:
+    try:
+        print(notice, file=sys.stderr)
+    except (OSError, ValueError):  # hub.log on the same full disk, or closed at exit
+        pass
