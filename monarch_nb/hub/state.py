@@ -31,7 +31,7 @@ STATE_FILE = "state.json"
 VERSION = 1
 _LEN = struct.Struct("!Q")
 
-# Journal lines: {"op": OP, "counter": mesh counter, ...}
+# Journal lines: {"change": CHANGE, "counter": mesh counter, ...} (a file format, not a wire op)
 PROC_MESH = "proc_mesh"  # "record": a proc mesh's saved() record, added or changed
 PROC_MESH_GONE = "proc_mesh_gone"  # "name"
 ACTOR_MESH = "actor_mesh"  # "record": an actor mesh's saved() record
@@ -60,7 +60,7 @@ def snapshot(started: float, hosts: dict[str, HostRecord], host_order: list[str]
 def entry(op: str, counter: int, **fields) -> bytes:
     """One journal line (with its newline): ``op`` and its fields; costs time in
     proportion to the one record it holds."""
-    return json.dumps({"op": op, "counter": counter, **fields}).encode() + b"\n"
+    return json.dumps({"change": op, "counter": counter, **fields}).encode() + b"\n"
 
 
 def write_snapshot(path: Path, text: bytes) -> None:
@@ -107,7 +107,7 @@ def load(path: Path) -> dict | None:
     counter = data["mesh_counter"]
     for line in read_journal(path / journal_name(gen)):
         counter = max(counter, line.get("counter", 0))
-        op = line.get("op")
+        op = line.get("change")
         if op == PROC_MESH:
             proc_meshes[line["record"]["name"]] = line["record"]
         elif op == PROC_MESH_GONE:
