@@ -41,6 +41,25 @@ IDLE_SOCKET_S = 60.0
 SEND_DRAIN_TIMEOUT_S = 60.0
 
 
+# Connections an inbox's accept queue holds while its I/O thread is not scheduled. Every
+# proc of a mesh answers a call or a status request at once; on a loaded host the I/O
+# thread may not run before more than libzmq's default of 100 SYNs arrive, and Linux
+# drops the rest: each of those peers then waits for TCP's 1 s retransmission (the
+# one-second step in health() and first calls at ~128 procs, issue 24). The kernel
+# caps the figure at net.core.somaxconn; asking for more costs nothing.
+MAX_LISTEN_BACKLOG = 65535
+
+
+def listen_backlog() -> int:
+    """The accept-queue length to ask for: ``net.core.somaxconn`` (the kernel's cap),
+    at least 4,096 where it cannot be read."""
+    try:
+        with open("/proc/sys/net/core/somaxconn") as f:
+            return min(MAX_LISTEN_BACKLOG, max(4096, int(f.read())))
+    except (OSError, ValueError):
+        return 4096
+
+
 def bind_host() -> str:
     """Interface to bind on: ``MONARCH_NB_BIND`` or loopback."""
     return os.environ.get("MONARCH_NB_BIND", "127.0.0.1")
@@ -68,6 +87,7 @@ def bind_inbox(ctx: zmq.Context | None = None, prefer: str | None = None) -> tup
     # who can reach the port could otherwise make this process hold up to the largest
     # message before its signature is checked (frames.MAX_FRAME_BYTES).
     sock.setsockopt(zmq.MAXMSGSIZE, wire_frames.MAX_FRAME_BYTES)
+    sock.setsockopt(zmq.BACKLOG, listen_backlog())
     if prefer is not None:
         try:
             sock.bind(prefer)
