@@ -44,7 +44,10 @@ def open_files() -> dict[str, str]:
     found = {"client": me}
     for child in me.children(recursive=True):
         line = " ".join(child.cmdline())
-        kind = next((k for k in ("hub", "host", "proc") if f"monarch_nb.{k}" in line), None)
+        if child.cmdline()[1:3] == ["-m", "monarch_nb.host.forkserver"]:  # it, or a proc it forked
+            kind = "proc" if child.parent().cmdline()[1:3] == ["-m", "monarch_nb.host.forkserver"] else "forkserver"
+        else:
+            kind = next((k for k in ("hub", "host", "proc") if f"monarch_nb.{k}" in line), None)
         if kind is not None:
             found.setdefault(kind, child)
     return {k: f"{p.num_fds()}/{soft_limit(p.pid)}" for k, p in found.items()}

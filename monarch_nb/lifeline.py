@@ -18,11 +18,13 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(expected_ppid: int, sig: int = signal.SIGKILL,
-                    on_orphan: Callable[[], None] | None = None, poll_s: float = 0.2) -> None:
+                    on_orphan: Callable[[], None] | None = None, poll_s: float = 0.2,
+                    watchdog: bool = True) -> None:
     """Receive ``sig`` when the parent exits; exit at once if it already has.
 
     ``on_orphan`` (default: ``os._exit(1)``) runs on the watchdog thread when the
-    parent is found gone by polling.
+    parent is found gone by polling; ``watchdog=False``: no such thread (a process
+    that forks must have none), the kernel's signal only.
     """
     if sys.platform.startswith("linux"):
         try:
@@ -32,6 +34,8 @@ def die_with_parent(expected_ppid: int, sig: int = signal.SIGKILL,
             pass
     if os.getppid() != expected_ppid:  # parent died before prctl took effect
         os._exit(1)
+    if not watchdog:
+        return
 
     def watch() -> None:
         while os.getppid() == expected_ppid:

@@ -20,7 +20,7 @@ from kernels import TESTS
 # The script runs in a process whose limits the test sets, and so does every process of its
 # cluster (inherited); it reports as JSON lines, and stops its ephemeral cluster at exit.
 SCRIPT = textwrap.dedent("""
-    import json, sys, psutil
+    import json, os, sys, psutil
     from monarch_nb.actor import ActorError, MonarchNbError, this_host
     from monarch_nb.client.cluster import default_cluster
     from sample_actors import Counter
@@ -44,7 +44,12 @@ SCRIPT = textwrap.dedent("""
     kinds = {}
     for p in [psutil.Process()] + psutil.Process().children(recursive=True):
         line = " ".join(p.cmdline())
-        kind = next((k for k in ("hub", "host", "proc") if f"monarch_nb.{k}" in line), "client")
+        if p.pid == os.getpid():
+            kind = "client"
+        elif p.cmdline()[1:3] == ["-m", "monarch_nb.host.forkserver"]:  # it, or a proc it forked
+            kind = "proc" if p.parent().cmdline()[1:3] == ["-m", "monarch_nb.host.forkserver"] else "forkserver"
+        else:
+            kind = next((k for k in ("hub", "host", "proc") if f"monarch_nb.{k}" in line), "client")
         kinds.setdefault(kind, limits(p.pid))
     report(soft_limits=kinds)
 """)
@@ -70,7 +75,7 @@ def test_procs_over_the_soft_open_file_limit_start_when_the_hard_limit_allows():
     reports = _run_limited(64, 4096, 24)
     assert {"spawned": 24, "sum": 48} in reports, reports
     [limits] = [r["soft_limits"] for r in reports if "soft_limits" in r]
-    assert limits == {"client": 4096, "hub": 4096, "host": 4096, "proc": 4096}
+    assert limits == {"client": 4096, "hub": 4096, "host": 4096, "forkserver": 4096, "proc": 4096}
 
 
 def test_a_spawn_over_the_hard_open_file_limit_says_the_limit_and_how_to_raise_it():

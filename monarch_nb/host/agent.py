@@ -1,8 +1,10 @@
 """The host agent: starts procs in parallel, watches them exit, stops them, and stops
 everything when the hub is gone for longer than the grace period.
 
-Procs are this process's children and die with it (``PR_SET_PDEATHSIG``), so a host
-agent that exits takes its procs along. What a proc starts ends with the proc
+Procs are forked by the host's forkserver, this process's child (``proc_launcher``),
+or started as this process's children; either way they die with it
+(``PR_SET_PDEATHSIG``, through the forkserver), so a host agent that exits takes its
+procs along. What a proc starts ends with the proc
 (``descendants``): the agent ends it once the proc has exited, for any reason.
 
 The grace period counts only time this agent was itself running and reading its
@@ -30,6 +32,7 @@ from ..wire import shm
 from ..wire.aio import AioEndpoint
 from . import descendants
 from .capture import Capture
+from .proc_launcher import ProcLauncher, ProcProcess
 
 HEARTBEAT_S = 0.5
 PROC_READY_TIMEOUT_S = 60.0
@@ -52,7 +55,8 @@ class HostAgent:
         self.host_id = host_id
         self.grace_s = grace_s
         self.hub_seen = time.monotonic()
-        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.procs: dict[str, ProcProcess] = {}
+        self.launcher = ProcLauncher(f"host agent {host_id}", cluster_dir)
         self.ready: dict[str, asyncio.Future] = {}
         self.stopping: set[str] = set()
         self.exited: dict[str, int] = {}  # exit codes, told to a hub that adopts this agent
@@ -81,6 +85,7 @@ class HostAgent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda sig=sig: asyncio.ensure_future(self._signalled(sig)))
         self._housekeep("preparing the cell files record", lambda: cell_files.prepare(self.cell_files))
+        await self.launcher.open()  # (it preloads while the hub hears that this agent is up)
         await self.net.send(self.hub, {envelope.OP: hub_ops.AGENT_READY, agent_ops.HOST_ID: self.host_id,
                                        "address": self.net.address, "pid": os.getpid(),
                                        "hostname": socket.gethostname(), "node": self.node})
@@ -92,6 +97,7 @@ class HostAgent:
         self.capture.drain()
         await self._send_lines_now()
         self.capture.close_all()
+        await self.launcher.close()
         shm.remove_all(self.cluster_id)  # this host's procs are gone: no segment has a reader left
         self._housekeep("removing cell files", lambda: cell_files.sweep(self.cell_files))  # procs can't: killed
         self.net.close()
@@ -240,15 +246,11 @@ class HostAgent:
             for proc_id in proc_ids:
                 out, err, records = self.capture.pipes_for(proc_id)
                 try:
-                    proc = await asyncio.create_subprocess_exec(
-                        request.get("python") or sys.executable, "-m", "monarch_nb.proc",
-                        "--cluster-dir", self.cluster_dir, "--agent", self.net.address,
-                        "--proc-id", proc_id, "--ppid", str(os.getpid()),
-                        env={**env, **env_by_proc.get(proc_id, {}), RECORD_FD_ENV: str(records),
-                             descendants.PROC_ID_ENV: proc_id, cell_files.RECORD_ENV: str(self.cell_files)},
-                        cwd=request.get("cwd") or None, stdin=asyncio.subprocess.DEVNULL,
-                        stdout=out, stderr=err, pass_fds=(records,),
-                        start_new_session=True)  # its own process group: what it starts ends with it
+                    proc = await self.launcher.start(
+                        ["--cluster-dir", self.cluster_dir, "--agent", self.net.address, "--proc-id", proc_id],
+                        {**env, **env_by_proc.get(proc_id, {}), RECORD_FD_ENV: str(records),
+                         descendants.PROC_ID_ENV: proc_id, cell_files.RECORD_ENV: str(self.cell_files)},
+                        request.get("cwd") or None, out, err, records, request.get("python"))
                 finally:
                     os.close(out)
                     os.close(err)
@@ -280,9 +282,10 @@ class HostAgent:
         return f"{type(error).__name__}: {error}"
 
     def _proc_pids(self) -> set[int]:
-        return {proc.pid for proc in self.procs.values()}
+        """Children that are not orphans: procs, and the forkserver (whose exit asyncio reads)."""
+        return {proc.pid for proc in self.procs.values()} | self.launcher.pids()
 
-    async def _watch(self, proc_id: str, proc: asyncio.subprocess.Process) -> None:
+    async def _watch(self, proc_id: str, proc: ProcProcess) -> None:
         code = await proc.wait()
         self.procs.pop(proc_id, None)
         # The proc's leftovers end meanwhile: the hub hears of the exit without waiting for them.

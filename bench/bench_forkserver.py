@@ -1,0 +1,75 @@
+"""Spawn with the host's forkserver against fresh interpreters (issue 24 item 6).
+
+    .venv/bin/python bench/bench_forkserver.py [--sizes 8 32 128] [--reps 2]
+
+For each N, interleaved in one run: the floor, N bare interpreters importing what a proc
+imports (``python -c 'import monarch_nb.proc.__main__'``) started in parallel and waited
+for; ``spawn_procs(per_host={"gpus": N})`` on a cluster whose agent forks procs (the
+default); and the same on a cluster started with ``MONARCH_NB_FORKSERVER=0`` (every proc
+a fresh interpreter, as before the forkserver). Medians of ``reps`` seconds. Runs in an
+isolated MONARCH_NB_HOME; exit status 1 if a process is left behind.
+"""
+
+from __future__ import annotations
+
+from tidy import isolated_home, stop_and_check
+
+_OWN_HOME = isolated_home()  # before monarch_nb is imported
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import monarch_nb  # noqa: E402
+from monarch_nb.host.proc_launcher import FORKSERVER_ENV  # noqa: E402
+
+
+def bare_interpreters(n: int) -> float:
+    started = time.perf_counter()
+    children = [subprocess.Popen([sys.executable, "-c", "import monarch_nb.proc.__main__"]) for _ in range(n)]
+    for child in children:
+        child.wait()
+    return time.perf_counter() - started
+
+
+def spawn(cluster, n: int, i: int) -> float:
+    started = time.perf_counter()
+    procs = cluster.host_mesh().spawn_procs(per_host={"gpus": n}, name=f"p{n}_{i}")
+    took = time.perf_counter() - started
+    procs.stop().get()
+    return took
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 128])
+    parser.add_argument("--reps", type=int, default=2)
+    args = parser.parse_args()
+    forked = monarch_nb.Cluster.start("bench-forked")
+    os.environ[FORKSERVER_ENV] = "0"  # inherited by the next cluster's hub and agents
+    fresh = monarch_nb.Cluster.start("bench-fresh")
+    del os.environ[FORKSERVER_ENV]
+    print(f"spawn_procs(per_host={{'gpus': N}}), seconds (median of {args.reps}); "
+          f"floor: N interpreters importing what a proc imports, in parallel")
+    print(f"{'N':>5} {'floor':>8} {'fresh':>8} {'forked':>8} {'forked/floor':>13} {'fresh/forked':>13}")
+    try:
+        for n in args.sizes:
+            runs: dict[str, list[float]] = {"floor": [], "fresh": [], "forked": []}
+            for i in range(args.reps):
+                runs["floor"].append(bare_interpreters(n))
+                runs["fresh"].append(spawn(fresh, n, i))
+                runs["forked"].append(spawn(forked, n, i))
+            floor, cold, warm = (statistics.median(runs[k]) for k in ("floor", "fresh", "forked"))
+            print(f"{n:>5} {floor:>8.2f} {cold:>8.2f} {warm:>8.2f} {warm / floor:>12.2f}x {cold / warm:>12.1f}x",
+                  flush=True)
+    finally:
+        status = stop_and_check(fresh, None)
+        status |= stop_and_check(forked, _OWN_HOME)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
