@@ -18,7 +18,12 @@ from monarch_nb.actor import Actor, ClusterError, attach_to_workers, current_ran
 class Where(Actor):
     @endpoint
     def where(self) -> tuple[int, int]:
-        return current_rank().rank, os.getppid()  # a proc's parent is its host agent: the worker
+        import psutil
+
+        parent = psutil.Process(os.getppid())
+        if parent.cmdline()[1:3] == ["-m", "monarch_nb.host.forkserver"]:  # (forked by its host's forkserver)
+            parent = parent.parent()
+        return current_rank().rank, parent.pid  # the proc's host agent: the worker
 
 
 def _worker(address: str, **popen) -> subprocess.Popen:

@@ -246,7 +246,7 @@ def test_stop_leaves_no_process_and_no_file(clusters):
     clusters.append("tidy")
     cluster, procs, _ = _spawn_counters("tidy", grace_s=10)
     everything = [p.pid for p in cluster_processes(cluster.path)]
-    assert len(everything) == 4  # hub, host agent, two procs
+    assert len(everything) == 5  # hub, host agent, its forkserver, two procs
     cluster.stop()
     assert not pids_alive(everything)
     assert not cluster.path.exists()
