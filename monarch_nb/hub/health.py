@@ -168,11 +168,15 @@ class Health:
         requests = [asyncio.ensure_future(self._net.request(p.address, {envelope.OP: proc_ops.STATUS},
                                                             timeout=STATUS_TIMEOUT_S)) for p in live]
         pending = set(requests)
+        let_go: set[str] = set()
         while pending:
             _, pending = await asyncio.wait(pending, timeout=EXIT_CHECK_S)
             for proc, request in zip(live, requests):
                 if proc.exit_code is not None and not request.done():
+                    # cancel() only asks: the task is not done until it next runs, so it
+                    # is left out by id rather than by its state.
                     request.cancel()
                     pending.discard(request)
+                    let_go.add(proc.proc_id)
         return {p.proc_id: None if r.exception() is not None else r.result().header
-                for p, r in zip(live, requests) if not r.cancelled()}
+                for p, r in zip(live, requests) if p.proc_id not in let_go}
