@@ -1,15 +1,21 @@
-"""Is the one-second step at ~100 procs (issue 24) the listen backlog? Many processes
-connecting to one inbox at once, with libzmq's default backlog (100) and a large one.
+"""Many processes connecting to one inbox at once, with libzmq's default listen backlog
+(100) and a large one: the isolated form of the one-second step issue 24 found at ~128 procs.
 
 N client processes (forked, so the same imports) each connect a PUSH socket to one PULL
 inbox at the same instant and send one message; the figure is the time from the start
 signal until the inbox has all N. When more SYNs arrive than the accept queue holds
 (libzmq's ZMQ_BACKLOG, 100 by default; the kernel caps it at net.core.somaxconn), Linux
 drops the rest and the clients retry after TCP's initial retransmission timeout: 1 s.
-That was the suspected cause of what ``health()`` and a first call to a fresh 128-proc
-mesh paid. Measured here (2 cores, loaded): no step at N = 64, 150 or 300 with either
-backlog (e.g. 300: 595 vs 601 ms): libzmq's I/O thread empties the accept queue as fast as
-the SYNs come, so the backlog alone is not the cause.
+
+What it shows, and what it does not: here each client has its own zmq context and I/O
+thread, whose start staggers the connects, and the inbox's I/O thread is idle, so it
+drains the accept queue as fast as the SYNs come: no step at N = 64, 150 or 300 with
+either backlog (e.g. 300: 595 vs 601 ms on 2 loaded cores). In a cluster the procs are
+already running and connect in one burst (a status request to each; a first call to a
+fresh mesh) to an inbox whose I/O thread is busy, and there the queue did overflow:
+``nstat -az TcpExtListenOverflows`` counted 35 per 128-proc health() run with the default
+backlog and 0 with the kernel's longest (wire/sockets.py ``listen_backlog``), and the
+step went (first health() at 128 procs 1,107 -> 177 ms; bench/bench_scale.py).
 
     .venv/bin/python bench/bench_backlog.py            # N = 64, 128, 256; ~1 min on 2 cores
     .venv/bin/python bench/bench_backlog.py --n 300

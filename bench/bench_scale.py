@@ -1,0 +1,286 @@
+"""How monarch_nb's costs grow with procs and hosts (issue 24), each figure beside a floor
+measured in the same run on the same number of processes.
+
+    .venv/bin/python bench/bench_scale.py [--sizes 8 32 128] [--hosts 1 4 16] [--out DIR]
+
+Two topologies: N procs on one host agent (``--sizes``), and H local host agents x 8
+procs (``--hosts``; every "host" is an agent process on this machine, as the local
+allocator makes them). For each, a retained cluster is started, and:
+
+  spawn        ``spawn_procs`` seconds; floor: N bare interpreters importing what a proc
+               imports (``python -c 'import monarch_nb.proc.__main__'``), in parallel
+  actors       ``procs.spawn`` of one actor per proc, seconds
+  first call   the first ``call().get()`` on that fresh mesh, ms
+  call all     median ``call().get()`` over all N actors, ms; floor: a raw pyzmq round to N
+               echo processes (ROUTER -> N DEALERs -> back), same N, same machine
+  broadcast    median client-side cost of ``broadcast()`` to N actors, ms (it does not wait)
+  health       first ``health()`` after the spawn, then the median of 10, ms
+  hub CPU      the hub's CPU per ``health()``, ms (psutil over those 10)
+  fresh client a new interpreter: ``connect`` + ``actor_meshes[...]`` + first call, ms
+  fds / RSS    open files and resident MiB of the client, the hub, and the agents (sum)
+  stop         ``procs.stop()`` seconds
+
+Prints a table per topology and writes ``scale.json`` and ``scale.png`` (curves against
+N, floors dashed) to ``--out`` (default: $TMPDIR/monarch_nb_bench_scale). Runs in an isolated MONARCH_NB_HOME; exit status 1 if any
+process of its clusters is left behind. See docs/scale.md for the cost model.
+"""
+
+from __future__ import annotations
+
+from tidy import WATCH_PARENT, isolated_home, stop_and_check
+
+_OWN_HOME = isolated_home()  # before monarch_nb is imported
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import psutil  # noqa: E402
+import zmq  # noqa: E402
+
+import monarch_nb  # noqa: E402
+
+BENCH = Path(__file__).resolve().parent
+MiB = 1 << 20
+ROUNDS = 20
+
+# A raw echo process of the call-all floor: one DEALER connected to the bench's ROUTER.
+RAW_ECHO = WATCH_PARENT + r"""
+import zmq
+sock = zmq.Context().socket(zmq.DEALER)
+sock.setsockopt(zmq.LINGER, 0)
+sock.connect(sys.argv[1])
+sock.send(b"ready")
+while True:
+    sock.send(sock.recv())
+"""
+
+# Runs in a fresh interpreter: connect -> handle -> first call on a retained mesh.
+FRESH_CLIENT = """
+import json, sys, time
+import monarch_nb
+t0 = time.perf_counter()
+c = monarch_nb.connect(sys.argv[1])
+mesh = c.actor_meshes[sys.argv[2]]
+n = len(mesh.ping.call().get())
+print(json.dumps({"total": time.perf_counter() - t0, "n": n}))
+"""
+
+
+def log(text: str) -> None:
+    print(text, flush=True)
+
+
+def bare_interpreters(n: int) -> float:
+    """Seconds for ``n`` interpreters importing what a proc imports, started in parallel."""
+    started = time.perf_counter()
+    children = [subprocess.Popen([sys.executable, "-c", "import monarch_nb.proc.__main__"]) for _ in range(n)]
+    for child in children:
+        child.wait()
+    return time.perf_counter() - started
+
+
+def raw_fanout(n: int) -> float:
+    """Median ms of one raw round: a small message from a ROUTER to each of ``n`` echo
+    processes and their ``n`` replies back."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    children = [subprocess.Popen([sys.executable, "-c", RAW_ECHO, f"tcp://127.0.0.1:{port}"]) for _ in range(n)]
+    try:
+        peers = [router.recv_multipart()[0] for _ in range(n)]
+        rounds = []
+        for _ in range(ROUNDS + 2):
+            started = time.perf_counter()
+            for peer in peers:
+                router.send_multipart([peer, b"x" * 64])
+            for _ in peers:
+                router.recv_multipart()
+            rounds.append(time.perf_counter() - started)
+        return statistics.median(rounds[2:]) * 1e3
+    finally:
+        for child in children:
+            child.kill()
+        for child in children:
+            child.wait()
+        router.close()
+        ctx.term()
+
+
+def cluster_processes(path: str) -> dict[str, list[psutil.Process]]:
+    """The cluster's hub and host agents (procs and forkservers are not counted here)."""
+    found: dict[str, list[psutil.Process]] = {"hub": [], "agent": []}
+    for p in psutil.process_iter(["cmdline"]):
+        line = p.info["cmdline"] or []
+        if path not in " ".join(line) or line[1:3] == ["-m", "monarch_nb.host.forkserver"]:
+            continue
+        text = " ".join(line)
+        if "monarch_nb.hub" in text:
+            found["hub"].append(p)
+        elif "monarch_nb.host" in text:
+            found["agent"].append(p)
+    return found
+
+
+def footprint(processes: list[psutil.Process]) -> tuple[int, float]:
+    """Open files and resident MiB, summed over ``processes``."""
+    return sum(p.num_fds() for p in processes), sum(p.memory_info().rss for p in processes) / MiB
+
+
+def measure(name: str, hosts: int, per_host: int) -> dict:
+    """Every monarch_nb figure for ``hosts`` x ``per_host`` procs on a fresh retained cluster."""
+    sys.path.insert(0, str(BENCH))
+    from bench_echo import Echo
+
+    n = hosts * per_host
+    cluster = monarch_nb.Cluster.start(name, hosts=hosts)
+    row: dict = {"hosts": hosts, "procs": n}
+    try:
+        started = time.perf_counter()
+        procs = cluster.host_mesh().spawn_procs(per_host={"gpus": per_host}, name="p")
+        row["spawn_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        mesh = procs.spawn("echo", Echo)
+        row["actors_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        assert len(mesh.ping.call().get()) == n
+        row["first_call_ms"] = (time.perf_counter() - started) * 1e3
+        started = time.perf_counter()
+        cluster.health()
+        row["first_health_ms"] = (time.perf_counter() - started) * 1e3
+
+        calls = []
+        for _ in range(ROUNDS):
+            started = time.perf_counter()
+            mesh.ping.call().get()
+            calls.append(time.perf_counter() - started)
+        row["call_all_ms"] = statistics.median(calls) * 1e3
+        sends = []
+        for _ in range(ROUNDS):
+            started = time.perf_counter()
+            mesh.ping.broadcast()
+            sends.append(time.perf_counter() - started)
+            mesh.ping.call().get()  # the broadcast has been handled everywhere (per-actor order)
+        row["broadcast_ms"] = statistics.median(sends) * 1e3
+
+        found = cluster_processes(str(cluster.path))
+        hub = found["hub"][0]
+        cpu_before = sum(hub.cpu_times()[:2])
+        healths = []
+        for _ in range(10):
+            started = time.perf_counter()
+            cluster.health()
+            healths.append(time.perf_counter() - started)
+        row["health_ms"] = statistics.median(healths) * 1e3
+        row["hub_cpu_per_health_ms"] = (sum(hub.cpu_times()[:2]) - cpu_before) / 10 * 1e3
+
+        for who, processes in (("client", [psutil.Process()]), ("hub", found["hub"]), ("agents", found["agent"])):
+            row[f"{who}_fds"], row[f"{who}_rss_mib"] = footprint(processes)
+
+        out = subprocess.run([sys.executable, "-c", FRESH_CLIENT, name, "echo"], capture_output=True,
+                             text=True, cwd=BENCH, timeout=300)
+        if out.returncode:
+            raise RuntimeError(out.stderr)
+        row["fresh_client_ms"] = json.loads(out.stdout.strip().splitlines()[-1])["total"] * 1e3
+
+        started = time.perf_counter()
+        procs.stop().get()
+        row["stop_s"] = time.perf_counter() - started
+    finally:
+        row["left_behind"] = stop_and_check(cluster, None)
+    return row
+
+
+COLUMNS = [("procs", "{:d}"), ("spawn_s", "{:.2f}"), ("bare_floor_s", "{:.2f}"), ("actors_s", "{:.2f}"),
+           ("first_call_ms", "{:.0f}"), ("call_all_ms", "{:.2f}"), ("raw_floor_ms", "{:.2f}"),
+           ("broadcast_ms", "{:.2f}"), ("first_health_ms", "{:.0f}"), ("health_ms", "{:.1f}"),
+           ("hub_cpu_per_health_ms", "{:.1f}"), ("fresh_client_ms", "{:.0f}"), ("client_fds", "{:d}"),
+           ("hub_fds", "{:d}"), ("agents_fds", "{:d}"), ("client_rss_mib", "{:.0f}"),
+           ("hub_rss_mib", "{:.0f}"), ("agents_rss_mib", "{:.0f}"), ("stop_s", "{:.2f}")]
+
+
+def table(title: str, rows: list[dict]) -> None:
+    log(f"\n{title}")
+    log("  ".join(name for name, _ in COLUMNS))
+    for row in rows:
+        log("  ".join(fmt.format(row[name]).rjust(len(name)) for name, fmt in COLUMNS))
+    for row in rows:
+        log(f"  {row['procs']} procs: spawn {row['spawn_s'] / row['bare_floor_s']:.2f}x bare interpreters, "
+            f"call all {row['call_all_ms'] / row['raw_floor_ms']:.2f}x raw fan-out")
+
+
+def plot(results: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("(no matplotlib: no plot)")
+        return False
+    panels = [("spawn_s", "bare_floor_s", "spawn_procs (s)"), ("call_all_ms", "raw_floor_ms", "call all (ms)"),
+              ("first_health_ms", None, "first health() (ms)"), ("health_ms", None, "health() (ms)"),
+              ("fresh_client_ms", None, "fresh client to first call (ms)"),
+              ("hub_cpu_per_health_ms", None, "hub CPU per health() (ms)")]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    for ax, (key, floor, title) in zip(axes.flat, panels):
+        for topology, rows in results.items():
+            if not rows:
+                continue
+            xs = [r["procs"] for r in rows]
+            line, = ax.plot(xs, [r[key] for r in rows], marker="o", label=topology)
+            if floor:
+                ax.plot(xs, [r[floor] for r in rows], linestyle="--", color=line.get_color(),
+                        label=f"{topology}: floor")
+        ax.set_title(title)
+        ax.set_xlabel("procs")
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", type=int, nargs="*", default=[8, 32, 128], help="procs on one host")
+    parser.add_argument("--hosts", type=int, nargs="*", default=[1, 4, 16], help="local hosts of 8 procs")
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "monarch_nb_bench_scale")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    log(f"monarch_nb scale bench: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
+        f"MONARCH_NB_HOME={os.environ['MONARCH_NB_HOME']}")
+    results: dict[str, list[dict]] = {"one host": [], "hosts x 8": []}
+    left = 0
+    try:
+        for topology, shapes in (("one host", [(1, n) for n in args.sizes]),
+                                 ("hosts x 8", [(h, 8) for h in args.hosts])):
+            for i, (hosts, per_host) in enumerate(shapes):
+                n = hosts * per_host
+                log(f"{topology}: {hosts} host(s) x {per_host} procs ...")
+                row = measure(f"scale{len(results[topology])}{topology[0]}{i}", hosts, per_host)
+                row["bare_floor_s"] = bare_interpreters(n)
+                row["raw_floor_ms"] = raw_fanout(n)
+                left |= row.pop("left_behind")
+                results[topology].append(row)
+        for topology, rows in results.items():
+            if rows:
+                table(topology, rows)
+    finally:
+        (args.out / "scale.json").write_text(json.dumps(results, indent=1))
+        if plot(results, args.out / "scale.png"):
+            log(f"\nwrote {args.out / 'scale.json'} and {args.out / 'scale.png'}")
+        if _OWN_HOME:
+            import shutil
+            shutil.rmtree(_OWN_HOME, ignore_errors=True)
+    return left
+
+
+if __name__ == "__main__":
+    sys.exit(main())
