@@ -32,6 +32,30 @@ def test_tampered_or_resplit_frames_are_rejected():
     assert frames.dropped() == before + 4
 
 
+def test_a_small_message_travels_as_one_frame_that_is_checked_like_three():
+    frames.register_key("t", b"k" * 32)
+    good = frames.encode("t", {"a": 1}, b"body")
+    packed = frames.pack(good)
+    message = frames.decode([packed], frames.ReplayGuard())
+    assert (message.header, bytes(message.body)) == ({"a": 1}, b"body")
+    lengths_at = len(frames.PACKED)
+    before = frames.dropped()
+    bad = [
+        packed[:-1] + b"Y",  # the body changed
+        packed[:lengths_at] + (1 << 30).to_bytes(4, "little") + packed[lengths_at + 4:],  # a length too long
+        packed[:lengths_at + 3],  # cut inside the lengths
+        packed[:lengths_at] + (len(good[0]) - 1).to_bytes(4, "little") + packed[lengths_at + 4:],  # resplit
+    ]
+    for frame in bad:
+        with pytest.raises(frames.BadMessage):
+            frames.decode([frame], frames.ReplayGuard())
+    assert frames.dropped() == before + len(bad)
+    guard = frames.ReplayGuard()
+    frames.decode([packed], guard)
+    with pytest.raises(frames.BadMessage, match="replayed"):
+        frames.decode([packed], guard)
+
+
 def test_a_large_buffer_changed_by_one_byte_or_moved_between_frames_is_rejected():
     frames.register_key("t", b"k" * 32)
     big = bytearray(frames.BLAKE3_MIN_BYTES * 3)

@@ -106,7 +106,9 @@ class AioEndpoint:
                 # send never waits, and each chunk's frame keeps its buffer alive until it left.
                 sync: zmq.Socket = zmq.Socket.shadow(sock.underlying)
                 frames = wire_frames.route(address, frames, functools.partial(stream.send, sync, []))
-            await sock.send_multipart(frames, copy=False)
+                await sock.send_multipart(frames, copy=False)
+            else:
+                await sock.send(wire_frames.pack(frames))  # one send, not three
         except zmq.Again:
             # The process at ``address`` refused this cluster's credentials (wire.zap): not
             # ours, so whoever was ours there is gone. Lost as to a gone peer, and counted.

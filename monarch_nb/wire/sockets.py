@@ -243,8 +243,10 @@ class Outbox:
         try:
             with table.lock:
                 sock = self._socket(table, address, now, wire_frames.cluster_of(frames))
-                if wire_frames.needs_route(frames):  # large frames travel apart
-                    frames = wire_frames.route(address, frames, functools.partial(stream.send, sock, trackers))
+                if len(frames) == wire_frames.FIXED_FRAMES and not wire_frames.needs_route(frames):
+                    sock.send(wire_frames.pack(frames))  # small: one send, not three
+                    return
+                frames = wire_frames.route(address, frames, functools.partial(stream.send, sock, trackers))
                 buffers = frames[wire_frames.FIXED_FRAMES:]
                 if not buffers or sum(memoryview(f).nbytes for f in buffers) < zmq.COPY_THRESHOLD:
                     # send_multipart's per-frame enum arithmetic costs more than a small send.
