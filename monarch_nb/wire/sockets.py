@@ -222,6 +222,18 @@ class Outbox:
         return sock
 
     @protected
+    def connect(self, addresses: list[str], cluster_id: bytes) -> None:
+        """Make this thread's sockets to ``addresses`` now, so that their connections
+        (TCP, then the handshake the peer's credential check answers: ``wire.zap``) are
+        made in the background, not by the first send. Never waits. A first call to a
+        fresh 128-proc mesh paid ~100 ms of connecting here, in one burst."""
+        table = self._table()
+        now = time.monotonic()
+        with table.lock:
+            for address in addresses:
+                self._socket(table, address, now, cluster_id)
+
+    @protected
     def send(self, address: str, frames: list) -> None:
         """Send ``frames`` to ``address``, whole: never interrupted between two frames
         (``wire.interrupts``); a send that fails half way closes its socket, so that
