@@ -20,7 +20,7 @@ from .client.attach import attach_to_workers
 from .client.channel import Channel, PortReceiver
 from .client.cluster import Cluster, shutdown_context, this_host
 from .client.controller import get_or_spawn_controller
-from .client.endpoint import Endpoint, concurrent_endpoint, endpoint, send
+from .client.endpoint import Endpoint, as_endpoint, concurrent_endpoint, endpoint, send
 from .client.future import Future
 from .client.host_mesh import HostMesh
 from .client.local_proc import this_proc
@@ -56,7 +56,7 @@ __all__ = [
     "Accumulator", "Actor", "ActorError", "ActorMesh", "CallCycleError", "Channel", "Cluster", "ClusterError", "Context", "Endpoint",
     "Extent", "Future", "HostMesh", "InvalidRequest", "MeshFailure", "MessageTooLarge", "MonarchNbError", "Point",
     "Port", "PortReceiver", "ProcMesh", "RemoteException", "SerializationError", "Shape", "SupervisionError",
-    "ValueMesh", "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
+    "ValueMesh", "as_endpoint", "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
     "attach_to_workers", "get_or_spawn_controller", "run_worker_loop_forever", "send", "set_failure_hook",
     "shutdown_context",
     "this_host", "this_proc", "unhandled_fault_hook",

@@ -368,6 +368,17 @@ def concurrent_endpoint(fn: Callable[..., Any] | None = None, *, propagate: Any 
     return proc_actor.concurrent_endpoint(fn, propagate=propagate, explicit_response_port=explicit_response_port)
 
 
+def as_endpoint(not_an_endpoint: Any, *, propagate: Any = None, explicit_response_port: bool = False) -> Any:
+    """Monarch's way to call a method that is not an ``@endpoint``
+    (``as_endpoint(mesh.method).call(...)``). monarch_nb's procs run only methods marked
+    ``@endpoint`` (a mesh attribute naming any other method raises ``AttributeError``),
+    so this always raises ``NotImplementedError``: decorate the method with
+    ``@endpoint`` (or ``@endpoint(explicit_response_port=True)``) instead."""
+    raise NotImplementedError(
+        "monarch_nb has no as_endpoint: its actors answer only methods marked @endpoint; decorate the method "
+        "with @endpoint and call it as mesh.METHOD.call(...)")
+
+
 def send(endpoint: Endpoint, args: tuple, kwargs: dict, port: Port | None = None,
          selection: str = "all") -> None:
     """Monarch's lowest-level send: call ``endpoint`` on every actor (``selection``

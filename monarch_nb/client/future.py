@@ -74,7 +74,7 @@ class Future(Generic[R]):
             raise self._error
         return self._value
 
-    result = get
+    result = get  # Monarch's and concurrent.futures' name
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The call's error, or None if it succeeded; waits like :meth:`get`."""
@@ -111,6 +111,32 @@ class Future(Generic[R]):
                 self.add_done_callback(wake)
                 yield from arrived.__await__()
         return self.get(0)
+
+    def as_asyncio(self) -> "asyncio.Future[R]":
+        """An ``asyncio.Future`` of the running loop that completes with this future's
+        value or error, as in Monarch. Never blocks and never consumes this future: each
+        call gives a fresh loop-local future, and ``get()``/``await`` still work.
+
+        Raises ``RuntimeError`` when called with no running asyncio loop (use
+        :meth:`get` there).
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(f"{self._description}: as_asyncio() needs a running asyncio event loop; "
+                               "outside one, call .get()") from None
+        if self._done:
+            settled: asyncio.Future[R] = loop.create_future()
+            if self._error is not None:
+                settled.set_exception(self._error)
+            else:
+                settled.set_result(self._value)
+            return settled
+
+        async def observe() -> R:
+            return await self
+
+        return loop.create_task(observe(), name=f"monarch-nb-{self._description}")
 
     @classmethod
     def finished(cls, runtime: "ClientRuntime", description: str, value: Any = None) -> "Future":

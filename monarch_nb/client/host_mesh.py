@@ -87,6 +87,14 @@ class HostMesh(MeshHandle):
         meshes simulated inside the client's process)."""
         return False
 
+    @property
+    def stream_logs(self) -> bool:
+        """Whether what procs of this mesh print reaches this client: always ``True``
+        (Monarch's flag, fixed here). A line an actor prints while handling a call from
+        this client is shown by it (under the cell that made the call, in a notebook),
+        and every line is kept in the hub's log store (``Cluster.logs``) either way."""
+        return True
+
     def slice(self, **dims) -> "HostMesh":
         """Sub-mesh of hosts: ``slice(hosts=0)`` is host 0 with no dimensions,
         ``slice(hosts=slice(0, 2))`` hosts 0 and 1 over ``{"hosts": 2}``."""
@@ -113,7 +121,7 @@ class HostMesh(MeshHandle):
     def spawn_procs(self, per_host: dict[str, int] | None = None,
                     bootstrap: Callable[[], None] | Callable[[], Awaitable[None]] | None = None,
                     name: str | None = None, proc_bind: list[dict[str, str]] | None = None,
-                    replace: bool = False) -> ProcMesh:
+                    replace: bool = False, bootstrap_command: object = None) -> ProcMesh:
         """Start ``per_host`` procs on every host (default ``{}``: one), all in parallel;
         returns a :class:`ProcMesh` over this mesh's extent followed by ``per_host``:
         ``{"hosts": N, **per_host}`` on a cluster's hosts, exactly ``per_host`` on one
@@ -136,8 +144,13 @@ class HostMesh(MeshHandle):
         ints >= 1, none of this mesh's labels, at most ``MAX_PROCS_PER_HOST`` = 1024 procs
         per host unless ``$MONARCH_NB_MAX_PROCS_PER_HOST`` says more) or ``proc_bind`` (its length, or a
         memory-binding key, which monarch_nb does not apply), and
-        :class:`ClusterError` when procs could not start.
+        :class:`ClusterError` when procs could not start. Monarch's ``bootstrap_command``
+        (a per-proc command line and environment) raises ``NotImplementedError``.
         """
+        if bootstrap_command is not None:
+            raise NotImplementedError(
+                "monarch_nb has no spawn_procs(bootstrap_command=...): procs start from its host agent's "
+                "forkserver; pass bootstrap= (a function run in each new proc) to set a proc up")
         self._check_live()
         if per_host is None:
             per_host = {}

@@ -53,6 +53,17 @@ class ValueMesh(Generic[R]):
             return self._values[0]
         return self._values[self._extent.rank_of(coords)]
 
+    def get(self, rank: int) -> R:
+        """The value at ``rank``, this mesh's row-major index (0 to ``len - 1``), as in
+        Monarch. Raises ``TypeError`` for a rank that is not an int, ``IndexError``
+        naming the valid range otherwise."""
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise TypeError(f"ValueMesh.get takes an int rank, not {rank!r}; use item(**coords) for coordinates")
+        if not 0 <= rank < len(self._values):
+            raise IndexError(f"rank {rank} is not in this ValueMesh of {len(self._values)} values "
+                             f"(ranks 0-{len(self._values) - 1}, extent {dict(self._extent)})")
+        return self._values[rank]
+
     def slice(self, **dims) -> "ValueMesh[R]":
         """The values of a sub-mesh: an int drops that dimension, a slice keeps it
         (``vm.slice(gpus=1).item()``). Raises as ``ActorMesh.slice`` does."""

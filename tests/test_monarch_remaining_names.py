@@ -1,0 +1,78 @@
+"""Monarch's remaining public names (issue 28 item 3): ``Future.as_asyncio()``,
+``ValueMesh.get(rank)``, ``HostMesh.stream_logs``, and the names monarch_nb leaves out
+raising ``NotImplementedError`` that names them (``as_endpoint``,
+``spawn_procs(bootstrap_command=...)``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from monarch_nb.actor import ActorError, Extent, ValueMesh, as_endpoint
+from sample_actors import Counter, CustomError, Failing
+
+
+def test_value_mesh_get_takes_a_row_major_rank():
+    vm = ValueMesh(Extent({"hosts": 2, "gpus": 2}), ["a", "b", "c", "d"])
+    assert [vm.get(r) for r in range(4)] == ["a", "b", "c", "d"]
+    assert vm.slice(gpus=1).get(1) == "d"  # a slice's own ranks
+    with pytest.raises(IndexError, match=r"rank 4 is not in this ValueMesh of 4 values \(ranks 0-3"):
+        vm.get(4)
+    with pytest.raises(TypeError, match=r"use item\(\*\*coords\)"):
+        vm.get("gpus")  # type: ignore[arg-type]
+
+
+def test_as_asyncio_needs_a_running_loop_and_leaves_the_future_usable(procs4):
+    counters = procs4.spawn("remaining_asyncio", Counter)
+    future = counters.slice(gpus=0).incr.call_one(5)
+    with pytest.raises(RuntimeError, match="needs a running asyncio event loop"):
+        future.as_asyncio()
+
+    async def observe():
+        first = future.as_asyncio()
+        second = future.as_asyncio()  # each call a fresh loop-local future
+        assert isinstance(first, asyncio.Future) and first is not second
+        return await asyncio.wait_for(first, 60), await second
+
+    assert asyncio.run(observe()) == (5, 5)
+    assert future.get() == 5  # not consumed
+    counters.stop()
+
+
+def test_as_asyncio_of_a_pending_call_completes_with_its_value_on_the_loop(procs4):
+    counters = procs4.spawn("remaining_pending", Counter)
+
+    async def gather():
+        futures = [counters.incr.call(1).as_asyncio() for _ in range(3)]
+        meshes = await asyncio.wait_for(asyncio.gather(*futures), 60)
+        return [sorted(vm.values()) for vm in meshes]
+
+    assert asyncio.run(gather()) == [[1] * 4, [2] * 4, [3] * 4]
+    counters.stop()
+
+
+def test_as_asyncio_raises_the_calls_error(procs4):
+    failing = procs4.spawn("remaining_failing", Failing)
+
+    async def observe():
+        return await asyncio.wait_for(failing.slice(gpus=0).fail_on.call_one([0], "custom").as_asyncio(), 60)
+
+    with pytest.raises(ActorError) as raised:
+        asyncio.run(observe())
+    assert isinstance(raised.value.exception, CustomError)
+    failing.stop()
+
+
+def test_host_mesh_streams_logs_to_the_client(host):
+    assert host.stream_logs is True
+
+
+def test_spawn_procs_bootstrap_command_raises_not_implemented_naming_it(host):
+    with pytest.raises(NotImplementedError, match=r"monarch_nb has no spawn_procs\(bootstrap_command=\.\.\.\)"):
+        host.spawn_procs(per_host={"gpus": 1}, bootstrap_command=["python", "-m", "x"])
+
+
+def test_as_endpoint_raises_not_implemented_naming_it():
+    with pytest.raises(NotImplementedError, match="monarch_nb has no as_endpoint: .* decorate the method with @endpoint"):
+        as_endpoint(Counter.incr)
