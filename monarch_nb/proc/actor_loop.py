@@ -143,13 +143,16 @@ class ActorThread:
     def run(self) -> None:
         self._run()
 
-    def interrupt_thread(self) -> bool:
-        """Raise ``KeyboardInterrupt`` in the user code this thread actor is running, if
-        it is running some now. It lands at the next Python bytecode: a blocking C call
-        finishes first. False when the actor is not in user code at this instant (the
-        caller may try again)."""
+    def interrupt_thread(self, exception: type[BaseException] = KeyboardInterrupt) -> bool:
+        """Raise ``exception`` (``KeyboardInterrupt``, or an injected fault: ``proc.faults``)
+        in the user code this thread actor is running, if it is running some now. It
+        lands at the next Python bytecode: a blocking C call finishes first. False when
+        the actor is not in user code at this instant (the caller may try again), and
+        for anything but ``KeyboardInterrupt`` into an ``async`` actor."""
         ident = self.thread.ident
         if self.on_main_thread or ident is None:
+            return False
+        if self._async is not None and exception is not KeyboardInterrupt:
             return False
         if self._async is not None and (self.stopping or not self._gate.acquire(blocking=False)):
             # An async actor's calls are awaiting: thrown into them on its loop. A stop
@@ -162,7 +165,7 @@ class ActorThread:
         try:
             if not interrupts.allows(sys._current_frames().get(ident)):
                 return False  # user code called into the runtime (e.g. another mesh's get())
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exception))
             return True
         finally:
             self._gate.release()

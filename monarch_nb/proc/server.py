@@ -25,7 +25,7 @@ from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
 from ..wire import interrupts, sockets
 from .actor_loop import ActorThread, send_reply
-from . import torch_env
+from . import faults, torch_env
 
 
 INTERRUPT_RETRY_S = 0.001  # how often an interrupt that can't land yet is tried again
@@ -57,6 +57,7 @@ class ProcServer:
             proc_ops.TORCH_ENV_QUERY: self._torch_env,  # ProcMesh.setup_torch_distributed
             proc_ops.TORCH_ENV_SET: self._torch_env,
             proc_ops.PING: self._ping,
+            proc_ops.INJECT_FAULT: self._inject_fault,  # monarch_nb.ft.inject_fault
             proc_ops.EXIT: lambda message: proc_ops.EXIT,
         }
         # Called on the control thread with a spawn_actor header before that actor starts
@@ -132,11 +133,11 @@ class ProcServer:
             actor.finished.wait(max(0.0, deadline - time.monotonic()))
 
     @staticmethod
-    def _interrupt_threads(targets: list) -> None:
+    def _interrupt_threads(targets: list, exception: type[BaseException] = KeyboardInterrupt) -> None:
         deadline = time.monotonic() + INTERRUPT_FOR_S
         while targets and time.monotonic() < deadline:
             targets = [(a, calls) for a, calls in targets
-                       if a.busy and a.calls == calls and not a.interrupt_thread()]
+                       if a.busy and a.calls == calls and not a.interrupt_thread(exception)]
             if targets:
                 time.sleep(INTERRUPT_RETRY_S)
 
@@ -234,6 +235,16 @@ class ProcServer:
             if actor.is_async:  # its calls run concurrently: every one running now is interrupted
                 self._interrupt_actor(actor)
         self._reply(header)
+
+    def _inject_fault(self, message: wire_frames.Message) -> None:
+        header = message.header
+        if header[proc_ops.FAULT] != proc_ops.FAULT_EXCEPTION:
+            faults.inflict(header[proc_ops.FAULT], header.get(proc_ops.AGENT_PID))
+            return
+        targets = [(a, a.calls) for a in list(self.actors.values()) if a.busy and not a.on_main_thread]
+        if targets:  # as an interrupt lands, tried again while the same call runs
+            threading.Thread(target=self._interrupt_threads, args=(targets, faults.InjectedFault), daemon=True,
+                             name="monarch-nb-fault").start()
 
     def _status(self, message: wire_frames.Message) -> None:
         self._reply(message.header, **self.status())  # in the header: the hub never unpickles

@@ -16,6 +16,7 @@ TORCH_ENV_QUERY = "torch_env_query"  # the torch elastic variables here (ProcMes
 TORCH_ENV_SET = "torch_env_set"  # set them, then answer as TORCH_ENV_QUERY
 DEBUG = "debug"  # a debugger request (protocol.debug's actions)
 PING = "ping"  # answered with the pid and the actors here
+INJECT_FAULT = "inject_fault"  # inflict FAULT (one of FAULT_KINDS) on this proc; never answered
 EXIT = "exit"  # end the control loop (the proc exits)
 
 # Header keys of control ops.
@@ -26,7 +27,17 @@ EXTENT = "extent"  # the actor mesh's extent, in SPAWN_ACTOR
 MAIN_THREAD = "main_thread"  # SPAWN_ACTOR: run the actor on the proc's main thread (%%monarch exec)
 PREFER = "prefer"  # SPAWN_ACTOR: the address a restarted actor takes back when free
 DEBUG_CONFIG = "debug"  # SPAWN_ACTOR: the cluster's breakpoints, applied before the actor starts
+FAULT = "fault"  # INJECT_FAULT: which fault
+AGENT_PID = "agent_pid"  # INJECT_FAULT of FAULT_HOST: the pid of the proc's host agent, to kill
 INIT_FAULT = "init_fault"  # SPAWN_ACTOR: an __init__ that raises leaves a dead actor answering calls (Monarch)
+
+# The faults INJECT_FAULT inflicts (monarch_nb.ft.inject_fault says what each does).
+FAULT_KILL = "kill"
+FAULT_SEGFAULT = "segfault"
+FAULT_HANG = "hang"
+FAULT_EXCEPTION = "exception"
+FAULT_HOST = "host"
+FAULT_KINDS = (FAULT_KILL, FAULT_SEGFAULT, FAULT_HANG, FAULT_EXCEPTION, FAULT_HOST)
 
 # Kinds of messages to an actor's own inbox (header key ``envelope.KIND``).
 CALL = "call"  # call endpoint ENDPOINT; the body holds (args, kwargs)
