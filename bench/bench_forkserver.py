@@ -12,27 +12,18 @@ isolated MONARCH_NB_HOME; exit status 1 if a process is left behind.
 
 from __future__ import annotations
 
-from tidy import isolated_home, stop_and_check
+from tidy import bare_interpreters, isolated_home, stop_and_check
 
 _OWN_HOME = isolated_home()  # before monarch_nb is imported
 
 import argparse  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
 import monarch_nb  # noqa: E402
 from monarch_nb.host.proc_launcher import FORKSERVER_ENV  # noqa: E402
-
-
-def bare_interpreters(n: int) -> float:
-    started = time.perf_counter()
-    children = [subprocess.Popen([sys.executable, "-c", "import monarch_nb.proc.__main__"]) for _ in range(n)]
-    for child in children:
-        child.wait()
-    return time.perf_counter() - started
 
 
 def spawn(cluster, n: int, i: int) -> float:

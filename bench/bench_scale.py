@@ -27,7 +27,7 @@ process of its clusters is left behind. See docs/scale.md for the cost model.
 
 from __future__ import annotations
 
-from tidy import WATCH_PARENT, isolated_home, stop_and_check
+from tidy import WATCH_PARENT, bare_interpreters, isolated_home, stop_and_check
 
 _OWN_HOME = isolated_home()  # before monarch_nb is imported
 
@@ -75,15 +75,6 @@ print(json.dumps({"total": time.perf_counter() - t0, "n": n}))
 
 def log(text: str) -> None:
     print(text, flush=True)
-
-
-def bare_interpreters(n: int) -> float:
-    """Seconds for ``n`` interpreters importing what a proc imports, started in parallel."""
-    started = time.perf_counter()
-    children = [subprocess.Popen([sys.executable, "-c", "import monarch_nb.proc.__main__"]) for _ in range(n)]
-    for child in children:
-        child.wait()
-    return time.perf_counter() - started
 
 
 def raw_fanout(n: int) -> float:

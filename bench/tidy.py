@@ -115,3 +115,14 @@ class RawClient:
         self.server.stdout.close()
         self.sock.close(0)
         self.ctx.term()
+
+
+def bare_interpreters(n: int) -> float:
+    """Seconds for ``n`` interpreters importing what a proc imports, started in parallel
+    and waited for: the floor of spawning ``n`` procs on this machine."""
+    import time
+    started = time.perf_counter()
+    children = [subprocess.Popen([sys.executable, "-c", "import monarch_nb.proc.__main__"]) for _ in range(n)]
+    for child in children:
+        child.wait()
+    return time.perf_counter() - started
