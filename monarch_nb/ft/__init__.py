@@ -1,7 +1,11 @@
-"""Fault tolerance at training scale (issue 27): fault injection to show and test
-recovery. ``from monarch_nb.ft import inject_fault, InjectedFault``."""
+"""Fault tolerance at training scale (issue 27): replica groups that recover while the
+others keep stepping, and fault injection to show and test it.
+
+    from monarch_nb.ft import ReplicaGroups, inject_fault
+"""
 
 from ..proc.faults import InjectedFault
 from .faults import FAULTS, inject_fault
+from .replica_groups import GroupState, ReplicaGroup, ReplicaGroups
 
-__all__ = ["FAULTS", "InjectedFault", "inject_fault"]
+__all__ = ["FAULTS", "GroupState", "InjectedFault", "ReplicaGroup", "ReplicaGroups", "inject_fault"]

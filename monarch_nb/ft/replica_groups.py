@@ -1,0 +1,211 @@
+"""Replica groups: N copies of a training job, each its own proc mesh (and its own
+torch.distributed group), of which a failed one is torn down and respawned while the
+others keep stepping. The controller is the quorum: each step runs on the groups that
+are healthy when it starts, and a recovered group rejoins at the next step, after a
+hook has given it the state of a healthy one.
+
+This is the shape of TorchFT's replica groups with Monarch as the controller (process
+faults recovered while the healthy groups continue), without TorchFT's lighthouse and
+fault-tolerant all-reduce across groups: what crosses groups here is what the
+controller moves (the ``on_join`` hook; an average of the groups' weights if the program
+does one).
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..client.actor_mesh import ActorMesh
+from ..client.host_mesh import HostMesh
+from ..client.proc_mesh import ProcMesh
+from ..client.value_mesh import ValueMesh
+from ..errors import ActorError, ClusterError, SupervisionError
+
+
+class GroupState(str, enum.Enum):
+    HEALTHY = "healthy"  # steps run on it
+    RECOVERING = "recovering"  # failed; being torn down and respawned
+    JOINING = "joining"  # respawned; joins at the start of the next step (after on_join)
+    FAILED = "failed"  # failed more than ``max_restarts`` times: left out for good
+    STOPPED = "stopped"
+
+
+@dataclass
+class ReplicaGroup:
+    """One replica group: its procs and actors (replaced on each recovery), its state, how
+    many times it was restarted, why it last failed, and how long each recovery took
+    (seconds, from the failure being seen to the group stepping again)."""
+
+    index: int
+    procs: ProcMesh
+    actors: ActorMesh
+    state: GroupState = GroupState.HEALTHY
+    restarts: int = 0
+    last_failure: str = ""
+    recoveries_s: list[float] = field(default_factory=list)
+    failed_at: float = 0.0  # time.monotonic() when its last failure was seen
+
+    def summary(self) -> dict:
+        return {"group": self.index, "state": self.state.value, "restarts": self.restarts,
+                "last_failure": self.last_failure, "recoveries_s": [round(s, 3) for s in self.recoveries_s],
+                "pids": self.procs.pids}
+
+
+class ReplicaGroups:
+    """``num_groups`` replica groups of ``actor_class(*args, **kwargs)``, one actor per proc,
+    each group a proc mesh of ``per_group`` (e.g. ``{"gpus": 2}``) on ``hosts``.
+
+    ``backend`` (``"gloo"``, ``"nccl"``; ``None``: none) sets up torch.distributed in each
+    group (``ProcMesh.setup_torch_distributed``) before its actors start, so that their
+    ``__init__`` may ``init_process_group``. ``on_join(group, donor)`` runs when a
+    recovered group rejoins, at the start of a step (between the donor's steps), ``donor``
+    a healthy group (``None`` when none is left): load the donor's weights into
+    ``group.actors`` there. ``max_restarts``: a group
+    that fails more often is left out (``GroupState.FAILED``). ``step_timeout`` (seconds,
+    ``None``: no limit): a group whose step takes longer is taken as hung and recovered.
+
+    Blocks until every group's actors are constructed. Raises ``ValueError`` for
+    ``num_groups < 1`` or ``max_restarts < 0``."""
+
+    def __init__(self, hosts: HostMesh, name: str, actor_class: type, *args: Any, num_groups: int,
+                 per_group: dict[str, int], backend: str | None = None, max_restarts: int = 3,
+                 on_join: Callable[[ReplicaGroup, ReplicaGroup | None], None] | None = None,
+                 step_timeout: float | None = None, **kwargs: Any):
+        if num_groups < 1:
+            raise ValueError(f"ReplicaGroups: num_groups={num_groups}; give at least 1")
+        if max_restarts < 0:
+            raise ValueError(f"ReplicaGroups: max_restarts={max_restarts}; give 0 (never restart) or more")
+        self._hosts, self._name, self._class = hosts, name, actor_class
+        self._args, self._kwargs = args, kwargs
+        self._per_group, self._backend = dict(per_group), backend
+        self._max_restarts, self._on_join, self._step_timeout = max_restarts, on_join, step_timeout
+        self._lock = threading.Lock()
+        self._recoveries: list[threading.Thread] = []
+        self._spawned = 0  # proc meshes made so far: each gets a fresh name
+        self.groups = [self._start_group(i) for i in range(num_groups)]
+
+    def _start_group(self, index: int) -> ReplicaGroup:
+        procs, actors = self._spawn()
+        return ReplicaGroup(index, procs, actors)
+
+    def _spawn(self) -> tuple[ProcMesh, ActorMesh]:
+        with self._lock:
+            self._spawned += 1
+            mesh_name = f"{self._name}_{self._spawned}"
+        procs = self._hosts.spawn_procs(per_host=self._per_group, name=mesh_name)
+        try:
+            if self._backend is not None:
+                procs.setup_torch_distributed(self._backend)
+            actors: ActorMesh = procs.spawn(self._name, self._class, *self._args, raise_init_errors=True, **self._kwargs)
+        except BaseException:
+            procs.stop()
+            raise
+        return procs, actors
+
+    # -- what the training loop uses ---------------------------------------------------
+    def healthy(self) -> list[ReplicaGroup]:
+        """The groups a step runs on now."""
+        with self._lock:
+            return [g for g in self.groups if g.state is GroupState.HEALTHY]
+
+    def call(self, endpoint: str, *args: Any, **kwargs: Any) -> dict[int, ValueMesh]:
+        """Call ``endpoint`` on every actor of every healthy group, all groups at once;
+        returns ``{group index: ValueMesh}`` for the groups whose step succeeded. A group
+        whose step fails (a proc died, an endpoint raised, or it took longer than
+        ``step_timeout``) is left out of the result and recovered in the background; the
+        next calls run on the others. Raises :class:`ClusterError` when no group is
+        healthy (every one recovering or failed for good: ``status()`` says why)."""
+        self._admit_joining()
+        groups = self.healthy()
+        if not groups:
+            raise ClusterError(f"ReplicaGroups {self._name!r}: no healthy replica group to run {endpoint!r} on; "
+                               f"status: {self.status()}")
+        futures = [(g, getattr(g.actors, endpoint).call(*args, **kwargs)) for g in groups]
+        results: dict[int, ValueMesh] = {}
+        deadline = None if self._step_timeout is None else time.monotonic() + self._step_timeout
+        for group, future in futures:
+            try:
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                results[group.index] = future.get(timeout=timeout)
+            except (SupervisionError, ActorError, TimeoutError) as e:
+                self._failed(group, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return results
+
+    def wait_healthy(self, timeout: float | None = None) -> bool:
+        """Block until no group is recovering (``timeout`` seconds, ``None``: no limit),
+        then admit the recovered ones; returns whether every group that is not failed for
+        good is healthy again."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in list(self._recoveries):
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self._admit_joining()
+        with self._lock:
+            return not any(g.state is GroupState.RECOVERING for g in self.groups)
+
+    def status(self) -> list[dict]:
+        """Each group's state, restarts, last failure, recovery times (s) and pids."""
+        with self._lock:
+            return [g.summary() for g in self.groups]
+
+    def stop(self) -> None:
+        """Stop every group's procs (waiting for recoveries under way first)."""
+        self.wait_healthy()
+        for group in self.groups:
+            group.procs.stop()
+            group.state = GroupState.STOPPED
+
+    # -- recovery ------------------------------------------------------------------------
+    def _admit_joining(self) -> None:
+        """Groups respawned since the last step: ``on_join`` from a healthy donor, then in."""
+        with self._lock:
+            joining = [g for g in self.groups if g.state is GroupState.JOINING]
+        for group in joining:
+            try:
+                if self._on_join is not None:
+                    self._on_join(group, next(iter(self.healthy()), None))
+            except Exception as e:  # noqa: BLE001 - the group stays out; the others go on
+                group.procs.stop()
+                with self._lock:
+                    group.state, group.last_failure = GroupState.FAILED, f"on_join failed: {type(e).__name__}: {e}"
+                continue
+            with self._lock:
+                group.restarts += 1
+                group.recoveries_s.append(time.monotonic() - group.failed_at)
+                group.state = GroupState.HEALTHY
+
+    def _failed(self, group: ReplicaGroup, why: str) -> None:
+        with self._lock:
+            if group.state is not GroupState.HEALTHY:
+                return
+            group.last_failure = why
+            if group.restarts >= self._max_restarts:
+                group.state = GroupState.FAILED
+            else:
+                group.state = GroupState.RECOVERING
+        broken = group.procs
+        if group.state is GroupState.FAILED:
+            broken.stop()
+            return
+        group.failed_at = time.monotonic()
+        thread = threading.Thread(target=self._recover, args=(group, broken), daemon=True,
+                                  name=f"monarch-nb-recover-{self._name}-{group.index}")
+        self._recoveries.append(thread)
+        thread.start()
+
+    def _recover(self, group: ReplicaGroup, broken: ProcMesh) -> None:
+        """Tear the group down (its live ranks hold a torch.distributed group that lost a
+        member) and start it again; it joins at the next step (``_admit_joining``)."""
+        try:
+            broken.stop()  # a hung rank too: its agent kills what does not exit
+            procs, actors = self._spawn()
+        except Exception as e:  # noqa: BLE001 - reported in status(), the other groups go on
+            with self._lock:
+                group.state, group.last_failure = GroupState.FAILED, f"recovery failed: {type(e).__name__}: {e}"
+            return
+        with self._lock:
+            group.procs, group.actors, group.state = procs, actors, GroupState.JOINING

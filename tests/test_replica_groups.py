@@ -1,0 +1,137 @@
+"""ReplicaGroups: a failed group is torn down and respawned while the healthy ones keep
+stepping in the same procs, and rejoins with a healthy group's state."""
+
+from __future__ import annotations
+
+import pytest
+
+from monarch_nb.actor import Actor, endpoint
+from monarch_nb.errors import ClusterError
+from monarch_nb.ft import GroupState, ReplicaGroups, inject_fault
+from conftest import pids_alive, wait_until
+
+BOUND_S = 60
+
+
+class Counter(Actor):
+    """A stand-in trainer: its state is the number of steps it made."""
+
+    def __init__(self):
+        self.steps = 0
+
+    @endpoint
+    def step(self) -> int:
+        self.steps += 1
+        return self.steps
+
+    @endpoint
+    def state(self) -> int:
+        return self.steps
+
+    @endpoint
+    def load(self, steps: int) -> None:
+        self.steps = steps
+
+
+def _copy_state(group, donor):
+    if donor is not None:
+        group.actors.load.call(donor.actors.slice(gpus=0).state.call_one().get(timeout=BOUND_S)).get(timeout=BOUND_S)
+
+
+@pytest.fixture
+def groups(cluster):
+    made = []
+
+    def make(**options):
+        made.append(ReplicaGroups(cluster.host_mesh(), "ctr", Counter, num_groups=3, per_group={"gpus": 2},
+                                  on_join=_copy_state, **options))
+        return made[-1]
+
+    yield make
+    for g in made:
+        g.stop()
+
+
+def test_a_killed_rank_costs_its_group_only_and_the_group_rejoins_with_a_healthy_ones_state(groups):
+    rg = groups()
+    for _ in range(3):
+        assert sorted(rg.call("step")) == [0, 1, 2]
+    healthy_pids = [rg.groups[0].procs.pids, rg.groups[2].procs.pids]
+    lost = rg.groups[1].procs.pids
+    inject_fault(rg.groups[1].procs, "kill", ranks=[1])
+    assert wait_until(lambda: pids_alive([lost[1]]) == [], BOUND_S)
+    steps = rg.call("step")
+    assert sorted(steps) == [0, 2]  # the step ran on the others
+    assert rg.groups[1].state in (GroupState.RECOVERING, GroupState.JOINING)
+    while rg.groups[1].state is not GroupState.HEALTHY:  # the healthy groups keep stepping meanwhile
+        assert {0, 2} <= set(rg.call("step"))
+    assert rg.wait_healthy(BOUND_S)
+    assert [rg.groups[0].procs.pids, rg.groups[2].procs.pids] == healthy_pids  # untouched
+    assert not set(rg.groups[1].procs.pids) & set(lost)  # a new group
+    assert pids_alive(lost) == []  # its surviving rank was torn down with it
+    after = rg.call("step")
+    assert sorted(after) == [0, 1, 2]  # it rejoined at a step's start
+    assert after[1].values() == after[0].values()  # it rejoined with a healthy group's state
+    status = rg.status()[1]
+    assert status["restarts"] == 1 and "SupervisionError" in status["last_failure"]
+    assert len(status["recoveries_s"]) == 1
+
+
+def test_a_hung_rank_past_the_step_timeout_is_recovered(groups):
+    rg = groups(step_timeout=5.0)
+    rg.call("step")
+    hung = rg.groups[0].procs.pids[0]
+    inject_fault(rg.groups[0].procs, "hang", ranks=[0])
+    assert wait_until(lambda: sorted(rg.call("step")) == [1, 2], BOUND_S)
+    assert "TimeoutError" in rg.status()[0]["last_failure"]
+    assert rg.wait_healthy(BOUND_S)
+    assert pids_alive([hung]) == []  # stopping its group killed the hung process
+    assert sorted(rg.call("step")) == [0, 1, 2]
+
+
+def test_a_group_past_max_restarts_stays_out_and_none_left_is_a_clear_error(groups):
+    rg = groups(max_restarts=0)
+    for index in range(3):
+        inject_fault(rg.groups[index].procs, "kill", ranks=[0])
+        assert wait_until(lambda: index not in rg.call("step") if rg.healthy() else True, BOUND_S)
+        assert rg.groups[index].state is GroupState.FAILED
+    with pytest.raises(ClusterError, match="no healthy replica group"):
+        rg.call("step")
+    assert all(s["state"] == "failed" for s in rg.status())
+
+
+def test_bad_options_are_refused_before_anything_starts(cluster):
+    with pytest.raises(ValueError, match="num_groups=0"):
+        ReplicaGroups(cluster.host_mesh(), "x", Counter, num_groups=0, per_group={"gpus": 1})
+    with pytest.raises(ValueError, match="max_restarts=-1"):
+        ReplicaGroups(cluster.host_mesh(), "x", Counter, num_groups=1, per_group={"gpus": 1}, max_restarts=-1)
+    assert cluster.info()["proc_meshes"] == {} or all(
+        not n.startswith("x_") for n in cluster.info()["proc_meshes"])
+
+
+class GlooRank(Actor):
+    def __init__(self):
+        import torch.distributed as dist
+        dist.init_process_group("gloo")  # RANK, WORLD_SIZE, MASTER_* set by the group's setup
+
+    @endpoint
+    def all_reduce(self) -> int:
+        import torch
+        import torch.distributed as dist
+        t = torch.tensor([dist.get_rank() + 1])
+        dist.all_reduce(t)
+        return int(t.item())
+
+
+def test_a_recovered_group_has_a_fresh_torch_distributed_group(cluster):
+    pytest.importorskip("torch", reason="torch is not installed")
+    rg = ReplicaGroups(cluster.host_mesh(), "gloo", GlooRank, num_groups=2, per_group={"gpus": 2},
+                       backend="gloo")
+    try:
+        assert {g: v.values() for g, v in rg.call("all_reduce").items()} == {0: [3, 3], 1: [3, 3]}
+        inject_fault(rg.groups[1].procs, "kill", ranks=[0])
+        assert wait_until(lambda: 1 not in rg.call("all_reduce"), BOUND_S)
+        assert rg.wait_healthy(BOUND_S)
+        assert {g: v.values() for g, v in rg.call("all_reduce").items()} == {0: [3, 3], 1: [3, 3]}
+    finally:
+        rg.stop()
