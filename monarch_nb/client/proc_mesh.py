@@ -14,7 +14,7 @@ from ..proc.actor import Actor, endpoint_names, owner_of_new_meshes
 from ..proc.setup_actor import ProcSetup, set_root_log_level
 from ..protocol import hub_ops
 from ..wire import serialize, sockets
-from . import progress, torch_env
+from . import progress, torch_env, workspace_sync
 from .actor_mesh import ActorMesh
 from .control import abandon_spawn, init_error
 from .future import Future
@@ -141,6 +141,24 @@ class ProcMesh(MeshHandle):
         mesh: ActorMesh[T] = ActorMesh(self._cluster_id, self._hub_address, self._name, reply["name"], class_name,
                                        endpoints, methods, Shape(Extent(reply["extent"])), reply["addresses"])
         return cast(T, mesh)
+
+    def sync_workspace(self, reload: bool = True, timeout: float = workspace_sync.TIMEOUT_S) -> dict:
+        """Bring every proc of this mesh up to date with this client's workspace (the
+        ``.py`` files under its working directory; hidden folders, virtual environments
+        and caches left out), as Monarch's ``sync_workspace``: a proc whose copy differs
+        (another host) gets the changed files; then, with ``reload``, every proc reloads
+        the modules whose files changed, and live actors of a reloaded class continue
+        with the new class's code (their state kept). So a fix to a training function
+        reaches the running cluster without new procs.
+
+        Blocking. Returns ``{"files": n, "sent": {rank: [paths]}, "reloaded": [modules],
+        "swapped": [actor meshes], "problems": [text]}``; what could not be reloaded (a
+        module that fails to import again, an actor whose class is gone from it) is in
+        ``problems`` and keeps its old code. Raises ``ValueError`` for a working
+        directory that is not a workspace (too many or too large files),
+        :class:`SupervisionError` when a proc of the mesh has exited, and
+        :class:`ClusterError` when one does not answer within ``timeout`` seconds."""
+        return workspace_sync.sync(self, reload, timeout)
 
     def interrupt(self, timeout: float = 5.0) -> None:
         """Raise ``KeyboardInterrupt`` in every endpoint running in this mesh's procs (or

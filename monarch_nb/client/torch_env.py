@@ -7,15 +7,11 @@ Imports no torch, here or in the procs: setting variables needs none.
 
 from __future__ import annotations
 
-import time
-
-from ..errors import ClusterError, SupervisionError
+from ..errors import ClusterError
 from ..protocol import envelope, proc_ops
-from ..protocol.records import exit_cause
 from ..mesh import Extent
 from ..wire.interfaces import host_of
-from ..wire.mailbox import Gather
-from .runtime import runtime
+from . import proc_ask
 from .value_mesh import ValueMesh
 
 # "ProcMesh" in annotations names ``proc_mesh.ProcMesh``, not imported: that module
@@ -24,7 +20,6 @@ from .value_mesh import ValueMesh
 BACKENDS = ("gloo", "nccl")
 HOSTS = "hosts"  # the dimension whose index is the host ("node"); the others count procs on it
 TIMEOUT_S = 30.0  # for each round of control requests to the procs
-CHECK_S = 1.0  # while procs have not answered, how often to ask the hub whether they exited
 
 
 def check_backend(backend: str) -> str:
@@ -66,47 +61,8 @@ def rank_env(extent: Extent, rank: int, master_addr: str, master_port: int) -> d
 
 
 def _ask(mesh: "ProcMesh", headers: list[dict], timeout: float) -> list[dict]:
-    """Send ``headers[i]`` to the proc of rank i, all at once; their reply headers in
-    rank order. Raises :class:`SupervisionError` as soon as the hub knows that a proc
-    that has not answered exited, and :class:`ClusterError` naming the procs that did
-    not answer within ``timeout`` seconds."""
-    procs = [mesh._procs[r] for r in mesh._shape.base_ranks()]
-    with Gather(runtime().mailbox) as gather:
-        for rank, (proc, header) in enumerate(zip(procs, headers)):
-            gather.request(proc["address"], mesh._cluster_id, header, key=rank)
-        deadline = time.monotonic() + timeout
-        while not gather.wait(len(procs), min(CHECK_S, deadline - time.monotonic())):
-            _raise_if_exited(mesh, procs, gather.replies)
-            if time.monotonic() >= deadline:
-                break
-        replies = {rank: message.header for rank, message in gather.replies.items()}
-    missing = [f"rank {r} (proc {p['proc_id']}, pid {p['pid']})" for r, p in enumerate(procs) if r not in replies]
-    if missing:
-        raise ClusterError(f"proc mesh {mesh.name!r}: {', '.join(missing)} did not answer within {timeout} s; "
-                           "see cluster.health()")
-    return [replies[r] for r in range(len(procs))]
-
-
-def _raise_if_exited(mesh: "ProcMesh", procs: list[dict], replies: dict) -> None:
-    """:class:`SupervisionError` naming the procs without a reply that the registry
-    shows exited."""
-    try:
-        record = mesh._control().proc_mesh_record(mesh.name) or {}
-    except ClusterError:
-        return
-    known = {(p["proc_id"], p["pid"]): p["exit_code"] for p in record.get("procs", [])}
-    gone = []
-    for r, p in enumerate(procs):
-        if r in replies:
-            continue
-        key = (p["proc_id"], p["pid"])
-        if key not in known:  # the mesh was stopped (or stopped and spawned again)
-            gone.append(f"rank {r} (proc {p['proc_id']}, pid {p['pid']}) was stopped")
-        elif known[key] is not None:
-            gone.append(f"rank {r} (proc {p['proc_id']}, pid {p['pid']}) {exit_cause(known[key])}")
-    if gone:
-        raise SupervisionError(f"proc mesh {mesh.name!r}: {', '.join(gone)}; torch.distributed needs every "
-                               "proc of the mesh: set it up on new procs, or on a slice without those ranks")
+    return proc_ask.ask(mesh, headers, timeout, "torch.distributed needs every proc of the mesh: set it up "
+                        "on new procs, or on a slice without those ranks")
 
 
 def _live_group_env(mesh: "ProcMesh", backend: str | None, master_addr, master_port,

@@ -116,6 +116,7 @@ class ActorThread:
         self.current: tuple[str, float] | None = None  # endpoint running, since (wall clock, s)
         self.dead: str | None = None  # why this actor died: every later call fails with it
         self.actor_class: type | None = None  # once constructed (the debugger binds breakpoints to its code)
+        self.instance: object | None = None  # once constructed
         # An actor on the proc's main thread (``%%monarch exec``) can be interrupted even
         # in a blocking call such as time.sleep: SIGINT interrupts the main thread only.
         self.thread = (threading.main_thread() if main_thread else
@@ -278,6 +279,7 @@ class ActorThread:
                 return
             self.dead = f"{self.mesh_name} rank {self.point.rank}: __init__ raised {cause}"
         self._has_cleanup = hasattr(instance, "__cleanup__")
+        self.instance = instance  # (proc.workspace swaps its class for a reloaded one)
         if instance is not None:
             self._survives = type(instance)
         if self.stopping:  # stopped while __init__ ran: its stop message had nowhere to go

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import psutil
@@ -25,7 +26,7 @@ from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
 from ..wire import interrupts, sockets
 from .actor_loop import ActorThread, send_reply
-from . import faults, torch_env
+from . import faults, torch_env, workspace
 
 
 INTERRUPT_RETRY_S = 0.001  # how often an interrupt that can't land yet is tried again
@@ -47,6 +48,7 @@ class ProcServer:
         self.guard = wire_frames.ReplayGuard()
         self.actors: dict[str, ActorThread] = {}
         self._main_redelivery = False  # the next SIGINT is our own retry for the main-thread actor
+        self._workspace = workspace.Synced()  # ProcMesh.sync_workspace: what changed since
         # op -> handler(message), which returns EXIT to end the control loop. A handler
         # that raises (a header missing a key) gets the message counted as dropped.
         self.ops: dict[str, Callable[[wire_frames.Message], str | None]] = {
@@ -58,6 +60,7 @@ class ProcServer:
             proc_ops.TORCH_ENV_SET: self._torch_env,
             proc_ops.PING: self._ping,
             proc_ops.INJECT_FAULT: self._inject_fault,  # monarch_nb.ft.inject_fault
+            proc_ops.SYNC_WORKSPACE: self._sync_workspace,  # ProcMesh.sync_workspace
             proc_ops.EXIT: lambda message: proc_ops.EXIT,
         }
         # Called on the control thread with a spawn_actor header before that actor starts
@@ -235,6 +238,19 @@ class ProcServer:
             if actor.is_async:  # its calls run concurrently: every one running now is interrupted
                 self._interrupt_actor(actor)
         self._reply(header)
+
+    def _sync_workspace(self, message: wire_frames.Message) -> None:
+        header = message.header
+        root = Path.cwd()  # a proc runs in its copy of the client's working directory
+        if proc_ops.FILES not in header:
+            self._reply(header, **{proc_ops.NEED: workspace.needed(root, header[proc_ops.DIGESTS])})
+            return
+        workspace.write(root, header[proc_ops.FILES])
+        changed = set(header[proc_ops.FILES]) | self._workspace.changed(root, header[proc_ops.DIGESTS])
+        result: dict = {"reloaded": [], "swapped": [], "problems": []}
+        if header.get(proc_ops.RELOAD, True) and changed:
+            result = workspace.reload_changed(root, changed, list(self.actors.values()))
+        self._reply(header, **{proc_ops.RESULT: result})
 
     def _inject_fault(self, message: wire_frames.Message) -> None:
         header = message.header

@@ -16,6 +16,8 @@ TORCH_ENV_QUERY = "torch_env_query"  # the torch elastic variables here (ProcMes
 TORCH_ENV_SET = "torch_env_set"  # set them, then answer as TORCH_ENV_QUERY
 DEBUG = "debug"  # a debugger request (protocol.debug's actions)
 PING = "ping"  # answered with the pid and the actors here
+SYNC_WORKSPACE = "sync_workspace"  # DIGESTS of the client's workspace: answered with NEED (the files this
+#   proc's copy lacks); with FILES too, write them, then (RELOAD) reload what changed: answered with RESULT
 INJECT_FAULT = "inject_fault"  # inflict FAULT (one of FAULT_KINDS) on this proc; never answered
 EXIT = "exit"  # end the control loop (the proc exits)
 
@@ -27,6 +29,11 @@ EXTENT = "extent"  # the actor mesh's extent, in SPAWN_ACTOR
 MAIN_THREAD = "main_thread"  # SPAWN_ACTOR: run the actor on the proc's main thread (%%monarch exec)
 PREFER = "prefer"  # SPAWN_ACTOR: the address a restarted actor takes back when free
 DEBUG_CONFIG = "debug"  # SPAWN_ACTOR: the cluster's breakpoints, applied before the actor starts
+DIGESTS = "digests"  # SYNC_WORKSPACE: {path relative to the workspace: sha256 hex} of its .py files
+FILES = "files"  # SYNC_WORKSPACE: {relative path: contents} of the files a proc said it needs
+RELOAD = "reload"  # SYNC_WORKSPACE: reload the modules whose files changed
+NEED = "need"  # SYNC_WORKSPACE's reply: the relative paths this proc's copy lacks or holds otherwise
+RESULT = "result"  # SYNC_WORKSPACE's reply: {"reloaded", "swapped", "problems"} (proc.workspace)
 FAULT = "fault"  # INJECT_FAULT: which fault
 AGENT_PID = "agent_pid"  # INJECT_FAULT of FAULT_HOST: the pid of the proc's host agent, to kill
 INIT_FAULT = "init_fault"  # SPAWN_ACTOR: an __init__ that raises leaves a dead actor answering calls (Monarch)
