@@ -270,10 +270,16 @@ def test_exec_tracebacks_show_the_cells_frames_only(kernel, talkers):
         '  File "<%%monarch exec workers>", line 2, in <module>', "ZeroDivisionError: division by zero"]
 
 
+def test_sync_reports_per_proc_mesh_what_it_checked_and_reloaded(kernel, talkers):
+    out = kernel.run("%monarch sync talkers")
+    assert re.fullmatch(r"monarch: \S+: \d+ \.py file\(s\) checked, 0 sent; reloaded: nothing changed", out.strip()), out
+    assert "reloaded:" in kernel.run("%monarch sync")  # every proc mesh of the cluster
+
+
 def test_help_lists_every_subcommand(kernel, talkers):
     out = kernel.run("%monarch help")
     for usage in ("%monarch start [NAME]", "%monarch procs VAR", "%monarch spawn VAR CLASS", "%monarch logs [MESH]",
-                  "%monarch interrupt MESH", "%%monarch exec MESH", "%monarch status"):
+                  "%monarch interrupt MESH", "%%monarch exec MESH", "%monarch status", "%monarch sync [MESH]"):
         assert usage in out
 
 

@@ -86,6 +86,8 @@ def _parser() -> MagicArgumentParser:
     log.add_argument("--follow", action="store_true", help="keep showing new lines until interrupted")
     log.add_argument("--fold", choices=("on", "off"), default=None, help="fold identical lines across ranks")
     verbs.add_parser("interrupt", help="KeyboardInterrupt into the endpoints running on a mesh").add_argument("mesh")
+    verbs.add_parser("sync", help="send changed .py files of this folder to the procs and reload them there"
+                     ).add_argument("mesh", nargs="?")
     config = verbs.add_parser("config", help="notebook settings (no value: show them)")
     config.add_argument("setting", nargs="?", choices=("interrupt_remote",))
     config.add_argument("value", nargs="?", choices=("on", "off"))
@@ -121,6 +123,9 @@ HELP = """%monarch: drive a monarch_nb cluster from the notebook.
                 [--stream stdout|stderr] [--follow] [--fold on|off]
                                                           lines from the cluster's log store
   %monarch interrupt MESH                                 KeyboardInterrupt into endpoints running there
+  %monarch sync [MESH]                                    this folder's changed .py files to the procs of MESH
+                                                          (default: every proc mesh), reloaded there; live
+                                                          actors go on with the new code (sync_workspace)
   %monarch config [interrupt_remote on|off]               Ctrl-C in a cell also interrupts its calls on the
                                                           cluster (on, the default) or leaves them running
   %%monarch exec MESH [--ranks 0-3] [--no-block]          run the cell in every proc of MESH
@@ -365,6 +370,21 @@ class MonarchMagics(Magics):
         procs = self._procs_of(args.mesh)
         procs.interrupt()
         print(f"monarch: interrupted the endpoints running on {procs.name} ({len(procs)} procs)")
+
+    def _sync(self, args, cell=None) -> None:
+        if args.mesh is not None:
+            meshes = [self._procs_of(args.mesh)]
+        else:
+            cluster = self._cluster()
+            meshes = [cluster._proc_mesh(record) for record in cluster.info()["proc_meshes"].values()]
+        for procs in meshes:
+            result = procs.sync_workspace()
+            sent = sum(len(files) for files in result["sent"].values())
+            print(f"monarch: {procs.name}: {result['files']} .py file(s) checked, {sent} sent; reloaded: "
+                  f"{', '.join(result['reloaded']) or 'nothing changed'}"
+                  + (f"; actors on the new code: {', '.join(result['swapped'])}" if result["swapped"] else ""))
+            for problem in result["problems"]:
+                print(f"monarch: {procs.name}: {problem}")
 
     def _config(self, args, cell=None) -> None:
         if args.value is not None:
