@@ -154,7 +154,9 @@ class ProcMesh(MeshHandle):
         Blocking. Returns ``{"files": n, "sent": {rank: [paths]}, "reloaded": [modules],
         "swapped": [actor meshes], "problems": [text]}``; what could not be reloaded (a
         module that fails to import again, an actor whose class is gone from it) is in
-        ``problems`` and keeps its old code. Raises ``ValueError`` for a working
+        ``problems`` and keeps its old code. A reloaded module's top-level code runs
+        on each proc's control thread: one that blocks holds that proc's control
+        (``health()`` shows it unresponsive until it returns). Raises ``ValueError`` for a working
         directory that is not a workspace (too many or too large files),
         :class:`SupervisionError` when a proc of the mesh has exited, and
         :class:`ClusterError` when one does not answer within ``timeout`` seconds."""

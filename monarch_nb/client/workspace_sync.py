@@ -48,11 +48,22 @@ def sync(mesh, reload: bool, timeout: float) -> dict:
     ranks = len(mesh)
     needs = proc_ask.ask(mesh, [{envelope.OP: proc_ops.SYNC_WORKSPACE, proc_ops.DIGESTS: digests}] * ranks,
                          timeout, why)
+    _raise_refused(needs)
     sent = {rank: reply[proc_ops.NEED] for rank, reply in enumerate(needs) if reply[proc_ops.NEED]}
     headers = [{envelope.OP: proc_ops.SYNC_WORKSPACE, proc_ops.DIGESTS: digests, proc_ops.RELOAD: reload,
                 proc_ops.FILES: {rel: files[rel] for rel in sent.get(rank, ())}} for rank in range(ranks)]
-    results = [reply[proc_ops.RESULT] for reply in proc_ask.ask(mesh, headers, timeout, why)]
+    replies = proc_ask.ask(mesh, headers, timeout, why)
+    _raise_refused(replies)
+    results = [reply[proc_ops.RESULT] for reply in replies]
     return {"files": len(files), "sent": sent,
             "reloaded": sorted({m for r in results for m in r["reloaded"]}),
             "swapped": sorted({m for r in results for m in r["swapped"]}),
             "problems": sorted({p for r in results for p in r["problems"]})}
+
+
+def _raise_refused(replies: list[dict]) -> None:
+    """``ValueError`` with what a proc refused (a path outside its workspace, a file it
+    could not write), naming the rank; the procs carry on."""
+    refused = [f"rank {rank}: {reply[envelope.ERROR]}" for rank, reply in enumerate(replies) if envelope.ERROR in reply]
+    if refused:
+        raise ValueError("sync_workspace: " + "; ".join(refused))
