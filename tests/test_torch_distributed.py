@@ -98,7 +98,7 @@ def test_setup_is_refused_for_a_bad_backend_address_or_port(host):
         with pytest.raises(ValueError, match="master_addr"):
             procs.setup_torch_distributed(master_addr="")
         env, _ = procs.spawn("env", EnvReader).read.call_one().get()
-        assert env["RANK"] is None  # nothing was set
+        assert env["MASTER_ADDR"] is None  # nothing was set (RANK was, by spawn_procs)
     finally:
         procs.stop()
 

@@ -11,7 +11,7 @@ from typing import Awaitable, Callable
 from ..mesh import Extent, Shape
 from ..proc.actor import owner_of_new_meshes
 from ..proc.setup_actor import check_bind
-from ..protocol import hub_ops
+from ..protocol import gpus, hub_ops
 from . import progress
 from .future import Future
 from .mesh_handle import MeshHandle
@@ -32,6 +32,20 @@ def _proc_env(python: str | None) -> dict[str, str]:
     if python is not None:
         env[PYTHON_ENV] = python
     return env
+
+
+def _gpu_options(per_host: dict, bind_gpus: bool, gpus_per_proc: float) -> dict:
+    """The spawn request's GPU fields; ``TypeError``/``ValueError`` for options of the
+    wrong type or given without a ``"gpus"`` dimension (the hub checks the numbers)."""
+    if not isinstance(bind_gpus, bool):
+        raise TypeError(f"bind_gpus={bind_gpus!r}: give True (one GPU per proc of a 'gpus' dimension) or False")
+    if isinstance(gpus_per_proc, bool) or not isinstance(gpus_per_proc, (int, float)):
+        raise TypeError(f"gpus_per_proc={gpus_per_proc!r}: give a number of GPUs per proc (1, 2) or a fraction "
+                        "1/k for k procs per GPU (0.5)")
+    if gpus_per_proc != 1 and "gpus" not in per_host:
+        raise ValueError(f"gpus_per_proc={gpus_per_proc!r} applies to the procs of a 'gpus' dimension, and "
+                         f"per_host={per_host} has none; name the dimension 'gpus', e.g. per_host={{'gpus': 8}}")
+    return {gpus.BIND_GPUS: bind_gpus, gpus.GPUS_PER_PROC: gpus_per_proc}
 
 
 class HostMesh(MeshHandle):
@@ -121,7 +135,8 @@ class HostMesh(MeshHandle):
     def spawn_procs(self, per_host: dict[str, int] | None = None,
                     bootstrap: Callable[[], None] | Callable[[], Awaitable[None]] | None = None,
                     name: str | None = None, proc_bind: list[dict[str, str]] | None = None,
-                    replace: bool = False, bootstrap_command: object = None) -> ProcMesh:
+                    replace: bool = False, bootstrap_command: object = None, bind_gpus: bool = True,
+                    gpus_per_proc: float = 1) -> ProcMesh:
         """Start ``per_host`` procs on every host (default ``{}``: one), all in parallel;
         returns a :class:`ProcMesh` over this mesh's extent followed by ``per_host``:
         ``{"hosts": N, **per_host}`` on a cluster's hosts, exactly ``per_host`` on one
@@ -140,7 +155,18 @@ class HostMesh(MeshHandle):
         ``physcpubind`` (a CPU list such as ``"0-3,8"``) or ``cpunodebind`` (NUMA
         nodes).
 
-        Raises ``ValueError`` for bad ``per_host`` (labels must be identifiers, sizes
+        Procs of a ``"gpus"`` dimension each get a GPU of their host (see
+        docs/gpus.md): ``CUDA_VISIBLE_DEVICES`` names the host's ``i``-th GPU for its
+        ``i``-th proc, and RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK
+        and GROUP_WORLD_SIZE are set as ``setup_torch_distributed`` sets them (a host
+        without GPUs gets those alone). ``gpus_per_proc`` gives each proc that many GPUs
+        (2: two each), or lets procs share one (0.5: two per GPU); ``bind_gpus=False``
+        sets no ``CUDA_VISIBLE_DEVICES`` (every proc sees every GPU of its host). A
+        host's GPUs are the ``CUDA_VISIBLE_DEVICES`` its host agent was started with,
+        else the machine's (NVML, nvidia-smi); host agents on one machine split them.
+
+        Raises ``ValueError`` when a host with GPUs has fewer than its procs need
+        (naming both numbers), before any proc starts; for bad ``per_host`` (labels must be identifiers, sizes
         ints >= 1, none of this mesh's labels, at most ``MAX_PROCS_PER_HOST`` = 1024 procs
         per host unless ``$MONARCH_NB_MAX_PROCS_PER_HOST`` says more) or ``proc_bind`` (its length, or a
         memory-binding key, which monarch_nb does not apply), and
@@ -161,6 +187,7 @@ class HostMesh(MeshHandle):
         hub_ops.check_procs_per_host(per_host, per_proc_host)
         if proc_bind is not None:
             check_bind(proc_bind, per_proc_host)
+        gpu_options = _gpu_options(per_host, bind_gpus, gpus_per_proc)
         total = per_proc_host * len(self._hosts)
         python = self._python or os.environ.get(PYTHON_ENV)
         spawn_id = secrets.token_hex(6)
@@ -172,7 +199,7 @@ class HostMesh(MeshHandle):
                 hub_ops.SPAWN_PROCS, timeout=SPAWN_TIMEOUT_S, while_waiting=bar.tick, per_host=per_host, name=name,
                 replace=replace, hosts=self._hosts, **{hub_ops.HOST_EXTENT: dict(self.extent)}, env=_proc_env(python),
                 cwd=os.getcwd(), python=python or sys.executable, spawn_id=spawn_id,
-                owner=owner_of_new_meshes())
+                owner=owner_of_new_meshes(), **gpu_options)
         except BaseException:
             bar.close(None)
             raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..errors import ClusterError
 from ..protocol import envelope, proc_ops
 from ..mesh import Extent
+from ..mesh.elastic import elastic_ranks
 from ..wire.interfaces import host_of
 from . import proc_ask
 from .value_mesh import ValueMesh
@@ -18,7 +19,6 @@ from .value_mesh import ValueMesh
 # imports this one (``ProcMesh.setup_torch_distributed``).
 
 BACKENDS = ("gloo", "nccl")
-HOSTS = "hosts"  # the dimension whose index is the host ("node"); the others count procs on it
 TIMEOUT_S = 30.0  # for each round of control requests to the procs
 
 
@@ -41,23 +41,12 @@ def _check_master(master_addr, master_port) -> None:
 
 
 def rank_env(extent: Extent, rank: int, master_addr: str, master_port: int) -> dict[str, str]:
-    """The variables of ``rank`` of a mesh over ``extent``, as strings.
-
-    RANK is the rank in the mesh (row-major) and WORLD_SIZE its size. With a ``hosts``
-    dimension, GROUP_RANK is the point's host index, LOCAL_RANK the rank among the
-    other dimensions (its place on its host) and LOCAL_WORLD_SIZE their size; without
-    one (e.g. ``procs.slice(hosts=0)``) the whole mesh is on one host."""
-    point = extent.point(rank)
-    if HOSTS in extent:
-        local = Extent({label: size for label, size in extent.items() if label != HOSTS})
-        local_rank = local.rank_of({label: point[label] for label in local}) if len(local) else 0
-        group_rank, groups = point[HOSTS], extent[HOSTS]
-    else:
-        local, local_rank, group_rank, groups = extent, rank, 0, 1
-    return {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(rank),
-            "WORLD_SIZE": str(extent.nelements), "LOCAL_RANK": str(local_rank),
-            "LOCAL_WORLD_SIZE": str(local.nelements), "GROUP_RANK": str(group_rank),
-            "GROUP_WORLD_SIZE": str(groups)}
+    """The variables of ``rank`` of a mesh over ``extent``, as strings: MASTER_ADDR and
+    MASTER_PORT, and its place as ``mesh.elastic.elastic_ranks`` computes it (RANK is
+    the rank in the mesh, row-major; with a ``hosts`` dimension LOCAL_RANK is the place
+    on its host and GROUP_RANK the host's index). ``spawn_procs`` sets the same place in
+    procs of a ``"gpus"`` dimension when they start."""
+    return {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), **elastic_ranks(extent, rank)}
 
 
 def _ask(mesh: "ProcMesh", headers: list[dict], timeout: float) -> list[dict]:

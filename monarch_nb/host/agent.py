@@ -26,11 +26,11 @@ from typing import Awaitable, Callable
 from .. import fd_limit
 from ..proc import cell_files
 from ..proc.stdio import RECORD_FD_ENV
-from ..protocol import agent_ops, envelope, hub_ops
+from ..protocol import agent_ops, envelope, gpus, hub_ops
 from ..wire import frames as wire_frames
 from ..wire import shm
 from ..wire.aio import AioEndpoint
-from . import descendants
+from . import descendants, gpu_inventory
 from .capture import Capture
 from .proc_launcher import ProcLauncher, ProcProcess
 
@@ -86,9 +86,11 @@ class HostAgent:
             loop.add_signal_handler(sig, lambda sig=sig: asyncio.ensure_future(self._signalled(sig)))
         self._housekeep("preparing the cell files record", lambda: cell_files.prepare(self.cell_files))
         await self.launcher.open()  # (it preloads while the hub hears that this agent is up)
+        inventory, source = await asyncio.get_running_loop().run_in_executor(None, gpu_inventory.discover)
         await self.net.send(self.hub, {envelope.OP: hub_ops.AGENT_READY, agent_ops.HOST_ID: self.host_id,
                                        "address": self.net.address, "pid": os.getpid(),
-                                       "hostname": socket.gethostname(), "node": self.node})
+                                       "hostname": socket.gethostname(), "node": self.node,
+                                       gpus.AGENT_GPUS: inventory, gpus.AGENT_GPU_SOURCE: source})
         tasks = [asyncio.ensure_future(self._serve()), asyncio.ensure_future(self._heartbeat())]
         await self.done.wait()
         for t in tasks:

@@ -11,7 +11,9 @@ States, worst first:
   (with ``endpoint`` and ``busy_s``), ``healthy``.
 - host: ``healthy``, ``lost`` (its agent fell silent) or ``failed`` (its allocation
   ended, e.g. a cancelled Slurm job; ``cause`` says how); ``node`` is the
-  allocator's name for it (a Slurm node).
+  allocator's name for it (a Slurm node); ``gpus`` its GPU inventory.
+- proc: ``gpus``, the GPUs of its host it is bound to (``spawn_procs`` of a ``"gpus"``
+  dimension; index, id, name and total memory when known), ``[]`` when unbound.
 
 Memory, CPU time and uptime of each proc come from the proc itself (psutil), so they
 are known on every host. ``Health`` answers the ``health`` op: it asks every live proc
@@ -27,6 +29,7 @@ from typing import Callable
 from ..protocol import envelope, proc_ops
 from ..protocol.records import LOST_EXIT_CODE, exit_cause
 from ..wire.aio import AioEndpoint
+from .gpu_binding import gpus_of
 from .mesh_ops import MeshOps
 from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
 from .registry import Registry
@@ -97,13 +100,15 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
                 counts[state] += 1
                 proc_state_of[proc.proc_id] = state
                 node = {"proc_id": proc.proc_id, "proc_mesh": mesh.name, "rank": rank, "pid": proc.pid,
-                        "state": state, "cause": cause, "actors": actors}
+                        "state": state, "cause": cause, "actors": actors,
+                        "gpus": gpus_of(host.gpus, mesh.rank_env.get(str(rank)))}
                 if status:
                     node.update({k: status[k] for k in ("rss_bytes", "cpu_s", "uptime_s") if k in status})
                 procs.append(node)
         host_nodes.append({"host_id": host.host_id, "hostname": host.hostname, "node": host.node, "pid": host.pid,
                            "state": "failed" if host.cause else "lost" if host.lost else "healthy",
-                           "cause": host.cause or None, "dropped_frames": host.dropped_frames, "procs": procs})
+                           "cause": host.cause or None, "dropped_frames": host.dropped_frames, "gpus": host.gpus,
+                           "procs": procs})
     mesh_nodes = []
     for record in actor_meshes.values():
         nodes = [actor_nodes.get(record.key, {}).get(i) for i in range(len(record.proc_ranks))]

@@ -18,11 +18,12 @@ from typing import Awaitable, Callable
 
 from .. import cluster_dir
 from ..mesh import Extent
-from ..protocol import agent_ops, envelope, events, hub_ops, proc_ops
+from ..protocol import agent_ops, envelope, events, gpus, hub_ops, proc_ops
 from ..protocol.records import exit_cause
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
 from .debug_ops import DebugRegistry
+from . import gpu_binding
 from .errors import HubError
 from .launcher import ProcLauncher
 from .records import ActorMeshRecord, ProcMeshRecord, ProcRecord, actor_mesh_key
@@ -100,6 +101,7 @@ class MeshOps:
                                "again is taken back with its procs: try again then, or spawn on other hosts")
             raise HubError(f"can't start procs on lost host(s) ({causes}); stop this cluster and start a new one")
         extent = {**host_extent, **per_host}
+        bound = self._gpu_plan(header, dict(per_host), dict(host_extent), hosts)  # before any proc starts
         name = header.get("name")
         if name is None:
             name = f"procs{self._registry.next_number()}"
@@ -119,15 +121,29 @@ class MeshOps:
             launch = {k: header.get(k) for k in ("env", "cwd", "python")}
             self._spawning[name] = [0, header.get("spawn_id"), len(hosts) * per]
             self._announcer.health_changed()
+            ids = {host_id: [f"{name}/{h * per + i}" for i in range(per)] for h, host_id in enumerate(hosts)}
             try:
-                procs = await self._launcher.start(
-                    {host_id: [f"{name}/{h * per + i}" for i in range(per)] for h, host_id in enumerate(hosts)}, launch)
+                procs = await self._launcher.start(ids, launch, {f"{name}/{r}": env for r, env in enumerate(bound)})
             finally:
                 self._spawning.pop(name, None)
             record = self._registry.proc_meshes[name] = ProcMeshRecord(name, extent, procs, owner=header.get("owner"),
                                                                        launch=launch)
+            record.rank_env.update({str(r): dict(env) for r, env in enumerate(bound)})  # restarts set them again
             await self._registry.save(record)  # on disk before the reply: a recovered hub has it
             return record.public()
+
+    def _gpu_plan(self, header: dict, per_host: dict, host_extent: dict, hosts: list[str]) -> list[dict]:
+        """Each new proc's GPU binding and torch elastic variables (``gpu_binding.plan``),
+        in rank order; ``HubError`` (a ``ValueError`` for the client) when a host has
+        too few GPUs."""
+        registry = self._registry
+        try:
+            per_proc = gpu_binding.parse_gpus_per_proc(header.get(gpus.GPUS_PER_PROC) or 1)
+            found = gpu_binding.shares([(h, registry.hosts[h].hostname, registry.hosts[h].gpus)
+                                        for h in registry.host_order if h in registry.hosts])
+            return gpu_binding.plan(per_host, host_extent, hosts, found, header.get(gpus.BIND_GPUS, True), per_proc)
+        except ValueError as e:
+            raise HubError(str(e), "ValueError") from None
 
     async def spawn_actors(self, header, message):
         name = header["name"]

@@ -28,6 +28,7 @@ class HostRecord:
     # CPU when it was last heard (see ``heartbeats``); None elsewhere. Not saved.
     sched_at_seen: tuple[float, float] | None = None
     starved: int = 0  # silences past the timeout excused because the agent was waiting for a CPU
+    gpus: list = field(default_factory=list)  # its GPU inventory as it reported it (protocol.gpus records)
 
     def public(self) -> dict:
         return {**self.saved(), "lost": self.lost, "cause": self.cause, "heartbeats": self.heartbeats,
@@ -36,7 +37,7 @@ class HostRecord:
 
     def saved(self) -> dict:
         return {"host_id": self.host_id, "address": self.address, "pid": self.pid, "hostname": self.hostname,
-                "node": self.node}
+                "node": self.node, "gpus": self.gpus}
 
 
 @dataclass

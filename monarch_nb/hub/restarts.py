@@ -71,7 +71,8 @@ class Restarts:
         mesh = self._registry.proc_meshes.get(header["name"])
         if mesh is None:
             raise HubError(f"no proc mesh named {header['name']!r}; it was stopped", "ValueError")
-        mesh.rank_env.update({str(r): env for r, env in header["env"].items()})
+        for r, env in header["env"].items():  # (added to what spawn_procs set: a GPU binding stays)
+            mesh.rank_env.setdefault(str(r), {}).update(env)
         await self._registry.save(mesh)  # on disk before the reply
         return {}
 

@@ -1,0 +1,191 @@
+"""One GPU per rank: procs of a ``"gpus"`` dimension get their host's GPU at their
+place on it (``CUDA_VISIBLE_DEVICES``) and torch elastic's RANK/LOCAL_RANK/WORLD_SIZE;
+a host's GPUs are faked here with the ``CUDA_VISIBLE_DEVICES`` its host agent starts
+with, so all of it runs on a CPU machine."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from monarch_nb.actor import Actor, endpoint
+from monarch_nb.client.cluster import Cluster
+from monarch_nb.host import gpu_inventory
+from monarch_nb.hub import gpu_binding
+from monarch_nb.proc import gpus as proc_gpus
+from monarch_nb.client import torch_env
+from monarch_nb.mesh import Extent
+
+from conftest import cluster_processes, wait_until
+
+KEYS = ("CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
+class EnvReader(Actor):
+    @endpoint
+    def read(self) -> dict:
+        return {k: os.environ.get(k) for k in KEYS}
+
+
+def _envs(procs) -> list[dict]:
+    return procs.spawn("env", EnvReader).read.call().get().values()
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster():
+    """A cluster whose one host agent was started with CUDA_VISIBLE_DEVICES=3,5,6,7:
+    a host of 4 GPUs, as Slurm's gres would give it."""
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = "3,5,6,7"
+    try:
+        c = Cluster.start_ephemeral()
+    finally:
+        if saved is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+    yield c
+    c.stop()
+    assert wait_until(lambda: not cluster_processes(c.path), 10), cluster_processes(c.path)
+
+
+def test_each_proc_of_a_gpus_dimension_sees_only_its_own_gpu(gpu_cluster):
+    procs = gpu_cluster.this_host().spawn_procs(per_host={"gpus": 4}, name="bound")
+    try:
+        envs = _envs(procs)
+        assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["3", "5", "6", "7"]
+        assert [e["RANK"] for e in envs] == [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2", "3"]
+        assert {e["WORLD_SIZE"] for e in envs} == {e["LOCAL_WORLD_SIZE"] for e in envs} == {"4"}
+        procs_node = [p for h in gpu_cluster.health()["hosts"] for p in h["procs"] if p["proc_mesh"] == "bound"]
+        assert [[g["index"] for g in p["gpus"]] for p in procs_node] == [[3], [5], [6], [7]]
+    finally:
+        procs.stop()
+
+
+def test_more_procs_than_gpus_is_refused_before_any_proc_starts_and_the_cluster_stays_usable(gpu_cluster):
+    host = gpu_cluster.this_host()
+    with pytest.raises(ValueError, match=r"5 procs on host .*4 GPUs \(3, 5, 6, 7\).*gpus_per_proc.*bind_gpus=False"):
+        host.spawn_procs(per_host={"gpus": 5}, name="toomany")
+    assert "toomany" not in gpu_cluster.proc_meshes
+    assert not [p for h in gpu_cluster.health()["hosts"] for p in h["procs"] if p["proc_mesh"] == "toomany"]
+    procs = host.spawn_procs(per_host={"gpus": 2}, name="after")
+    try:
+        assert [e["CUDA_VISIBLE_DEVICES"] for e in _envs(procs)] == ["3", "5"]
+    finally:
+        procs.stop()
+
+
+def test_procs_may_share_gpus_or_take_several(gpu_cluster):
+    host = gpu_cluster.this_host()
+    shared = host.spawn_procs(per_host={"gpus": 8}, name="shared", gpus_per_proc=0.5)
+    try:
+        assert [e["CUDA_VISIBLE_DEVICES"] for e in _envs(shared)] == ["3", "3", "5", "5", "6", "6", "7", "7"]
+    finally:
+        shared.stop()
+    pairs = host.spawn_procs(per_host={"gpus": 2}, name="pairs", gpus_per_proc=2)
+    try:
+        assert [e["CUDA_VISIBLE_DEVICES"] for e in _envs(pairs)] == ["3,5", "6,7"]
+    finally:
+        pairs.stop()
+
+
+def test_binding_off_leaves_every_gpu_visible_but_still_sets_the_ranks(gpu_cluster):
+    procs = gpu_cluster.this_host().spawn_procs(per_host={"gpus": 6}, name="unbound", bind_gpus=False)
+    try:
+        envs = _envs(procs)
+        assert {e["CUDA_VISIBLE_DEVICES"] for e in envs} == {"3,5,6,7"}  # the agent's, inherited
+        assert [e["LOCAL_RANK"] for e in envs] == [str(r) for r in range(6)]
+    finally:
+        procs.stop()
+
+
+def test_a_restarted_proc_gets_its_gpu_again(gpu_cluster):
+    procs = gpu_cluster.this_host().spawn_procs(per_host={"gpus": 2}, name="restarted")
+    try:
+        procs.setup_torch_distributed(backend="gloo")  # (it adds variables; the binding stays)
+        os.kill(procs.pids[1], 9)
+        assert wait_until(lambda: procs.restart_failed() == [1], 30)
+        envs = _envs(procs)
+        assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["3", "5"]
+        assert envs[1]["RANK"] == "1"
+    finally:
+        procs.stop()
+
+
+# fast tests: no processes -----------------------------------------------------------------
+
+def _inventory(*ids: str) -> list[dict]:
+    return [gpu_inventory.gpu(int(i) if i.isdigit() else None, i) for i in ids]
+
+
+def test_the_inventory_is_the_agents_cuda_visible_devices_else_the_machines():
+    nvml = ([gpu_inventory.gpu(0, "GPU-a", "NVIDIA H200", 143771), gpu_inventory.gpu(1, "GPU-b", "NVIDIA H200", 143771)],
+            "nvml")
+    listed, source = gpu_inventory.discover({"CUDA_VISIBLE_DEVICES": "1,GPU-a"}, lambda: nvml)
+    assert source == "CUDA_VISIBLE_DEVICES"
+    assert [(g["index"], g["id"], g["name"]) for g in listed] == [(1, "1", "NVIDIA H200"), (0, "GPU-a", "NVIDIA H200")]
+    assert gpu_inventory.discover({}, lambda: nvml) == nvml
+    assert gpu_inventory.discover({}, lambda: None) == ([], "none")
+    for hidden in ("", "-1", "NoDevFiles"):
+        assert gpu_inventory.discover({"CUDA_VISIBLE_DEVICES": hidden}, lambda: nvml)[0] == []
+    assert proc_gpus.visible_devices("0,2,-1,3") == ["0", "2"]  # CUDA stops at the first bad entry
+
+
+def test_nvidia_smi_lines_become_gpu_records():
+    text = "0, GPU-8c1b, NVIDIA H200, 143771\n1, GPU-9d2c, NVIDIA H200, 143771\n"
+    assert gpu_inventory.parse_smi(text) == [gpu_inventory.gpu(0, "GPU-8c1b", "NVIDIA H200", 143771),
+                                             gpu_inventory.gpu(1, "GPU-9d2c", "NVIDIA H200", 143771)]
+
+
+def test_the_plan_binds_proc_i_of_each_host_to_its_ith_gpu_and_numbers_ranks_across_hosts():
+    shares = gpu_binding.shares([("0", "a", _inventory("0", "1")), ("1", "b", _inventory("4", "5"))])
+    envs = gpu_binding.plan({"gpus": 2}, {"hosts": 2}, ["0", "1"], shares)
+    assert [(e["CUDA_VISIBLE_DEVICES"], e["RANK"], e["LOCAL_RANK"], e["GROUP_RANK"]) for e in envs] == [
+        ("0", "0", "0", "0"), ("1", "1", "1", "0"), ("4", "2", "0", "1"), ("5", "3", "1", "1")]
+    # the same variables setup_torch_distributed sets later: nothing changes under a live group
+    for r, e in enumerate(envs):
+        wanted = torch_env.rank_env(Extent({"hosts": 2, "gpus": 2}), r, "x", 1)
+        assert all(wanted[k] == v for k, v in e.items() if k != "CUDA_VISIBLE_DEVICES")
+
+
+def test_agents_of_one_machine_split_its_gpus_and_say_so_when_there_are_too_few():
+    same = _inventory("0", "1", "2", "3")
+    shares = gpu_binding.shares([("0", "box", same), ("1", "box", same)])
+    assert [g["id"] for g in shares["0"].gpus] == ["0", "1"] and [g["id"] for g in shares["1"].gpus] == ["2", "3"]
+    envs = gpu_binding.plan({"gpus": 2}, {"hosts": 2}, ["0", "1"], shares)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "2", "3"]
+    with pytest.raises(ValueError, match="its machine box has 4, split between the 2 host agents"):
+        gpu_binding.plan({"gpus": 3}, {"hosts": 2}, ["0", "1"], shares)
+    crowded = gpu_binding.shares([(str(h), "box", _inventory("0")) for h in range(2)])
+    with pytest.raises(ValueError, match="host 0 has 0 GPUs: its machine box has 1"):
+        gpu_binding.plan({"gpus": 1}, {"hosts": 2}, ["0", "1"], crowded)
+
+
+def test_hosts_without_gpus_get_ranks_only_and_meshes_without_a_gpus_dimension_get_nothing():
+    shares = gpu_binding.shares([("0", "cpu", [])])
+    assert gpu_binding.plan({"gpus": 3}, {}, ["0"], shares) == [
+        {"RANK": str(r), "WORLD_SIZE": "3", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "3", "GROUP_RANK": "0",
+         "GROUP_WORLD_SIZE": "1"} for r in range(3)]
+    assert gpu_binding.plan({"procs": 3}, {}, ["0"], gpu_binding.shares([("0", "m", _inventory("0"))])) == []
+
+
+def test_gpus_per_proc_takes_whole_numbers_and_unit_fractions_only():
+    assert gpu_binding.parse_gpus_per_proc(1) == (1, 1)
+    assert gpu_binding.parse_gpus_per_proc(2) == (2, 1)
+    assert gpu_binding.parse_gpus_per_proc(0.25) == (1, 4)
+    for bad in (0, -1, 1.5, 0.4, True, "1"):
+        with pytest.raises(ValueError, match="gpus_per_proc"):
+            gpu_binding.parse_gpus_per_proc(bad)
+
+
+def test_a_bound_rank_uses_device_0_and_an_unbound_one_its_local_rank():
+    assert proc_gpus.device_for(["5"], 3, 1) == 0
+    assert proc_gpus.device_for(None, 3, 8) == 3
+    assert proc_gpus.device_for(["0", "1"], 3, 2) == 1
+
+
+def test_health_names_a_procs_gpu_from_its_hosts_inventory():
+    inventory = [gpu_inventory.gpu(5, "GPU-x", "NVIDIA H200", 143771)]
+    assert gpu_binding.gpus_of(inventory, {"CUDA_VISIBLE_DEVICES": "GPU-x"}) == inventory
+    assert gpu_binding.gpus_of(inventory, {"RANK": "0"}) == []
