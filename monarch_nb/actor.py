@@ -32,6 +32,7 @@ from .errors import (ActorError, CallCycleError, ClusterError, InvalidRequest, M
 from .host.worker import run_worker_loop_forever
 from .mesh import Extent, Point, Shape
 from .proc.actor import Actor, Context, context, current_actor_name, current_rank, current_size
+from .service.options import options as _service_options
 from .wire.port import Port
 
 
@@ -51,6 +52,10 @@ def unhandled_fault_hook(failure: MeshFailure) -> None:
 
 # Looked up at each failure: assigning the module attribute replaces the hook.
 runtime().supervision.fault_hook = lambda: globals()["unhandled_fault_hook"]
+
+# TorchForge's spelling of a service: Cls.options(procs=1, num_replicas=4).as_service(...)
+# (monarch_nb.service; ServiceOptions(Cls, ...) is the same for code that type-checks it).
+Actor.options = classmethod(_service_options)  # type: ignore[attr-defined]
 
 __all__ = [
     "Accumulator", "Actor", "ActorError", "ActorMesh", "CallCycleError", "Channel", "Cluster", "ClusterError", "Context", "Endpoint",

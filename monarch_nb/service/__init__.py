@@ -1,0 +1,31 @@
+"""Services (issue 26): replicated actor meshes behind ``route()`` and ``fanout()``, in
+TorchForge's shape.
+
+    from monarch_nb.actor import Actor, endpoint
+    from monarch_nb.service import service_endpoint
+
+    class Policy(Actor):
+        @endpoint
+        def generate(self, prompt: str) -> str: ...
+
+    svc = Policy.options(procs=1, num_replicas=4).as_service()
+    svc.generate.route("2+2=").get()       # one healthy replica
+    svc.generate.fanout("2+2=").get()      # a list: one per healthy replica
+    with svc.session():                    # these calls go to one replica
+        ...
+    svc.get_metrics(); svc.shutdown()
+"""
+
+from .endpoints import EndpointConfig, service_endpoint
+from .errors import NoHealthyReplica, ServiceError, ServiceStopped, SessionMoved, UnknownSession
+from .options import ServiceOptions, options
+from .replica import Replica, ReplicaState
+from .routers import LeastLoadedRouter, RoundRobinRouter, Router, SessionRouter
+from .service import Service, ServiceEndpoint, ServiceMetrics
+from .sessions import SessionContext
+
+__all__ = [
+    "EndpointConfig", "LeastLoadedRouter", "NoHealthyReplica", "Replica", "ReplicaState", "RoundRobinRouter",
+    "Router", "Service", "ServiceEndpoint", "ServiceError", "ServiceMetrics", "ServiceOptions", "ServiceStopped",
+    "SessionContext", "SessionMoved", "SessionRouter", "UnknownSession", "options", "service_endpoint",
+]

@@ -1,0 +1,674 @@
+"""``Service``: ``num_replicas`` copies of an actor class, each on its own proc mesh,
+behind one handle whose endpoints ``route()`` a call to one healthy replica or
+``fanout()`` it to all of them.
+
+Replica health follows supervision: the hub's ``actors_gone`` news of a replica's actor
+(its proc was killed, it crashed, its host was lost) marks the replica failed the moment
+it arrives, and a thread of the service replaces it (new procs, new actor, the
+``on_replica_start`` hook) while the others serve. Nothing polls. A call that was in
+flight on the failed replica fails with ``SupervisionError`` and, unless its endpoint is
+marked ``idempotent=False``, runs once more on a healthy replica; callers see only the
+result.
+
+Calls go straight from this client to the chosen replica's actor (the service adds a
+router pick and a done-callback to an ordinary endpoint call); the service is not an
+actor and there is no hop through one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, Hashable
+
+from ..client.cluster import this_host
+from ..client.future import Future
+from ..client.host_mesh import HostMesh
+from ..client.runtime import runtime
+from ..errors import SupervisionError
+from ..protocol import envelope, events
+from .batcher import Batcher
+from .endpoints import EndpointConfig, endpoint_configs
+from .errors import NoHealthyReplica, ServiceError, ServiceStopped, SessionMoved, UnknownSession
+from .replica import Replica, ReplicaState
+from .routers import Router, SessionRouter, make_router
+from .sessions import SessionContext, current_session
+
+SESSION_KWARG = "sess_id"  # route(..., sess_id=SID): TorchForge's way to name a session per call
+STARTING = (ReplicaState.INITIALIZING, ReplicaState.RECOVERING)
+
+
+@dataclass
+class _Request:
+    """One routed call (or one batch of them) on its way to a replica. ``deliver(value,
+    error)`` resolves the callers' futures; ``exclude`` holds the (replica, generation)
+    it already failed on."""
+
+    endpoint: str
+    args: tuple
+    kwargs: dict
+    config: EndpointConfig
+    deliver: Callable[[Any, BaseException | None], None]
+    sess_id: str | None = None
+    count: int = 1  # user requests it carries (a batch: its size)
+    attempts: int = 0
+    exclude: set = field(default_factory=set)
+
+
+@dataclass
+class ServiceMetrics:
+    """``Service.get_metrics()``: per replica (see ``Replica.metrics``), and for the
+    service: open sessions, requests waiting for a replica (none healthy yet), requests
+    retried on another replica after theirs failed, and requests whose caller got an
+    error."""
+
+    service: str
+    replicas: list[dict]
+    sessions: int
+    waiting: int
+    retried: int
+    failed: int
+
+    def table(self) -> str:
+        """The replicas as a plain-text table (latencies in ms)."""
+        head = f"{'replica':>7} {'state':<12} {'requests':>8} {'failed':>6} {'in flight':>9} " \
+               f"{'p50 ms':>8} {'p99 ms':>8} {'restarts':>8}"
+        rows = [f"{r['replica']:>7} {r['state']:<12} {r['requests']:>8} {r['failed']:>6} {r['in_flight']:>9} "
+                f"{r['latency_p50_s'] * 1e3:>8.2f} {r['latency_p99_s'] * 1e3:>8.2f} {r['restarts']:>8}"
+                for r in self.replicas]
+        tail = f"sessions {self.sessions}, waiting {self.waiting}, retried {self.retried}, failed {self.failed}"
+        return "\n".join([f"service {self.service}", head, *rows, tail])
+
+
+class ServiceEndpoint:
+    """``svc.NAME``: endpoint ``NAME`` of every replica. ``route`` one, ``fanout`` all."""
+
+    def __init__(self, service: "Service", name: str):
+        self._service = service
+        self._name = name
+
+    def route(self, *args: Any, **kwargs: Any) -> Future:
+        """Call the endpoint on one healthy replica, chosen by the endpoint's router (or
+        the current session's replica, or the one of ``sess_id=SID``); returns a
+        ``Future`` of its return value (a ``ValueMesh`` when replicas have several procs).
+        Non-blocking: with no replica healthy yet (starting, or being replaced) the call
+        waits in the service and is sent when one is. The future raises the endpoint's
+        ``ActorError``; :class:`SupervisionError` only for an ``idempotent=False`` endpoint
+        whose replica failed under it (others run once more elsewhere).
+
+        Raises at once :class:`ServiceStopped` after ``shutdown()``,
+        :class:`NoHealthyReplica` when every replica failed for good,
+        :class:`UnknownSession` for a ``sess_id`` not started (or terminated), and
+        ``TypeError`` for a batching endpoint given anything but one request argument."""
+        return self._service._route(self._name, args, kwargs)
+
+    choose = route  # Monarch's name for "one actor, load-balanced"
+
+    def fanout(self, *args: Any, **kwargs: Any) -> Future:
+        """Call the endpoint on every healthy replica (replicas still starting for the
+        first time are waited for); returns a ``Future`` of the list of their results in
+        replica order. A replica that fails during the call is left out of the list (it
+        is being replaced); an endpoint that raises makes the future raise its
+        ``ActorError``. Raises at once as :meth:`route`."""
+        return self._service._fanout(self._name, args, kwargs)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """:meth:`fanout` without waiting for or returning results (fire and forget)."""
+        self._service._fanout(self._name, args, kwargs)
+
+    def _not_here(self, adverb: str) -> Any:
+        raise TypeError(f"service endpoint {self._service.name}.{self._name} has no .{adverb}(); use .route(...) "
+                        f"for one replica or .fanout(...) for every healthy replica")
+
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        return self._not_here("call")
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Any:
+        return self._not_here("call_one")
+
+    def stream(self, *args: Any, **kwargs: Any) -> Any:
+        return self._not_here("stream")
+
+    def __repr__(self) -> str:
+        return f"<ServiceEndpoint {self._service.name}.{self._name}>"
+
+
+class Service:
+    """``num_replicas`` replicas of ``actor_class(*args, **kwargs)``, each a proc mesh of
+    ``procs`` procs (extent ``{"procs": procs}`` per host of ``hosts``, default
+    ``this_host()``) with the actor spawned on it. Made by
+    ``Cls.options(procs=..., num_replicas=...).as_service(*args, **kwargs)``.
+
+    Returns at once: replicas start on threads of their own (``await svc`` or
+    ``svc.wait_ready()`` waits for them; calls made before wait in the service).
+    ``on_replica_start(replica)`` runs after each start of a replica, first or after a
+    replacement, before it serves (e.g. to load weights into ``replica.actors``); what
+    it raises counts as a failed start. A replica is replaced at most ``max_restarts``
+    times (failed starts included), then left ``UNHEALTHY``.
+    """
+
+    def __init__(self, actor_class: type, args: tuple, kwargs: dict, *, procs: int = 1, num_replicas: int = 1,
+                 hosts: HostMesh | None = None, name: str | None = None, max_restarts: int = 3,
+                 on_replica_start: Callable[[Replica], None] | None = None):
+        for what, value, least in (("procs", procs, 1), ("num_replicas", num_replicas, 1),
+                                   ("max_restarts", max_restarts, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{actor_class.__name__}.options({what}={value!r}): give an int >= {least}")
+        if hosts is not None and not isinstance(hosts, HostMesh):
+            raise TypeError(f"{actor_class.__name__}.options(hosts={hosts!r}): give a HostMesh (e.g. "
+                            "cluster.host_mesh()) or None for this_host()")
+        if on_replica_start is not None and not callable(on_replica_start):
+            raise TypeError(f"on_replica_start={on_replica_start!r} is not callable; give a function (replica) -> None")
+        self.name = name or actor_class.__name__.lower()
+        self._class, self._args, self._kwargs = actor_class, args, kwargs
+        self._procs, self._max_restarts, self._on_start = procs, max_restarts, on_replica_start
+        self._configs = endpoint_configs(actor_class)
+        if not self._configs:
+            raise TypeError(f"{actor_class.__name__} has no endpoints to serve; mark methods with @endpoint "
+                            "or @service_endpoint")
+        # Unique in the cluster: replicas' meshes are named after it, and their deaths are
+        # recognised by those names.
+        self._key = f"{self.name}-{secrets.token_hex(3)}"
+        self._routers: dict[str, Router] = {n: make_router(c.router) for n, c in self._configs.items()}
+        self._session_router = SessionRouter()
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self.replicas = [Replica(i) for i in range(num_replicas)]
+        self._by_mesh: dict[str, Replica] = {}  # current actor mesh name -> its replica
+        self._gone: set[str] = set()  # our actor meshes reported gone
+        self._waiting: list[_Request] = []  # routed while no replica was healthy
+        self._fanouts: list[Callable[[], None]] = []  # fanouts waiting for the first starts to end
+        self._sessions: dict[str, int] = {}  # open session -> times it moved to another replica
+        self._session_map: dict[str, int] = {}  # session -> replica idx serving it
+        self._orphaned: dict[str, int] = {}  # session -> replica idx it had until that failed
+        self._retried = 0
+        self._failed = 0
+        self._stopped = False
+        self._threads: list[threading.Thread] = []
+        self._batcher = Batcher(self._send_batch, self._key) if any(c.batching for c in self._configs.values()) else None
+        self._hosts = hosts if hosts is not None else this_host()
+        self._unsubscribe = runtime().events.subscribe(self._on_event)
+        for replica in self.replicas:
+            self._start_thread(replica, broken=None)
+
+    # -- public --------------------------------------------------------------------------
+    def __getattr__(self, name: str) -> ServiceEndpoint:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._configs:
+            return ServiceEndpoint(self, name)
+        raise AttributeError(f"service {self.name!r} ({self._class.__name__}) has no endpoint {name!r} "
+                             f"(endpoints: {', '.join(sorted(self._configs))})")
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self._configs))
+
+    def wait_ready(self, timeout: float | None = None) -> "Service":
+        """Block until no replica is starting for the first time (``timeout`` seconds,
+        ``None``: no limit); returns the service. Raises ``TimeoutError`` past the
+        timeout and :class:`NoHealthyReplica` when no replica could start."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while any(r.state is ReplicaState.INITIALIZING for r in self.replicas):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"service {self.name!r}: replicas still starting after {timeout} s: "
+                                       f"{[r.idx for r in self.replicas if r.state is ReplicaState.INITIALIZING]}")
+                self._changed.wait(left)
+            if not any(r.state in (ReplicaState.HEALTHY, ReplicaState.RECOVERING) for r in self.replicas):
+                raise NoHealthyReplica(f"service {self.name!r}: no replica could start: "
+                                       + "; ".join(f"replica {r.idx}: {r.last_failure}" for r in self.replicas))
+        return self
+
+    def __await__(self) -> Generator[Any, None, "Service"]:
+        loop = asyncio.get_running_loop()
+        return (yield from loop.run_in_executor(None, self.wait_ready).__await__())
+
+    def wait_healthy(self, timeout: float | None = None) -> bool:
+        """Block until no replica is starting or being replaced (``timeout`` seconds);
+        returns whether every replica not failed for good is healthy."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._changed:
+            while any(r.state in STARTING for r in self.replicas):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._changed.wait(left)
+            return True
+
+    def session(self, session_id: str | None = None) -> SessionContext:
+        """``with svc.session():`` / ``async with svc.session():``: the block's calls to
+        this service (in this thread or task) go to one replica. Starts a session and
+        terminates it on exit; give ``session_id`` to enter one from
+        :meth:`start_session` instead (left open on exit)."""
+        return SessionContext(self, session_id)
+
+    def start_session(self) -> str:
+        """A new session id: ``route(..., sess_id=SID)`` calls go to one replica (chosen
+        at the first call, least loaded) until :meth:`terminate_session`. If that replica
+        fails, the session moves to another one and a :class:`SessionMoved` warning says
+        so. Raises :class:`ServiceStopped` after shutdown."""
+        with self._lock:
+            self._check_running()
+            sess_id = uuid.uuid4().hex
+            self._sessions[sess_id] = 0
+            return sess_id
+
+    def terminate_session(self, sess_id: str, missing_ok: bool = False) -> None:
+        """End session ``sess_id``. Raises :class:`UnknownSession` for one never started
+        or already terminated (unless ``missing_ok``)."""
+        with self._lock:
+            if sess_id not in self._sessions:
+                if missing_ok:
+                    return
+                self._check_session(sess_id)
+            self._sessions.pop(sess_id, None)
+            self._session_map.pop(sess_id, None)
+            self._orphaned.pop(sess_id, None)
+
+    def session_replica(self, sess_id: str) -> int | None:
+        """Index of the replica serving session ``sess_id`` (``None`` before its first
+        call). Raises :class:`UnknownSession` as :meth:`terminate_session`."""
+        with self._lock:
+            self._check_session(sess_id)
+            return self._session_map.get(sess_id)
+
+    def get_metrics(self) -> ServiceMetrics:
+        """Per replica: state, requests, failed, in flight, latency p50/p99 (s),
+        restarts; for the service: sessions, waiting, retried and failed requests."""
+        with self._lock:
+            return ServiceMetrics(self.name, [r.metrics() for r in self.replicas], len(self._sessions),
+                                  len(self._waiting), self._retried, self._failed)
+
+    def shutdown(self, timeout: float = 120.0) -> Future:
+        """Stop every replica's procs (and the actors on them); requests still waiting
+        for a replica or a batch fail with :class:`ServiceStopped`, later calls raise it.
+        Waits up to ``timeout`` seconds for replicas being started to finish starting
+        (then stops them too). Blocks until done; returns a finished ``Future[None]`` (to
+        ``await`` or ignore). A second call does nothing."""
+        with self._lock:
+            if self._stopped:
+                return Future.finished(runtime(), f"{self.name}.shutdown")
+            self._stopped = True
+            waiting, self._waiting = self._waiting, []
+            fanouts, self._fanouts = self._fanouts, []
+            self._changed.notify_all()
+        self._unsubscribe()
+        left = self._batcher.close() if self._batcher is not None else []
+        stopped = ServiceStopped(f"service {self.name!r} was shut down")
+        for request in waiting + left:
+            self._give_up(request, stopped)
+        for run in fanouts:
+            run()
+        deadline = time.monotonic() + timeout
+        for thread in list(self._threads):
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for replica in self.replicas:
+            with self._lock:
+                procs, replica.state = replica.procs, ReplicaState.STOPPED
+            if procs is not None:
+                self._stop_procs(procs)
+        with self._changed:
+            self._changed.notify_all()
+        return Future.finished(runtime(), f"{self.name}.shutdown")
+
+    stop = shutdown
+
+    def __repr__(self) -> str:
+        states = ", ".join(r.state.value for r in self.replicas)
+        return f"<Service {self.name!r} {self._class.__name__} x{len(self.replicas)} [{states}]>"
+
+    # -- routing -------------------------------------------------------------------------
+    def _check_running(self) -> None:
+        if self._stopped:
+            raise ServiceStopped(f"service {self.name!r} was shut down; make a new one with "
+                                 f"{self._class.__name__}.options(...).as_service(...)")
+
+    def _check_session(self, sess_id: str) -> None:
+        if sess_id not in self._sessions:
+            raise UnknownSession(f"service {self.name!r} has no session {sess_id!r} (never started, or terminated); "
+                                 "start one with svc.start_session() or `with svc.session():`")
+
+    def _route(self, endpoint: str, args: tuple, kwargs: dict) -> Future:
+        sess_id = kwargs.pop(SESSION_KWARG, None)
+        if sess_id is None:
+            sess_id = current_session(self._key)
+        config = self._configs[endpoint]
+        with self._lock:
+            self._check_running()
+            if sess_id is not None:
+                self._check_session(sess_id)
+        future: Future = Future(runtime(), f"{self.name}.{endpoint}.route")
+        if config.batching:
+            if kwargs or len(args) != 1:
+                raise TypeError(f"{self.name}.{endpoint} batches requests (batch_size={config.batch_size}): route() "
+                                f"takes one request argument, got {len(args)} positional and {sorted(kwargs)} keyword")
+            assert self._batcher is not None
+            try:
+                self._batcher.add((endpoint, sess_id), (args[0], future), config.batch_size, config.batch_timeout)
+            except RuntimeError:
+                self._check_running()
+                raise
+            return future
+
+        def deliver(value: Any, error: BaseException | None) -> None:
+            future._resolve(value, error)
+
+        self._submit(_Request(endpoint, args, kwargs, config, deliver, sess_id))
+        return future
+
+    def _send_batch(self, key: Hashable, items: list) -> None:
+        """A full or timed-out batch: one call taking the list of its requests."""
+        endpoint: str = key[0]  # type: ignore[index]
+        sess_id: str | None = key[1]  # type: ignore[index]
+        futures = [f for _, f in items]
+
+        def deliver(values: Any, error: BaseException | None) -> None:
+            if error is None and (not isinstance(values, (list, tuple)) or len(values) != len(futures)):
+                error = ServiceError(
+                    f"{self.name}.{endpoint} batches requests: it must return a list of one result per request, "
+                    f"in order; it got {len(futures)} requests and returned "
+                    + (f"{len(values)} results" if isinstance(values, (list, tuple)) else repr(type(values).__name__)))
+            for i, future in enumerate(futures):
+                future._resolve(None if error is not None else values[i], error)
+
+        self._submit(_Request(endpoint, ([item for item, _ in items],), {}, self._configs[endpoint], deliver,
+                              sess_id, count=len(items)))
+
+    def _submit(self, request: _Request) -> None:
+        """Send ``request`` to a replica, or keep it until one is healthy; what can't
+        be served is delivered as an error."""
+        try:
+            replica = self._pick(request)
+        except ServiceError as e:
+            self._give_up(request, e)
+            return
+        if replica is not None:
+            self._send(request, replica)
+
+    def _pick(self, request: _Request) -> Replica | None:
+        """The replica to serve ``request`` (counted in flight on it), or ``None`` when
+        it was kept for later. Raises :class:`ServiceStopped` or
+        :class:`NoHealthyReplica`."""
+        moved: list[tuple[str, int, int]] = []
+        with self._lock:
+            self._check_running()
+            healthy = [r for r in self.replicas if r.state is ReplicaState.HEALTHY
+                       and (r.idx, r.generation) not in request.exclude]
+            if not healthy:
+                if any(r.state in STARTING for r in self.replicas):
+                    self._waiting.append(request)
+                    return None
+                raise NoHealthyReplica(f"service {self.name!r}: no healthy replica to serve {request.endpoint!r}; "
+                                       + "; ".join(f"replica {r.idx} {r.state.value}: {r.last_failure or '-'}"
+                                                   for r in self.replicas))
+            sess_id = request.sess_id
+            if sess_id is not None and sess_id in self._sessions:
+                replica = self._session_router.get_replica(healthy, sess_id, self._session_map)
+                moved, self._session_router.moved = self._session_router.moved, []
+                was = self._orphaned.pop(sess_id, None)
+                if was is not None:
+                    moved.append((sess_id, was, replica.idx))
+                for sid, _, _ in moved:
+                    self._sessions[sid] = self._sessions.get(sid, 0) + 1
+            else:
+                replica = self._routers[request.endpoint].get_replica(healthy)
+            replica.stats.in_flight += request.count
+            replica.stats.requests += request.count
+            request.attempts += 1
+        for sid, was, now in moved:
+            warnings.warn(SessionMoved(f"service {self.name!r}: session {sid} moved from replica {was}, which failed, "
+                                       f"to replica {now}; state replica {was} kept for it is gone"), stacklevel=2)
+        return replica
+
+    def _send(self, request: _Request, replica: Replica) -> None:
+        actors, generation = replica.actors, replica.generation
+        started = time.perf_counter()
+        try:
+            endpoint = getattr(actors, request.endpoint)
+            call = endpoint.call_one(*request.args, **request.kwargs) if len(actors) == 1 \
+                else endpoint.call(*request.args, **request.kwargs)
+        except Exception as e:  # noqa: BLE001 - e.g. an armed failure, an argument that can't be pickled
+            self._finished(request, replica, generation, started, None, e)
+            return
+
+        def done(f: Future) -> None:
+            try:
+                value, error = f.get(0), None
+            except BaseException as e:  # noqa: BLE001 - the caller's future raises it
+                value, error = None, e
+            self._finished(request, replica, generation, started, value, error)
+
+        call.add_done_callback(done)
+
+    def _finished(self, request: _Request, replica: Replica, generation: int, started: float,
+                  value: Any, error: BaseException | None) -> None:
+        """A replica answered ``request`` (or failed it): deliver, or retry once."""
+        latency = time.perf_counter() - started
+        with self._lock:
+            stats = replica.stats
+            stats.in_flight -= request.count
+            stats.latencies.extend([latency] * request.count)
+            if error is not None:
+                stats.failed += request.count
+        if error is None:
+            request.deliver(value, None)
+            return
+        if isinstance(error, SupervisionError) and self._replica_died(replica, generation):
+            if request.config.idempotent and request.attempts < 2:
+                with self._lock:
+                    self._retried += request.count
+                request.exclude.add((replica.idx, generation))
+                self._submit(request)
+                return
+        self._give_up(request, error)
+
+    def _give_up(self, request: "_Request | tuple[Any, Future]", error: BaseException) -> None:
+        if isinstance(request, _Request):
+            with self._lock:
+                self._failed += request.count
+            request.deliver(None, error)
+        else:  # a request still in the batcher: (item, future)
+            with self._lock:
+                self._failed += 1
+            request[1]._resolve(None, error)
+
+    def _fanout(self, endpoint: str, args: tuple, kwargs: dict) -> Future:
+        config = self._configs[endpoint]
+        kwargs.pop(SESSION_KWARG, None)
+        future: Future = Future(runtime(), f"{self.name}.{endpoint}.fanout")
+
+        def run() -> None:
+            try:
+                with self._lock:
+                    self._check_running()
+                    targets = [r for r in self.replicas if r.state is ReplicaState.HEALTHY]
+                    if not targets:
+                        raise NoHealthyReplica(f"service {self.name!r}: no healthy replica for fanout of {endpoint!r}")
+            except ServiceError as e:
+                future._resolve(None, e)
+                return
+            self._fan_to(future, endpoint, config, targets, args, kwargs)
+
+        with self._lock:
+            self._check_running()
+            if any(r.state is ReplicaState.INITIALIZING for r in self.replicas):
+                self._fanouts.append(run)
+                return future
+        run()
+        return future
+
+    def _fan_to(self, future: Future, endpoint: str, config: EndpointConfig, targets: list[Replica],
+                args: tuple, kwargs: dict) -> None:
+        results: dict[int, tuple[Any, BaseException | None]] = {}
+        lock = threading.Lock()
+
+        def one_done(idx: int, value: Any, error: BaseException | None) -> None:
+            with lock:
+                results[idx] = (value, error)
+                if len(results) < len(targets):
+                    return
+            errors = [e for _, (_, e) in sorted(results.items()) if e is not None]
+            kept = [v for _, (v, e) in sorted(results.items()) if e is None]
+            endpoint_errors = [e for e in errors if not isinstance(e, SupervisionError)]
+            if endpoint_errors:
+                future._resolve(None, endpoint_errors[0])
+            elif not kept and errors:
+                future._resolve(None, errors[0])
+            else:
+                future._resolve(kept)
+
+        for replica in targets:
+            def deliver(value: Any, error: BaseException | None, idx: int = replica.idx) -> None:
+                if config.batching and error is None:
+                    value = value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
+                one_done(idx, value, error)
+
+            call_args = ([args[0]],) if config.batching and len(args) == 1 and not kwargs else args
+            request = _Request(endpoint, call_args, kwargs, config, deliver, attempts=2)  # no retry: each its own
+            with self._lock:
+                replica.stats.in_flight += 1
+                replica.stats.requests += 1
+            self._send(request, replica)
+
+    # -- replica lifecycle ------------------------------------------------------------------
+    def _on_event(self, header: dict) -> None:
+        """A hub event (on the event thread: no blocking): an actor of a replica is gone."""
+        if header.get(envelope.OP) != events.ACTORS_GONE:
+            return
+        for address, (mesh, _rank, why) in header.get("actors", {}).items():
+            replica = self._by_mesh.get(mesh)
+            if replica is not None:
+                self._failed_replica(replica, mesh, why)
+
+    def _replica_died(self, replica: Replica, generation: int) -> bool:
+        """Whether the failed call's replica (``generation`` of it) is known gone
+        (supervision has heard; then recovery starts here if the event is not in yet)."""
+        with self._lock:
+            if replica.generation != generation:
+                return True  # replaced already
+            actors = replica.actors
+        if actors is None:
+            return True
+        gone = actors.initialized.exception()
+        if gone is None:
+            return False
+        self._failed_replica(replica, actors.name, str(gone))
+        return True
+
+    def _failed_replica(self, replica: Replica, mesh: str, why: str) -> None:
+        with self._lock:
+            self._gone.add(mesh)
+            if self._stopped or self._by_mesh.get(mesh) is not replica or replica.state is not ReplicaState.HEALTHY:
+                return  # old news, or a start under way sees it (self._gone)
+            del self._by_mesh[mesh]
+            replica.last_failure = _first_cause(why)
+            replica.failed_at = time.monotonic()
+            for sess_id in [s for s, idx in self._session_map.items() if idx == replica.idx]:
+                del self._session_map[sess_id]
+                self._orphaned[sess_id] = replica.idx
+            if replica.restarts >= self._max_restarts:
+                replica.state = ReplicaState.UNHEALTHY
+                broken = replica.procs
+                self._changed.notify_all()
+            else:
+                replica.state = ReplicaState.RECOVERING
+                self._changed.notify_all()
+                self._start_thread(replica, broken=replica.procs)
+                return
+        # Left out for good: its procs go, and requests waiting may have nowhere to go.
+        threading.Thread(target=self._stop_procs, args=(broken,), daemon=True).start()
+        self._release_waiting()
+
+    def _start_thread(self, replica: Replica, broken: Any) -> None:
+        thread = threading.Thread(target=self._start, args=(replica, broken), daemon=True,
+                                  name=f"monarch-nb-service-{self._key}-r{replica.idx}")
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def _start(self, replica: Replica, broken: Any) -> None:
+        """Start ``replica`` (again, after ``broken``, its failed procs, are stopped):
+        new procs, the actor, the hook. A failed attempt is retried while the restart
+        bound allows (each attempt after the first start counts as a restart), then the
+        replica is left ``UNHEALTHY``."""
+        if broken is not None:
+            self._stop_procs(broken)  # its live ranks too
+        while True:
+            with self._lock:
+                if self._stopped:
+                    return
+                if replica.generation > 0:  # not its first start: a restart, within the bound
+                    if replica.restarts >= self._max_restarts:
+                        replica.state = ReplicaState.UNHEALTHY
+                        self._changed.notify_all()
+                        break
+                    replica.restarts += 1
+                replica.generation += 1
+                mesh = f"{self._key}-r{replica.idx}g{replica.generation}"
+            procs = None
+            try:
+                procs = self._hosts.spawn_procs(per_host={"procs": self._procs}, name=mesh)
+                actors: Any = procs.spawn(mesh, self._class, *self._args, raise_init_errors=True, **self._kwargs)
+                with self._lock:
+                    replica.procs, replica.actors = procs, actors
+                    self._by_mesh[mesh] = replica
+                if self._on_start is not None:
+                    self._on_start(replica)
+                with self._lock:
+                    if mesh in self._gone:
+                        raise ServiceError("its actor died while it started")
+                    if not self._stopped:
+                        if replica.state is ReplicaState.RECOVERING:
+                            replica.recoveries_s.append(time.monotonic() - replica.failed_at)
+                        replica.state = ReplicaState.HEALTHY
+                        self._changed.notify_all()
+                        break
+            except Exception as e:  # noqa: BLE001 - counted against the bound; the others serve meanwhile
+                with self._lock:
+                    self._by_mesh.pop(mesh, None)
+                    replica.last_failure = f"start failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                    if replica.state is not ReplicaState.INITIALIZING:
+                        replica.failed_at = replica.failed_at or time.monotonic()
+                if procs is not None:
+                    self._stop_procs(procs)
+                continue
+            # stopped while it started: shutdown() has passed this replica, or waits on us
+            if procs is not None:
+                self._stop_procs(procs)
+            return
+        self._release_waiting()
+
+    def _release_waiting(self) -> None:
+        """Replica states changed: send the requests that waited for a healthy replica
+        (or fail them if none can come), and the fanouts that waited for first starts."""
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+            fanouts: list[Callable[[], None]] = []
+            if not any(r.state is ReplicaState.INITIALIZING for r in self.replicas):
+                fanouts, self._fanouts = self._fanouts, []
+        for request in waiting:
+            self._submit(request)
+        for run in fanouts:
+            run()
+
+    def _stop_procs(self, procs: Any) -> None:
+        try:
+            procs.stop()
+        except Exception:  # noqa: BLE001 - already gone (its host, the cluster): nothing left to stop
+            pass
+
+
+def _first_cause(why: str) -> str:
+    """The line of a supervision report that says what happened to the first rank (the
+    report's first line only names the mesh)."""
+    lines = [line.strip() for line in (why or "").splitlines() if line.strip()]
+    if not lines:
+        return "its actor is gone"
+    return lines[1] if len(lines) > 1 else lines[0]
