@@ -360,7 +360,10 @@ class Service:
         def deliver(value: Any, error: BaseException | None) -> None:
             future._resolve(value, error)
 
-        self._submit(_Request(endpoint, args, kwargs, config, deliver, sess_id))
+        request = _Request(endpoint, args, kwargs, config, deliver, sess_id)
+        replica = self._pick(request)  # raises now: nothing healthy, or none can ever be
+        if replica is not None:
+            self._send(request, replica)
         return future
 
     def _send_batch(self, key: Hashable, items: list) -> None:

@@ -1,0 +1,351 @@
+"""Services: replicated actor meshes behind route()/fanout(), sessions, recovery of a
+killed replica under load, batching, shutdown. The first tests are pure logic (no
+processes); the rest run real replicas on the module's ephemeral cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+import warnings
+
+import pytest
+
+from monarch_nb.actor import Actor, endpoint
+from monarch_nb.errors import ActorError, SupervisionError
+from monarch_nb.service import (LeastLoadedRouter, NoHealthyReplica, ReplicaState, RoundRobinRouter, Router,
+                                ServiceOptions, ServiceStopped, SessionMoved, SessionRouter, UnknownSession,
+                                service_endpoint)
+from monarch_nb.service.batcher import Batcher
+from monarch_nb.service.replica import percentile
+from monarch_nb.service.routers import make_router
+from conftest import pids_alive, wait_until
+
+BOUND_S = 60
+
+
+# -- pure logic -------------------------------------------------------------------------------
+class _R:
+    def __init__(self, idx: int, load: int = 0):
+        self.idx, self.load = idx, load
+
+
+def test_round_robin_spreads_calls_evenly_over_the_healthy_replicas():
+    router, healthy = RoundRobinRouter(), [_R(i) for i in range(4)]
+    picks = [router.get_replica(healthy).idx for _ in range(400)]
+    assert {i: picks.count(i) for i in range(4)} == {0: 100, 1: 100, 2: 100, 3: 100}
+    assert {router.get_replica(healthy[1:3]).idx for _ in range(10)} == {1, 2}  # only those given
+
+
+def test_least_loaded_picks_the_replica_with_fewest_calls_outstanding_and_spreads_ties():
+    router = LeastLoadedRouter()
+    assert {router.get_replica([_R(0, 5), _R(1, 2), _R(2, 9)]).idx for _ in range(20)} == {1}
+    assert {router.get_replica([_R(0), _R(1), _R(2)]).idx for _ in range(30)} == {0, 1, 2}
+
+
+def test_session_router_keeps_a_session_on_its_replica_and_records_a_move_when_it_is_gone():
+    router, session_map = SessionRouter(fallback=RoundRobinRouter()), {}
+    healthy = [_R(i) for i in range(3)]
+    first = router.get_replica(healthy, "s", session_map).idx
+    assert {router.get_replica(healthy, "s", session_map).idx for _ in range(20)} == {first}
+    assert router.moved == []
+    rest = [r for r in healthy if r.idx != first]
+    now = router.get_replica(rest, "s", session_map).idx
+    assert now != first and session_map["s"] == now and router.moved == [("s", first, now)]
+    with pytest.raises(ValueError, match="sess_id"):
+        router.get_replica(healthy)
+
+
+def test_a_users_router_is_made_once_per_service_and_bad_routers_are_refused():
+    class Last(Router):
+        def get_replica(self, healthy, sess_id=None, session_map=None):
+            return healthy[-1]
+
+    assert isinstance(make_router(Last), Last) and make_router(None).__class__ is RoundRobinRouter
+    mine = Last()
+    assert make_router(mine) is mine
+    with pytest.raises(TypeError, match="not a Router"):
+        make_router(object)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Router subclass"):
+        service_endpoint(router=lambda healthy: healthy[0])  # type: ignore[arg-type]
+
+
+def test_service_endpoint_refuses_batch_size_0_and_a_timeout_of_0():
+    with pytest.raises(ValueError, match="batch_size=0"):
+        service_endpoint(batch_size=0)
+    with pytest.raises(ValueError, match="batch_timeout=0"):
+        service_endpoint(batch_size=4, batch_timeout=0)
+
+
+def test_batcher_sends_a_full_batch_at_once_and_a_partial_one_at_its_timeout():
+    sent: list[tuple[object, list]] = []
+    batcher = Batcher(lambda key, items: sent.append((key, list(items))))
+    try:
+        for i in range(4):
+            batcher.add("k", i, size=4, timeout=60)
+        assert sent == [("k", [0, 1, 2, 3])]  # full: sent by the thread that filled it
+        batcher.add("k", 4, size=4, timeout=0.05)
+        batcher.add("other", 5, size=4, timeout=0.05)  # other keys never mix in
+        assert wait_until(lambda: len(sent) == 3, 10)
+        assert sorted(sent[1:]) == [("k", [4]), ("other", [5])]
+        batcher.add("k", 6, size=4, timeout=60)
+    finally:
+        assert batcher.close() == [6]  # what was never sent goes back to fail
+    with pytest.raises(RuntimeError, match="closed"):
+        batcher.add("k", 7, size=4, timeout=1)
+
+
+def test_percentiles_are_nearest_rank():
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 50), percentile(values, 99), percentile([], 50)) == (50.0, 99.0, 0.0)
+
+
+# -- actors served -------------------------------------------------------------------------------
+class Worker(Actor):
+    def __init__(self, tag: str = ""):
+        self.tag = tag
+        self.loaded = 0
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def echo(self, x):
+        return (os.getpid(), self.tag, x)
+
+    @endpoint
+    def load(self, version: int) -> None:
+        self.loaded = version
+
+    @endpoint
+    def version(self) -> int:
+        return self.loaded
+
+    @service_endpoint(idempotent=False)
+    def charge(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return os.getpid()
+
+    @service_endpoint(batch_size=8, batch_timeout=0.2)
+    def square(self, xs: list) -> list:
+        if any(x == "boom" for x in xs):
+            raise ValueError("boom in this batch")
+        return [(x * x, len(xs)) for x in xs]
+
+
+@pytest.fixture
+def services(host):
+    made = []
+
+    def make(num_replicas: int = 4, *args, **options):
+        svc = Worker.options(procs=1, num_replicas=num_replicas, hosts=host, **options).as_service(*args)
+        made.append(svc)
+        return svc
+
+    yield make
+    for svc in made:
+        pids = [p for r in svc.replicas for p in (r.procs.pids if r.procs is not None else [])]
+        svc.shutdown()
+        assert wait_until(lambda: not pids_alive(pids), 10), f"replica procs left: {pids_alive(pids)}"
+
+
+def test_as_service_returns_at_once_and_calls_made_before_the_replicas_are_up_are_served(services):
+    started = time.monotonic()
+    svc = services(2, "early")
+    returned_s = time.monotonic() - started
+    future = svc.echo.route(1)  # no replica is healthy yet: it waits in the service
+    assert future.get(timeout=BOUND_S)[1:] == ("early", 1)
+    assert returned_s < 2.0, f"as_service took {returned_s:.2f} s to return"
+    assert svc.wait_ready(BOUND_S) is svc
+    assert [r.state for r in svc.replicas] == [ReplicaState.HEALTHY] * 2
+
+
+def test_route_round_robin_reaches_every_replica(services):
+    svc = services(4).wait_ready(BOUND_S)
+    pids = [svc.pid.route().get(timeout=BOUND_S) for _ in range(40)]
+    replica_pids = {r.procs.pids[0] for r in svc.replicas}
+    assert set(pids) == replica_pids and len(replica_pids) == 4
+    assert sorted(pids.count(p) for p in replica_pids) == [10, 10, 10, 10]
+    metrics = svc.get_metrics()
+    assert [r["requests"] for r in metrics.replicas] == [10, 10, 10, 10]
+    assert all(r["state"] == "healthy" and r["in_flight"] == 0 and r["latency_p99_s"] > 0 for r in metrics.replicas)
+
+
+def test_fanout_returns_one_result_per_replica_in_replica_order(services):
+    svc = services(4, "fan").wait_ready(BOUND_S)
+    results = svc.echo.fanout("x").get(timeout=BOUND_S)
+    assert [pid for pid, _, _ in results] == [r.procs.pids[0] for r in svc.replicas]
+    assert {(tag, x) for _, tag, x in results} == {("fan", "x")}
+
+
+def test_awaiting_a_service_waits_for_its_replicas_and_async_sessions_pin(services):
+    svc = services(3)
+
+    async def use():
+        ready = await svc
+        async with ready.session():
+            pids = {await ready.pid.route() for _ in range(6)}
+        return ready, pids
+
+    ready, pids = asyncio.run(use())
+    assert ready is svc and len(pids) == 1
+    assert all(r.state is ReplicaState.HEALTHY for r in svc.replicas)
+
+
+def test_a_session_pins_its_calls_to_one_replica_and_sessions_spread(services):
+    svc = services(4).wait_ready(BOUND_S)
+    with svc.session() as session:
+        pinned = {svc.pid.route().get(timeout=BOUND_S) for _ in range(12)}
+        assert svc.session_replica(session.session_id) is not None
+    assert len(pinned) == 1
+    sid = svc.start_session()
+    explicit = {svc.pid.route(sess_id=sid).get(timeout=BOUND_S) for _ in range(8)}
+    assert len(explicit) == 1
+    svc.terminate_session(sid)
+    with pytest.raises(UnknownSession, match="no session"):
+        svc.pid.route(sess_id=sid)
+    with pytest.raises(UnknownSession):
+        svc.terminate_session("no-such-session")
+    sessions = [svc.start_session() for _ in range(4)]  # new sessions go to the least loaded
+    assert len({svc.pid.route(sess_id=s).get(timeout=BOUND_S) for s in sessions}) >= 2
+
+
+def _steady_load(svc, threads: int = 3):
+    """Callers routing to ``svc`` back to back; returns (stop, counts, errors)."""
+    stop, counts, errors = threading.Event(), [0] * threads, []
+
+    def caller(i: int):
+        while not stop.is_set():
+            try:
+                svc.echo.route(i).get(timeout=BOUND_S)
+                counts[i] += 1
+            except Exception as e:  # noqa: BLE001 - what the test counts
+                errors.append(e)
+
+    workers = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(threads)]
+    for w in workers:
+        w.start()
+
+    def finish():
+        stop.set()
+        for w in workers:
+            w.join(BOUND_S)
+        return counts, errors
+
+    return finish, counts
+
+
+def test_sigkill_of_a_replica_under_steady_load_fails_no_request_and_the_replica_comes_back(services):
+    loaded = []
+    svc = services(3, "load", on_replica_start=lambda replica: loaded.append(replica.idx)).wait_ready(BOUND_S)
+    assert sorted(loaded) == [0, 1, 2]  # the hook ran at each start
+    sid = svc.start_session()
+    while svc.session_replica(sid) != 1:  # a session on the replica that will be killed
+        svc.terminate_session(sid)
+        sid = svc.start_session()
+        svc.pid.route(sess_id=sid).get(timeout=BOUND_S)
+    finish, counts = _steady_load(svc)
+    assert wait_until(lambda: sum(counts) > 300, BOUND_S)
+    victim = svc.replicas[1].procs.pids[0]
+    os.kill(victim, signal.SIGKILL)
+    assert wait_until(lambda: svc.replicas[1].state is not ReplicaState.HEALTHY or svc.replicas[1].restarts, BOUND_S)
+    assert wait_until(lambda: svc.replicas[1].state is ReplicaState.HEALTHY, BOUND_S)
+    before = sum(counts)
+    assert wait_until(lambda: sum(counts) > before + 300, BOUND_S)  # still serving after
+    done, errors = finish()
+    assert errors == []
+    replica = svc.replicas[1]
+    assert replica.restarts == 1 and len(replica.recoveries_s) == 1 and victim not in replica.procs.pids
+    assert "SIGKILL" in replica.last_failure
+    assert loaded.count(1) == 2  # and again for the replacement
+    assert svc.get_metrics().failed == 0
+    with warnings.catch_warnings(record=True) as caught:  # the session moved, and says so
+        warnings.simplefilter("always")
+        svc.pid.route(sess_id=sid).get(timeout=BOUND_S)
+    assert [w.category for w in caught] == [SessionMoved]
+    assert "moved from replica 1" in str(caught[0].message)
+
+
+def test_a_non_idempotent_call_in_flight_on_a_killed_replica_raises_instead_of_running_again(services):
+    svc = services(2).wait_ready(BOUND_S)
+    sid = svc.start_session()
+    svc.pid.route(sess_id=sid).get(timeout=BOUND_S)
+    replica = svc.replicas[svc.session_replica(sid)]
+    future = svc.charge.route(30, sess_id=sid)
+    assert wait_until(lambda: replica.stats.in_flight == 1, BOUND_S)
+    os.kill(replica.procs.pids[0], signal.SIGKILL)
+    with pytest.raises(SupervisionError, match="SIGKILL"):
+        future.get(timeout=BOUND_S)
+    assert svc.get_metrics().retried == 0
+    assert svc.echo.route(1).get(timeout=BOUND_S)[2] == 1  # the other replica serves meanwhile
+
+
+def test_past_max_restarts_a_replica_stays_out_and_the_others_serve(services):
+    svc = services(2, max_restarts=0).wait_ready(BOUND_S)
+    os.kill(svc.replicas[0].procs.pids[0], signal.SIGKILL)
+    assert wait_until(lambda: svc.replicas[0].state is ReplicaState.UNHEALTHY, BOUND_S)
+    survivor = svc.replicas[1].procs.pids[0]
+    assert {svc.pid.route().get(timeout=BOUND_S) for _ in range(6)} == {survivor}
+    assert svc.pid.fanout().get(timeout=BOUND_S) == [survivor]
+    os.kill(survivor, signal.SIGKILL)
+    assert wait_until(lambda: svc.replicas[1].state is ReplicaState.UNHEALTHY, BOUND_S)
+    with pytest.raises(NoHealthyReplica, match="replica 0 unhealthy"):
+        svc.pid.route()
+
+
+def test_batching_gathers_concurrent_routes_into_one_call_and_sends_partial_batches(services):
+    svc = services(1).wait_ready(BOUND_S)
+    futures = [svc.square.route(i) for i in range(16)]
+    results = [f.get(timeout=BOUND_S) for f in futures]
+    assert [r[0] for r in results] == [i * i for i in range(16)]
+    assert [r[1] for r in results] == [8] * 16  # two calls of 8, not 16 of 1
+    partial = [svc.square.route(i) for i in range(3)]
+    assert [f.get(timeout=BOUND_S) for f in partial] == [(0, 3), (1, 3), (4, 3)]  # sent at its timeout
+    assert svc.get_metrics().replicas[0]["requests"] == 19
+    with pytest.raises(TypeError, match="one request argument"):
+        svc.square.route(1, 2)
+
+
+def test_an_exception_in_a_batch_fails_only_that_batchs_requests(services):
+    svc = services(1).wait_ready(BOUND_S)
+    bad = [svc.square.route(x) for x in [1, 2, "boom", 4, 5, 6, 7, 8]]
+    good = [svc.square.route(x) for x in range(8)]
+    for f in bad:
+        with pytest.raises(ActorError, match="boom in this batch"):
+            f.get(timeout=BOUND_S)
+    assert [f.get(timeout=BOUND_S)[0] for f in good] == [x * x for x in range(8)]
+
+
+def test_shutdown_stops_every_replica_process_and_later_use_raises(services):
+    svc = services(3).wait_ready(BOUND_S)
+    pids = [r.procs.pids[0] for r in svc.replicas]
+    assert len(pids_alive(pids)) == 3
+    waiting = svc.square.route(1)  # still in its batch: fails with the service
+    svc.shutdown()
+    assert wait_until(lambda: not pids_alive(pids), 10)
+    assert [r.state for r in svc.replicas] == [ReplicaState.STOPPED] * 3
+    with pytest.raises(ServiceStopped):
+        waiting.get(timeout=BOUND_S)
+    with pytest.raises(ServiceStopped, match="shut down"):
+        svc.pid.route()
+    with pytest.raises(ServiceStopped):
+        svc.start_session()
+    svc.shutdown()  # again: nothing to do
+
+
+def test_bad_options_and_unknown_endpoints_get_clear_errors(host):
+    with pytest.raises(ValueError, match="num_replicas=0"):
+        Worker.options(num_replicas=0, hosts=host).as_service()
+    with pytest.raises(TypeError, match="unknown option"):
+        Worker.options(replicas=2)
+    svc = ServiceOptions(Worker, num_replicas=1, hosts=host).as_service()
+    try:
+        with pytest.raises(AttributeError, match="no endpoint 'nope'.*endpoints: charge, echo"):
+            svc.nope
+        with pytest.raises(TypeError, match=r"use \.route"):
+            svc.pid.call()
+    finally:
+        svc.shutdown()
