@@ -101,6 +101,18 @@ def cpu_percent(previous: dict | None, tree: dict) -> dict[str, float]:
 
 
 # the tree of nodes --------------------------------------------------------------------
+def gpus_text(gpus: list[dict]) -> str:
+    """A proc's GPUs for its line: ``"GPU 5 (NVIDIA H200, 140 GiB)"``; the id
+    ``CUDA_VISIBLE_DEVICES`` names it by when its index is unknown."""
+    def one(g: dict) -> str:
+        known = [g["name"]] if g.get("name") else []
+        if g.get("memory_mib"):
+            known.append(format_bytes(g["memory_mib"] * 2**20))
+        label = g["index"] if g.get("index") is not None else g["id"]
+        return f"{label}" + (f" ({', '.join(known)})" if known else "")
+    return ("GPU " if len(gpus) == 1 else "GPUs ") + ", ".join(one(g) for g in gpus)
+
+
 def _actor_text(actor: dict, with_class: bool) -> str:
     parts = [actor["class"]] if with_class else []
     state = actor["state"]
@@ -132,6 +144,8 @@ def _proc_node(proc: dict, cpu: dict[str, float], open_: bool) -> Node:
     else:
         parts = [state]
     parts.append(f"pid {proc['pid']}")
+    if proc.get("gpus"):
+        parts.append(gpus_text(proc["gpus"]))
     if state not in ("failed", "lost", "stopped"):
         if "uptime_s" in proc:
             parts.append(f"up {format_duration(proc['uptime_s'])}")
@@ -172,6 +186,8 @@ def nodes(tree: dict, previous: dict | None = None, internal: bool = False) -> l
         where = host["hostname"] + (f" (node {host['node']})" if host.get("node") and host["node"] != host["hostname"]
                                     else "")
         text = f"{host['state']}{': ' + cause if cause else ''} · {where} · agent pid {host['pid']} · {len(procs)} procs"
+        if host.get("gpus"):
+            text += f" · {len(host['gpus'])} GPUs"
         hosts.append(Node(f"host:{host['host_id']}", "host", host["state"], host["host_id"], text, cause, procs,
                           open=len(tree["hosts"]) <= OPEN_HOSTS_UP_TO))
     for starting in tree.get("starting", []):

@@ -20,14 +20,18 @@ import sys
 from .client import torch_env
 from .client.proc_mesh import ProcMesh
 from .client.value_mesh import ValueMesh
+from .proc import gpus
 from .proc.actor import Actor, current_rank, endpoint
+from .protocol import gpus as gpu_keys
 
 
 def setup_torch_elastic_env(proc_mesh: ProcMesh, master_addr: str | None = None,
                             master_port: int | None = None) -> ValueMesh:
     """Set RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
     MASTER_ADDR and MASTER_PORT in every proc of ``proc_mesh`` (see
-    ``ProcMesh.setup_torch_distributed``, which this is with any backend accepted).
+    ``ProcMesh.setup_torch_distributed``, which this is with any backend accepted; on
+    procs that each have a CUDA device it sets each one's device, and raises
+    ``ValueError`` when two ranks would share one GPU).
     Blocking; returns a ``ValueMesh`` of each rank's variables. Raises ``ValueError``
     for a bad address or port, :class:`ClusterError` when some procs already hold a
     process group that doesn't match this mesh, or a proc does not answer."""
@@ -44,7 +48,9 @@ async def setup_torch_elastic_env_async(proc_mesh: ProcMesh, master_addr: str | 
 class SPMDActor(Actor):
     """Monarch's torchrun stand-in: one per proc, it sets the torch elastic variables of
     its rank (as ``setup_torch_elastic_env`` computes them from the mesh, plus
-    ``ROLE_RANK``/``ROLE_WORLD_SIZE``/``ROLE_NAME``) and runs training scripts."""
+    ``ROLE_RANK``/``ROLE_WORLD_SIZE``/``ROLE_NAME``), sets its CUDA device when it has
+    one, and runs training scripts. Two ranks sharing a GPU are not caught here (each
+    actor sees only itself): ``setup_torch_elastic_env`` first says so."""
 
     @endpoint
     def get_host_port(self, use_ipaddr=None) -> tuple[str, int]:
@@ -77,9 +83,14 @@ class SPMDActor(Actor):
         return True
 
     def _setup_env(self, master_addr: str, master_port: int) -> None:
+        """The variables, and (on a proc with a CUDA device) the rank's current device:
+        device 0 of a proc bound to one GPU, else its LOCAL_RANK's."""
         point = current_rank()
         env = torch_env.rank_env(point.extent, point.rank, master_addr, master_port)
         os.environ.update(env, ROLE_RANK=env["RANK"], ROLE_WORLD_SIZE=env["WORLD_SIZE"], ROLE_NAME="rank")
+        cuda = gpus.cuda_report(int(env["LOCAL_RANK"]))
+        if cuda is not None:
+            gpus.set_device(cuda[gpu_keys.CUDA_DEVICE])
 
 
 __all__ = ["SPMDActor", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]

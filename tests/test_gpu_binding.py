@@ -11,6 +11,7 @@ import pytest
 
 from monarch_nb.actor import Actor, endpoint
 from monarch_nb.client.cluster import Cluster
+from monarch_nb.health_view import to_plain
 from monarch_nb.host import gpu_inventory
 from monarch_nb.hub import gpu_binding
 from monarch_nb.proc import gpus as proc_gpus
@@ -59,6 +60,9 @@ def test_each_proc_of_a_gpus_dimension_sees_only_its_own_gpu(gpu_cluster):
         assert {e["WORLD_SIZE"] for e in envs} == {e["LOCAL_WORLD_SIZE"] for e in envs} == {"4"}
         procs_node = [p for h in gpu_cluster.health()["hosts"] for p in h["procs"] if p["proc_mesh"] == "bound"]
         assert [[g["index"] for g in p["gpus"]] for p in procs_node] == [[3], [5], [6], [7]]
+        shown = to_plain(gpu_cluster.health()).splitlines()
+        assert any(" · 4 GPUs" in line for line in shown if "host0" in line)
+        assert any(" · GPU 5 · " in line for line in shown if "bound/1" in line)
     finally:
         procs.stop()
 
@@ -189,3 +193,64 @@ def test_health_names_a_procs_gpu_from_its_hosts_inventory():
     inventory = [gpu_inventory.gpu(5, "GPU-x", "NVIDIA H200", 143771)]
     assert gpu_binding.gpus_of(inventory, {"CUDA_VISIBLE_DEVICES": "GPU-x"}) == inventory
     assert gpu_binding.gpus_of(inventory, {"RANK": "0"}) == []
+
+
+# setup_torch_distributed on GPUs: the CUDA calls faked in the procs -------------------------
+
+class FakeCuda(Actor):
+    """Stands in for CUDA in its proc: ``proc.gpus``' two CUDA calls report the GPU
+    ``uuid`` at device 0 and record the devices set."""
+
+    @endpoint
+    def install(self, uuid: str) -> None:
+        from monarch_nb.proc import gpus
+
+        set_devices: list[int] = []
+        gpus.cuda_report = lambda local_rank: {"device": 0, "uuid": uuid, "name": "Fake GPU",
+                                               "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        gpus.set_device = set_devices.append
+        gpus.set_devices = set_devices
+
+    @endpoint
+    def devices_set(self) -> list[int]:
+        from monarch_nb.proc import gpus
+
+        return gpus.set_devices
+
+
+def test_setup_on_gpus_sets_each_ranks_device_and_refuses_ranks_sharing_one(gpu_cluster):
+    procs = gpu_cluster.this_host().spawn_procs(per_host={"gpus": 2}, name="nccl", gpus_per_proc=0.5)
+    try:
+        fake = procs.spawn("fake", FakeCuda)
+        fake.install.call("GPU-same").get()  # gpus_per_proc=0.5: both ranks on GPU 3
+        with pytest.raises(ValueError, match=r"ranks 0, 1 would share one GPU \(Fake GPU GPU-same, "
+                                             r"CUDA_VISIBLE_DEVICES=3\).*Duplicate GPU"):
+            procs.setup_torch_distributed()
+        assert {e["CUDA_VISIBLE_DEVICES"] for e in _envs(procs)} == {"3"}
+        assert fake.devices_set.call().get().values() == [[], []]  # nothing set before the error
+        with pytest.raises(ValueError, match="would share one GPU"):
+            procs.setup_torch_distributed(backend="nccl")
+        for rank in (0, 1):
+            fake.slice(gpus=rank).install.call_one(f"GPU-{rank}").get()
+        envs = procs.setup_torch_distributed().values()
+        assert [e["RANK"] for e in envs] == ["0", "1"]
+        assert fake.devices_set.call().get().values() == [[0], [0]]
+    finally:
+        procs.stop()
+
+
+def test_gloo_setup_is_not_refused_for_ranks_sharing_a_gpu(gpu_cluster):
+    procs = gpu_cluster.this_host().spawn_procs(per_host={"gpus": 2}, name="gloo", gpus_per_proc=0.5)
+    try:
+        procs.spawn("fake", FakeCuda).install.call("GPU-same").get()
+        assert [e["RANK"] for e in procs.setup_torch_distributed(backend="gloo").values()] == ["0", "1"]
+    finally:
+        procs.stop()
+
+
+def test_the_shared_gpu_message_names_every_rank_on_the_gpu():
+    report = {"device": 0, "uuid": "GPU-a", "name": "NVIDIA H200", "visible": None}
+    assert torch_env.shared_gpus([report, {**report, "uuid": "GPU-b"}]) is None
+    assert torch_env.shared_gpus([None, None]) is None
+    text = torch_env.shared_gpus([report, {**report, "uuid": "GPU-b"}, report])
+    assert text is not None and text.startswith("ranks 0, 2 would share one GPU (NVIDIA H200 GPU-a")

@@ -170,7 +170,7 @@ class ProcMesh(MeshHandle):
         client's own."""
         self._control().interrupt([self._procs[r] for r in self._shape.base_ranks()], timeout)
 
-    def setup_torch_distributed(self, backend: str = "gloo", master_addr: str | None = None,
+    def setup_torch_distributed(self, backend: str = "auto", master_addr: str | None = None,
                                 master_port: int | None = None) -> ValueMesh:
         """Set what torchrun sets in every proc of this mesh (or slice), so that actors can
         call ``torch.distributed.init_process_group(backend)`` and use DDP: RANK (rank in
@@ -179,14 +179,23 @@ class ProcMesh(MeshHandle):
         count), MASTER_ADDR (default: rank 0's host address) and MASTER_PORT (default: a
         port free on rank 0's host, picked there); GLOO_SOCKET_IFNAME and
         NCCL_SOCKET_IFNAME (unless set) name the interface of the proc's own address.
-        Imports no torch. Blocking; returns a ``ValueMesh`` of each rank's variables.
+        Blocking; returns a ``ValueMesh`` of each rank's variables.
+
+        ``backend="auto"`` (default) is NCCL when every proc has a CUDA device, else
+        gloo. Unless ``backend="gloo"``, when every proc has a CUDA device each one's
+        current device is set (device 0 of a proc bound to one GPU by ``spawn_procs``,
+        else its LOCAL_RANK's), and ``ValueError`` names the ranks when two would share
+        one GPU, which NCCL refuses ("Duplicate GPU detected"). Imports no torch on a
+        proc that sees no GPU.
 
         Safe to re-run: while every proc is already rank r of a live group of this mesh's
         size and ``backend``, nothing changes and the variables that group was made with
-        are returned. Raises ``ValueError`` for a backend other than ``"gloo"``/``"nccl"``
+        are returned. Raises ``ValueError`` for a backend other than ``"gloo"``/``"nccl"``/``"auto"``
         or a bad address or port, :class:`SupervisionError` when a proc of the mesh has
         exited, and :class:`ClusterError` when some procs hold a process group that
-        doesn't match (destroy it first) or a proc does not answer in 30 s."""
+        doesn't match (destroy it first) or a proc does not answer in 30 s. Then call
+        ``init_process_group()`` in the actors (no backend: torch takes NCCL for CUDA
+        tensors and gloo for CPU ones), or with the backend chosen here."""
         return torch_env.setup(self, torch_env.check_backend(backend), master_addr, master_port)
 
     def restart_failed(self, timeout: float = 120.0) -> list[int]:

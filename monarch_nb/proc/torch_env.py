@@ -2,7 +2,8 @@
 ``torch_env_set`` control ops.
 
 Setting the torch elastic variables needs no torch, so this module never imports it:
-a proc that never runs torch code never loads it. Whether a process group already
+a proc that never runs torch code never loads it (only a proc that sees a GPU loads it,
+through ``gpus``, to say which CUDA device it would use). Whether a process group already
 exists is read from ``sys.modules`` (if ``torch.distributed`` was never imported, no
 group can exist).
 """
@@ -16,6 +17,8 @@ import sys
 import psutil
 
 from ..protocol import envelope, proc_ops
+from ..protocol import gpus as gpus_proto
+from . import gpus
 
 # What torchrun sets for each worker and ``init_process_group(init_method="env://")``
 # (the default) reads; GROUP_* is the host ("node") index and count.
@@ -63,13 +66,20 @@ def handle(header: dict) -> dict:
     ``picked_port`` a free port when asked (not ``port``: replies are routed by it).
     ``torch_env_set`` (with ``env``: str -> str, and ``ip``: this proc's address) sets
     those variables in this process's environment, and :data:`IFNAME_KEYS` to the
-    interface holding ``ip`` unless they are set already, then answers the same way."""
+    interface holding ``ip`` unless they are set already, then answers the same way.
+    With ``protocol.gpus.CUDA`` (and ``LOCAL_RANK``) the reply also says which CUDA
+    device this rank would use (``gpus.cuda_report``; torch is imported only where a
+    GPU is visible); with ``DEVICE``, set makes it torch's current device."""
     if header[envelope.OP] == proc_ops.TORCH_ENV_SET:
         os.environ.update({k: str(v) for k, v in header["env"].items()})
         interface = interface_of(header["ip"]) if header.get("ip") else None
         for key in IFNAME_KEYS if interface else ():
             os.environ.setdefault(key, interface)
+        if header.get(gpus_proto.DEVICE) is not None:
+            gpus.set_device(header[gpus_proto.DEVICE])
     reply = {"group": process_group(), "env": {k: os.environ.get(k) for k in REPORTED_KEYS}}
     if header.get("free_port"):
         reply["picked_port"] = free_port()
+    if header.get(gpus_proto.CUDA):
+        reply[gpus_proto.CUDA] = gpus.cuda_report(header.get(gpus_proto.LOCAL_RANK) or 0)
     return reply
