@@ -33,22 +33,31 @@ def _envs(procs) -> list[dict]:
     return procs.spawn("env", EnvReader).read.call().get().values()
 
 
-@pytest.fixture(scope="module")
-def gpu_cluster():
-    """A cluster whose one host agent was started with CUDA_VISIBLE_DEVICES=3,5,6,7:
-    a host of 4 GPUs, as Slurm's gres would give it."""
+def _start_with_gpus(visible: str, hosts: int = 1) -> Cluster:
+    """A cluster whose host agents start with CUDA_VISIBLE_DEVICES=``visible`` (a fake
+    inventory, as Slurm's gres would give it); this process's environment is restored."""
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = "3,5,6,7"
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible
     try:
-        c = Cluster.start_ephemeral()
+        return Cluster.start_ephemeral(hosts=hosts)
     finally:
         if saved is None:
             del os.environ["CUDA_VISIBLE_DEVICES"]
         else:
             os.environ["CUDA_VISIBLE_DEVICES"] = saved
-    yield c
+
+
+def _stop(c: Cluster) -> None:
     c.stop()
     assert wait_until(lambda: not cluster_processes(c.path), 10), cluster_processes(c.path)
+
+
+@pytest.fixture(scope="module")
+def gpu_cluster():
+    """One host agent with CUDA_VISIBLE_DEVICES=3,5,6,7: a host of 4 GPUs."""
+    c = _start_with_gpus("3,5,6,7")
+    yield c
+    _stop(c)
 
 
 def test_each_proc_of_a_gpus_dimension_sees_only_its_own_gpu(gpu_cluster):
@@ -115,6 +124,19 @@ def test_a_restarted_proc_gets_its_gpu_again(gpu_cluster):
         assert envs[1]["RANK"] == "1"
     finally:
         procs.stop()
+
+
+def test_host_agents_of_one_machine_split_its_gpus():
+    c = _start_with_gpus("3,5,6,7", hosts=2)
+    try:
+        procs = c.this_host().spawn_procs(per_host={"gpus": 2}, name="split")
+        envs = _envs(procs)
+        assert [(e["CUDA_VISIBLE_DEVICES"], e["RANK"], e["LOCAL_RANK"]) for e in envs] == [
+            ("3", "0", "0"), ("5", "1", "1"), ("6", "2", "0"), ("7", "3", "1")]
+        with pytest.raises(ValueError, match="split between the 2 host agents"):
+            c.this_host().spawn_procs(per_host={"gpus": 3}, name="oversplit")
+    finally:
+        _stop(c)
 
 
 # fast tests: no processes -----------------------------------------------------------------

@@ -194,8 +194,8 @@ class ProcMesh(MeshHandle):
         or a bad address or port, :class:`SupervisionError` when a proc of the mesh has
         exited, and :class:`ClusterError` when some procs hold a process group that
         doesn't match (destroy it first) or a proc does not answer in 30 s. Then call
-        ``init_process_group()`` in the actors (no backend: torch takes NCCL for CUDA
-        tensors and gloo for CPU ones), or with the backend chosen here."""
+        ``init_process_group()`` in the actors: without a backend, torch takes NCCL for
+        CUDA tensors and gloo for CPU ones."""
         return torch_env.setup(self, torch_env.check_backend(backend), master_addr, master_port)
 
     def restart_failed(self, timeout: float = 120.0) -> list[int]:
