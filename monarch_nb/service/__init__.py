@@ -16,12 +16,14 @@ TorchForge's shape.
     svc.get_metrics(); svc.shutdown()
 """
 
-from .endpoints import EndpointConfig, service_endpoint
+from .endpoint_config import EndpointConfig, service_endpoint
 from .errors import NoHealthyReplica, ServiceError, ServiceStopped, SessionMoved, UnknownSession
 from .options import ServiceOptions, options
 from .replica import Replica, ReplicaState
 from .routers import LeastLoadedRouter, RoundRobinRouter, Router, SessionRouter
-from .service import Service, ServiceEndpoint, ServiceMetrics
+from .endpoint import ServiceEndpoint
+from .metrics import ServiceMetrics
+from .service import Service
 from .sessions import SessionContext
 
 __all__ = [

@@ -21,10 +21,8 @@ import asyncio
 import secrets
 import threading
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
 from typing import Any, Hashable
 
 from ..client.cluster import this_host
@@ -34,109 +32,17 @@ from ..client.runtime import runtime
 from ..errors import SupervisionError
 from ..protocol import envelope, events
 from .batcher import Batcher
-from .endpoints import EndpointConfig, endpoint_configs
-from .errors import NoHealthyReplica, ServiceError, ServiceStopped, SessionMoved, UnknownSession
+from .calls import FanIn, Request, to_batch, to_future
+from .endpoint import ServiceEndpoint
+from .endpoint_config import endpoint_configs
+from .errors import NoHealthyReplica, ServiceError, ServiceStopped, SessionMoved
+from .metrics import ServiceMetrics
 from .replica import Replica, ReplicaState
-from .routers import Router, SessionRouter, make_router
-from .sessions import SessionContext, current_session
+from .routers import Router, make_router
+from .sessions import SessionContext, Sessions, current_session
 
 SESSION_KWARG = "sess_id"  # route(..., sess_id=SID): TorchForge's way to name a session per call
 STARTING = (ReplicaState.INITIALIZING, ReplicaState.RECOVERING)
-
-
-@dataclass
-class _Request:
-    """One routed call (or one batch of them) on its way to a replica. ``deliver(value,
-    error)`` resolves the callers' futures; ``exclude`` holds the (replica, generation)
-    it already failed on."""
-
-    endpoint: str
-    args: tuple
-    kwargs: dict
-    config: EndpointConfig
-    deliver: Callable[[Any, BaseException | None], None]
-    sess_id: str | None = None
-    count: int = 1  # user requests it carries (a batch: its size)
-    attempts: int = 0
-    exclude: set = field(default_factory=set)
-
-
-@dataclass
-class ServiceMetrics:
-    """``Service.get_metrics()``: per replica (see ``Replica.metrics``), and for the
-    service: open sessions, requests waiting for a replica (none healthy yet), requests
-    retried on another replica after theirs failed, and requests whose caller got an
-    error."""
-
-    service: str
-    replicas: list[dict]
-    sessions: int
-    waiting: int
-    retried: int
-    failed: int
-
-    def table(self) -> str:
-        """The replicas as a plain-text table (latencies in ms)."""
-        head = f"{'replica':>7} {'state':<12} {'requests':>8} {'failed':>6} {'in flight':>9} " \
-               f"{'p50 ms':>8} {'p99 ms':>8} {'restarts':>8}"
-        rows = [f"{r['replica']:>7} {r['state']:<12} {r['requests']:>8} {r['failed']:>6} {r['in_flight']:>9} "
-                f"{r['latency_p50_s'] * 1e3:>8.2f} {r['latency_p99_s'] * 1e3:>8.2f} {r['restarts']:>8}"
-                for r in self.replicas]
-        tail = f"sessions {self.sessions}, waiting {self.waiting}, retried {self.retried}, failed {self.failed}"
-        return "\n".join([f"service {self.service}", head, *rows, tail])
-
-
-class ServiceEndpoint:
-    """``svc.NAME``: endpoint ``NAME`` of every replica. ``route`` one, ``fanout`` all."""
-
-    def __init__(self, service: "Service", name: str):
-        self._service = service
-        self._name = name
-
-    def route(self, *args: Any, **kwargs: Any) -> Future:
-        """Call the endpoint on one healthy replica, chosen by the endpoint's router (or
-        the current session's replica, or the one of ``sess_id=SID``); returns a
-        ``Future`` of its return value (a ``ValueMesh`` when replicas have several procs).
-        Non-blocking: with no replica healthy yet (starting, or being replaced) the call
-        waits in the service and is sent when one is. The future raises the endpoint's
-        ``ActorError``; :class:`SupervisionError` only for an ``idempotent=False`` endpoint
-        whose replica failed under it (others run once more elsewhere).
-
-        Raises at once :class:`ServiceStopped` after ``shutdown()``,
-        :class:`NoHealthyReplica` when every replica failed for good,
-        :class:`UnknownSession` for a ``sess_id`` not started (or terminated), and
-        ``TypeError`` for a batching endpoint given anything but one request argument."""
-        return self._service._route(self._name, args, kwargs)
-
-    choose = route  # Monarch's name for "one actor, load-balanced"
-
-    def fanout(self, *args: Any, **kwargs: Any) -> Future:
-        """Call the endpoint on every healthy replica (replicas still starting for the
-        first time are waited for); returns a ``Future`` of the list of their results in
-        replica order. A replica that fails during the call is left out of the list (it
-        is being replaced); an endpoint that raises makes the future raise its
-        ``ActorError``. Raises at once as :meth:`route`."""
-        return self._service._fanout(self._name, args, kwargs)
-
-    def broadcast(self, *args: Any, **kwargs: Any) -> None:
-        """:meth:`fanout` without waiting for or returning results (fire and forget)."""
-        self._service._fanout(self._name, args, kwargs)
-
-    def _not_here(self, adverb: str) -> Any:
-        raise TypeError(f"service endpoint {self._service.name}.{self._name} has no .{adverb}(); use .route(...) "
-                        f"for one replica or .fanout(...) for every healthy replica")
-
-    def call(self, *args: Any, **kwargs: Any) -> Any:
-        return self._not_here("call")
-
-    def call_one(self, *args: Any, **kwargs: Any) -> Any:
-        return self._not_here("call_one")
-
-    def stream(self, *args: Any, **kwargs: Any) -> Any:
-        return self._not_here("stream")
-
-    def __repr__(self) -> str:
-        return f"<ServiceEndpoint {self._service.name}.{self._name}>"
 
 
 class Service:
@@ -176,17 +82,14 @@ class Service:
         # recognised by those names.
         self._key = f"{self.name}-{secrets.token_hex(3)}"
         self._routers: dict[str, Router] = {n: make_router(c.router) for n, c in self._configs.items()}
-        self._session_router = SessionRouter()
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self.replicas = [Replica(i) for i in range(num_replicas)]
         self._by_mesh: dict[str, Replica] = {}  # current actor mesh name -> its replica
         self._gone: set[str] = set()  # our actor meshes reported gone
-        self._waiting: list[_Request] = []  # routed while no replica was healthy
+        self._waiting: list[Request] = []  # routed while no replica was healthy
         self._fanouts: list[Callable[[], None]] = []  # fanouts waiting for the first starts to end
-        self._sessions: dict[str, int] = {}  # open session -> times it moved to another replica
-        self._session_map: dict[str, int] = {}  # session -> replica idx serving it
-        self._orphaned: dict[str, int] = {}  # session -> replica idx it had until that failed
+        self._sessions = Sessions(self.name)
         self._retried = 0
         self._failed = 0
         self._stopped = False
@@ -256,28 +159,19 @@ class Service:
         so. Raises :class:`ServiceStopped` after shutdown."""
         with self._lock:
             self._check_running()
-            sess_id = uuid.uuid4().hex
-            self._sessions[sess_id] = 0
-            return sess_id
+            return self._sessions.start()
 
     def terminate_session(self, sess_id: str, missing_ok: bool = False) -> None:
         """End session ``sess_id``. Raises :class:`UnknownSession` for one never started
         or already terminated (unless ``missing_ok``)."""
         with self._lock:
-            if sess_id not in self._sessions:
-                if missing_ok:
-                    return
-                self._check_session(sess_id)
-            self._sessions.pop(sess_id, None)
-            self._session_map.pop(sess_id, None)
-            self._orphaned.pop(sess_id, None)
+            self._sessions.terminate(sess_id, missing_ok)
 
     def session_replica(self, sess_id: str) -> int | None:
         """Index of the replica serving session ``sess_id`` (``None`` before its first
         call). Raises :class:`UnknownSession` as :meth:`terminate_session`."""
         with self._lock:
-            self._check_session(sess_id)
-            return self._session_map.get(sess_id)
+            return self._sessions.replica_of(sess_id)
 
     def get_metrics(self) -> ServiceMetrics:
         """Per replica: state, requests, failed, in flight, latency p50/p99 (s),
@@ -331,9 +225,7 @@ class Service:
                                  f"{self._class.__name__}.options(...).as_service(...)")
 
     def _check_session(self, sess_id: str) -> None:
-        if sess_id not in self._sessions:
-            raise UnknownSession(f"service {self.name!r} has no session {sess_id!r} (never started, or terminated); "
-                                 "start one with svc.start_session() or `with svc.session():`")
+        self._sessions.check(sess_id)
 
     def _route(self, endpoint: str, args: tuple, kwargs: dict) -> Future:
         sess_id = kwargs.pop(SESSION_KWARG, None)
@@ -344,6 +236,9 @@ class Service:
             self._check_running()
             if sess_id is not None:
                 self._check_session(sess_id)
+            if config.batching and not any(r.state is ReplicaState.HEALTHY or r.state in STARTING
+                                           for r in self.replicas):
+                raise NoHealthyReplica(f"service {self.name!r}: every replica failed for good; see get_metrics()")
         future: Future = Future(runtime(), f"{self.name}.{endpoint}.route")
         if config.batching:
             if kwargs or len(args) != 1:
@@ -356,11 +251,7 @@ class Service:
                 self._check_running()
                 raise
             return future
-
-        def deliver(value: Any, error: BaseException | None) -> None:
-            future._resolve(value, error)
-
-        request = _Request(endpoint, args, kwargs, config, deliver, sess_id)
+        request = Request(endpoint, args, kwargs, config, to_future(future), sess_id)
         replica = self._pick(request)  # raises now: nothing healthy, or none can ever be
         if replica is not None:
             self._send(request, replica)
@@ -370,21 +261,11 @@ class Service:
         """A full or timed-out batch: one call taking the list of its requests."""
         endpoint: str = key[0]  # type: ignore[index]
         sess_id: str | None = key[1]  # type: ignore[index]
-        futures = [f for _, f in items]
+        deliver = to_batch([future for _, future in items], f"{self.name}.{endpoint}")
+        self._submit(Request(endpoint, ([item for item, _ in items],), {}, self._configs[endpoint], deliver,
+                             sess_id, count=len(items)))
 
-        def deliver(values: Any, error: BaseException | None) -> None:
-            if error is None and (not isinstance(values, (list, tuple)) or len(values) != len(futures)):
-                error = ServiceError(
-                    f"{self.name}.{endpoint} batches requests: it must return a list of one result per request, "
-                    f"in order; it got {len(futures)} requests and returned "
-                    + (f"{len(values)} results" if isinstance(values, (list, tuple)) else repr(type(values).__name__)))
-            for i, future in enumerate(futures):
-                future._resolve(None if error is not None else values[i], error)
-
-        self._submit(_Request(endpoint, ([item for item, _ in items],), {}, self._configs[endpoint], deliver,
-                              sess_id, count=len(items)))
-
-    def _submit(self, request: _Request) -> None:
+    def _submit(self, request: Request) -> None:
         """Send ``request`` to a replica, or keep it until one is healthy; what can't
         be served is delivered as an error."""
         try:
@@ -395,7 +276,7 @@ class Service:
         if replica is not None:
             self._send(request, replica)
 
-    def _pick(self, request: _Request) -> Replica | None:
+    def _pick(self, request: Request) -> Replica | None:
         """The replica to serve ``request`` (counted in flight on it), or ``None`` when
         it was kept for later. Raises :class:`ServiceStopped` or
         :class:`NoHealthyReplica`."""
@@ -413,13 +294,7 @@ class Service:
                                                    for r in self.replicas))
             sess_id = request.sess_id
             if sess_id is not None and sess_id in self._sessions:
-                replica = self._session_router.get_replica(healthy, sess_id, self._session_map)
-                moved, self._session_router.moved = self._session_router.moved, []
-                was = self._orphaned.pop(sess_id, None)
-                if was is not None:
-                    moved.append((sess_id, was, replica.idx))
-                for sid, _, _ in moved:
-                    self._sessions[sid] = self._sessions.get(sid, 0) + 1
+                replica, moved = self._sessions.pick(healthy, sess_id)
             else:
                 replica = self._routers[request.endpoint].get_replica(healthy)
             replica.stats.in_flight += request.count
@@ -430,7 +305,7 @@ class Service:
                                        f"to replica {now}; state replica {was} kept for it is gone"), stacklevel=2)
         return replica
 
-    def _send(self, request: _Request, replica: Replica) -> None:
+    def _send(self, request: Request, replica: Replica) -> None:
         actors, generation = replica.actors, replica.generation
         started = time.perf_counter()
         try:
@@ -450,7 +325,7 @@ class Service:
 
         call.add_done_callback(done)
 
-    def _finished(self, request: _Request, replica: Replica, generation: int, started: float,
+    def _finished(self, request: Request, replica: Replica, generation: int, started: float,
                   value: Any, error: BaseException | None) -> None:
         """A replica answered ``request`` (or failed it): deliver, or retry once."""
         latency = time.perf_counter() - started
@@ -472,8 +347,8 @@ class Service:
                 return
         self._give_up(request, error)
 
-    def _give_up(self, request: "_Request | tuple[Any, Future]", error: BaseException) -> None:
-        if isinstance(request, _Request):
+    def _give_up(self, request: "Request | tuple[Any, Future]", error: BaseException) -> None:
+        if isinstance(request, Request):
             with self._lock:
                 self._failed += request.count
             request.deliver(None, error)
@@ -483,7 +358,6 @@ class Service:
             request[1]._resolve(None, error)
 
     def _fanout(self, endpoint: str, args: tuple, kwargs: dict) -> Future:
-        config = self._configs[endpoint]
         kwargs.pop(SESSION_KWARG, None)
         future: Future = Future(runtime(), f"{self.name}.{endpoint}.fanout")
 
@@ -497,7 +371,7 @@ class Service:
             except ServiceError as e:
                 future._resolve(None, e)
                 return
-            self._fan_to(future, endpoint, config, targets, args, kwargs)
+            self._fan_to(future, endpoint, targets, args, kwargs)
 
         with self._lock:
             self._check_running()
@@ -507,34 +381,14 @@ class Service:
         run()
         return future
 
-    def _fan_to(self, future: Future, endpoint: str, config: EndpointConfig, targets: list[Replica],
-                args: tuple, kwargs: dict) -> None:
-        results: dict[int, tuple[Any, BaseException | None]] = {}
-        lock = threading.Lock()
-
-        def one_done(idx: int, value: Any, error: BaseException | None) -> None:
-            with lock:
-                results[idx] = (value, error)
-                if len(results) < len(targets):
-                    return
-            errors = [e for _, (_, e) in sorted(results.items()) if e is not None]
-            kept = [v for _, (v, e) in sorted(results.items()) if e is None]
-            endpoint_errors = [e for e in errors if not isinstance(e, SupervisionError)]
-            if endpoint_errors:
-                future._resolve(None, endpoint_errors[0])
-            elif not kept and errors:
-                future._resolve(None, errors[0])
-            else:
-                future._resolve(kept)
-
+    def _fan_to(self, future: Future, endpoint: str, targets: list[Replica], args: tuple, kwargs: dict) -> None:
+        config = self._configs[endpoint]
+        fan_in = FanIn(future, len(targets), unwrap_batch=config.batching)
+        if config.batching and len(args) == 1 and not kwargs:
+            args = ([args[0]],)  # a batch of one
         for replica in targets:
-            def deliver(value: Any, error: BaseException | None, idx: int = replica.idx) -> None:
-                if config.batching and error is None:
-                    value = value[0] if isinstance(value, (list, tuple)) and len(value) == 1 else value
-                one_done(idx, value, error)
-
-            call_args = ([args[0]],) if config.batching and len(args) == 1 and not kwargs else args
-            request = _Request(endpoint, call_args, kwargs, config, deliver, attempts=2)  # no retry: each its own
+            request = Request(endpoint, args, kwargs, config, fan_in.deliver_for(replica.idx),
+                              attempts=2)  # never retried: each replica's part is its own
             with self._lock:
                 replica.stats.in_flight += 1
                 replica.stats.requests += 1
@@ -573,9 +427,7 @@ class Service:
             del self._by_mesh[mesh]
             replica.last_failure = _first_cause(why)
             replica.failed_at = time.monotonic()
-            for sess_id in [s for s, idx in self._session_map.items() if idx == replica.idx]:
-                del self._session_map[sess_id]
-                self._orphaned[sess_id] = replica.idx
+            self._sessions.replica_failed(replica.idx)
             if replica.restarts >= self._max_restarts:
                 replica.state = ReplicaState.UNHEALTHY
                 broken = replica.procs
