@@ -276,3 +276,23 @@ def test_the_shared_gpu_message_names_every_rank_on_the_gpu():
     assert torch_env.shared_gpus([None, None]) is None
     text = torch_env.shared_gpus([report, {**report, "uuid": "GPU-b"}, report])
     assert text is not None and text.startswith("ranks 0, 2 would share one GPU (NVIDIA H200 GPU-a")
+
+
+def test_a_second_mesh_takes_the_gpus_the_first_leaves_free(gpu_cluster):
+    host = gpu_cluster.this_host()
+    first = host.spawn_procs(per_host={"gpus": 2}, name="first")
+    try:
+        again = host.spawn_procs(per_host={"gpus": 2}, name="first")  # re-running the cell: the same mesh
+        assert again.pids == first.pids
+        second = host.spawn_procs(per_host={"gpus": 2}, name="second")
+        try:
+            assert [e["CUDA_VISIBLE_DEVICES"] for e in _envs(second)] == ["6", "7"]
+            with pytest.raises(ValueError, match=r"4 GPUs \(3, 5, 6, 7\), 4 of them bound to the live procs of "
+                                                 r"'first' \(3, 5\), 'second' \(6, 7\); stop those procs"):
+                host.spawn_procs(per_host={"gpus": 1}, name="third")
+        finally:
+            second.stop()
+        replaced = host.spawn_procs(per_host={"gpus": 2}, name="first", replace=True)
+        assert [e["CUDA_VISIBLE_DEVICES"] for e in _envs(replaced)] == ["3", "5"]
+    finally:
+        first.stop()

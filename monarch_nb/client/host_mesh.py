@@ -157,7 +157,7 @@ class HostMesh(MeshHandle):
 
         Procs of a ``"gpus"`` dimension each get a GPU of their host (see
         docs/gpus.md): ``CUDA_VISIBLE_DEVICES`` names the host's ``i``-th GPU for its
-        ``i``-th proc, and RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK
+        ``i``-th proc (of the GPUs no other mesh's live procs hold), and RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK
         and GROUP_WORLD_SIZE are set as ``setup_torch_distributed`` sets them (a host
         without GPUs gets those alone). ``gpus_per_proc`` gives each proc that many GPUs
         (2: two each), or lets procs share one (0.5: two per GPU); ``bind_gpus=False``

@@ -7,8 +7,12 @@ inventory (none on a host without GPUs, or with ``bind_gpus=False``), and torch
 elastic's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE
 (``mesh.elastic``), which ``setup_torch_distributed`` later sets to the same values.
 
-Procs take GPUs in their order on the host (proc ``i`` of a host: its ``i``-th GPU),
-``gpus_per_proc`` at a time; a fraction ``1/k`` lets ``k`` procs share each GPU.
+Procs take the GPUs no live proc of another mesh is bound to, in their order on the
+host (proc ``i`` of a host: its ``i``-th free GPU), ``gpus_per_proc`` at a time; a
+fraction ``1/k`` lets ``k`` procs share each GPU. So two meshes on one host (replica
+groups, a trainer beside a generator) get different GPUs, and a stopped mesh's GPUs
+are free again. (A failed proc's GPU is free too: its restart takes it back without
+checking that no newer mesh took it.)
 
 Host agents on one machine (a local cluster of several hosts) see the same GPUs; they
 split them: of ``m`` agents of one machine reporting the same inventory, the ``j``-th
@@ -79,7 +83,8 @@ def _n(count: int, what: str) -> str:
     return f"{count} {what}{'' if count == 1 else 's'}"
 
 
-def _too_few(per_host: dict, host_id: str, procs: int, share: Share, needed: int, each: int) -> ValueError:
+def _too_few(per_host: dict, host_id: str, procs: int, share: Share, needed: int, each: int,
+             taken: dict[str, str]) -> ValueError:
     have = len(share.gpus)
     where = f"host {host_id} has {_n(have, 'GPU')}"
     if have:
@@ -87,21 +92,32 @@ def _too_few(per_host: dict, host_id: str, procs: int, share: Share, needed: int
     if share.agents > 1:
         where += (f": its machine {share.machine} has {share.of_machine}, split between the {share.agents} "
                   "host agents running there")
+    free = have - len(taken)
+    if taken:
+        by_mesh: dict[str, list[str]] = {}
+        for id_, mesh in taken.items():
+            by_mesh.setdefault(mesh, []).append(id_)
+        where += (f", {len(taken)} of them bound to the live procs of "
+                  + ", ".join(f"{m!r} ({', '.join(ids)})" for m, ids in by_mesh.items()))
     wants = _n(procs, "proc") + (f" x {each} GPUs each" if each > 1 else "")
-    fewer = f"spawn at most {_n(have // each, 'proc')} per host, " if have // each else ""
+    fewer = f"spawn at most {_n(free // each, 'proc')} per host, " if free // each else ""
+    stop = "stop those procs, " if taken else ""
     return ValueError(
         f"spawn_procs(per_host={per_host}) puts {wants} on host {host_id}, needing {_n(needed, 'GPU')}, but {where}; "
-        f"{fewer}let procs share GPUs (gpus_per_proc=0.5: 2 procs per GPU), or pass bind_gpus=False to leave "
-        "every GPU visible to every proc")
+        f"{fewer}{stop}let procs share GPUs (gpus_per_proc=0.5: 2 procs per GPU), or pass bind_gpus=False to "
+        "leave every GPU visible to every proc")
 
 
 def plan(per_host: dict[str, int], host_extent: dict[str, int], host_ids: list[str], host_shares: dict[str, Share],
-         bind_gpus: bool = True, gpus_per_proc: tuple[int, int] = (1, 1)) -> list[dict[str, str]]:
+         bind_gpus: bool = True, gpus_per_proc: tuple[int, int] = (1, 1),
+         busy: dict[str, dict[str, str]] | None = None) -> list[dict[str, str]]:
     """The environment of each proc of a new mesh, in rank order (host after host, procs
     of a host in ``per_host`` order), for a ``per_host`` with a ``"gpus"`` dimension
     (``[]`` without one: nothing is set). ``gpus_per_proc`` as :func:`parse_gpus_per_proc`
-    gives it. Raises ``ValueError``, before anything starts, when a host with GPUs has
-    too few for its procs, naming both numbers and the ways out."""
+    gives it. ``busy``: host id -> GPU id -> the proc mesh whose live procs are bound to
+    it; procs take the free GPUs of their host in order. Raises ``ValueError``, before
+    anything starts, when a host with GPUs has too few free for its procs, naming the
+    numbers, the meshes holding the others, and the ways out."""
     if GPUS not in per_host:
         return []
     extent = Extent({**host_extent, **per_host})
@@ -110,13 +126,11 @@ def plan(per_host: dict[str, int], host_extent: dict[str, int], host_ids: list[s
     envs = []
     for h, host_id in enumerate(host_ids):
         share = host_shares.get(host_id, Share([], "", 0, 1))
-        gpus = share.gpus if bind_gpus else []
-        if gpus:
-            needed = math.ceil(per * each / sharing)
-            if needed > len(gpus):
-                raise _too_few(per_host, host_id, per, share, needed, each)
-        elif bind_gpus and share.of_machine:  # its machine's GPUs went to the other agents there
-            raise _too_few(per_host, host_id, per, share, math.ceil(per * each / sharing), each)
+        taken = {i: m for i, m in ((busy or {}).get(host_id) or {}).items() if i in {g[proto.ID] for g in share.gpus}}
+        gpus = [g for g in share.gpus if g[proto.ID] not in taken] if bind_gpus else []
+        needed = math.ceil(per * each / sharing)
+        if bind_gpus and share.of_machine and needed > len(gpus):  # (none: the other agents there took them)
+            raise _too_few(per_host, host_id, per, share, needed, each, taken)
         for i in range(per):
             env = elastic_ranks(extent, h * per + i)
             if gpus:
@@ -124,6 +138,16 @@ def plan(per_host: dict[str, int], host_extent: dict[str, int], host_ids: list[s
                 env[VISIBLE_ENV] = ",".join(g[proto.ID] for g in gpus[first:first + each])
             envs.append(env)
     return envs
+
+
+def bound(procs: list[tuple[str, str, dict | None]]) -> dict[str, dict[str, str]]:
+    """Host id -> GPU id -> proc mesh, for ``procs`` given as ``(proc mesh, host id,
+    env set at its start)`` of live procs: the GPUs new procs can't take."""
+    found: dict[str, dict[str, str]] = {}
+    for mesh, host_id, env in procs:
+        for id_ in filter(None, ((env or {}).get(VISIBLE_ENV) or "").split(",")):
+            found.setdefault(host_id, {})[id_] = mesh
+    return found
 
 
 def gpus_of(inventory: list[dict], env: dict | None) -> list[dict]:

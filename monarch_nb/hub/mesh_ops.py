@@ -101,8 +101,8 @@ class MeshOps:
                                "again is taken back with its procs: try again then, or spawn on other hosts")
             raise HubError(f"can't start procs on lost host(s) ({causes}); stop this cluster and start a new one")
         extent = {**host_extent, **per_host}
-        bound = self._gpu_plan(header, dict(per_host), dict(host_extent), hosts)  # before any proc starts
         name = header.get("name")
+        bound = self._gpu_plan(header, dict(per_host), dict(host_extent), hosts, name)  # before any proc starts
         if name is None:
             name = f"procs{self._registry.next_number()}"
         check_mesh_name(name)
@@ -132,16 +132,21 @@ class MeshOps:
             await self._registry.save(record)  # on disk before the reply: a recovered hub has it
             return record.public()
 
-    def _gpu_plan(self, header: dict, per_host: dict, host_extent: dict, hosts: list[str]) -> list[dict]:
+    def _gpu_plan(self, header: dict, per_host: dict, host_extent: dict, hosts: list[str],
+                  name: str | None) -> list[dict]:
         """Each new proc's GPU binding and torch elastic variables (``gpu_binding.plan``),
-        in rank order; ``HubError`` (a ``ValueError`` for the client) when a host has
-        too few GPUs."""
+        in rank order, from the GPUs no live proc of another mesh than ``name`` holds;
+        ``HubError`` (a ``ValueError`` for the client) when a host has too few."""
         registry = self._registry
         try:
             per_proc = gpu_binding.parse_gpus_per_proc(header.get(gpus.GPUS_PER_PROC) or 1)
             found = gpu_binding.shares([(h, registry.hosts[h].hostname, registry.hosts[h].gpus)
                                         for h in registry.host_order if h in registry.hosts])
-            return gpu_binding.plan(per_host, host_extent, hosts, found, header.get(gpus.BIND_GPUS, True), per_proc)
+            busy = gpu_binding.bound([(m.name, p.host_id, m.rank_env.get(str(r)))
+                                      for m in registry.proc_meshes.values() if m.name != name
+                                      for r, p in enumerate(m.procs) if p.exit_code is None])
+            return gpu_binding.plan(per_host, host_extent, hosts, found, header.get(gpus.BIND_GPUS, True), per_proc,
+                                    busy)
         except ValueError as e:
             raise HubError(str(e), "ValueError") from None
 
