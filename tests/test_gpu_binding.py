@@ -17,6 +17,7 @@ from monarch_nb.hub import gpu_binding
 from monarch_nb.proc import gpus as proc_gpus
 from monarch_nb.client import torch_env
 from monarch_nb.mesh import Extent
+from monarch_nb.spmd import SPMDActor, setup_torch_elastic_env
 
 from conftest import cluster_processes, wait_until
 
@@ -296,3 +297,16 @@ def test_a_second_mesh_takes_the_gpus_the_first_leaves_free(gpu_cluster):
         assert [e["CUDA_VISIBLE_DEVICES"] for e in _envs(replaced)] == ["3", "5"]
     finally:
         first.stop()
+
+
+def test_spmd_sets_each_ranks_device_and_its_env_setup_refuses_a_shared_gpu(gpu_cluster):
+    procs = gpu_cluster.this_host().spawn_procs(per_host={"gpus": 2}, name="spmd", gpus_per_proc=0.5)
+    try:
+        fake = procs.spawn("fake", FakeCuda)
+        fake.install.call("GPU-same").get()
+        with pytest.raises(ValueError, match="ranks 0, 1 would share one GPU"):
+            setup_torch_elastic_env(procs)
+        procs.spawn("spmd", SPMDActor).setup_env.call("127.0.0.1", 29500).get()
+        assert fake.devices_set.call().get().values() == [[0], [0]]
+    finally:
+        procs.stop()
