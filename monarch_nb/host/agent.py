@@ -86,11 +86,11 @@ class HostAgent:
             loop.add_signal_handler(sig, lambda sig=sig: asyncio.ensure_future(self._signalled(sig)))
         self._housekeep("preparing the cell files record", lambda: cell_files.prepare(self.cell_files))
         await self.launcher.open()  # (it preloads while the hub hears that this agent is up)
-        inventory, source = await asyncio.get_running_loop().run_in_executor(None, gpu_inventory.discover)
+        inventory, _ = await asyncio.get_running_loop().run_in_executor(None, gpu_inventory.discover)
         await self.net.send(self.hub, {envelope.OP: hub_ops.AGENT_READY, agent_ops.HOST_ID: self.host_id,
                                        "address": self.net.address, "pid": os.getpid(),
                                        "hostname": socket.gethostname(), "node": self.node,
-                                       gpus.AGENT_GPUS: inventory, gpus.AGENT_GPU_SOURCE: source})
+                                       gpus.AGENT_GPUS: inventory})
         tasks = [asyncio.ensure_future(self._serve()), asyncio.ensure_future(self._heartbeat())]
         await self.done.wait()
         for t in tasks:

@@ -106,7 +106,8 @@ def machine_gpus() -> tuple[list[dict], str] | None:
 
 def discover(environ: Mapping[str, str] = os.environ,
              machine: Callable[[], tuple[list[dict], str] | None] = machine_gpus) -> tuple[list[dict], str]:
-    """This host's GPUs and where they came from (one of ``protocol.gpus.SOURCES``).
+    """This host's GPUs and where they came from: ``"CUDA_VISIBLE_DEVICES"``,
+    ``"nvml"``, ``"nvidia-smi"`` or ``"none"``.
 
     ``environ``'s ``CUDA_VISIBLE_DEVICES``, when set, lists them (``""``, ``"-1"``:
     none), named by what ``machine()`` says of them; unset, ``machine()`` (NVML, else

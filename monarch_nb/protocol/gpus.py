@@ -10,9 +10,6 @@ from __future__ import annotations
 
 # hub_ops.AGENT_READY field: the host's GPU inventory (a list of GPU records, [] for none).
 AGENT_GPUS = "gpus"
-# hub_ops.AGENT_READY field: where the inventory came from (one of SOURCES).
-AGENT_GPU_SOURCE = "gpu_source"
-SOURCES = ("CUDA_VISIBLE_DEVICES", "nvml", "nvidia-smi", "none")
 
 # GPU record keys.
 INDEX = "index"  # int | None: the GPU's index on its machine (NVML's / nvidia-smi's), when known
