@@ -124,6 +124,10 @@ class Worker(Actor):
     def version(self) -> int:
         return self.loaded
 
+    @endpoint
+    def crash(self) -> None:
+        os._exit(3)  # the proc dies under the call: a supervision failure, not an exception
+
     @service_endpoint(idempotent=False)
     def charge(self, seconds: float) -> int:
         time.sleep(seconds)
@@ -283,6 +287,18 @@ def test_a_non_idempotent_call_in_flight_on_a_killed_replica_raises_instead_of_r
     assert svc.echo.route(1).get(timeout=BOUND_S)[2] == 1  # the other replica serves meanwhile
 
 
+def test_a_call_whose_replica_dies_is_retried_exactly_once(services):
+    svc = services(3).wait_ready(BOUND_S)
+    pids = [r.procs.pids[0] for r in svc.replicas]
+    with pytest.raises(SupervisionError):
+        svc.crash.route().get(timeout=BOUND_S)  # kills its replica, then the one it was retried on
+    assert wait_until(lambda: len(pids_alive(pids)) == 1, BOUND_S)  # the third was never called
+    metrics = svc.get_metrics()
+    assert (metrics.retried, metrics.failed) == (1, 1)
+    assert svc.wait_healthy(BOUND_S)  # both replaced
+    assert sorted(r.restarts for r in svc.replicas) == [0, 1, 1]
+
+
 def test_past_max_restarts_a_replica_stays_out_and_the_others_serve(services):
     svc = services(2, max_restarts=0).wait_ready(BOUND_S)
     os.kill(svc.replicas[0].procs.pids[0], signal.SIGKILL)
@@ -343,7 +359,7 @@ def test_bad_options_and_unknown_endpoints_get_clear_errors(host):
         Worker.options(replicas=2)
     svc = ServiceOptions(Worker, num_replicas=1, hosts=host).as_service()
     try:
-        with pytest.raises(AttributeError, match="no endpoint 'nope'.*endpoints: charge, echo"):
+        with pytest.raises(AttributeError, match="no endpoint 'nope'.*endpoints: charge, crash, echo"):
             svc.nope
         with pytest.raises(TypeError, match=r"use \.route"):
             svc.pid.call()

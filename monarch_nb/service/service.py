@@ -396,13 +396,17 @@ class Service:
 
     # -- replica lifecycle ------------------------------------------------------------------
     def _on_event(self, header: dict) -> None:
-        """A hub event (on the event thread: no blocking): an actor of a replica is gone."""
+        """A hub event, on the event thread (no blocking). On news of dead actors (which
+        supervision, subscribed first, has recorded already) the replicas whose actors
+        it names are marked failed; ``initialized`` asks supervision about each current
+        actor mesh, a lookup per replica."""
         if header.get(envelope.OP) != events.ACTORS_GONE:
             return
-        for address, (mesh, _rank, why) in header.get("actors", {}).items():
-            replica = self._by_mesh.get(mesh)
-            if replica is not None:
-                self._failed_replica(replica, mesh, why)
+        for mesh, replica in list(self._by_mesh.items()):
+            actors = replica.actors
+            gone = actors.initialized.exception() if actors is not None and actors.name == mesh else None
+            if gone is not None:
+                self._failed_replica(replica, mesh, str(gone))
 
     def _replica_died(self, replica: Replica, generation: int) -> bool:
         """Whether the failed call's replica (``generation`` of it) is known gone
@@ -473,6 +477,7 @@ class Service:
                 actors: Any = procs.spawn(mesh, self._class, *self._args, raise_init_errors=True, **self._kwargs)
                 with self._lock:
                     replica.procs, replica.actors = procs, actors
+                    mesh = actors.name  # (the name asked for: the client owns it)
                     self._by_mesh[mesh] = replica
                 if self._on_start is not None:
                     self._on_start(replica)
@@ -521,9 +526,7 @@ class Service:
 
 
 def _first_cause(why: str) -> str:
-    """The line of a supervision report that says what happened to the first rank (the
-    report's first line only names the mesh)."""
+    """The line of a supervision report that says what happened to a rank (its first
+    lines only name the mesh)."""
     lines = [line.strip() for line in (why or "").splitlines() if line.strip()]
-    if not lines:
-        return "its actor is gone"
-    return lines[1] if len(lines) > 1 else lines[0]
+    return next((line for line in lines if " rank " in line), lines[-1] if lines else "its actor is gone")
