@@ -129,7 +129,7 @@ def plan(per_host: dict[str, int], host_extent: dict[str, int], host_ids: list[s
         taken = {i: m for i, m in ((busy or {}).get(host_id) or {}).items() if i in {g[proto.ID] for g in share.gpus}}
         gpus = [g for g in share.gpus if g[proto.ID] not in taken] if bind_gpus else []
         needed = math.ceil(per * each / sharing)
-        if bind_gpus and share.of_machine and needed > len(gpus):  # (none: the other agents there took them)
+        if bind_gpus and share.of_machine and needed > len(gpus):  # a host with GPUs, too few of them free
             raise _too_few(per_host, host_id, per, share, needed, each, taken)
         for i in range(per):
             env = elastic_ranks(extent, h * per + i)
