@@ -62,6 +62,22 @@ class Replica:
     recoveries_s: list[float] = field(default_factory=list)
     failed_at: float = 0.0  # time.monotonic() when its last failure was seen
     stats: ReplicaStats = field(default_factory=ReplicaStats)
+    _adverbs: dict = field(default_factory=dict, repr=False)  # endpoint -> its call_one (or call) on actors
+
+    def serve_from(self, procs: Any, actors: Any) -> None:
+        """Take new meshes (a start or a replacement)."""
+        self.procs, self.actors, self._adverbs = procs, actors, {}
+
+    def adverb(self, endpoint: str) -> Any:
+        """How a routed call reaches this replica's actors: ``call_one`` of ``endpoint``
+        with one proc (its value), ``call`` with several (a ``ValueMesh``); made once
+        per mesh, since routing calls it for every request."""
+        adverbs = self._adverbs
+        found = adverbs.get(endpoint)
+        if found is None:
+            handle = getattr(self.actors, endpoint)
+            found = adverbs[endpoint] = handle.call_one if len(self.actors) == 1 else handle.call
+        return found
 
     @property
     def load(self) -> int:

@@ -306,12 +306,10 @@ class Service:
         return replica
 
     def _send(self, request: Request, replica: Replica) -> None:
-        actors, generation = replica.actors, replica.generation
+        generation = replica.generation
         started = time.perf_counter()
         try:
-            endpoint = getattr(actors, request.endpoint)
-            call = endpoint.call_one(*request.args, **request.kwargs) if len(actors) == 1 \
-                else endpoint.call(*request.args, **request.kwargs)
+            call = replica.adverb(request.endpoint)(*request.args, **request.kwargs)
         except Exception as e:  # noqa: BLE001 - e.g. an armed failure, an argument that can't be pickled
             self._finished(request, replica, generation, started, None, e)
             return
@@ -476,7 +474,7 @@ class Service:
                 procs = self._hosts.spawn_procs(per_host={"procs": self._procs}, name=mesh)
                 actors: Any = procs.spawn(mesh, self._class, *self._args, raise_init_errors=True, **self._kwargs)
                 with self._lock:
-                    replica.procs, replica.actors = procs, actors
+                    replica.serve_from(procs, actors)
                     mesh = actors.name  # (the name asked for: the client owns it)
                     self._by_mesh[mesh] = replica
                 if self._on_start is not None:
