@@ -129,7 +129,7 @@ def sigkill_under_load(host) -> dict:
         while replica.state is ReplicaState.HEALTHY and replica.procs is old:
             time.sleep(0.0005)
         seen = time.perf_counter()
-        while replica.procs is old:  # its new procs are up when the replica takes them
+        while replica.procs is old:  # the replica takes its new procs once its actor is up on them
             time.sleep(0.0005)
         procs_up = time.perf_counter()
         while replica.state is not ReplicaState.HEALTHY:
@@ -196,8 +196,8 @@ def main() -> int:
     print(f"                                       4 call_one to the same 4 actors {hand * 1e6:5.0f} us   "
           f"ratio {fanout / hand:.2f}x")
     print(f"  SIGKILL of 1 of 4 replicas under 3 callers: {kill['failed']} failed of {kill['served']} "
-          f"({kill['retried']} retried); seen {kill['seen_s'] * 1e3:.1f} ms after the kill, new procs up at "
-          f"{kill['procs_up_s'] * 1e3:.0f} ms, healthy {kill['healthy_after_procs_s'] * 1e3:.1f} ms after "
+          f"({kill['retried']} retried); seen {kill['seen_s'] * 1e3:.1f} ms after the kill, new procs and actor up at "
+          f"{kill['procs_up_s'] * 1e3:.0f} ms, serving {kill['healthy_after_procs_s'] * 1e3:.1f} ms after that "
           f"(target <= 5 s)")
     print(f"  batch {BATCH:<3}        {batched:8.0f} req/s   unbatched {plain:8.0f} req/s   "
           f"ratio {batched / plain:.1f}x (target >= 3x)")
