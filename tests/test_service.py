@@ -312,6 +312,41 @@ def test_past_max_restarts_a_replica_stays_out_and_the_others_serve(services):
         svc.pid.route()
 
 
+class Broken(Actor):
+    def __init__(self):
+        raise RuntimeError("no weights file")
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_a_replica_that_cannot_start_is_retried_within_the_bound_then_reported(host):
+    svc = Broken.options(num_replicas=2, hosts=host, max_restarts=1).as_service()
+    try:
+        with pytest.raises(NoHealthyReplica, match="no weights file"):
+            svc.wait_ready(BOUND_S)
+        assert [(r.state, r.restarts) for r in svc.replicas] == [(ReplicaState.UNHEALTHY, 1)] * 2
+        with pytest.raises(NoHealthyReplica):
+            svc.pid.route()
+    finally:
+        svc.shutdown()
+
+
+def test_a_failing_on_replica_start_hook_counts_as_a_failed_start(services):
+    calls = []
+
+    def hook(replica):
+        calls.append(replica.idx)
+        if calls.count(replica.idx) == 1 and replica.idx == 0:
+            raise OSError("weights not there yet")
+        replica.actors.load.call(7).get(timeout=BOUND_S)
+
+    svc = services(2, on_replica_start=hook).wait_ready(BOUND_S)
+    assert [(r.state, r.restarts) for r in svc.replicas] == [(ReplicaState.HEALTHY, 1), (ReplicaState.HEALTHY, 0)]
+    assert svc.version.fanout().get(timeout=BOUND_S) == [7, 7]  # served only after the hook ran
+
+
 def test_batching_gathers_concurrent_routes_into_one_call_and_sends_partial_batches(services):
     svc = services(1).wait_ready(BOUND_S)
     futures = [svc.square.route(i) for i in range(16)]

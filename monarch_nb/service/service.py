@@ -491,7 +491,7 @@ class Service:
             except Exception as e:  # noqa: BLE001 - counted against the bound; the others serve meanwhile
                 with self._lock:
                     self._by_mesh.pop(mesh, None)
-                    replica.last_failure = f"start failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                    replica.last_failure = f"start failed: {_describe(e)}"
                     if replica.state is not ReplicaState.INITIALIZING:
                         replica.failed_at = replica.failed_at or time.monotonic()
                 if procs is not None:
@@ -528,3 +528,13 @@ def _first_cause(why: str) -> str:
     lines only name the mesh)."""
     lines = [line.strip() for line in (why or "").splitlines() if line.strip()]
     return next((line for line in lines if " rank " in line), lines[-1] if lines else "its actor is gone")
+
+
+def _describe(error: BaseException) -> str:
+    """``Type: message`` of what failed a start, naming the original exception of an
+    ``ActorError`` (an ``__init__`` or the hook's call that raised in an actor)."""
+    cause = getattr(error, "exception", None)
+    where = f" (in {type(error).__name__})" if isinstance(cause, BaseException) else ""
+    error = cause if isinstance(cause, BaseException) else error
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}{where}"
