@@ -287,6 +287,17 @@ def test_a_non_idempotent_call_in_flight_on_a_killed_replica_raises_instead_of_r
     assert svc.echo.route(1).get(timeout=BOUND_S)[2] == 1  # the other replica serves meanwhile
 
 
+def test_calls_made_while_the_only_replica_is_replaced_wait_for_it(services):
+    svc = services(1).wait_ready(BOUND_S)
+    old = svc.replicas[0].procs.pids[0]
+    os.kill(old, signal.SIGKILL)
+    assert wait_until(lambda: svc.replicas[0].state is not ReplicaState.HEALTHY, BOUND_S)
+    routed, fanned = svc.pid.route(), svc.pid.fanout()  # nothing healthy: they wait in the service
+    new = routed.get(timeout=BOUND_S)
+    assert new != old and fanned.get(timeout=BOUND_S) == [new]
+    assert svc.get_metrics().failed == 0
+
+
 def test_a_call_whose_replica_dies_is_retried_exactly_once(services):
     svc = services(3).wait_ready(BOUND_S)
     pids = [r.procs.pids[0] for r in svc.replicas]

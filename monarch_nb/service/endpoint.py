@@ -44,8 +44,8 @@ class ServiceEndpoint:
 
     def fanout(self, *args: Any, **kwargs: Any) -> Future:
         """Call the endpoint on every healthy replica (replicas still starting for the
-        first time are waited for); returns a ``Future`` of the list of their results in
-        replica order. A replica that fails during the call is left out of the list (it
+        first time are waited for, and so is a replacement when none is healthy); returns
+        a ``Future`` of the list of their results in replica order. A replica that fails during the call is left out of the list (it
         is being replaced); an endpoint that raises makes the future raise its
         ``ActorError``. Raises at once as :meth:`route`."""
         return self._service._fanout(self._name, args, kwargs)

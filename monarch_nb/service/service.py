@@ -373,11 +373,21 @@ class Service:
 
         with self._lock:
             self._check_running()
-            if any(r.state is ReplicaState.INITIALIZING for r in self.replicas):
+            if not self._fanout_can_run():
                 self._fanouts.append(run)
                 return future
+            if not any(r.state is ReplicaState.HEALTHY for r in self.replicas):
+                raise NoHealthyReplica(f"service {self.name!r}: every replica failed for good; see get_metrics()")
         run()
         return future
+
+    def _fanout_can_run(self) -> bool:
+        """Whether a fanout goes now: no replica is starting for the first time, and one
+        is healthy or none can become so (then it fails). The caller holds the lock."""
+        states = [r.state for r in self.replicas]
+        if ReplicaState.INITIALIZING in states:
+            return False
+        return ReplicaState.HEALTHY in states or ReplicaState.RECOVERING not in states
 
     def _fan_to(self, future: Future, endpoint: str, targets: list[Replica], args: tuple, kwargs: dict) -> None:
         config = self._configs[endpoint]
@@ -509,7 +519,7 @@ class Service:
         with self._lock:
             waiting, self._waiting = self._waiting, []
             fanouts: list[Callable[[], None]] = []
-            if not any(r.state is ReplicaState.INITIALIZING for r in self.replicas):
+            if self._fanout_can_run():
                 fanouts, self._fanouts = self._fanouts, []
         for request in waiting:
             self._submit(request)
