@@ -340,7 +340,7 @@ class MeshOps:
                                        for rank, proc in enumerate(record.procs) if proc.exit_code is None],
                                       stopped=True)
         self.stop_orphans(gone)  # (waiting calls failed above)
-        for actor_mesh in [a for a in self._registry.actor_meshes.values() if a.proc_mesh == record.name]:
+        for actor_mesh in self._registry.actor_meshes_of(record.name):
             self.forget_actor_mesh(actor_mesh)
         self._registry.save(record)
         await self._launcher.stop(record.procs)
@@ -376,11 +376,12 @@ class MeshOps:
     def stop_orphans(self, gone: set[str]) -> None:
         """Meshes spawned by the actors at addresses ``gone`` have no owner left to use or
         supervise them: they are stopped (not left running, holding memory and GPUs)."""
-        for record in [m for m in self._registry.proc_meshes.values() if (m.owner or {}).get("address") in gone]:
+        owned = self._registry.owned_by(gone)  # by index: no scan of every mesh
+        for record in [m for m in owned if isinstance(m, ProcMeshRecord)]:
             print(f"monarch_nb hub: stopping proc mesh {record.name!r}: its owner {record.owner['mesh']} rank "
                   f"{record.owner['rank']} is gone", file=sys.stderr)
             asyncio.ensure_future(self.stop_proc_mesh(record))
-        for record in [a for a in self._registry.actor_meshes.values() if (a.owner or {}).get("address") in gone]:
-            print(f"monarch_nb hub: stopping actor mesh {record.name!r}: its owner {record.owner['mesh']} rank "
-                  f"{record.owner['rank']} is gone", file=sys.stderr)
-            asyncio.ensure_future(self.stop_actor_mesh(record))
+        for actors in [m for m in owned if isinstance(m, ActorMeshRecord)]:
+            print(f"monarch_nb hub: stopping actor mesh {actors.name!r}: its owner {actors.owner['mesh']} rank "
+                  f"{actors.owner['rank']} is gone", file=sys.stderr)
+            asyncio.ensure_future(self.stop_actor_mesh(actors))

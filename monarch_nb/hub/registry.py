@@ -22,6 +22,7 @@ from . import state
 from .announce import Announcer
 from .errors import HubError
 from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
+from .registry_index import RegistryIndex
 from .state_writer import JOURNAL, SNAPSHOT, StateWriter
 
 COMPACT_MIN_BYTES = 1 << 20  # a journal under this is never folded into a snapshot
@@ -46,10 +47,7 @@ class Registry:
         self.started = saved["started"] if saved else time.time()
         self.mesh_counter = saved["mesh_counter"] if saved else 0
         self._payloads: dict[str, list[bytes]] = {}  # actor mesh constructor frames, for restarts
-        # proc id -> (proc mesh, rank), checked at each use and built again when stale
-        self._proc_index: dict[str, tuple[ProcMeshRecord, int]] = {}
-        self._indexed: tuple[int, int, int] | None = None  # (changes, id and size of proc_meshes) when built
-        self._changes = 0  # saves so far
+        self._index = RegistryIndex(lambda: (self.proc_meshes, self.actor_meshes))
         # Writing: a recovering hub journals on after its predecessor's snapshot.
         self._gen = saved.get("journal", 0) if saved else 0
         # The first save writes a snapshot: the journal follows it (a recovering hub's
@@ -69,7 +67,11 @@ class Registry:
         disk (or could not be written: a full disk only costs recoverability); never
         blocks. Call it on the event loop."""
         self._announcer.health_changed()
-        self._changes += 1
+        if not changed:
+            self._index.invalidate()
+        for record in changed:
+            if not isinstance(record, ProcRecord):  # (a proc's own fields changed: where it is did not)
+                self._index.changed(record)
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         if self.writer is None:
@@ -173,27 +175,13 @@ class Registry:
 
     def find_proc(self, proc_id: str) -> tuple[ProcMeshRecord, int, ProcRecord] | None:
         """The proc mesh, rank and record of the proc ``proc_id``, if the registry holds
-        it. O(1): by an index, built again (O(procs)) only when a lookup misses after
-        the registry changed."""
-        found = self._indexed_proc(proc_id)
-        if found is None and self._indexed != self._index_key():
-            self._proc_index = {proc.proc_id: (mesh, rank) for mesh in self.proc_meshes.values()
-                                for rank, proc in enumerate(mesh.procs)}
-            self._indexed = self._index_key()
-            found = self._indexed_proc(proc_id)
-        return found
+        it. O(1), by an index."""
+        return self._index.proc(proc_id)
 
-    def _index_key(self) -> tuple[int, int, int]:
-        return self._changes, id(self.proc_meshes), len(self.proc_meshes)
-
-    def _indexed_proc(self, proc_id: str) -> tuple[ProcMeshRecord, int, ProcRecord] | None:
-        hit = self._proc_index.get(proc_id)
-        if hit is None:
-            return None
-        mesh, rank = hit
-        if self.proc_meshes.get(mesh.name) is not mesh or rank >= len(mesh.procs) or mesh.procs[rank].proc_id != proc_id:
-            return None  # stale: the mesh was stopped or replaced since
-        return mesh, rank, mesh.procs[rank]
+    def procs_on(self, host_id: str) -> list[tuple[ProcMeshRecord, int, ProcRecord]]:
+        """Every proc of the registry on host ``host_id`` (mesh, rank, record), live or
+        not. O(procs of that host)."""
+        return self._index.procs_on(host_id)
 
     def find_actor_mesh(self, name: str) -> ActorMeshRecord | None:
         """The actor mesh with key ``name`` (``PROC_MESH/NAME``), or else the only one
@@ -209,9 +197,18 @@ class Registry:
         return named[0] if named else None
 
     def actors_on(self, proc_mesh: str, rank: int) -> list[tuple[ActorMeshRecord, int]]:
-        """The actors living on rank ``rank`` of ``proc_mesh``: (actor mesh, actor rank)."""
-        return [(record, record.proc_ranks.index(rank)) for record in self.actor_meshes.values()
-                if record.proc_mesh == proc_mesh and rank in record.proc_ranks]
+        """The actors living on rank ``rank`` of ``proc_mesh``: (actor mesh, actor rank).
+        O(actor meshes of ``proc_mesh``)."""
+        return self._index.actors_on(proc_mesh, rank)
+
+    def actor_meshes_of(self, proc_mesh: str) -> list[ActorMeshRecord]:
+        """The actor meshes spawned on the proc mesh named ``proc_mesh``."""
+        return self._index.actor_meshes_of(proc_mesh)
+
+    def owned_by(self, addresses: set[str]) -> list[ProcMeshRecord | ActorMeshRecord]:
+        """The proc and actor meshes spawned by the actors at ``addresses`` (their owners).
+        O(meshes they own)."""
+        return self._index.owned_by(addresses)
 
     def describe(self, proc: ProcRecord) -> str:
         """``proc P (pid N on HOST)``, as failures name a proc."""

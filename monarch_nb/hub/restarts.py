@@ -103,7 +103,7 @@ class Restarts:
             mesh.procs[r] = new[mesh.procs[r].proc_id]
         await self._registry.save(mesh)  # the new pids and addresses, before any reply
         failures: dict[str, dict[int, tuple[bytes, str]]] = {}
-        for record in [a for a in self._registry.actor_meshes.values() if a.proc_mesh == mesh.name]:
+        for record in self._registry.actor_meshes_of(mesh.name):
             failed = await self._respawn_actors(mesh, record, [r for r in ranks if r in record.proc_ranks])
             for rank, reply in sorted(failed.items()):
                 cause = f"__init__ raised {reply.header.get(envelope.ERROR, '')} (when its proc was restarted)"

@@ -131,17 +131,16 @@ class Supervision:
         host.lost = False
         back: dict[str, tuple[str, int]] = {}
         died = []
-        for mesh in self._registry.proc_meshes.values():
-            for rank, proc in enumerate(mesh.procs):
-                if proc.host_id != host.host_id or proc.exit_code != LOST_EXIT_CODE:
-                    continue
-                if proc.proc_id in live:
-                    proc.exit_code = None
-                    for record, i in self._registry.actors_on(mesh.name, rank):
-                        back[record.addresses[i]] = (record.name, i)
-                else:
-                    proc.exit_code = exited.get(proc.proc_id, LOST_EXIT_CODE)
-                    died.append(proc.proc_id)
+        for mesh, rank, proc in self._registry.procs_on(host.host_id):
+            if proc.exit_code != LOST_EXIT_CODE:
+                continue
+            if proc.proc_id in live:
+                proc.exit_code = None
+                for record, i in self._registry.actors_on(mesh.name, rank):
+                    back[record.addresses[i]] = (record.name, i)
+            else:
+                proc.exit_code = exited.get(proc.proc_id, LOST_EXIT_CODE)
+                died.append(proc.proc_id)
         print(f"monarch_nb hub: host agent {host.host_id} (pid {host.pid}) is heard from again; taking it back"
               f" with {len(back)} live actor(s)" + (f"; procs {', '.join(died)} exited meanwhile" if died else ""),
               file=sys.stderr)
@@ -149,13 +148,12 @@ class Supervision:
         await self._announcer.announce({envelope.OP: events.ACTORS_BACK, "actors": back})
 
     def _lose_procs_of(self, host: HostRecord) -> list[tuple[ProcMeshRecord, int, ProcRecord]]:
-        """Mark the live procs of ``host`` lost; returns them (mesh, rank, proc)."""
-        lost = []
-        for mesh in self._registry.proc_meshes.values():
-            for rank, proc in enumerate(mesh.procs):
-                if proc.host_id == host.host_id and proc.exit_code is None:
-                    proc.exit_code = LOST_EXIT_CODE
-                    lost.append((mesh, rank, proc))
+        """Mark the live procs of ``host`` lost; returns them (mesh, rank, proc).
+        O(procs of that host)."""
+        lost = [(mesh, rank, proc) for mesh, rank, proc in self._registry.procs_on(host.host_id)
+                if proc.exit_code is None]
+        for _, _, proc in lost:
+            proc.exit_code = LOST_EXIT_CODE
         return lost
 
     async def procs_died(self, deaths: list[tuple[ProcMeshRecord, int, ProcRecord]], expected: bool,
