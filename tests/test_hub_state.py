@@ -15,6 +15,7 @@ import threading
 import monarch_nb
 from monarch_nb import cluster_dir
 from monarch_nb.client.runtime import runtime
+from monarch_nb.errors import ClusterError
 from monarch_nb.hub import state
 from monarch_nb.hub.records import ActorMeshRecord, ProcMeshRecord, ProcRecord
 from monarch_nb.hub.registry import Registry
@@ -175,3 +176,122 @@ def test_a_hub_killed_during_a_burst_of_changes_recovers_every_answered_spawn():
             runtime().cluster.disconnect()
             runtime().cluster = None
     assert not path.exists(), f"{path} left behind"
+
+
+def _consistent(cluster) -> list[str]:
+    """Procs the hub's view gets wrong: listed live but gone, or listed exited but running."""
+    wrong = []
+    for mesh in cluster.info()["proc_meshes"].values():
+        for proc in mesh["procs"]:
+            if (proc["exit_code"] is None) != bool(pids_alive([proc["pid"]])):
+                wrong.append(f"{proc['proc_id']} pid {proc['pid']} exit_code {proc['exit_code']}")
+    return wrong
+
+
+def test_a_hub_killed_while_meshes_are_spawned_and_stopped_recovers_every_answered_change():
+    """The hub is SIGKILLed at a moment it does not choose (its journal's Nth line) while
+    a client spawns and stops proc meshes one after another: the recovered hub lists
+    every mesh whose spawn was answered and not stopped, with the same procs, none whose
+    stop was answered, and what it lists as live is live."""
+    name = "journal-churn"
+    path = cluster_dir.cluster_path(name)
+    spawned: dict[str, list[int]] = {}  # spawn answered, not stopped
+    stopped: set[str] = set()  # stop answered
+    every_pid: list[int] = []
+    try:
+        cluster = monarch_nb.Cluster.start(name, grace_s=60)
+        hub_pid = cluster._info["hub_pid"]
+        keep = cluster.host_mesh().spawn_procs(per_host={"gpus": 2}, name="keep")
+        counters = keep.spawn("counters", Counter, 3)
+        counters.incr.call(4).get()
+
+        def lines() -> int:
+            return sum(f.read_bytes().count(b"\n") for f in path.glob("state.*.journal"))
+
+        kill_at = lines() + 7  # in the middle of the spawns and stops below
+        killer = threading.Thread(target=lambda: wait_until(lambda: lines() >= kill_at, 120, 0.005)
+                                  and os.kill(hub_pid, signal.SIGKILL), daemon=True)
+        killer.start()
+        previous = None
+        for i in range(40):
+            try:
+                mesh = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}, name=f"churn{i}")
+                every_pid.extend(mesh.pids)
+                spawned[f"churn{i}"] = mesh.pids
+                if previous is not None:  # every other mesh is stopped again
+                    previous[1].stop()
+                    del spawned[previous[0]]
+                    stopped.add(previous[0])
+                    previous = None
+                else:
+                    previous = (f"churn{i}", mesh)
+            except ClusterError:
+                break  # the hub is gone: this change was not answered
+        killer.join(10)
+        assert not pids_alive([hub_pid]), "the hub was never killed"
+        assert stopped and spawned, (stopped, spawned)
+        runtime().cluster = None
+
+        recovered = _cli("cluster", "recover", name)
+        assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+        again = monarch_nb.connect(name)
+        for mesh_name, pids in spawned.items():
+            assert again.proc_meshes[mesh_name].pids == pids, mesh_name
+        assert not stopped & set(again.info()["proc_meshes"])
+        assert sorted(again.actor_meshes["counters"].get.call().get().values()) == [7, 7]
+        assert wait_until(lambda: not _consistent(again), 20), _consistent(again)
+        again.stop()
+        assert not pids_alive(keep.pids + every_pid)
+    finally:
+        subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", name], capture_output=True)
+        assert wait_until(lambda: not cluster_processes(path), 30), cluster_processes(path)
+        if runtime().cluster is not None:
+            runtime().cluster.disconnect()
+            runtime().cluster = None
+    assert not path.exists(), f"{path} left behind"
+
+
+# state.json as the hub wrote it before the journal (one whole rewrite per change, no
+# "journal" field): a hub of this version started on it must take it over.
+_PRE_JOURNAL_STATE = {
+    "version": 1, "started": 1764900000.5, "mesh_counter": 7, "host_order": ["host0"],
+    "allocator": {"kind": "local", "hosts": 1},
+    "hosts": [{"host_id": "host0", "address": "tcp://127.0.0.1:5000", "pid": 4000, "hostname": "box",
+               "node": ""}],
+    "proc_meshes": [{"name": "trainers", "extent": {"gpus": 2}, "created": 1764900001.0,
+                     "procs": [{"proc_id": f"trainers/{r}", "host_id": "host0", "address": f"tcp://127.0.0.1:{6000 + r}",
+                                "pid": 4100 + r, "exit_code": None} for r in range(2)],
+                     "owner": None, "launch": {}, "rank_env": {"0": {"RANK": "0"}}}],
+    "actor_meshes": [{"name": "counters", "proc_mesh": "trainers", "proc_ranks": [0, 1], "extent": {"gpus": 2},
+                      "class_name": "Counter", "endpoints": {"incr": False}, "methods": [],
+                      "addresses": ["tcp://127.0.0.1:7000", "tcp://127.0.0.1:7001"], "payload_id": "p1",
+                      "created": 1764900002.0, "owner": None}],
+}
+
+
+def test_a_state_file_from_before_the_journal_is_taken_over_and_journaled_on(tmp_path):
+    import json
+
+    (tmp_path / state.STATE_FILE).write_text(json.dumps(_PRE_JOURNAL_STATE))
+    saved = state.load(tmp_path)
+    assert saved is not None and saved["journal"] == 0 and saved["mesh_counter"] == 7
+    assert [p.pid for p in saved["proc_meshes"]["trainers"].procs] == [4100, 4101]
+    assert list(saved["actor_meshes"]) == ["trainers/counters"] and list(saved["hosts"]) == ["host0"]
+
+    async def main() -> None:  # a recovering hub: takes the state over, then journals its changes
+        registry = Registry(tmp_path, False, _Allocator(), _Announcer(), saved)
+        registry.hosts, registry.host_order = saved["hosts"], saved["host_order"]
+        registry.proc_meshes, registry.actor_meshes = saved["proc_meshes"], saved["actor_meshes"]
+        await registry.save()
+        found = registry.find_proc("trainers/1")
+        assert found is not None
+        found[2].exit_code = -9
+        await registry.save(found[2])
+        registry.close()
+
+    asyncio.run(main())
+    again = state.load(tmp_path)
+    assert again is not None and again["journal"] >= 1 and again["started"] == 1764900000.5
+    assert [p.exit_code for p in again["proc_meshes"]["trainers"].procs] == [None, -9]
+    assert again["proc_meshes"]["trainers"].rank_env == {"0": {"RANK": "0"}}
+    assert list(again["actor_meshes"]) == ["trainers/counters"]

@@ -342,8 +342,9 @@ class MeshOps:
         self.stop_orphans(gone)  # (waiting calls failed above)
         for actor_mesh in self._registry.actor_meshes_of(record.name):
             self.forget_actor_mesh(actor_mesh)
-        self._registry.save(record)
+        saved = self._registry.save(record)
         await self._launcher.stop(record.procs)
+        await saved  # a stop answered is on disk: a recovered hub does not list the mesh
 
     def forget_actor_mesh(self, record: ActorMeshRecord) -> None:
         if self._registry.actor_meshes.get(record.key) is record:
