@@ -12,7 +12,9 @@ Every node has a stable key, used as ``data-mnb-node`` in the HTML (its state is
   mesh MESH)
 - ``mesh:NAME`` (an actor mesh) and its actors ``mesh:NAME/RANK``
 - ``starting:NAME`` (a proc mesh being spawned)
-- ``section:hosts``, ``section:actor_meshes``: the two top levels
+- ``service:NAME`` (a service) and its replicas ``service:NAME/IDX``
+- ``section:hosts``, ``section:actor_meshes``, ``section:services``: the top levels (the
+  last only when the cluster has services)
 """
 
 from __future__ import annotations
@@ -201,8 +203,81 @@ def nodes(tree: dict, previous: dict | None = None, internal: bool = False) -> l
             text += f" · {mesh['state']}"
         actors = [_actor_node(f"mesh:{mesh['name']}/{a['rank']}", a, False) for a in mesh["actors"]]
         meshes.append(Node(f"mesh:{mesh['name']}", "mesh", mesh["state"], mesh["name"], text, None, actors))
-    return [Node("section:hosts", "section", "", f"hosts ({len(tree['hosts'])})", children=hosts, open=True),
-            Node("section:actor_meshes", "section", "", f"actor meshes ({len(meshes)})", children=meshes, open=True)]
+    top = [Node("section:hosts", "section", "", f"hosts ({len(tree['hosts'])})", children=hosts, open=True),
+           Node("section:actor_meshes", "section", "", f"actor meshes ({len(meshes)})", children=meshes, open=True)]
+    services = [service_node(s) for s in tree.get("services", ())]
+    if services:
+        top.append(Node("section:services", "section", "", f"services ({len(services)})", children=services,
+                        open=True))
+    return top
+
+
+# services -----------------------------------------------------------------------------
+# A replica's state as the client that routes to it says it (``service.ReplicaState``),
+# in the tree's colours; without that client, the state of its procs (the hub's view).
+REPLICA_STATES = {"healthy": "healthy", "initializing": "starting", "recovering": "starting",
+                  "unhealthy": "failed", "stopped": "stopped"}
+
+
+def replica_state(replica: dict) -> str:
+    """The tree state of a replica node of ``Cluster.health()["services"]``."""
+    mine = replica.get("service_state")
+    return REPLICA_STATES.get(mine, replica["state"]) if mine else replica["state"]
+
+
+def replica_text(replica: dict) -> str:
+    """``recovering · on policy-1a2b3c-r2g2 · pid 812 · 120 requests · 2 in flight · p50
+    1.20 ms · p99 3.40 ms · 1 restart`` (the load only from the client that routes)."""
+    parts = [replica.get("service_state") or replica["state"]]
+    if replica.get("cause"):
+        parts[0] += f": {replica['cause']}"
+    if replica.get("proc_mesh"):
+        parts.append(f"on {replica['proc_mesh']}")
+    if replica.get("pids"):
+        parts.append(("pid " if len(replica["pids"]) == 1 else "pids ") + " ".join(map(str, replica["pids"])))
+    if "requests" in replica:
+        parts += [f"{replica['requests']} requests", f"{replica['in_flight']} in flight",
+                  f"p50 {replica['latency_p50_s'] * 1e3:.2f} ms", f"p99 {replica['latency_p99_s'] * 1e3:.2f} ms",
+                  f"{replica['restarts']} restart{'' if replica['restarts'] == 1 else 's'}"]
+    return " · ".join(parts)
+
+
+def service_node(service: dict) -> Node:
+    """A service of ``Cluster.health()["services"]`` and its replicas."""
+    replicas = [Node(f"service:{service['name']}/{r['replica']}", "replica", replica_state(r), f"replica {r['replica']}",
+                     replica_text(r), r.get("cause")) for r in service["replicas"]]
+    states = [r.state for r in replicas]
+    up = sum(s in ("healthy", "busy", "paused") for s in states)
+    state = ("healthy" if up == len(states) else "stopped" if set(states) == {"stopped"}
+             else "failed" if up == 0 and "starting" not in states else "starting" if "starting" in states
+             else "degraded")
+    text = f"{service['class'].rpartition('.')[2]} · {up}/{len(states)} replicas serving"
+    if not service.get("routed_here"):
+        text += " · routed by another client (cluster.services[NAME] here routes from this one)"
+    return Node(f"service:{service['name']}", "service", state, service["name"], text, None, replicas, open=True)
+
+
+def service_text(service: dict) -> str:
+    """``%monarch service NAME``: the service's line, then one row per replica (state,
+    requests, in flight, p50/p99 in ms, restarts, where; ``-`` for what only the client
+    that routes knows)."""
+    node = service_node(service)
+    rows = [f"service {service['name']} · {node.text}",
+            f"{'replica':>7}  {'state':<12} {'requests':>8} {'in flight':>9} {'p50 ms':>8} {'p99 ms':>8} "
+            f"{'restarts':>8}  procs"]
+    for r in service["replicas"]:
+        known = "requests" in r
+
+        def num(key: str, scale: float = 1, fmt: str = "d") -> str:
+            return format(r[key] * scale if scale != 1 else r[key], fmt) if known else "-"
+
+        where = f"{r.get('proc_mesh') or '-'} (pids {' '.join(map(str, r.get('pids') or [])) or '-'})"
+        rows.append(f"{r['replica']:>7}  {r.get('service_state') or r['state']:<12} {num('requests'):>8} "
+                    f"{num('in_flight'):>9} {num('latency_p50_s', 1e3, '.2f'):>8} {num('latency_p99_s', 1e3, '.2f'):>8} "
+                    f"{num('restarts'):>8}  {where}")
+        if r.get("cause"):
+            rows.append(f"{'':>9}{r['cause']}")
+    return "\n".join(rows)
 
 
 def summary_parts(tree: dict) -> list[tuple[str, str]]:
@@ -236,8 +311,10 @@ def as_stopped(tree: dict) -> dict:
     hosts = [{**h, "state": "stopped", "procs": [{**p, "state": "stopped", "cause": None, "actors": actors(p["actors"])}
                                                  for p in h["procs"]]} for h in tree["hosts"]]
     meshes = [{**m, "state": "stopped", "alive": 0, "actors": actors(m["actors"])} for m in tree["actor_meshes"]]
+    services = [{**s, "replicas": [{**r, "state": "stopped", "service_state": None, "cause": None}
+                                   for r in s["replicas"]]} for s in tree.get("services", ())]
     return {**tree, "state": "stopped", "summary": "stopped", "hosts": hosts, "actor_meshes": meshes,
-            "starting": []}
+            "starting": [], "services": services}
 
 
 # plain text ---------------------------------------------------------------------------

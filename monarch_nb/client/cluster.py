@@ -279,8 +279,24 @@ class Cluster:
         actors per actor mesh in ``actor_meshes`` (alive/size); meshes being spawned in
         ``starting``; ``summary`` ("8/8 procs healthy · 1 busy · 0 failed": healthy there
         means running, busy or paused included) and ``counts`` (procs per state, and
-        ``alive``). See ``monarch_nb.hub.health``."""
-        return self.hub.request(hub_ops.HEALTH, timeout=30.0)
+        ``alive``); ``services``: each service's replicas (``state`` of their procs, and,
+        for a service this client routes, ``service_state``, ``requests``, ``in_flight``,
+        ``latency_p50_s``/``latency_p99_s`` and ``restarts``). See ``monarch_nb.hub.health``."""
+        tree = self.hub.request(hub_ops.HEALTH, timeout=30.0)
+        return runtime().services.annotate(self._info["cluster_id"], tree)
+
+    @property
+    def services(self) -> dict:
+        """Working handles on the cluster's services by name (``monarch_nb.service.Service``),
+        also after a kernel restart: ``route``/``fanout`` reach the same replicas, and a
+        failed replica is restarted in place (its actor made again from the constructor
+        arguments the hub kept). A service this client made or got before is that same
+        handle. Raises ``RuntimeError`` if ``monarch_nb.service`` was never imported."""
+        adopt = runtime().services.adopt
+        if adopt is None:
+            raise RuntimeError("cluster.services needs monarch_nb.service: import monarch_nb.service (or "
+                               "monarch_nb.actor) first")
+        return adopt(self)
 
     @property
     def debugger(self) -> "Debugger":

@@ -11,7 +11,7 @@ from typing import Awaitable, Callable
 from ..mesh import Extent, Shape
 from ..proc.actor import owner_of_new_meshes
 from ..proc.setup_actor import check_bind
-from ..protocol import gpus, hub_ops
+from ..protocol import gpus, hub_ops, services
 from . import progress
 from .future import Future
 from .mesh_handle import MeshHandle
@@ -136,7 +136,7 @@ class HostMesh(MeshHandle):
                     bootstrap: Callable[[], None] | Callable[[], Awaitable[None]] | None = None,
                     name: str | None = None, proc_bind: list[dict[str, str]] | None = None,
                     replace: bool = False, bootstrap_command: object = None, bind_gpus: bool = True,
-                    gpus_per_proc: float = 1) -> ProcMesh:
+                    gpus_per_proc: float = 1, _service: dict | None = None) -> ProcMesh:
         """Start ``per_host`` procs on every host (default ``{}``: one), all in parallel;
         returns a :class:`ProcMesh` over this mesh's extent followed by ``per_host``:
         ``{"hosts": N, **per_host}`` on a cluster's hosts, exactly ``per_host`` on one
@@ -164,6 +164,9 @@ class HostMesh(MeshHandle):
         sets no ``CUDA_VISIBLE_DEVICES`` (every proc sees every GPU of its host). A
         host's GPUs are the ``CUDA_VISIBLE_DEVICES`` its host agent was started with,
         else the machine's (NVML, nvidia-smi); host agents on one machine split them.
+
+        ``_service`` (``monarch_nb.service``'s, not for users): the hub keeps this record
+        of the service the mesh is a replica of (``protocol.services``).
 
         Raises ``ValueError`` when a host with GPUs has fewer than its procs need
         (naming both numbers), before any proc starts; for bad ``per_host`` (labels must be identifiers, sizes
@@ -199,7 +202,7 @@ class HostMesh(MeshHandle):
                 hub_ops.SPAWN_PROCS, timeout=SPAWN_TIMEOUT_S, while_waiting=bar.tick, per_host=per_host, name=name,
                 replace=replace, hosts=self._hosts, **{hub_ops.HOST_EXTENT: dict(self.extent)}, env=_proc_env(python),
                 cwd=os.getcwd(), python=python or sys.executable, spawn_id=spawn_id,
-                owner=owner_of_new_meshes(), **gpu_options)
+                owner=owner_of_new_meshes(), **gpu_options, **({services.SERVICE: _service} if _service else {}))
         except BaseException:
             bar.close(None)
             raise

@@ -38,6 +38,7 @@ from . import progress
 from .events import EventBus, EventReceiver
 from .in_flight import InFlight
 from .logs import Folded, LogLines, print_sink
+from .service_registry import ServiceRegistry
 from .supervision import Supervision
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class ClientRuntime:
         self.in_flight = InFlight()  # calls waiting on actors, by cell (what Ctrl-C interrupts)
         # hub address -> a function that raises ClusterError once that hub is known dead
         self.hub_liveness: dict[str, Callable[[], None]] = {}
+        self.services = ServiceRegistry()  # this client's live services (monarch_nb.service's)
 
     # what the process receives on ---------------------------------------------------------
     @property

@@ -7,7 +7,9 @@ those actors gets a failure reply for that rank (sent to this process's own mail
 so it is dispatched like any reply), and later calls to them fail without being sent.
 The call then raises :class:`SupervisionError` naming mesh, rank, host, pid and cause.
 
-A failure that no owning actor handled (see ``hub.supervision``) is passed to the
+A failure that no owning actor handled (see ``hub.supervision``), on a mesh whose
+failures no owner in this client handles (:meth:`Supervision.mark_handled`: a service
+replaces its failed replicas), is passed to the
 failure hook (``ClientRuntime.set_failure_hook``). The default hook arms it: the next call on the affected mesh (the mesh
 whose ``broadcast`` endpoint raised in an actor that survives it, or the owner's mesh
 for a failure in a mesh an actor spawned that the owner survives) raises it as :class:`SupervisionError` once, without being sent. The
@@ -70,6 +72,8 @@ class Supervision:
         self._lost_hubs: set[str] = set()  # of those, the ones whose hub died (it may come back)
         self._hook: FailureHook = self.say_and_arm
         self._heard: dict[tuple[str, str], None] = _Recent()  # (cluster id, actor mesh) with a failure heard
+        # (cluster id, actor or proc mesh) -> who handles its failures (e.g. "service 'policy'")
+        self._handled: dict[tuple[str, str], str] = {}
         self._heard_changed = threading.Condition()
         # Counts actors_gone reports: a sender that saw it change while it sent checks its
         # targets again (a socket closed for a dead actor may have been made again by it).
@@ -149,12 +153,35 @@ class Supervision:
             self.actors_gone(event)
         elif op == events.SUPERVISION:
             failure = MeshFailure.from_event(event["failure"])
-            self._hook(event[events.CLUSTER], failure, event["failure"].get("owner"))
-            self._call_fault_hook(failure)
+            if self.handled_by(event[events.CLUSTER], failure) is None:
+                self._hook(event[events.CLUSTER], failure, event["failure"].get("owner"))
+                self._call_fault_hook(failure)
             with self._heard_changed:
                 for mesh in failure.meshes:
                     self._heard[(event[events.CLUSTER], mesh)] = None
                 self._heard_changed.notify_all()
+
+    def mark_handled(self, cluster_id: str, meshes: list[str], owner: str | None) -> None:
+        """Failures of the actor or proc meshes ``meshes`` of ``cluster_id`` are handled
+        by ``owner`` (a name for people, e.g. ``"service 'policy'"``): they still fail the
+        calls that involve them, but no failure hook hears of them (nothing is printed
+        nor armed, Monarch's ``unhandled_fault_hook`` is not called). ``owner=None``
+        ends that (the owner is gone). A mesh may be marked before it exists (by the
+        name it will be spawned with), so that failures while it starts are handled."""
+        with self._lock:
+            for mesh in meshes:
+                if owner is None:
+                    self._handled.pop((cluster_id, mesh), None)
+                else:
+                    self._handled[(cluster_id, mesh)] = owner
+
+    def handled_by(self, cluster_id: str, failure: MeshFailure) -> str | None:
+        """Who handles ``failure`` (see :meth:`mark_handled`): the owner of every mesh it
+        hit (its actor meshes, else its proc mesh), or ``None`` when one is not handled."""
+        hit = list(failure.meshes) or ([failure.proc_mesh] if failure.proc_mesh else [])
+        with self._lock:
+            owners = {self._handled.get((cluster_id, mesh)) for mesh in hit}
+        return None if not owners or None in owners else owners.pop()
 
     def wait_heard(self, cluster_id: str, mesh: str, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until a failure of actor mesh ``mesh`` has gone

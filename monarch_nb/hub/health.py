@@ -26,7 +26,7 @@ import asyncio
 import time
 from typing import Callable
 
-from ..protocol import envelope, proc_ops
+from ..protocol import envelope, proc_ops, services
 from ..protocol.records import LOST_EXIT_CODE, exit_cause
 from ..wire.aio import AioEndpoint
 from .gpu_binding import gpus_of
@@ -134,8 +134,35 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
     return {"cluster": name, "state": "healthy" if alive == total and not hosts_down else "degraded",
             "summary": summary,
             "counts": {**counts, "alive": alive}, "hosts": host_nodes, "actor_meshes": mesh_nodes,
+            "services": service_nodes(proc_meshes, proc_state_of),
             "starting": [{"proc_mesh": n, "up": up, "total": of, "state": "starting"}
                          for n, (up, of) in starting.items()]}
+
+
+def service_nodes(proc_meshes: dict[str, ProcMeshRecord], proc_state_of: dict[str, str]) -> list[dict]:
+    """The services among ``proc_meshes`` (``protocol.services``), each with its
+    replicas' newest proc meshes: ``{"name", "key", "class", "replicas": [{"replica",
+    "proc_mesh", "state", "pids", "cause"}]}``. A replica is as bad as its worst proc
+    (``PROC_ORDER``); one whose newest procs are not up yet is ``starting``. Load
+    (requests, calls in flight) is known to the client that routes, which adds it."""
+    found = services.group({name: mesh.public() for name, mesh in proc_meshes.items() if mesh.service})
+    nodes = []
+    for name, record in found.items():
+        replicas: list[dict] = []
+        for idx in range(record[services.REPLICAS]):
+            mesh = proc_meshes.get(record["replica_meshes"].get(idx, ""))
+            if mesh is None:
+                replicas.append({"replica": idx, "proc_mesh": None, "state": "starting", "pids": [], "cause": None})
+                continue
+            states = [proc_state_of.get(p.proc_id, "failed" if p.exit_code is not None else "starting")
+                      for p in mesh.procs]
+            state = next((s for s in PROC_ORDER if s in states), "healthy")
+            cause = next((p.cause or exit_cause(p.exit_code) for p in mesh.procs if p.exit_code is not None), None)
+            replicas.append({"replica": idx, "proc_mesh": mesh.name, "state": state, "cause": cause,
+                             "pids": [p.pid for p in mesh.procs]})
+        nodes.append({"name": name, "key": record[services.KEY], "class": record[services.CLASS],
+                      "replicas": replicas})
+    return nodes
 
 
 class Health:

@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 
 from .. import cluster_dir
 from ..mesh import Extent
-from ..protocol import agent_ops, envelope, events, gpus, hub_ops, proc_ops
+from ..protocol import agent_ops, envelope, events, gpus, hub_ops, proc_ops, services
 from ..protocol.records import exit_cause
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
@@ -127,7 +127,8 @@ class MeshOps:
             finally:
                 self._spawning.pop(name, None)
             record = self._registry.proc_meshes[name] = ProcMeshRecord(name, extent, procs, owner=header.get("owner"),
-                                                                       launch=launch)
+                                                                       launch=launch,
+                                                                       service=header.get(services.SERVICE))
             record.rank_env.update({str(r): dict(env) for r, env in enumerate(bound)})  # restarts set them again
             await self._registry.save(record)  # on disk before the reply: a recovered hub has it
             return record.public()

@@ -25,6 +25,7 @@ import os
 import struct
 from pathlib import Path
 
+from ..protocol import services
 from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
 
 STATE_FILE = "state.json"
@@ -129,7 +130,8 @@ def load(path: Path) -> dict | None:
         "hosts": {h["host_id"]: HostRecord(**h) for h in data["hosts"]},
         "proc_meshes": {m["name"]: ProcMeshRecord(m["name"], m["extent"], [ProcRecord(**p) for p in m["procs"]],
                                                    m["created"], m.get("owner"), m.get("launch", {}),
-                                                   m.get("rank_env", {})) for m in proc_meshes.values()},
+                                                   m.get("rank_env", {}), m.get(services.SERVICE))
+                        for m in proc_meshes.values()},
         "actor_meshes": {r.key: r for r in (ActorMeshRecord(**m) for m in actor_meshes.values())},
     }
 

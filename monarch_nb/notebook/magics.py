@@ -18,7 +18,8 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 from rich.console import Console
 
-from .. import render
+from .. import health_view, render
+from .. import service as _service  # noqa: F401 - installs Cluster.services (a kernel restarted on a cluster finds its services)
 from ..allocators import slurm_options
 from ..client import cluster as cluster_mod
 from ..client import logs
@@ -75,7 +76,9 @@ def _parser() -> MagicArgumentParser:
     spawn.add_argument("--procs", default=None, help="proc mesh variable (default: the last %%monarch procs)")
     spawn.add_argument("--name", default=None, help="mesh name (default: VAR)")
     spawn.epilog = "constructor arguments follow --, as in a Python call: -- 0.1, name='a b', lr=0.5"
-    verbs.add_parser("status", help="the live health tree (hosts, procs, actors) and clients of the cluster")
+    verbs.add_parser("status", help="the live health tree (hosts, procs, actors, services) and clients of the cluster")
+    verbs.add_parser("service", help="a service's replicas: state, requests, in flight, p50/p99, restarts"
+                     ).add_argument("name", nargs="?")
     log = verbs.add_parser("logs", help="lines from the cluster's log store")
     log.add_argument("mesh", nargs="?")
     log.add_argument("--ranks", default=None)
@@ -113,7 +116,9 @@ HELP = """%monarch: drive a monarch_nb cluster from the notebook.
                                                           print its batch script); defaults: config.toml
   %monarch connect [NAME]                                 connect to a running cluster
   %monarch list                                           clusters on this machine
-  %monarch status                                         live health tree (hosts, procs, actors), clients
+  %monarch status                                         live health tree (hosts, procs, actors, services), clients
+  %monarch service [NAME]                                 a service's replicas: state, requests, in flight,
+                                                          p50/p99 latency, restarts (no NAME: every service)
   %monarch stop [NAME]                                    stop a cluster (default: the connected one)
   %monarch procs VAR --per-host gpus=8 [--name N]         spawn procs, bind them to VAR
   %monarch spawn VAR CLASS [--procs P] [--name N] [-- ARGS]
@@ -288,6 +293,20 @@ class MonarchMagics(Magics):
         # 4/4 procs alive" would not, once the cluster stops).
         display(cluster)  # the live health tree widget (html/plain where widgets don't render)
         self._print(render.clients_table(info))
+
+    def _service(self, args, cell=None) -> None:
+        cluster = self._cluster()
+        found = {s["name"]: s for s in cluster.health().get("services", ())}
+        if args.name is None:
+            print("\n".join(health_view.service_text(s).partition("\n")[0] for s in found.values())
+                  or f"monarch: cluster {cluster.name!r} has no services; make one with "
+                  "Cls.options(num_replicas=N).as_service()")
+            return
+        if args.name not in found:
+            raise UsageError(f"no service {args.name!r} in cluster {cluster.name!r} (services: "
+                             f"{', '.join(sorted(found)) or 'none'}); make one with "
+                             "Cls.options(name=..., num_replicas=N).as_service()")
+        print(health_view.service_text(found[args.name]))
 
     def _procs(self, args, cell=None) -> None:
         per_host = {}

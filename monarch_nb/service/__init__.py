@@ -14,6 +14,8 @@ TorchForge's shape.
     with svc.session():                    # these calls go to one replica
         ...
     svc.get_metrics(); svc.shutdown()
+
+    cluster.services["policy"]             # after a kernel restart: the same replicas
 """
 
 from .endpoint_config import EndpointConfig, service_endpoint
@@ -25,9 +27,11 @@ from .endpoint import ServiceEndpoint
 from .metrics import ServiceMetrics
 from .service import Service
 from .sessions import SessionContext
+from .adopt import connect_service, services
 
 __all__ = [
     "EndpointConfig", "LeastLoadedRouter", "NoHealthyReplica", "Replica", "ReplicaState", "RoundRobinRouter",
     "Router", "Service", "ServiceEndpoint", "ServiceError", "ServiceMetrics", "ServiceOptions", "ServiceStopped",
-    "SessionContext", "SessionMoved", "SessionRouter", "UnknownSession", "options", "service_endpoint",
+    "SessionContext", "SessionMoved", "SessionRouter", "UnknownSession", "connect_service", "options",
+    "service_endpoint", "services",
 ]

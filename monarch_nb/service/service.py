@@ -30,11 +30,11 @@ from ..client.future import Future
 from ..client.host_mesh import HostMesh
 from ..client.runtime import runtime
 from ..errors import SupervisionError
-from ..protocol import envelope, events
+from ..protocol import envelope, events, services
 from .batcher import Batcher
 from .calls import FanIn, Request, to_batch, to_future
 from .endpoint import ServiceEndpoint
-from .endpoint_config import endpoint_configs
+from .endpoint_config import EndpointConfig, endpoint_configs
 from .errors import NoHealthyReplica, ServiceError, ServiceStopped, SessionMoved
 from .metrics import ServiceMetrics
 from .replica import Replica, ReplicaState
@@ -71,16 +71,27 @@ class Service:
                             "cluster.host_mesh()) or None for this_host()")
         if on_replica_start is not None and not callable(on_replica_start):
             raise TypeError(f"on_replica_start={on_replica_start!r} is not callable; give a function (replica) -> None")
-        self.name = name or actor_class.__name__.lower()
-        self._class, self._args, self._kwargs = actor_class, args, kwargs
-        self._procs, self._max_restarts, self._on_start = procs, max_restarts, on_replica_start
-        self._configs = endpoint_configs(actor_class)
-        if not self._configs:
+        configs = endpoint_configs(actor_class)
+        if not configs:
             raise TypeError(f"{actor_class.__name__} has no endpoints to serve; mark methods with @endpoint "
                             "or @service_endpoint")
-        # Unique in the cluster: replicas' meshes are named after it, and their deaths are
-        # recognised by those names.
-        self._key = f"{self.name}-{secrets.token_hex(3)}"
+        self._class: type | None = actor_class
+        self._args, self._kwargs = args, kwargs
+        name = name or actor_class.__name__.lower()
+        # The key is unique in the cluster: replicas' meshes are named after it, and their
+        # deaths are recognised by those names.
+        self._setup(name, f"{name}-{secrets.token_hex(3)}", configs, num_replicas, procs, max_restarts,
+                    on_replica_start, hosts if hosts is not None else this_host(),
+                    f"{actor_class.__module__}.{actor_class.__qualname__}")
+        for replica in self.replicas:
+            self._start_thread(replica, broken=None)
+
+    def _setup(self, name: str, key: str, configs: dict[str, EndpointConfig], num_replicas: int, procs: int,
+               max_restarts: int, on_replica_start: Callable[[Replica], None] | None, hosts: HostMesh,
+               class_name: str) -> None:
+        """The state of a new service or of one adopted from the hub's records."""
+        self.name, self._key, self._configs, self._class_name = name, key, configs, class_name
+        self._procs, self._max_restarts, self._on_start = procs, max_restarts, on_replica_start
         self._routers: dict[str, Router] = {n: make_router(c.router) for n, c in self._configs.items()}
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -95,10 +106,11 @@ class Service:
         self._stopped = False
         self._threads: list[threading.Thread] = []
         self._batcher = Batcher(self._send_batch, self._key) if any(c.batching for c in self._configs.values()) else None
-        self._hosts = hosts if hosts is not None else this_host()
+        self._hosts = hosts
+        self._cluster_id: str = hosts._cluster_id
+        self._handled: list[str] = []  # meshes whose failures supervision leaves to this service
         self._unsubscribe = runtime().events.subscribe(self._on_event)
-        for replica in self.replicas:
-            self._start_thread(replica, broken=None)
+        runtime().services.add(self._cluster_id, self._key, self)
 
     # -- public --------------------------------------------------------------------------
     def __getattr__(self, name: str) -> ServiceEndpoint:
@@ -106,7 +118,7 @@ class Service:
             raise AttributeError(name)
         if name in self._configs:
             return ServiceEndpoint(self, name)
-        raise AttributeError(f"service {self.name!r} ({self._class.__name__}) has no endpoint {name!r} "
+        raise AttributeError(f"service {self.name!r} ({self._short_class}) has no endpoint {name!r} "
                              f"(endpoints: {', '.join(sorted(self._configs))})")
 
     def __dir__(self) -> list[str]:
@@ -210,19 +222,32 @@ class Service:
                 self._stop_procs(procs)
         with self._changed:
             self._changed.notify_all()
-        return Future.finished(runtime(), f"{self.name}.shutdown")
+        rt = runtime()
+        rt.supervision.mark_handled(self._cluster_id, self._handled, None)
+        rt.services.remove(self._cluster_id, self._key)
+        return Future.finished(rt, f"{self.name}.shutdown")
 
     stop = shutdown
 
+    def replica_load(self) -> list[dict]:
+        """Per replica: ``state`` and what this client routed to it (``requests``,
+        ``in_flight``, ``latency_p50_s``/``latency_p99_s`` in seconds, ``restarts``); what
+        ``Cluster.health()`` adds to the hub's view of the replicas."""
+        return self.get_metrics().replicas
+
+    @property
+    def _short_class(self) -> str:
+        return self._class_name.rpartition(".")[2]
+
     def __repr__(self) -> str:
         states = ", ".join(r.state.value for r in self.replicas)
-        return f"<Service {self.name!r} {self._class.__name__} x{len(self.replicas)} [{states}]>"
+        return f"<Service {self.name!r} {self._short_class} x{len(self.replicas)} [{states}]>"
 
     # -- routing -------------------------------------------------------------------------
     def _check_running(self) -> None:
         if self._stopped:
             raise ServiceStopped(f"service {self.name!r} was shut down; make a new one with "
-                                 f"{self._class.__name__}.options(...).as_service(...)")
+                                 f"{self._short_class}.options(...).as_service(...)")
 
     def _check_session(self, sess_id: str) -> None:
         self._sessions.check(sess_id)
@@ -465,6 +490,9 @@ class Service:
         new procs, the actor, the hook. A failed attempt is retried while the restart
         bound allows (each attempt after the first start counts as a restart), then the
         replica is left ``UNHEALTHY``."""
+        if self._class is None:
+            self._restart_in_place(replica)
+            return
         if broken is not None:
             self._stop_procs(broken)  # its live ranks too
         while True:
@@ -479,9 +507,11 @@ class Service:
                     replica.restarts += 1
                 replica.generation += 1
                 mesh = f"{self._key}-r{replica.idx}g{replica.generation}"
+                self._handle_failures_of(mesh)
+                record = self._record(replica.idx, replica.generation)
             procs = None
             try:
-                procs = self._hosts.spawn_procs(per_host={"procs": self._procs}, name=mesh)
+                procs = self._hosts.spawn_procs(per_host={"procs": self._procs}, name=mesh, _service=record)
                 actors: Any = procs.spawn(mesh, self._class, *self._args, raise_init_errors=True, **self._kwargs)
                 with self._lock:
                     replica.serve_from(procs, actors)
@@ -513,6 +543,62 @@ class Service:
             return
         self._release_waiting()
 
+    def _restart_in_place(self, replica: Replica) -> None:
+        """Replace an adopted service's failed ``replica`` (this client has no class to
+        spawn a new mesh from): its procs are restarted, and the hub makes its actor again
+        from the constructor arguments it kept; then the hook. Within the restart bound,
+        as :meth:`_start`."""
+        while True:
+            with self._lock:
+                if self._stopped:
+                    return
+                if replica.actors is None or replica.restarts >= self._max_restarts:
+                    replica.state = ReplicaState.UNHEALTHY
+                    self._changed.notify_all()
+                    break
+                replica.restarts += 1
+                replica.generation += 1
+                actors, procs = replica.actors, replica.procs
+                mesh = actors.name
+                self._gone.discard(mesh)
+            try:
+                actors.restart(list(range(len(actors))))  # every rank: a live one of a broken replica too
+                with self._lock:
+                    replica.serve_from(procs, actors)
+                    self._by_mesh[mesh] = replica
+                if self._on_start is not None:
+                    self._on_start(replica)
+                with self._lock:
+                    if mesh in self._gone:
+                        raise ServiceError("its actor died while it restarted")
+                    if self._stopped:
+                        return
+                    replica.recoveries_s.append(time.monotonic() - replica.failed_at)
+                    replica.state = ReplicaState.HEALTHY
+                    self._changed.notify_all()
+                    break
+            except Exception as e:  # noqa: BLE001 - counted against the bound
+                with self._lock:
+                    self._by_mesh.pop(mesh, None)
+                    replica.last_failure = f"restart failed: {_describe(e)}"
+        self._release_waiting()
+
+    def _handle_failures_of(self, mesh: str) -> None:
+        """Tell supervision that this service handles the failures of ``mesh`` (its
+        replica's proc and actor mesh): replacing a replica is this service's job, not
+        something to print under the cell. The caller holds the lock."""
+        self._handled.append(mesh)
+        runtime().supervision.mark_handled(self._cluster_id, [mesh], f"service {self.name!r}")
+
+    def _record(self, idx: int, generation: int) -> dict:
+        """What the hub keeps of replica ``idx`` (``generation``) with its proc mesh."""
+        return {services.NAME: self.name, services.KEY: self._key, services.CLASS: self._class_name,
+                services.REPLICA: idx, services.REPLICAS: len(self.replicas), services.GENERATION: generation,
+                services.PROCS: self._procs, services.MAX_RESTARTS: self._max_restarts,
+                services.ENDPOINTS: {name: {services.BATCH_SIZE: c.batch_size, services.BATCH_TIMEOUT: c.batch_timeout,
+                                            services.IDEMPOTENT: c.idempotent, services.ROUTER: _router_name(c.router)}
+                                     for name, c in self._configs.items()}}
+
     def _release_waiting(self) -> None:
         """Replica states changed: send the requests that waited for a healthy replica
         (or fail them if none can come), and the fanouts that waited for first starts."""
@@ -531,6 +617,13 @@ class Service:
             procs.stop()
         except Exception:  # noqa: BLE001 - already gone (its host, the cluster): nothing left to stop
             pass
+
+
+def _router_name(router: Any) -> str | None:
+    """The class name of an endpoint's router (``None``: the default)."""
+    if router is None:
+        return None
+    return (router if isinstance(router, type) else type(router)).__name__
 
 
 def _first_cause(why: str) -> str:
