@@ -5,7 +5,7 @@ directory, the real ``MeshOps`` (which tells clients which actors died and stops
 meshes they owned), and fakes for the network, the clients and the log store.
 
     .venv/bin/python bench/bench_hub_events.py [--sizes 32 128 512] [--events 32]
-    .venv/bin/python bench/bench_hub_events.py --old HEAD~20   # and an older version, same run
+    .venv/bin/python bench/bench_hub_events.py --old 2cc012f 14464d8   # and older versions, same run
 
 Two shapes of N procs, each with an actor mesh over every proc mesh:
 ``one mesh``: one proc mesh of N procs (a preempted training job); ``meshes of 8``:
@@ -14,7 +14,7 @@ each its own pass of the event loop (as exit reports arrive); per event:
 ``loop CPU``: the event loop thread's CPU (``time.thread_time``) in ms, the hub's
 budget for every other client; ``loop wall``: the time the loop was busy with it
 (waiting for a disk included); ``all CPU``: the process's CPU (writer threads
-included). ``--old REF`` checks REF out with ``git worktree`` into a temporary
+included). ``--old REF...`` checks each REF out with ``git worktree`` into a temporary
 directory and runs the same measurement on it in a child process (removed after).
 """
 
@@ -142,13 +142,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="*", default=[32, 128, 512])
     parser.add_argument("--events", type=int, default=32)
-    parser.add_argument("--old", help="a git ref to measure too, in the same run (e.g. HEAD~20)")
+    parser.add_argument("--old", nargs="*", default=[], help="git refs to measure too, in the same run (e.g. HEAD~20)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON only")
     args = parser.parse_args()
     sys.path.insert(0, os.environ.get("PYTHONPATH") or str(ROOT))
     runs = {}
-    if args.old:
-        runs[f"old ({args.old})"] = _old(args.old, args.sizes, args.events)
+    for ref in args.old:
+        runs[ref] = _old(ref, args.sizes, args.events)
     runs["this tree"] = _measure(args.sizes, args.events)
     if args.json:
         print(json.dumps(runs["this tree"]))
