@@ -223,11 +223,17 @@ class MeshOps:
                 await self.stop_actor_mesh(record)
                 return {"failures": failures}
             try:
-                self._registry.keep_payload(payload_id, [body, *buffers])
+                await self._registry.keep_payload(payload_id, [body, *buffers])
             except OSError as e:  # a full disk: a mesh that a recovered hub could not restart is not made
                 await self.stop_actor_mesh(record)
                 raise HubError(f"actor mesh {name!r} was not created: its constructor could not be kept for "
                                f"restarts in {self._registry.path}: {e}; free space there and spawn it again") from None
+            gone = [p for p in constructing if p.exit_code is not None]
+            if gone:  # while the constructor was written (the loop ran meanwhile): as if during construction
+                self._registry.drop_payload(payload_id)
+                await self.stop_actor_mesh(record)
+                raise HubError(f"actor mesh {name!r} was not created: {self._registry.describe(gone[0])} exited "
+                               "while its actors were being constructed; spawn it again on live procs")
             self._registry.actor_meshes[key] = record
             await self._registry.save(record)  # on disk before the reply: a recovered hub has it
             view = self.actor_mesh_view(record)

@@ -154,12 +154,14 @@ class Registry:
         return self.mesh_counter
 
     # constructor payloads ----------------------------------------------------------------
-    def keep_payload(self, payload_id: str, frames: list[bytes]) -> None:
+    async def keep_payload(self, payload_id: str, frames: list[bytes]) -> None:
         """Keep an actor mesh's constructor frames for its restarts (a retained
-        cluster's also in the state directory, for a recovering hub). Raises
-        ``OSError`` when they can't be written there (a full disk); nothing is kept."""
+        cluster's also in the state directory, for a recovering hub: written and
+        fsynced by a thread, so the event loop does not wait for the disk however large
+        the arguments). Returns once they are on disk. Raises ``OSError`` when they
+        can't be written there (a full disk); nothing is kept."""
         if not self.ephemeral:
-            state.save_payload(self.path, payload_id, frames)
+            await asyncio.get_running_loop().run_in_executor(None, state.save_payload, self.path, payload_id, frames)
         self._payloads[payload_id] = frames
 
     def payload(self, payload_id: str) -> list[bytes] | None:

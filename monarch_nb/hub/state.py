@@ -153,7 +153,8 @@ def read_journal(file: Path) -> list[dict]:
 
 
 def save_payload(path: Path, payload_id: str, frames: list[bytes]) -> None:
-    """Write one actor mesh's constructor frames (body + buffers), length-prefixed."""
+    """Write one actor mesh's constructor frames (body + buffers), length-prefixed.
+    Blocks for the disk (an fsync): call it off the event loop. Raises ``OSError``."""
     folder = path / "spawn"
     folder.mkdir(mode=0o700, exist_ok=True)
     tmp = folder / f".{payload_id}.tmp"
@@ -163,6 +164,8 @@ def save_payload(path: Path, payload_id: str, frames: list[bytes]) -> None:
             for frame in frames:
                 f.write(_LEN.pack(len(frame)))
                 f.write(frame)
+            f.flush()
+            os.fsync(f.fileno())  # the journal line naming it is fsynced too: a power cut keeps both
         os.replace(tmp, folder / f"{payload_id}.bin")
     except BaseException:
         tmp.unlink(missing_ok=True)  # (a full disk: what was written of it is given back)
