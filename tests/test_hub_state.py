@@ -192,7 +192,8 @@ def test_a_hub_killed_while_meshes_are_spawned_and_stopped_recovers_every_answer
     """The hub is SIGKILLed at a moment it does not choose (its journal's Nth line) while
     a client spawns and stops proc meshes one after another: the recovered hub lists
     every mesh whose spawn was answered and not stopped, with the same procs, none whose
-    stop was answered, and what it lists as live is live."""
+    stop was answered, and what it lists as live is live; a proc that dies afterwards is
+    restarted from the constructor arguments it reads back from disk."""
     name = "journal-churn"
     path = cluster_dir.cluster_path(name)
     spawned: dict[str, list[int]] = {}  # spawn answered, not stopped
@@ -240,6 +241,11 @@ def test_a_hub_killed_while_meshes_are_spawned_and_stopped_recovers_every_answer
         assert not stopped & set(again.info()["proc_meshes"])
         assert sorted(again.actor_meshes["counters"].get.call().get().values()) == [7, 7]
         assert wait_until(lambda: not _consistent(again), 20), _consistent(again)
+        os.kill(keep.pids[0], signal.SIGKILL)  # restarted from the constructor the recovered hub reads from disk
+        assert wait_until(lambda: again.health()["counts"]["failed"] == 1, 20)
+        assert again.proc_meshes["keep"].restart_failed() == [0]
+        assert sorted(again.actor_meshes["counters"].get.call().get().values()) == [3, 7]
+        every_pid.extend(again.proc_meshes["keep"].pids)
         again.stop()
         assert not pids_alive(keep.pids + every_pid)
     finally:

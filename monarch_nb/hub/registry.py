@@ -164,8 +164,13 @@ class Registry:
             await asyncio.get_running_loop().run_in_executor(None, state.save_payload, self.path, payload_id, frames)
         self._payloads[payload_id] = frames
 
-    def payload(self, payload_id: str) -> list[bytes] | None:
-        return self._payloads.get(payload_id) or state.load_payload(self.path, payload_id)
+    async def payload(self, payload_id: str) -> list[bytes] | None:
+        """The constructor frames kept under ``payload_id`` (read by a thread when only
+        the state directory has them: a recovered hub's), or ``None``."""
+        frames = self._payloads.get(payload_id)
+        if frames is None:
+            frames = await asyncio.get_running_loop().run_in_executor(None, state.load_payload, self.path, payload_id)
+        return frames
 
     def drop_payload(self, payload_id: str) -> None:
         self._payloads.pop(payload_id, None)

@@ -119,7 +119,7 @@ class Restarts:
         body the packed exception). Those actors stay, dead (``INIT_FAULT``)."""
         if not proc_ranks:
             return {}
-        frames = self._registry.payload(record.payload_id)
+        frames = await self._registry.payload(record.payload_id)
         if frames is None:
             raise HubError(f"the constructor arguments of {record.name!r} were not kept; spawn it again")
         body, buffers = frames[0], frames[1:]
