@@ -10,6 +10,10 @@ allocation, several records) takes a snapshot, at most once per pass of the even
 however many ask, and the journal is folded into a snapshot once it outgrows the last
 one. Replies that promise a change (a spawn's) await ``save``'s future: it is done
 once the change is on disk.
+
+What an event touches is found by id (``registry_index``): a proc by its id, a host's
+procs, the actor meshes of a proc mesh, the meshes an actor owns. ``save`` with records
+keeps those indexes up to date; ``save()`` has them built again at the next lookup.
 """
 
 from __future__ import annotations
