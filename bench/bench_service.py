@@ -9,7 +9,9 @@ Measures, on the ephemeral cluster of one host:
                        both reach the same actor); rounds interleaved, median per call
   fanout vs call       ``svc.ping.fanout()`` over 4 replicas against ``ping.call()`` over
                        an actor mesh of 4 procs, and against 4 ``call_one`` to the
-                       replicas' own actors (the same 4 actors) gathered by hand
+                       replicas' own actors (the same 4 actors) gathered by hand; and
+                       fanout sending one ``call_one`` per replica (how it sent before
+                       ``call_one_each``: pickled and gathered once per replica)
   SIGKILL under load   3 callers route back to back to 4 replicas; one replica's proc is
                        SIGKILLed: failed requests (target 0), when the service saw it, and
                        when the replica served again (target <= 5 s after its procs are up)
@@ -36,7 +38,9 @@ import time  # noqa: E402
 
 import monarch_nb  # noqa: E402
 from monarch_nb.actor import Actor, endpoint  # noqa: E402
+from monarch_nb.client.call_each import call_one_each  # noqa: E402
 from monarch_nb.service import ReplicaState, service_endpoint  # noqa: E402
+from monarch_nb.service import service as service_module  # noqa: E402
 
 BATCH = 16
 IN_FLIGHT = 256
@@ -79,7 +83,23 @@ def route_vs_call_one(host, calls: int, rounds: int) -> tuple[float, float]:
         svc.shutdown()
 
 
-def fanout_vs_call(host, calls: int, rounds: int) -> tuple[float, float, float]:
+def one_call_each(endpoints, args, kwargs):
+    """How fanout sent before ``client.call_each``: one ``call_one`` per replica."""
+    return [e.call_one(*args, **kwargs) for e in endpoints]
+
+
+def timed(fn, calls: int) -> tuple[float, float]:
+    """Seconds per call of ``fn()``: wall clock, and CPU time of this client process (all
+    its threads: what the client spends, less sensitive to other load on the machine)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - wall) / calls, (time.process_time() - cpu) / calls
+
+
+def fanout_vs_call(host, calls: int, rounds: int) -> dict[str, tuple[float, float]]:
+    """Medians of (wall, client CPU) seconds per call: ``fanout``, ``before`` (fanout by
+    one call_one per replica), ``call`` (over a 4-actor mesh), ``hand`` (4 call_one)."""
     svc = Pinger.options(num_replicas=4, hosts=host, name="four").as_service().wait_ready(60)
     procs = host.spawn_procs(per_host={"procs": 4}, name="mesh4")
     try:
@@ -90,15 +110,24 @@ def fanout_vs_call(host, calls: int, rounds: int) -> tuple[float, float, float]:
             for f in [m.ping.call_one(1) for m in meshes]:
                 f.get()
 
-        for fn in (lambda: svc.ping.fanout(1).get(), lambda: mesh.ping.call(1).get(), by_hand):
-            per_call(fn, 100)
-        fanouts, mesh_calls, hands = [], [], []
+        def fanout_before(n: int) -> tuple[float, float]:
+            service_module.call_one_each = one_call_each
+            try:
+                return timed(lambda: svc.ping.fanout(1).get(), n)
+            finally:
+                service_module.call_one_each = call_one_each
+
+        ways = {"fanout": lambda n: timed(lambda: svc.ping.fanout(1).get(), n), "before": fanout_before,
+                "call": lambda n: timed(lambda: mesh.ping.call(1).get(), n), "hand": lambda n: timed(by_hand, n)}
+        for way in ways.values():
+            way(100)
+        found: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
         n = max(1, calls // 4)
-        for _ in range(rounds):
-            mesh_calls.append(per_call(lambda: mesh.ping.call(1).get(), n))
-            hands.append(per_call(by_hand, n))
-            fanouts.append(per_call(lambda: svc.ping.fanout(1).get(), n))
-        return statistics.median(fanouts), statistics.median(mesh_calls), statistics.median(hands)
+        for i in range(rounds):
+            for name in (list(ways) if i % 2 else list(reversed(ways))):  # neither goes first every round
+                found[name].append(ways[name](n))
+        return {name: (statistics.median(w for w, _ in got), statistics.median(c for _, c in got))
+                for name, got in found.items()}
     finally:
         svc.shutdown()
         procs.stop()
@@ -183,7 +212,7 @@ def main() -> int:
     try:
         host = cluster.this_host()
         route, one = route_vs_call_one(host, args.calls, args.rounds)
-        fanout, call, hand = fanout_vs_call(host, args.calls, args.rounds)
+        fan = fanout_vs_call(host, args.calls, args.rounds)
         kill = sigkill_under_load(host)
         batched, plain = batching(host, 4096, args.rounds)
     finally:
@@ -191,10 +220,15 @@ def main() -> int:
     print(f"{os.cpu_count()} cores; medians of {args.rounds} interleaved rounds")
     print(f"  route            {route * 1e6:8.0f} us/call   call_one (same actor) {one * 1e6:8.0f} us/call   "
           f"ratio {route / one:.2f}x (target <= 1.2x)")
+    (fanout, fanout_cpu), (call, call_cpu) = fan["fanout"], fan["call"]
+    (before, before_cpu), (hand, _) = fan["before"], fan["hand"]
     print(f"  fanout over 4    {fanout * 1e6:8.0f} us/call   call over a 4-actor mesh {call * 1e6:5.0f} us/call   "
           f"ratio {fanout / call:.2f}x (target <= 1.2x)")
-    print(f"                                       4 call_one to the same 4 actors {hand * 1e6:5.0f} us   "
-          f"ratio {fanout / hand:.2f}x")
+    print(f"                   client CPU {fanout_cpu * 1e6:5.0f} us/call   call over the mesh {call_cpu * 1e6:5.0f} us/call"
+          f"   ratio {fanout_cpu / call_cpu:.2f}x")
+    print(f"    before (one call_one per replica) {before * 1e6:5.0f} us/call   ratio {before / call:.2f}x; "
+          f"client CPU {before_cpu * 1e6:5.0f} us/call   ratio {before_cpu / call_cpu:.2f}x")
+    print(f"    4 call_one to the same 4 actors   {hand * 1e6:5.0f} us/call   fanout/that {fanout / hand:.2f}x")
     print(f"  SIGKILL of 1 of 4 replicas under 3 callers: {kill['failed']} failed of {kill['served']} "
           f"({kill['retried']} retried); seen {kill['seen_s'] * 1e3:.1f} ms after the kill, new procs and actor up at "
           f"{kill['procs_up_s'] * 1e3:.0f} ms, serving {kill['healthy_after_procs_s'] * 1e3:.1f} ms after that "

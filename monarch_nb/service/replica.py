@@ -75,8 +75,16 @@ class Replica:
         adverbs = self._adverbs
         found = adverbs.get(endpoint)
         if found is None:
-            handle = getattr(self.actors, endpoint)
+            handle = self.endpoint(endpoint)
             found = adverbs[endpoint] = handle.call_one if len(self.actors) == 1 else handle.call
+        return found
+
+    def endpoint(self, name: str) -> Any:
+        """Endpoint ``name`` of this replica's actor mesh, made once per mesh."""
+        key = ("endpoint", name)
+        found = self._adverbs.get(key)
+        if found is None:
+            found = self._adverbs[key] = getattr(self.actors, name)
         return found
 
     @property

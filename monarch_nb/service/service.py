@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable, Generator
 from typing import Any, Hashable
 
+from ..client.call_each import call_one_each
 from ..client.cluster import this_host
 from ..client.future import Future
 from ..client.host_mesh import HostMesh
@@ -338,6 +339,11 @@ class Service:
         except Exception as e:  # noqa: BLE001 - e.g. an armed failure, an argument that can't be pickled
             self._finished(request, replica, generation, started, None, e)
             return
+        self._on_reply(request, replica, generation, started, call)
+
+    def _on_reply(self, request: Request, replica: Replica, generation: int, started: float, call: Future) -> None:
+        """When ``call`` (``request`` sent to ``generation`` of ``replica`` at ``started``,
+        ``time.perf_counter()``) is done: :meth:`_finished`."""
 
         def done(f: Future) -> None:
             try:
@@ -419,13 +425,27 @@ class Service:
         fan_in = FanIn(future, len(targets), unwrap_batch=config.batching)
         if config.batching and len(args) == 1 and not kwargs:
             args = ([args[0]],)  # a batch of one
-        for replica in targets:
-            request = Request(endpoint, args, kwargs, config, fan_in.deliver_for(replica.idx),
-                              attempts=2)  # never retried: each replica's part is its own
-            with self._lock:
+        requests = [Request(endpoint, args, kwargs, config, fan_in.deliver_for(replica.idx),
+                            attempts=2)  # never retried: each replica's part is its own
+                    for replica in targets]
+        with self._lock:
+            for replica in targets:
                 replica.stats.in_flight += 1
                 replica.stats.requests += 1
-            self._send(request, replica)
+            generations = [replica.generation for replica in targets]
+        if not all(len(replica.actors) == 1 for replica in targets):
+            for request, replica in zip(requests, targets):
+                self._send(request, replica)
+            return
+        started = time.perf_counter()
+        try:  # one-proc replicas: one send for all (pickled once, replies on one gather)
+            calls = call_one_each([replica.endpoint(endpoint) for replica in targets], args, kwargs)
+        except Exception as e:  # noqa: BLE001 - as _send: an armed failure, an argument that can't be pickled
+            for request, replica, generation in zip(requests, targets, generations):
+                self._finished(request, replica, generation, started, None, e)
+            return
+        for request, replica, generation, call in zip(requests, targets, generations, calls):
+            self._on_reply(request, replica, generation, started, call)
 
     # -- replica lifecycle ------------------------------------------------------------------
     def _on_event(self, header: dict) -> None:
