@@ -38,6 +38,11 @@ MAX_BYTES = 1 << 30  # what the database may hold (1 GiB), unless config.toml sa
 MAX_AGE_S = 7 * 86400.0  # lines older than this (7 days) are dropped
 RETENTION_EVERY_S = 5.0  # how often the writer enforces the limits
 MAX_RECORDS = 1_000_000  # the most records one query returns (the oldest ones, or the tail)
+# A proc's last lines on this stream are kept by proc, so that its death finds its last
+# words at once instead of scanning the ring (2.4 ms a death with a full ring):
+LAST_WORDS_STREAM = "stderr"
+LAST_WORDS = 80  # lines kept per proc
+LAST_WORDS_PROCS = 4096  # procs kept so (the ones that wrote last); the others are scanned for
 CATCH_UP_S = 10.0  # how long a query waits for the writer to store what the ring let go of
 DB_FILE = "lines.sqlite"
 KEPT_STOPPED = 16  # stopped clusters whose log stores are kept (the most recently stopped)
@@ -79,6 +84,8 @@ class LogStore:
                  max_age_s: float | None = None):
         self.ring: collections.deque = collections.deque(maxlen=ring_lines)
         self.seq = 0
+        self._last_words: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()
+        self._last_words_dropped = False  # a proc's were dropped: a proc not kept may have some in the ring
         self._db: Path | None = None
         self._writer: _Writer | None = None
         if path is not None:
@@ -107,6 +114,8 @@ class LogStore:
             # Tuples of atoms, not lists: the garbage collector stops tracking them, so a
             # ring of 200,000 records doesn't make every full collection take seconds.
             records.append((self.seq, when, host, proc, stream, mesh, rank, origin, text, size))
+            if stream == LAST_WORDS_STREAM:
+                self._keep_last_words(proc, records[-1])
         self.ring.extend(records)
         if self._writer is not None:
             self._writer.put(records)
@@ -162,9 +171,28 @@ class LogStore:
             found = older + found
         return found[-tail:] if tail else found[:limit]
 
+    def _keep_last_words(self, proc: str, record: tuple) -> None:
+        kept = self._last_words.get(proc)
+        if kept is None:
+            kept = self._last_words[proc] = collections.deque(maxlen=LAST_WORDS)
+            if len(self._last_words) > LAST_WORDS_PROCS:
+                self._last_words.popitem(last=False)
+                self._last_words_dropped = True
+        else:
+            self._last_words.move_to_end(proc)
+        kept.append(record)
+
     def last(self, proc: str, stream: str, n: int, scan: int = 10_000) -> list[tuple]:
-        """The last ``n`` records of ``proc`` on ``stream`` among the newest ``scan``
-        of the ring (a dying proc's last words), oldest first."""
+        """The last ``n`` records of ``proc`` on ``stream`` (a dying proc's last words),
+        oldest first. O(n) for ``LAST_WORDS_STREAM`` and ``n`` up to ``LAST_WORDS`` (kept
+        by proc, whatever the ring holds since); else found among the newest ``scan``
+        records of the ring."""
+        if stream == LAST_WORDS_STREAM and n <= LAST_WORDS:
+            kept = self._last_words.get(proc)
+            if kept is not None:
+                return list(kept)[-n:] if n else []
+            if not self._last_words_dropped:
+                return []  # it wrote nothing on that stream
         found: list[tuple] = []
         for i, record in enumerate(reversed(self.ring)):
             if i >= scan or len(found) == n:
