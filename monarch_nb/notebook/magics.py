@@ -19,7 +19,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from rich.console import Console
 
 from .. import health_view, render
-from .. import service as _service  # noqa: F401 - installs Cluster.services (a kernel restarted on a cluster finds its services)
+from .. import service as service_api  # noqa: F401 - installs Cluster.services (a kernel restarted on a cluster finds its services)
 from ..allocators import slurm_options
 from ..client import cluster as cluster_mod
 from ..client import logs

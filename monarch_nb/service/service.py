@@ -31,11 +31,11 @@ from ..client.future import Future
 from ..client.host_mesh import HostMesh
 from ..client.runtime import runtime
 from ..errors import SupervisionError
-from ..protocol import envelope, events, services
 from .batcher import Batcher
 from .calls import FanIn, Request, to_batch, to_future
 from .endpoint import ServiceEndpoint
 from .endpoint_config import EndpointConfig, endpoint_configs
+from .lifecycle import ReplicaLifecycle
 from .errors import NoHealthyReplica, ServiceError, ServiceStopped, SessionMoved
 from .metrics import ServiceMetrics
 from .replica import Replica, ReplicaState
@@ -46,7 +46,7 @@ SESSION_KWARG = "sess_id"  # route(..., sess_id=SID): TorchForge's way to name a
 STARTING = (ReplicaState.INITIALIZING, ReplicaState.RECOVERING)
 
 
-class Service:
+class Service(ReplicaLifecycle):
     """``num_replicas`` replicas of ``actor_class(*args, **kwargs)``, each a proc mesh of
     ``procs`` procs (extent ``{"procs": procs}`` per host of ``hosts``, default
     ``this_host()``) with the actor spawned on it. Made by
@@ -447,178 +447,7 @@ class Service:
         for request, replica, generation, call in zip(requests, targets, generations, calls):
             self._on_reply(request, replica, generation, started, call)
 
-    # -- replica lifecycle ------------------------------------------------------------------
-    def _on_event(self, header: dict) -> None:
-        """A hub event, on the event thread (no blocking). On news of dead actors (which
-        supervision, subscribed first, has recorded already) the replicas whose actors
-        it names are marked failed; ``initialized`` asks supervision about each current
-        actor mesh, a lookup per replica."""
-        if header.get(envelope.OP) != events.ACTORS_GONE:
-            return
-        for mesh, replica in list(self._by_mesh.items()):
-            actors = replica.actors
-            gone = actors.initialized.exception() if actors is not None and actors.name == mesh else None
-            if gone is not None:
-                self._failed_replica(replica, mesh, str(gone))
-
-    def _replica_died(self, replica: Replica, generation: int) -> bool:
-        """Whether the failed call's replica (``generation`` of it) is known gone
-        (supervision has heard; then recovery starts here if the event is not in yet)."""
-        with self._lock:
-            if replica.generation != generation:
-                return True  # replaced already
-            actors = replica.actors
-        if actors is None:
-            return True
-        gone = actors.initialized.exception()
-        if gone is None:
-            return False
-        self._failed_replica(replica, actors.name, str(gone))
-        return True
-
-    def _failed_replica(self, replica: Replica, mesh: str, why: str) -> None:
-        with self._lock:
-            self._gone.add(mesh)
-            if self._stopped or self._by_mesh.get(mesh) is not replica or replica.state is not ReplicaState.HEALTHY:
-                return  # old news, or a start under way sees it (self._gone)
-            del self._by_mesh[mesh]
-            replica.last_failure = _first_cause(why)
-            replica.failed_at = time.monotonic()
-            self._sessions.replica_failed(replica.idx)
-            if replica.restarts >= self._max_restarts:
-                replica.state = ReplicaState.UNHEALTHY
-                broken = replica.procs
-                self._changed.notify_all()
-            else:
-                replica.state = ReplicaState.RECOVERING
-                self._changed.notify_all()
-                self._start_thread(replica, broken=replica.procs)
-                return
-        # Left out for good: its procs go, and requests waiting may have nowhere to go.
-        threading.Thread(target=self._stop_procs, args=(broken,), daemon=True).start()
-        self._release_waiting()
-
-    def _start_thread(self, replica: Replica, broken: Any) -> None:
-        thread = threading.Thread(target=self._start, args=(replica, broken), daemon=True,
-                                  name=f"monarch-nb-service-{self._key}-r{replica.idx}")
-        with self._lock:
-            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
-        thread.start()
-
-    def _start(self, replica: Replica, broken: Any) -> None:
-        """Start ``replica`` (again, after ``broken``, its failed procs, are stopped):
-        new procs, the actor, the hook. A failed attempt is retried while the restart
-        bound allows (each attempt after the first start counts as a restart), then the
-        replica is left ``UNHEALTHY``."""
-        if self._class is None:
-            self._restart_in_place(replica)
-            return
-        if broken is not None:
-            self._stop_procs(broken)  # its live ranks too
-        while True:
-            with self._lock:
-                if self._stopped:
-                    return
-                if replica.generation > 0:  # not its first start: a restart, within the bound
-                    if replica.restarts >= self._max_restarts:
-                        replica.state = ReplicaState.UNHEALTHY
-                        self._changed.notify_all()
-                        break
-                    replica.restarts += 1
-                replica.generation += 1
-                mesh = f"{self._key}-r{replica.idx}g{replica.generation}"
-                self._handle_failures_of(mesh)
-                record = self._record(replica.idx, replica.generation)
-            procs = None
-            try:
-                procs = self._hosts.spawn_procs(per_host={"procs": self._procs}, name=mesh, _service=record)
-                actors: Any = procs.spawn(mesh, self._class, *self._args, raise_init_errors=True, **self._kwargs)
-                with self._lock:
-                    replica.serve_from(procs, actors)
-                    mesh = actors.name  # (the name asked for: the client owns it)
-                    self._by_mesh[mesh] = replica
-                if self._on_start is not None:
-                    self._on_start(replica)
-                with self._lock:
-                    if mesh in self._gone:
-                        raise ServiceError("its actor died while it started")
-                    if not self._stopped:
-                        if replica.state is ReplicaState.RECOVERING:
-                            replica.recoveries_s.append(time.monotonic() - replica.failed_at)
-                        replica.state = ReplicaState.HEALTHY
-                        self._changed.notify_all()
-                        break
-            except Exception as e:  # noqa: BLE001 - counted against the bound; the others serve meanwhile
-                with self._lock:
-                    self._by_mesh.pop(mesh, None)
-                    replica.last_failure = f"start failed: {_describe(e)}"
-                    if replica.state is not ReplicaState.INITIALIZING:
-                        replica.failed_at = replica.failed_at or time.monotonic()
-                if procs is not None:
-                    self._stop_procs(procs)
-                continue
-            # stopped while it started: shutdown() has passed this replica, or waits on us
-            if procs is not None:
-                self._stop_procs(procs)
-            return
-        self._release_waiting()
-
-    def _restart_in_place(self, replica: Replica) -> None:
-        """Replace an adopted service's failed ``replica`` (this client has no class to
-        spawn a new mesh from): its procs are restarted, and the hub makes its actor again
-        from the constructor arguments it kept; then the hook. Within the restart bound,
-        as :meth:`_start`."""
-        while True:
-            with self._lock:
-                if self._stopped:
-                    return
-                if replica.actors is None or replica.restarts >= self._max_restarts:
-                    replica.state = ReplicaState.UNHEALTHY
-                    self._changed.notify_all()
-                    break
-                replica.restarts += 1
-                replica.generation += 1
-                actors, procs = replica.actors, replica.procs
-                mesh = actors.name
-                self._gone.discard(mesh)
-            try:
-                actors.restart(list(range(len(actors))))  # every rank: a live one of a broken replica too
-                with self._lock:
-                    replica.serve_from(procs, actors)
-                    self._by_mesh[mesh] = replica
-                if self._on_start is not None:
-                    self._on_start(replica)
-                with self._lock:
-                    if mesh in self._gone:
-                        raise ServiceError("its actor died while it restarted")
-                    if self._stopped:
-                        return
-                    replica.recoveries_s.append(time.monotonic() - replica.failed_at)
-                    replica.state = ReplicaState.HEALTHY
-                    self._changed.notify_all()
-                    break
-            except Exception as e:  # noqa: BLE001 - counted against the bound
-                with self._lock:
-                    self._by_mesh.pop(mesh, None)
-                    replica.last_failure = f"restart failed: {_describe(e)}"
-        self._release_waiting()
-
-    def _handle_failures_of(self, mesh: str) -> None:
-        """Tell supervision that this service handles the failures of ``mesh`` (its
-        replica's proc and actor mesh): replacing a replica is this service's job, not
-        something to print under the cell. The caller holds the lock."""
-        self._handled.append(mesh)
-        runtime().supervision.mark_handled(self._cluster_id, [mesh], f"service {self.name!r}")
-
-    def _record(self, idx: int, generation: int) -> dict:
-        """What the hub keeps of replica ``idx`` (``generation``) with its proc mesh."""
-        return {services.NAME: self.name, services.KEY: self._key, services.CLASS: self._class_name,
-                services.REPLICA: idx, services.REPLICAS: len(self.replicas), services.GENERATION: generation,
-                services.PROCS: self._procs, services.MAX_RESTARTS: self._max_restarts,
-                services.ENDPOINTS: {name: {services.BATCH_SIZE: c.batch_size, services.BATCH_TIMEOUT: c.batch_timeout,
-                                            services.IDEMPOTENT: c.idempotent, services.ROUTER: _router_name(c.router)}
-                                     for name, c in self._configs.items()}}
-
+    # -- waiting requests ----------------------------------------------------------------
     def _release_waiting(self) -> None:
         """Replica states changed: send the requests that waited for a healthy replica
         (or fail them if none can come), and the fanouts that waited for first starts."""
@@ -631,33 +460,3 @@ class Service:
             self._submit(request)
         for run in fanouts:
             run()
-
-    def _stop_procs(self, procs: Any) -> None:
-        try:
-            procs.stop()
-        except Exception:  # noqa: BLE001 - already gone (its host, the cluster): nothing left to stop
-            pass
-
-
-def _router_name(router: Any) -> str | None:
-    """The class name of an endpoint's router (``None``: the default)."""
-    if router is None:
-        return None
-    return (router if isinstance(router, type) else type(router)).__name__
-
-
-def _first_cause(why: str) -> str:
-    """The line of a supervision report that says what happened to a rank (its first
-    lines only name the mesh)."""
-    lines = [line.strip() for line in (why or "").splitlines() if line.strip()]
-    return next((line for line in lines if " rank " in line), lines[-1] if lines else "its actor is gone")
-
-
-def _describe(error: BaseException) -> str:
-    """``Type: message`` of what failed a start, naming the original exception of an
-    ``ActorError`` (an ``__init__`` or the hook's call that raised in an actor)."""
-    cause = getattr(error, "exception", None)
-    where = f" (in {type(error).__name__})" if isinstance(cause, BaseException) else ""
-    error = cause if isinstance(cause, BaseException) else error
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}{where}"
