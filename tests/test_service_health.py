@@ -59,6 +59,19 @@ def test_grouping_keeps_each_replicas_newest_proc_mesh_and_tells_same_named_serv
     assert sorted(two) == ["a", "b"]  # one name, two services: keyed by their keys
 
 
+def test_a_recovered_hub_knows_which_proc_meshes_are_replicas(tmp_path):
+    from monarch_nb.hub import state
+    from monarch_nb.hub.records import ProcMeshRecord, ProcRecord
+
+    record = {records.NAME: "svc", records.KEY: "svc-abc123", records.REPLICA: 0, records.GENERATION: 2}
+    meshes = {"svc-abc123-r0g2": ProcMeshRecord("svc-abc123-r0g2", {"procs": 1},
+                                                [ProcRecord("svc-abc123-r0g2/0", "h0", "tcp://x", 1)], service=record),
+              "plain": ProcMeshRecord("plain", {"procs": 1}, [ProcRecord("plain/0", "h0", "tcp://y", 2)])}
+    state.write_snapshot(tmp_path, state.snapshot(0.0, {}, [], 2, meshes, {}, None, 0))
+    loaded = state.load(tmp_path)["proc_meshes"]
+    assert loaded["svc-abc123-r0g2"].service == record and loaded["plain"].service is None
+
+
 def test_the_health_tree_shows_a_services_replicas_with_this_clients_load(cluster, service):
     svc = service(2, name="echoes")
     for i in range(6):
