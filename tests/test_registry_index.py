@@ -159,3 +159,39 @@ def test_the_meshes_an_actor_owns_are_found_by_its_address_until_they_stop(tmp_p
         assert registry.owned_by({"tcp://boss/0"}) == [child]
 
     asyncio.run(main())
+
+
+def test_a_failed_host_fails_its_procs_only_and_writes_their_lines_not_a_snapshot(tmp_path):
+    """A preempted job's hosts fail one by one: each costs the lines of its own procs
+    (found by host, no walk over every mesh), never a snapshot of the whole registry."""
+    from monarch_nb.hub import state
+    from monarch_nb.hub.records import HostRecord
+    from monarch_nb.protocol.records import LOST_EXIT_CODE
+
+    async def main() -> None:
+        announcer = _Announcer()
+        registry = Registry(tmp_path, False, _Allocator(), announcer, None)
+        registry.proc_meshes, registry.actor_meshes = _Watched(), _Watched()
+        for h in range(32):  # 256 procs, 8 per host
+            registry.hosts[f"host{h}"] = HostRecord(f"host{h}", f"tcp://agent/{h}", 500 + h, f"node{h}")
+            mesh = registry.proc_meshes[f"p{h}"] = _mesh(f"p{h}", 8, host=f"host{h}")
+            registry.actor_meshes[f"p{h}/w"] = _actors("w", mesh, list(range(8)))
+        await registry.save()
+        supervision = Supervision(registry, _Net(), announcer, _Store(), MeshOps(registry, _Net(), announcer, None, None))
+        assert registry.find_proc("p0/0") is not None and registry.writer is not None
+        writer = registry.writer
+        snapshots, _Watched.walks = writer.snapshots, 0
+        await supervision.host_failed(registry.hosts["host5"], "its Slurm job was preempted")
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert _Watched.walks == 0
+        assert [p.exit_code for p in registry.proc_meshes["p5"].procs] == [LOST_EXIT_CODE] * 8
+        assert all(p.exit_code is None for p in registry.proc_meshes["p6"].procs)
+        registry.close()  # (writes what is pending)
+        assert writer.snapshots == snapshots == 1 and writer.syncs >= 1
+
+    asyncio.run(main())
+    saved = state.load(tmp_path)
+    assert saved is not None
+    assert [p.exit_code for p in saved["proc_meshes"]["p5"].procs] == [LOST_EXIT_CODE] * 8
+    assert sum(1 for _ in tmp_path.glob("state.*.journal")) == 1
