@@ -72,6 +72,26 @@ def test_a_recovered_hub_knows_which_proc_meshes_are_replicas(tmp_path):
     assert loaded["svc-abc123-r0g2"].service == record and loaded["plain"].service is None
 
 
+def test_the_hub_gives_each_replica_the_state_of_its_worst_proc_and_says_when_it_has_none():
+    from monarch_nb.hub.health import service_nodes
+    from monarch_nb.hub.records import ProcMeshRecord, ProcRecord
+
+    def replica(idx, pid, exit_code=None):
+        name = f"svc-k-r{idx}g1"
+        record = {records.NAME: "svc", records.KEY: "svc-k", records.CLASS: "m.Policy", records.REPLICA: idx,
+                  records.GENERATION: 1, records.REPLICAS: 3}
+        return name, ProcMeshRecord(name, {"procs": 1}, [ProcRecord(f"{name}/0", "h0", "tcp://x", pid, exit_code)],
+                                    service=record)
+
+    meshes = dict([replica(0, 10), replica(1, 11, exit_code=-9)])  # replica 2 has no procs now
+    [node] = service_nodes(meshes, {"svc-k-r0g1/0": "busy"})
+    assert (node["name"], node["key"], node["class"]) == ("svc", "svc-k", "m.Policy")
+    states = [(r["replica"], r["state"], r["pids"]) for r in node["replicas"]]
+    assert states == [(0, "busy", [10]), (1, "failed", [11]), (2, "stopped", [])]
+    assert "SIGKILL" in node["replicas"][1]["cause"] and "no procs now" in node["replicas"][2]["cause"]
+    assert health_view.service_node(node).state == "degraded"
+
+
 def test_the_health_tree_shows_a_services_replicas_with_this_clients_load(cluster, service):
     svc = service(2, name="echoes")
     for i in range(6):

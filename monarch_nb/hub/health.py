@@ -143,7 +143,7 @@ def service_nodes(proc_meshes: dict[str, ProcMeshRecord], proc_state_of: dict[st
     """The services among ``proc_meshes`` (``protocol.services``), each with its
     replicas' newest proc meshes: ``{"name", "key", "class", "replicas": [{"replica",
     "proc_mesh", "state", "pids", "cause"}]}``. A replica is as bad as its worst proc
-    (``PROC_ORDER``); one whose newest procs are not up yet is ``starting``. Load
+    (``PROC_ORDER``); one with no proc mesh now is ``stopped``. Load
     (requests, calls in flight) is known to the client that routes, which adds it."""
     found = services.group({name: mesh.public() for name, mesh in proc_meshes.items() if mesh.service})
     nodes = []
@@ -152,7 +152,8 @@ def service_nodes(proc_meshes: dict[str, ProcMeshRecord], proc_state_of: dict[st
         for idx in range(record[services.REPLICAS]):
             mesh = proc_meshes.get(record["replica_meshes"].get(idx, ""))
             if mesh is None:
-                replicas.append({"replica": idx, "proc_mesh": None, "state": "starting", "pids": [], "cause": None})
+                replicas.append({"replica": idx, "proc_mesh": None, "state": "stopped", "pids": [],
+                                 "cause": "no procs now (stopped, or between a failure and its replacement)"})
                 continue
             states = [proc_state_of.get(p.proc_id, "failed" if p.exit_code is not None else "starting")
                       for p in mesh.procs]
