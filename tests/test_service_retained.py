@@ -95,3 +95,35 @@ def test_a_service_survives_a_kernel_restart_and_shows_in_the_magics(retained):
         assert wait_until(lambda: not pids_alive(pids), 15)
     finally:
         kernel.shutdown()
+
+
+def test_a_replica_that_died_while_no_client_held_the_service_is_restarted_when_one_takes_it(retained):
+    import os
+    import signal
+
+    import monarch_nb
+    from monarch_nb.service import ReplicaState, connect_service
+
+    script = ECHO_CELL + textwrap.dedent(f"""
+        cluster = monarch_nb.Cluster.start({retained!r})
+        svc = Echo.options(procs=1, num_replicas=2, name="echo").as_service("t").wait_ready(60)
+        print(json.dumps([r.procs.pids[0] for r in svc.replicas]))
+    """)  # the script ends; its cluster and the service's replicas stay
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    pids = json.loads(out.stdout)
+    os.kill(pids[0], signal.SIGKILL)
+    cluster = monarch_nb.connect(retained)
+    assert wait_until(lambda: any(p["exit_code"] is not None for m in cluster.info()["proc_meshes"].values()
+                                  for p in m["procs"]), 30)
+    svc = connect_service("echo", cluster)
+    try:
+        assert wait_until(lambda: svc.replicas[0].restarts == 1 and svc.replicas[0].state is ReplicaState.HEALTHY,
+                          60), svc.get_metrics()
+        results = svc.echo.fanout("x").get(timeout=60)
+        assert [tag for _, tag, _ in results] == ["t", "t"] and results[1][0] == pids[1]
+        assert results[0][0] != pids[0]
+        assert [svc.echo.route(i).get(timeout=60)[2] for i in range(4)] == [0, 1, 2, 3]
+    finally:
+        svc.shutdown()
+    assert cluster.services == {}
