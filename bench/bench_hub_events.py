@@ -10,7 +10,9 @@ meshes they owned), and fakes for the network, the clients and the log store.
 Two shapes of N procs, each with an actor mesh over every proc mesh:
 ``one mesh``: one proc mesh of N procs (a preempted training job); ``meshes of 8``:
 N/8 proc meshes of 8 procs (services, replicas). ``events`` procs die one at a time,
-each its own pass of the event loop (as exit reports arrive); per event:
+each its own pass of the event loop (as exit reports arrive). ``host failed``: one mesh
+of N procs on N/8 hosts; ``events`` hosts fail one at a time (an allocation preempted),
+each failing its 8 procs. Per event:
 ``loop CPU``: the event loop thread's CPU (``time.thread_time``) in ms, the hub's
 budget for every other client; ``loop wall``: the time the loop was busy with it
 (waiting for a disk included); ``all CPU``: the process's CPU (writer threads
@@ -72,12 +74,17 @@ def _measure(sizes: list[int], events: int) -> dict:
     from monarch_nb.hub.supervision import Supervision
     from monarch_nb.protocol import agent_ops
 
+    from monarch_nb.hub.records import HostRecord
+
     def populate(registry, n: int, per_mesh: int) -> list[ProcRecord]:
         procs = []
+        for h in range(n // 8):  # 8 procs per host
+            registry.hosts[f"host{h}"] = HostRecord(f"host{h}", f"tcp://127.0.0.1:{50000 + h}", 90000 + h, f"node{h}")
         for m in range(n // per_mesh):
             name = f"p{m}"
             mesh = ProcMeshRecord(name, {"gpus": per_mesh},
-                                  [ProcRecord(f"{name}/{r}", "host0", f"tcp://127.0.0.1:{10000 + len(procs) + r}",
+                                  [ProcRecord(f"{name}/{r}", f"host{(len(procs) + r) // 8}",
+                                              f"tcp://127.0.0.1:{10000 + len(procs) + r}",
                                               100000 + len(procs) + r) for r in range(per_mesh)])
             registry.proc_meshes[name] = mesh
             registry.actor_meshes[f"{name}/w"] = ActorMeshRecord(
@@ -86,7 +93,7 @@ def _measure(sizes: list[int], events: int) -> dict:
             procs.extend(mesh.procs)
         return procs
 
-    async def one(n: int, per_mesh: int, folder: Path) -> dict:
+    async def one(n: int, per_mesh: int, folder: Path, hosts_fail: bool) -> dict:
         announcer = _Announcer()
         registry = Registry(folder, False, _Allocator(), announcer, None)
         procs = populate(registry, n, per_mesh)
@@ -99,26 +106,34 @@ def _measure(sizes: list[int], events: int) -> dict:
             registry.find_proc(procs[0].proc_id)
         step = max(1, len(procs) // events)
         dying = procs[::step][:events]
+        hosts = list(registry.hosts.values())
+        failing = hosts[::max(1, len(hosts) // events)][:events] if hosts_fail else []
         cpu = wall = every = 0.0
-        for proc in dying:
+        for proc_or_host in failing or dying:
             t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
-            await supervision.proc_exited({agent_ops.PROC_ID: proc.proc_id, "pid": proc.pid, "returncode": -9}, None)
+            if failing:
+                await supervision.host_failed(proc_or_host, "its allocation ended")
+            else:
+                proc = proc_or_host
+                await supervision.proc_exited({agent_ops.PROC_ID: proc.proc_id, "pid": proc.pid, "returncode": -9},
+                                              None)
             for _ in range(3):  # the passes that write the change and escalate the failure
                 await asyncio.sleep(0)
             cpu += time.thread_time() - c0
             wall += time.perf_counter() - t0
             every += time.process_time() - p0
-            assert proc.exit_code == -9
         if hasattr(registry, "close"):
             registry.close()
-        k = len(dying)
+        k = len(failing or dying)
         return {"loop_cpu_ms": cpu / k * 1e3, "loop_wall_ms": wall / k * 1e3, "all_cpu_ms": every / k * 1e3}
 
     results: dict = {}
-    for shape, per_mesh in (("one mesh", None), ("meshes of 8", 8)):
+    sys.stderr = open(os.devnull, "w")  # the hub's notices of each failure (its hub.log)
+    for shape, per_mesh, hosts_fail in (("one mesh", None, False), ("meshes of 8", 8, False),
+                                        ("host failed", None, True)):
         for n in sizes:
             with tempfile.TemporaryDirectory() as folder:
-                results.setdefault(shape, {})[n] = asyncio.run(one(n, per_mesh or n, Path(folder)))
+                results.setdefault(shape, {})[n] = asyncio.run(one(n, per_mesh or n, Path(folder), hosts_fail))
     return results
 
 
@@ -153,7 +168,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(runs["this tree"]))
         return 0
-    print(f"hub per proc-death event, ms (mean of {args.events} deaths, one per loop pass)")
+    print(f"hub per event (a proc's death; a host's failure), ms (mean of {args.events} events, one per loop pass)")
     print(f"{'version':<18} {'shape':<12} {'N procs':>8} {'loop CPU':>9} {'loop wall':>10} {'all CPU':>8}")
     for version, results in runs.items():
         for shape, by_n in results.items():
