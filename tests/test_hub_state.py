@@ -301,3 +301,27 @@ def test_a_state_file_from_before_the_journal_is_taken_over_and_journaled_on(tmp
     assert [p.exit_code for p in again["proc_meshes"]["trainers"].procs] == [None, -9]
     assert again["proc_meshes"]["trainers"].rank_env == {"0": {"RANK": "0"}}
     assert list(again["actor_meshes"]) == ["trainers/counters"]
+
+
+def test_a_garbled_journal_line_ends_the_replay_there_and_lines_without_checksums_still_load(tmp_path):
+    """A line the disk garbled (one byte changed, still valid JSON) is not applied, nor
+    is anything after it; a journal written before lines had checksums is read whole."""
+    async def main() -> None:
+        registry = Registry(tmp_path, False, _Allocator(), _Announcer(), None)
+        mesh = registry.proc_meshes["a"] = _mesh("a", 3)
+        await registry.save()
+        for rank in range(3):
+            mesh.procs[rank].exit_code = -9
+            await registry.save(mesh.procs[rank])
+        registry.close()
+
+    asyncio.run(main())
+    journal = next(tmp_path.glob("state.*.journal"))
+    lines = journal.read_bytes().splitlines(keepends=True)
+    assert len(lines) == 3
+    exits = lambda: [p.exit_code for p in state.load(tmp_path)["proc_meshes"]["a"].procs]  # noqa: E731
+    assert exits() == [-9, -9, -9]
+    journal.write_bytes(lines[0] + lines[1].replace(b'"exit_code": -9', b'"exit_code": -7') + lines[2])
+    assert exits() == [-9, None, None]
+    journal.write_bytes(b"".join(line.partition(b" ")[2] for line in lines))  # as written before checksums
+    assert exits() == [-9, -9, -9]

@@ -3,8 +3,8 @@ host agents and procs without losing a mesh.
 
 Two files, both mode 0600: ``state.json``, a snapshot of hosts, proc meshes and actor
 meshes, replaced atomically; and ``state.GEN.journal``, the changes made since that
-snapshot (``GEN`` is the snapshot's ``journal`` field), one JSON line per changed
-record, appended. A reader applies the journal's lines to the snapshot in order. A
+snapshot (``GEN`` is the snapshot's ``journal`` field), one line per changed record
+(a CRC-32, then JSON), appended. A reader applies the journal's lines to the snapshot in order. A
 line cut short by a hub killed in the middle of a write is the journal's last line and
 is ignored; what it said was never promised to anyone (see ``registry``). Snapshots
 are taken now and then (compaction), so the journal stays shorter than the snapshot;
@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import zlib
 from pathlib import Path
 
 from ..protocol import services
@@ -59,9 +60,11 @@ def snapshot(started: float, hosts: dict[str, HostRecord], host_order: list[str]
 
 
 def entry(op: str, counter: int, **fields) -> bytes:
-    """One journal line (with its newline): ``op`` and its fields; costs time in
-    proportion to the one record it holds."""
-    return json.dumps({"change": op, "counter": counter, **fields}).encode() + b"\n"
+    """One journal line (with its newline): the CRC-32 of its JSON in 8 hex digits, a
+    space, then the JSON of ``op`` and its fields; costs time in proportion to the one
+    record it holds."""
+    body = json.dumps({"change": op, "counter": counter, **fields}).encode()
+    return b"%08x " % zlib.crc32(body) + body + b"\n"
 
 
 def write_snapshot(path: Path, text: bytes) -> None:
@@ -137,14 +140,21 @@ def load(path: Path) -> dict | None:
 
 
 def read_journal(file: Path) -> list[dict]:
-    """The whole lines of a journal, in order; a last line without its newline (a hub
-    killed while appending it) or that does not parse ends it."""
+    """The whole lines of a journal, in order. A last line without its newline (a hub
+    killed while appending it), a line whose checksum does not match (a disk that lost
+    or garbled what it was given) or that does not parse ends it: what follows was
+    written after it, and is not applied without it. Lines without a checksum (a
+    journal written before them) are read as they are."""
     try:
         data = file.read_bytes()
     except FileNotFoundError:
         return []
     lines = []
     for raw in data.split(b"\n")[:-1]:  # what follows the last newline was cut short
+        if not raw.startswith(b"{"):
+            crc, _, raw = raw.partition(b" ")
+            if len(crc) != 8 or crc != b"%08x" % zlib.crc32(raw):
+                break
         try:
             lines.append(json.loads(raw))
         except ValueError:
