@@ -170,3 +170,50 @@ def test_a_keyboard_interrupt_at_any_signal_check_of_a_wait_leaves_the_mailbox_w
         after = _reply_to_self(mailbox, "interrupt-sweep")
         assert mailbox.wait(lambda: bool(after), 10), f"an interrupt at check point {n} of a wait wedged the mailbox"
     assert landed > 10
+
+
+def _back_edges_outside_their_with(code) -> list[int]:
+    """Lines of the loop back-edges (``JUMP_BACKWARD``) of ``code`` and the code nested in
+    it that lie inside a ``with`` block but outside that block's exception handler: a
+    ``KeyboardInterrupt`` raised there (the interpreter runs signal handlers at back-edges)
+    leaves the block without ``__exit__``, and a lock it holds stays held."""
+    import dis
+    import types
+
+    lines = []
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            lines += _back_edges_outside_their_with(const)
+    instructions = list(dis.get_instructions(code))
+    at = {ins.offset: n for n, ins in enumerate(instructions)}
+    table = dis.Bytecode(code).exception_entries
+
+    def is_with_handler(target: int) -> bool:  # a with block's handler calls __exit__ first
+        n = at.get(target, -2)
+        return instructions[n].opname == "PUSH_EXC_INFO" and instructions[n + 1].opname == "WITH_EXCEPT_START"
+
+    for ins in instructions:
+        if ins.opname != "JUMP_BACKWARD":  # the interruptible jump (JUMP_BACKWARD_NO_INTERRUPT is not)
+            continue
+        before = {e.target for e in table if e.end <= ins.offset and is_with_handler(e.target)}
+        after = {e.target for e in table if e.start > ins.offset and is_with_handler(e.target)}
+        covering = {e.target for e in table if e.start <= ins.offset < e.end}
+        if before & after and not before & after & covering:
+            lines.append(ins.positions.lineno if ins.positions else -1)
+    return lines
+
+
+def test_no_with_block_of_the_client_runtime_can_be_left_at_a_loop_back_edge():
+    # Python 3.12+ may leave a loop's back-edge inside a `with` block out of the block's
+    # exception handler (python/cpython#130279, where the compiler threads a jump). A
+    # SIGINT handler of the user's own raising KeyboardInterrupt there skipped __exit__:
+    # supervision's lock stayed held after one such Ctrl-C (Supervision.unwatch, `if not
+    # ports:`) and the next call waited on it for good (the own-handler storm above hung
+    # in 1 run of 3 on Python 3.13). Loops under a `with` run in a function of their own.
+    package = Path(__file__).resolve().parent.parent / "monarch_nb"
+    found = []
+    for layer in ("client", "wire"):  # the client's calls, on the thread a Ctrl-C lands on
+        for path in sorted((package / layer).glob("*.py")):
+            code = compile(path.read_text(), str(path), "exec")
+            found += [f"{path.relative_to(package.parent)}:{line}" for line in _back_edges_outside_their_with(code)]
+    assert found == [], f"loop back-edges a KeyboardInterrupt leaves their with block at: {found}"

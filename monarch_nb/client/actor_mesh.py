@@ -113,14 +113,19 @@ class ActorMesh(MeshHandle, Generic[A]):
         (supervision has reported it)."""
         rt = runtime()
         lock, load = self._load()
-        with lock:
-            counts = {view: load.get(base, 0) for view, base in enumerate(self._shape.base_ranks())
-                      if rt.supervision.why_dead(self._cluster_id, self._addresses[base], self._name, base) is None}
+        with lock:  # the loop in a function of its own: see monarch_nb.wire.interrupts
+            counts = self._live_loads(load)
         if not counts:
             return None
         low = min(counts.values())
         candidates = [r for r, n in counts.items() if n == low]
         return candidates[next(rt.choose_turn) % len(candidates)]
+
+    def _live_loads(self, load: dict[int, int]) -> dict[int, int]:
+        """View rank -> outstanding calls, of the actors of the view not known dead."""
+        supervision = runtime().supervision
+        return {view: load.get(base, 0) for view, base in enumerate(self._shape.base_ranks())
+                if supervision.why_dead(self._cluster_id, self._addresses[base], self._name, base) is None}
 
     def _load(self) -> tuple[threading.Lock, dict[int, int]]:
         """The lock and the outstanding-call counts (base rank -> calls) of this mesh in

@@ -158,7 +158,8 @@ def leftover_agents(path: Path) -> list[psutil.Process]:
     pids = set()
     try:
         with open(path / "state.json") as f:
-            pids = {h["pid"] for h in json.load(f).get("hosts", [])}
+            state = json.load(f)
+        pids = {h["pid"] for h in state.get("hosts", [])}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     agents = []

@@ -57,8 +57,8 @@ class InFlight:
     def of_cell(self, cell: str) -> list[Call]:
         """The calls made while notebook cell ``cell`` ran that still wait on an actor."""
         with self._lock:
-            calls = [c for c in self._calls.values() if c.cell == cell]
-        return [c for c in calls if c.outstanding()]
+            calls = list(self._calls.values())  # no loop under the lock: see monarch_nb.wire.interrupts
+        return [c for c in calls if c.cell == cell and c.outstanding()]
 
 
 def _by_mesh(calls: list[Call]) -> list[tuple["ActorMesh", dict[int, list[tuple[str, int]]], str]]:

@@ -23,20 +23,27 @@ def ask(mesh: Any, headers: list[dict], timeout: float, needs_all: str) -> list[
     answer), and :class:`ClusterError` naming the procs that did not answer within
     ``timeout`` seconds."""
     procs = [mesh._procs[r] for r in mesh._shape.base_ranks()]
-    with Gather(runtime().mailbox) as gather:
-        for rank, (proc, header) in enumerate(zip(procs, headers)):
-            gather.request(proc["address"], mesh._cluster_id, header, key=rank)
-        deadline = time.monotonic() + timeout
-        while not gather.wait(len(procs), min(CHECK_S, deadline - time.monotonic())):
-            _raise_if_exited(mesh, procs, gather.replies, needs_all)
-            if time.monotonic() >= deadline:
-                break
-        replies = {rank: message.header for rank, message in gather.replies.items()}
+    with Gather(runtime().mailbox) as gather:  # the loops in a function of their own: see monarch_nb.wire.interrupts
+        replies = _gathered(gather, mesh, procs, headers, timeout, needs_all)
     missing = [f"rank {r} (proc {p['proc_id']}, pid {p['pid']})" for r, p in enumerate(procs) if r not in replies]
     if missing:
         raise ClusterError(f"proc mesh {mesh.name!r}: {', '.join(missing)} did not answer within {timeout} s; "
                            "see cluster.health()")
     return [replies[r] for r in range(len(procs))]
+
+
+def _gathered(gather: Gather, mesh: Any, procs: list[dict], headers: list[dict], timeout: float,
+              needs_all: str) -> dict:
+    """Send ``headers`` through ``gather`` and wait up to ``timeout`` seconds: the reply
+    headers that came, by rank."""
+    for rank, (proc, header) in enumerate(zip(procs, headers)):
+        gather.request(proc["address"], mesh._cluster_id, header, key=rank)
+    deadline = time.monotonic() + timeout
+    while not gather.wait(len(procs), min(CHECK_S, deadline - time.monotonic())):
+        _raise_if_exited(mesh, procs, gather.replies, needs_all)
+        if time.monotonic() >= deadline:
+            break
+    return {rank: message.header for rank, message in gather.replies.items()}
 
 
 def _raise_if_exited(mesh: Any, procs: list[dict], replies: dict, needs_all: str) -> None:

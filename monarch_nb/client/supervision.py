@@ -59,6 +59,11 @@ class Supervision:
 
     def __init__(self, mailbox: Callable[[], Mailbox]):
         self._mailbox = mailbox
+        # No loop runs directly in a `with self._lock:` block: each is in a method of its
+        # own (_watch, _unwatch, ...) called under the lock. On Python 3.12+ a loop's
+        # back-edge there can fall outside the block's exception handler, and a Ctrl-C
+        # raised at it by a SIGINT handler of the user's own left the lock held for good
+        # (see monarch_nb.wire.interrupts).
         self._lock = threading.Lock()
         # actor address -> (cluster id, why it is gone). The cluster matters: a port a dead
         # actor of a stopped cluster had is often a new cluster's actor's port.
@@ -99,25 +104,31 @@ class Supervision:
         actor mesh ``mesh``; returns those already known dead (address -> why), which must
         not be called."""
         with self._lock:
-            for address in targets:
-                self._waiting.setdefault(address, {})[port] = (cluster_id, targets[address])
-            stopped = self._stopped.get(cluster_id)
-            if stopped is not None:
-                return dict.fromkeys(targets, stopped)
-            dead = {a: why for a in targets if (why := self._is_dead(cluster_id, a, mesh, targets[a])) is not None}
-            for a in dead:
-                if a in self._names:
-                    self._told[self._names[a]] = None
-            return dead
+            return self._watch(cluster_id, port, targets, mesh)
+
+    def _watch(self, cluster_id: str, port: int, targets: dict[str, int], mesh: str | None) -> dict[str, str]:
+        for address in targets:
+            self._waiting.setdefault(address, {})[port] = (cluster_id, targets[address])
+        stopped = self._stopped.get(cluster_id)
+        if stopped is not None:
+            return dict.fromkeys(targets, stopped)
+        dead = {a: why for a in targets if (why := self._is_dead(cluster_id, a, mesh, targets[a])) is not None}
+        for a in dead:
+            if a in self._names:
+                self._told[self._names[a]] = None
+        return dead
 
     def unwatch(self, port: int, addresses) -> None:
         with self._lock:
-            for address in addresses:
-                ports = self._waiting.get(address)
-                if ports is not None:
-                    ports.pop(port, None)
-                    if not ports:
-                        del self._waiting[address]
+            self._unwatch(port, addresses)
+
+    def _unwatch(self, port: int, addresses) -> None:
+        for address in addresses:
+            ports = self._waiting.get(address)
+            if ports is not None:
+                ports.pop(port, None)
+                if not ports:
+                    del self._waiting[address]
 
     def sync(self, cluster_id: str, addresses: list[str], dead: dict, mesh: str) -> None:
         """The hub's view of actor mesh ``mesh`` of ``cluster_id``: the actors at
@@ -180,8 +191,11 @@ class Supervision:
         hit (its actor meshes, else its proc mesh), or ``None`` when one is not handled."""
         hit = list(failure.meshes) or ([failure.proc_mesh] if failure.proc_mesh else [])
         with self._lock:
-            owners = {self._handled.get((cluster_id, mesh)) for mesh in hit}
+            owners = self._owners(cluster_id, hit)
         return None if not owners or None in owners else owners.pop()
+
+    def _owners(self, cluster_id: str, meshes: list[str]) -> set[str | None]:
+        return {self._handled.get((cluster_id, mesh)) for mesh in meshes}
 
     def wait_heard(self, cluster_id: str, mesh: str, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until a failure of actor mesh ``mesh`` has gone
@@ -197,23 +211,30 @@ class Supervision:
         cluster = event.get(events.CLUSTER, "")
         with self._lock:
             self.deaths += 1
-            pending = []
-            for address, (mesh, rank, why) in event["actors"].items():
-                self._dead[address] = (cluster, why)
-                self._names[address] = (cluster, mesh, rank)
-                ports = self._waiting.get(address, {})
-                waiting = {port: v for port, v in ports.items() if v[0] == cluster}  # not another cluster's calls
-                for port in waiting:
-                    del ports[port]
-                if not ports:
-                    self._waiting.pop(address, None)
-                if waiting:
-                    self._told[self._names[address]] = None
-                pending += [(port, cid, base, why) for port, (cid, base) in waiting.items()]
+            pending = self._note_gone(cluster, event["actors"])
         for address in event["actors"]:  # no socket of any thread keeps reconnecting to them
             sockets.Outbox.discard(address)
         for port, cluster_id, base_rank, reason in pending:
             self.fail(cluster_id, port, base_rank, reason)
+
+    def _note_gone(self, cluster: str, actors: dict) -> list[tuple[int, str, int, str]]:
+        """Record ``actors`` (address -> (mesh, rank, why)) of ``cluster`` as dead; the
+        calls of this cluster that waited on them, as (port, cluster id, base rank, why).
+        The caller holds the lock."""
+        pending = []
+        for address, (mesh, rank, why) in actors.items():
+            self._dead[address] = (cluster, why)
+            self._names[address] = (cluster, mesh, rank)
+            ports = self._waiting.get(address, {})
+            waiting = {port: v for port, v in ports.items() if v[0] == cluster}  # not another cluster's calls
+            for port in waiting:
+                del ports[port]
+            if not ports:
+                self._waiting.pop(address, None)
+            if waiting:
+                self._told[self._names[address]] = None
+            pending += [(port, cid, base, why) for port, (cid, base) in waiting.items()]
+        return pending
 
     def hub_lost(self, cluster_id: str, why: str) -> None:
         """The cluster's hub is dead, and its procs with it: as :meth:`cluster_stopped`,
@@ -239,15 +260,7 @@ class Supervision:
                 self._lost_hubs.add(cluster_id)
             else:  # stopped for good: no hub coming back lifts it
                 self._lost_hubs.discard(cluster_id)
-            pending = []
-            for address in list(self._waiting):
-                ports = self._waiting[address]
-                for port, (cid, base) in list(ports.items()):
-                    if cid == cluster_id:
-                        pending.append((port, base))
-                        del ports[port]
-                if not ports:
-                    del self._waiting[address]
+            pending = self._take_waiting(cluster_id)
         for port, base_rank in pending:
             self.fail(cluster_id, port, base_rank, why)
 
@@ -309,3 +322,17 @@ class Supervision:
         """Forget armed failures of ``mesh`` (it was restarted)."""
         with self._lock:
             self._armed.pop((cluster_id, mesh), None)
+
+    def _take_waiting(self, cluster_id: str) -> list[tuple[int, int]]:
+        """Forget every call of ``cluster_id`` waiting on an actor; them as (port, base
+        rank). The caller holds the lock."""
+        pending = []
+        for address in list(self._waiting):
+            ports = self._waiting[address]
+            for port, (cid, base) in list(ports.items()):
+                if cid == cluster_id:
+                    pending.append((port, base))
+                    del ports[port]
+            if not ports:
+                del self._waiting[address]
+        return pending

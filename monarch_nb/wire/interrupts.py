@@ -25,6 +25,14 @@ the critical section and is never lost or doubled. A proc applies the same marks
 interrupts aimed at its actor threads (``proc.actor_loop``).
 
 Marks cost nothing at run time: they are looked up only when an interrupt arrives.
+
+A SIGINT handler of the user's own (installed after the runtime's) raises wherever the
+interpreter runs signal handlers, marks or not. ``with lock:`` blocks stay whole under
+it only if no loop runs directly in them: on Python 3.12+ the compiler may leave a
+loop's back-edge (where handlers run) outside the block's exception handler
+(python/cpython#130279), and a ``KeyboardInterrupt`` raised there skips ``__exit__``,
+leaving the lock held. So the client's and the wire's loops under a lock are in a
+function of their own, called from the block (``tests/test_interrupts.py`` checks it).
 """
 
 from __future__ import annotations

@@ -147,15 +147,21 @@ def _new_name(cluster_id: str, port: int) -> str:
     return f"{_prefix(cluster_id)}{os.getpid()}-{port}-{secrets.token_hex(8)}"
 
 
+def _drop_taken(sent: collections.deque) -> None:
+    """Forget the oldest names of ``sent`` whose segments the receiver took (unlinked).
+    The caller holds ``_sent_lock``."""
+    while sent and sent[0] not in _writing and not os.path.exists(os.path.join(SHM_DIR, sent[0])):
+        sent.popleft()
+
+
 def _put_for(address: str, cluster_id: str, frame) -> str | None:
     """:func:`_put` of a segment for the receiver at ``address``, noted as sent to it
     (:func:`unlink_sent`) before it exists: a receiver found gone while the segment is
     written (``Outbox.discard`` runs in another thread) still gets it unlinked."""
     name = _new_name(cluster_id, int(address.rpartition(":")[2]))
-    with _sent_lock:
+    with _sent_lock:  # the loop in a function of its own: see monarch_nb.wire.interrupts
         sent = _sent[address]
-        while sent and sent[0] not in _writing and not os.path.exists(os.path.join(SHM_DIR, sent[0])):
-            sent.popleft()  # taken by the receiver
+        _drop_taken(sent)
         sent.append(name)
         _writing.add(name)
     try:

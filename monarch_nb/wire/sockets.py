@@ -125,11 +125,12 @@ class _ThreadSockets:
     around every use and close: zmq sockets may change threads only across such a
     barrier, and a socket must not be closed in the middle of a send."""
 
-    __slots__ = ("lock", "sockets", "used", "forks", "__weakref__")
+    __slots__ = ("lock", "sockets", "credentials", "used", "forks", "__weakref__")
 
     def __init__(self):
         self.lock = threading.Lock()
         self.sockets: dict[str, zmq.Socket] = {}
+        self.credentials: dict[str, bytes | None] = {}  # address -> the cluster its socket presents
         self.used: dict[str, float] = {}  # address -> when last sent to (monotonic)
         self.forks = _forks  # made in this process: no fork since
 
@@ -137,6 +138,7 @@ class _ThreadSockets:
         """Close the socket to ``address`` if there is one; the caller holds ``lock``.
         ``linger``: ms to keep delivering what it queues (``None``: ``SEND_LINGER_MS``)."""
         self.used.pop(address, None)
+        self.credentials.pop(address, None)
         sock = self.sockets.pop(address, None)
         if sock is not None:
             sock.close(linger)
@@ -175,9 +177,14 @@ def _sweep_idle(now: float) -> None:
     global _next_sweep
     _next_sweep = now + IDLE_SOCKET_S
     for table in _all_tables():
-        with table.lock:
-            for address in [a for a, t in table.used.items() if now - t > IDLE_SOCKET_S]:
-                table.close(address)
+        with table.lock:  # the loop in a function of its own: see monarch_nb.wire.interrupts
+            _close_idle(table, now)
+
+
+def _close_idle(table: _ThreadSockets, now: float) -> None:
+    """Close ``table``'s sockets unused for ``IDLE_SOCKET_S``. The caller holds its lock."""
+    for address in [a for a, t in table.used.items() if now - t > IDLE_SOCKET_S]:
+        table.close(address)
 
 
 class Outbox:
@@ -204,8 +211,15 @@ class Outbox:
         """This thread's socket to ``address``, connecting with ``cluster_id``'s
         credentials (``wire.zap``; ``None``: none, the peer refuses it); the caller holds
         ``table.lock``."""
-        table.used[address] = now
         sock = table.sockets.get(address)
+        if sock is not None and cluster_id is not None and table.credentials[address] != cluster_id:
+            # A socket left from another cluster's process at this address (a client that
+            # ran several clusters; the OS gave a stopped one's port to this one's proc):
+            # its handshake is refused there, and what it queued would be dropped without
+            # a word (a call that never returns). Its own peer is gone: drop its queue.
+            table.close(address, 0)
+            sock = None
+        table.used[address] = now
         if sock is None:
             sock = (self._ctx or context()).socket(zmq.PUSH)
             if cluster_id is not None:
@@ -219,6 +233,7 @@ class Outbox:
             sock.setsockopt(zmq.SNDTIMEO, 0)
             sock.connect(address)
             table.sockets[address] = sock
+            table.credentials[address] = cluster_id
         return sock
 
     @protected
