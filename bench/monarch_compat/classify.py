@@ -5,8 +5,11 @@ its public API can't reach: ``monarch._rust_bindings``, a ``monarch._src`` name 
 public package re-exports, ``monarch.config``, the tensor engine, RDMA, or any other
 ``monarch.*`` module outside the public packages. The code a test runs is its own body
 and decorators, the fixtures it asks for (and autouse ones), and, transitively, the
-module-level functions and classes it names; names are traced through imports and
-module-level aliases, and ``"monarch...."`` strings (``mock.patch`` targets) count.
+module-level functions and classes it names, also those it imports from Monarch's test
+helper modules beside it (``rdma_test_utils.rdma_backends``); names are traced through
+imports and module-level aliases, and ``"monarch...."`` strings (``mock.patch`` targets)
+count. What the helpers name to carry the runtime config into a subprocess
+(``isolate_in_subprocess``) is test infrastructure, not a reason (see shim.py).
 Type-only uses (annotations, ``cast``'s type) don't count: they run nothing.
 
 The public packages and what they re-export are read from the Monarch source under
@@ -19,7 +22,7 @@ import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PUBLIC_PACKAGES = ("monarch.actor", "monarch.job", "monarch.spmd")
+PUBLIC_PACKAGES = ("monarch.actor", "monarch.job", "monarch.spmd", "monarch.rdma")
 
 # Re-exported by monarch.actor, yet a runtime knob rather than actor API (see issue #14).
 CONFIG = ("monarch.config", "monarch._src.actor.config", "monarch.actor.config")
@@ -31,6 +34,12 @@ TENSOR_ENGINE = ("monarch.tensor_engine", "monarch.mesh_controller", "monarch._t
 RAISED_AT_USERS = {"monarch._rust_bindings.monarch_hyperactor.supervision.SupervisionError"}
 # importlib.resources.files("monarch.python.tests"): binaries that Monarch's Buck build makes.
 BUCK_TEST_BINARIES = "monarch.python.tests"
+# What isolate_in_subprocess uses to copy the runtime config into its subprocess (shim.py
+# answers them): harness plumbing when a helper module names them, not the test's API.
+# Likewise what rdma_test_utils uses to run a test once per RDMA backend (shim.py runs
+# the no-ibverbs case, monarch_nb's only backend, and asks monarch.rdma about ibverbs).
+HELPER_INFRASTRUCTURE = {"monarch.config.get_runtime_config", "monarch.config.configure",
+                         "monarch.config.get_global_config", "monarch.config.parametrize_config_pointwise"}
 
 
 @dataclass
@@ -117,8 +126,12 @@ def _is_fixture(fn: ast.AST) -> tuple[bool, bool]:
 class TestModule:
     """One test file: its aliases, module-level definitions and fixtures."""
 
-    def __init__(self, source: str):
+    def __init__(self, source: str, helpers: Path | None = None):
+        """``helpers``: the folder of Monarch's tests, where the modules a test file
+        imports helpers from (``rdma_test_utils.py``) are read."""
         tree = ast.parse(source)
+        self.helpers = helpers
+        self._helper_modules: dict[str, TestModule | None] = {}
         self.aliases = _import_aliases(ast.walk(tree))
         self.defs: dict[str, ast.AST] = {}
         self.fixtures: dict[str, ast.AST] = {}
@@ -171,6 +184,25 @@ class TestModule:
                     todo.append(self.defs[name])
         return found
 
+    def _helper_references(self, dotted: str) -> set[str]:
+        """The monarch names that ``helper_module.NAME`` runs, for a helper module of
+        Monarch's tests folder (none for anything else)."""
+        module_name, _, name = dotted.partition(".")
+        name = name.split(".")[0]
+        if self.helpers is None or not name:
+            return set()
+        if module_name not in self._helper_modules:
+            path = self.helpers / f"{module_name}.py"
+            self._helper_modules[module_name] = TestModule(path.read_text(), self.helpers) if path.is_file() else None
+        helper = self._helper_modules[module_name]
+        if helper is None or name not in helper.defs:
+            return set()
+        self._helper_modules[module_name] = None  # a helper naming itself again ends here
+        try:
+            return helper.references(helper.defs[name], None) - HELPER_INFRASTRUCTURE
+        finally:
+            self._helper_modules[module_name] = helper
+
     def _walk(self, root: ast.AST, found: set[str]):
         """Collect dotted monarch names into ``found``; yield local names used."""
         stack = [root]
@@ -183,6 +215,8 @@ class TestModule:
                         found.add(dotted)
                     elif dotted == "importlib.resources.files":  # how the tests find Buck's binaries
                         found.add(BUCK_TEST_BINARIES)
+                    else:
+                        found.update(self._helper_references(dotted))
                     continue
                 if isinstance(node, ast.Name):
                     yield node.id
@@ -227,7 +261,8 @@ def classify_file(path: Path, api: PublicApi) -> dict[tuple[str | None, str], Ve
     """``(class name or None, function name)`` -> verdict, for each test in the file
     (pytest's default discovery: ``test*`` functions, ``test*`` methods of ``Test*`` or
     ``TestCase`` classes)."""
-    module = TestModule(path.read_text())
+    tests_dir = next((p for p in path.parents if p.name == "tests"), path.parent)
+    module = TestModule(path.read_text(), tests_dir)
     tests: list[tuple[str | None, ast.AST, ast.ClassDef | None]] = []
     for name, node in module.defs.items():
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and name.startswith("test"):

@@ -43,6 +43,7 @@ def summarize(tests: list[dict]) -> dict:
     public = [t for t in tests if t["public"]]
     ran = [t for t in public if t["outcome"] != "not run"]  # -k leaves some out
     passed = sum(t["outcome"] == "passed" for t in ran)
+    exercised = [t for t in ran if t["outcome"] != "skipped"]  # a skip (no CUDA) exercises nothing
     return {
         "tests": len(tests),
         "public": len(public),
@@ -50,6 +51,8 @@ def summarize(tests: list[dict]) -> dict:
         "public_ran": len(ran),
         "public_passed": passed,
         "public_pass_rate": round(passed / len(ran), 4) if ran else None,
+        "public_exercised": len(exercised),
+        "public_pass_rate_exercised": round(passed / len(exercised), 4) if exercised else None,
         "public_outcomes": dict(Counter(t["outcome"] for t in public)),
         "internals_outcomes": dict(Counter(t["outcome"] for t in tests if not t["public"])),
         "internals_reasons": dict(Counter(category for t in tests if not t["public"]
@@ -68,6 +71,10 @@ def as_text(summary: dict, header: list[str]) -> str:
     lines.append(f"tests: {summary['tests']}  public API: {summary['public']}  internals: {summary['internals']}")
     lines.append(f"public API passed: {summary['public_passed']} / {summary['public_ran']} run"
                  + (f" ({rate:.1%})" if rate is not None else ""))
+    exercised = summary.get("public_pass_rate_exercised")
+    if exercised is not None:
+        lines.append(f"  of those not skipped: {summary['public_passed']} / {summary['public_exercised']} "
+                     f"({exercised:.1%})")
     lines.append(f"public API outcomes: {_counts(summary['public_outcomes'])}")
     lines.append(f"internals outcomes: {_counts(summary['internals_outcomes'])}")
     lines.append("internals because they use (tests per kind): "

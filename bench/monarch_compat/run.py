@@ -10,7 +10,9 @@ internals) from the Monarch source given, into a temp dir. There ``import monarc
 resolves to monarch_nb through shim.py (installed by a ``sitecustomize.py`` on
 ``PYTHONPATH``, so monarch_nb's procs and the tests' subprocesses get it too).
 Monarch's ``conftest.py`` is left out: it only skips tensor-engine and disabled tests
-and starts Monarch's crash-recovery plugin; plugin.py takes its place.
+and starts Monarch's crash-recovery plugin; plugin.py takes its place. Helper modules
+of Monarch's tests that clean up through Monarch's internals are replaced by the
+equivalents in ``stand_ins/`` (``proc_mesh_test_utils.py``).
 
 Each test file runs in its own pytest process (pytest-asyncio in ``auto`` mode, as
 Monarch configures it), each test under a timeout. If the process dies or hangs, the
@@ -42,11 +44,16 @@ sys.path.insert(0, str(HERE))
 from classify import PUBLIC_PACKAGES, PublicApi, classify_file  # noqa: E402
 from report import as_text, summarize  # noqa: E402
 
-# The actor-API test files of issue #14, relative to python/tests.
+# The actor-API test files of issue #14, relative to python/tests ...
 FILES = ["test_python_actors.py", "test_actor_error.py", "test_proc_mesh.py", "test_host_mesh.py",
          "test_concurrent_endpoints.py", "test_spmd.py", "_monarch/test_value_mesh.py", "test_actor_shape.py",
          "test_cookbook.py", "test_supervision_hierarchy.py", "test_inter_mesh_ping_pong.py",
-         "test_actor_logging.py", "test_client_shutdown.py"]
+         "test_actor_logging.py", "test_client_shutdown.py",
+         # ... and issue #28's: the job API, RDMABuffer/RDMAAction on CPU (their CUDA cases skip
+         # without a GPU; test_rdma_unit.py is all CUDA cases), ports handed back to actors,
+         # and controller de-duplication.
+         "test_job.py", "test_rdma.py", "test_rdma_cpu_no_torch.py", "test_rdma_action.py",
+         "test_port_reconstruction.py", "test_controller_dedup.py"]
 PYTEST_INI = """[pytest]
 asyncio_mode = auto
 asyncio_default_fixture_loop_scope = function
@@ -74,6 +81,8 @@ def extract(monarch: Path, into: Path) -> str:
         subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     for conftest in (into / "python" / "tests").rglob("conftest.py"):
         conftest.unlink()
+    for stand_in in (HERE / "stand_ins").glob("*.py"):  # Monarch test helpers built on its internals
+        shutil.copy(stand_in, into / "python" / "tests" / stand_in.name)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
     return head.stdout.strip() if head.returncode == 0 else "unknown"
 

@@ -29,6 +29,7 @@ client, the procs monarch_nb starts and the subprocesses tests start all see it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.abc
@@ -54,6 +55,60 @@ def _configure_nothing(**settings):
 
 
 _INFRASTRUCTURE["monarch.config.configure"] = _configure_nothing
+
+# Monarch's RDMA tests run once per backend through these config keys. monarch_nb has
+# one backend, no ibverbs (same host: process_vm_readv/writev; across hosts: TCP), so
+# "no ibverbs" is what it always does; the ibverbs cases ask monarch.rdma whether
+# ibverbs is there, and monarch_nb's answer (or its lack of one) decides them.
+_RDMA_BACKEND_KEYS = {"rdma_disable_ibverbs", "rdma_allow_tcp_fallback"}
+_config: dict = {}
+
+
+@contextlib.contextmanager
+def _configured(**settings):
+    unknown = sorted(set(settings) - _RDMA_BACKEND_KEYS)
+    if unknown:
+        raise NotImplementedError(f"monarch_nb has no monarch.config.configured ({', '.join(unknown)})")
+    saved = dict(_config)
+    _config.update(settings)
+    try:
+        yield dict(_config)
+    finally:
+        _config.clear()
+        _config.update(saved)
+
+
+def _parametrize_config_pointwise(**options):
+    """Monarch's pytest helper: run the test once per index of the (equally long) value
+    lists, under ``configured(key=value, ...)`` for that index."""
+    import pytest
+
+    keys = list(options)
+    cases = list(zip(*(options[k] for k in keys)))
+
+    def decorate(fn):
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def run(*args, _monarch_config, **kwargs):
+                with _configured(**_monarch_config):
+                    return await fn(*args, **kwargs)
+        else:
+            @functools.wraps(fn)
+            def run(*args, _monarch_config, **kwargs):
+                with _configured(**_monarch_config):
+                    return fn(*args, **kwargs)
+        run.__signature__ = inspect.signature(fn).replace(parameters=[  # type: ignore[attr-defined]
+            *inspect.signature(fn).parameters.values(),
+            inspect.Parameter("_monarch_config", inspect.Parameter.KEYWORD_ONLY)])
+        ids = ["-".join(f"{k}={v}" for k, v in zip(keys, case)) for case in cases]
+        return pytest.mark.parametrize("_monarch_config", [dict(zip(keys, case)) for case in cases], ids=ids)(run)
+
+    return decorate
+
+
+_INFRASTRUCTURE["monarch.config.configured"] = _configured
+_INFRASTRUCTURE["monarch.config.get_global_config"] = lambda: dict(_config)
+_INFRASTRUCTURE["monarch.config.parametrize_config_pointwise"] = _parametrize_config_pointwise
 
 
 def missing_message(dotted: str) -> str:
@@ -155,7 +210,7 @@ def _checked(fn, dotted: str):
     return call
 
 
-_PUBLIC_SRC = (["actor"], ["job"], ["spmd"])  # monarch._src.X whose public face is monarch.X
+_PUBLIC_SRC = (["actor"], ["job"], ["spmd"], ["rdma"])  # monarch._src.X whose public face is monarch.X
 
 
 def _sources(dotted_module: str) -> list[str]:
