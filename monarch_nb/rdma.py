@@ -53,7 +53,8 @@ from .wire.mailbox import Gather
 from .wire.port import deliver
 from .wire.remote_error import unpack_exception
 
-__all__ = ["RDMAAction", "RDMABuffer", "get_rdma_backend", "is_rdma_available"]
+__all__ = ["RDMAAction", "RDMABuffer", "RDMAReadTransferWarning", "RDMATcpFallbackWarning",
+           "RDMAWriteTransferWarning", "get_rdma_backend", "is_ibverbs_available", "is_rdma_available"]
 
 _CHUNK = 64 << 20  # bytes per system call: a timeout is checked between chunks
 # Bytes per request of a "tcp" transfer, and requests of one transfer in flight at once.
@@ -122,6 +123,27 @@ def get_rdma_backend() -> str:
 def is_rdma_available() -> bool:
     """Always True: a backend is always available (``"tcp"`` at worst)."""
     return True
+
+
+def is_ibverbs_available() -> bool:
+    """Always False: monarch_nb moves buffers with process_vm_readv/writev on one host
+    and over TCP across hosts, never through ibverbs (InfiniBand/EFA) hardware. Monarch's
+    code that picks a backend by this answer takes its non-ibverbs path."""
+    return False
+
+
+# Monarch's warning categories, for code that filters or expects them. monarch_nb emits
+# none of them: its TCP path is a backend of its own, not a fallback from ibverbs.
+class RDMAReadTransferWarning(Warning):
+    """Monarch's: a read went over a slower path than RDMA (never emitted here)."""
+
+
+class RDMAWriteTransferWarning(Warning):
+    """Monarch's: a write went over a slower path than RDMA (never emitted here)."""
+
+
+class RDMATcpFallbackWarning(Warning):
+    """Monarch's: no ibverbs hardware, buffers fall back to TCP (never emitted here)."""
 
 
 def _local_memory(obj: Any, writable: bool) -> tuple[int, int, Any]:

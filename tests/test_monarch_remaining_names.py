@@ -1,7 +1,8 @@
-"""Monarch's remaining public names (issue 28 item 3): ``Future.as_asyncio()``,
-``ValueMesh.get(rank)``, ``HostMesh.stream_logs``, and the names monarch_nb leaves out
-raising ``NotImplementedError`` that names them (``as_endpoint``,
-``spawn_procs(bootstrap_command=...)``)."""
+"""Monarch's remaining public names (issue 28 items 3 and 4): ``Future.as_asyncio()``,
+``ValueMesh.get(rank)``, ``HostMesh.stream_logs``, ``monarch.job.exec_command``,
+``monarch.rdma.is_ibverbs_available`` and its warning classes, and the names monarch_nb
+leaves out raising ``NotImplementedError`` that names them (``as_endpoint``,
+``spawn_procs(bootstrap_command=...)``, ``exec_command(rank=...)``)."""
 
 from __future__ import annotations
 
@@ -76,3 +77,47 @@ def test_spawn_procs_bootstrap_command_raises_not_implemented_naming_it(host):
 def test_as_endpoint_raises_not_implemented_naming_it():
     with pytest.raises(NotImplementedError, match="monarch_nb has no as_endpoint: .* decorate the method with @endpoint"):
         as_endpoint(Counter.incr)
+
+
+
+def test_exec_command_gives_the_largest_return_code_prints_the_output_and_stops_its_procs(cluster, host, capsys):
+    from monarch_nb.job import exec_command
+
+    before = set(cluster.proc_meshes)
+    assert exec_command(host, ["bash", "-c", "echo out-$((6 * 7)); echo err-1 >&2; exit 3"]).get(timeout=120) == 3
+    captured = capsys.readouterr()
+    assert "out-42" in captured.out and "err-1" in captured.err
+    assert exec_command(host, ["true"]).get(timeout=120) == 0
+    assert set(cluster.proc_meshes) == before  # the procs it spawned are stopped
+
+
+def test_exec_command_runs_a_python_script_where_the_client_runs_with_env_and_output_dir(host, tmp_path, monkeypatch,
+                                                                                          capsys):
+    from monarch_nb.job import exec_command
+
+    (tmp_path / "job.py").write_text("import os\nprint(os.environ['JOB_X'], os.getcwd())\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert exec_command(host, ["job.py"], env={"JOB_X": "seven"}, output_dir=str(out)).get(timeout=120) == 0
+    assert (out / "stdout.txt").read_text().split() == ["seven", str(tmp_path)]
+    assert "seven" not in capsys.readouterr().out  # to the files only
+
+
+def test_exec_command_refuses_bad_selections_naming_them(host):
+    from monarch_nb.job import exec_command
+
+    with pytest.raises(NotImplementedError, match=r"monarch_nb has no HostMesh.flatten.*point="):
+        exec_command(host, ["true"], rank=0)
+    with pytest.raises(ValueError, match="rank= or point=, not both"):
+        exec_command(host, ["true"], rank=0, point={"hosts": 0})
+    with pytest.raises(ValueError, match="cmd is empty"):
+        exec_command(host, [])
+
+
+def test_rdma_says_there_is_no_ibverbs_and_has_monarchs_warning_classes():
+    import monarch_nb.rdma as rdma
+
+    assert rdma.is_ibverbs_available() is False
+    assert rdma.is_rdma_available() is True  # a backend of its own is always there
+    for name in ("RDMAReadTransferWarning", "RDMAWriteTransferWarning", "RDMATcpFallbackWarning"):
+        assert issubclass(getattr(rdma, name), Warning) and name in rdma.__all__

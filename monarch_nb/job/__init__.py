@@ -17,10 +17,11 @@ as named host meshes. The contract is in :mod:`.job`, the cluster-backed jobs in
 """
 
 from .cluster_job import ClusterJob
+from .commands import exec_command
 from .job import DEFAULT_JOB_PATH, JobState, JobTrait, job_load, job_loads
 from .login import LoginJob, SSHJob
 from .process import LocalJob, ProcessJob
 from .slurm import SlurmJob
 
 __all__ = ["ClusterJob", "DEFAULT_JOB_PATH", "JobState", "JobTrait", "LocalJob", "LoginJob", "ProcessJob",
-           "SSHJob", "SlurmJob", "job_load", "job_loads"]
+           "SSHJob", "SlurmJob", "exec_command", "job_load", "job_loads"]
