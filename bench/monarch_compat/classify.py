@@ -32,6 +32,9 @@ TENSOR_ENGINE = ("monarch.tensor_engine", "monarch.mesh_controller", "monarch._t
 # Names only _rust_bindings defines, yet the public API raises them at its users, who
 # must name them to catch them: SupervisionError is what a call on a dead actor raises.
 RAISED_AT_USERS = {"monarch._rust_bindings.monarch_hyperactor.supervision.SupervisionError"}
+# Attributes of Monarch's objects that hold its Rust (hyperactor) handles, such as
+# HostMesh._hy_host_mesh: objects of monarch._rust_bindings, whatever name reached them.
+RUST_HANDLE_PREFIX = "_hy_"
 # importlib.resources.files("monarch.python.tests"): binaries that Monarch's Buck build makes.
 BUCK_TEST_BINARIES = "monarch.python.tests"
 # What isolate_in_subprocess uses to copy the runtime config into its subprocess (shim.py
@@ -208,6 +211,8 @@ class TestModule:
         stack = [root]
         while stack:
             node = stack.pop()
+            if isinstance(node, ast.Attribute) and node.attr.startswith(RUST_HANDLE_PREFIX):
+                found.add(f"monarch._rust_bindings (a {node.attr} handle)")
             if isinstance(node, (ast.Attribute, ast.Name)):
                 dotted = self._dotted(node)
                 if dotted:
