@@ -20,7 +20,8 @@ without copying. What the receiver gets, for arguments and return values alike:
 Smaller bytes-like values stay in the pickle stream, where they cost less than a frame.
 
 torch is never imported here; tensors get the out-of-band path only when torch is
-already imported by the caller (``"torch" in sys.modules``).
+already imported by the caller (``"torch" in sys.modules``). CUDA tensors are staged
+through host memory and rebuilt on the receiver's GPU (``wire.cuda_tensors``).
 
 A class defined here (a notebook's ``class Cfg``) is pickled by value, and a value of
 it coming back names the same class: cloudpickle then finds this process's own class
@@ -43,6 +44,8 @@ from typing import Any
 import cloudpickle
 
 from ..errors import SerializationError
+from . import cuda as _cuda
+from . import cuda_tensors as _cuda_tensors
 
 PROTOCOL = 5
 
@@ -67,21 +70,31 @@ def _rebuild_tensor(array, torch_dtype, requires_grad):
 _BITS_AS = {2: "int16", 1: "uint8"}
 
 
-def _reduce_tensor(tensor):
-    import torch
+def _as_array(data):
+    """The numpy array over contiguous CPU tensor ``data``'s memory (no copy); None for a
+    dtype numpy can't hold, even as bits."""
+    try:
+        return data.numpy()
+    except TypeError:  # dtype without a numpy twin, e.g. bfloat16
+        import torch
 
-    if tensor.device.type != "cpu" or tensor.is_sparse or tensor.is_quantized:
+        as_int = getattr(torch, _BITS_AS.get(data.element_size(), ""), None)
+        return None if as_int is None else data.view(as_int).numpy()
+
+
+def _reduce_tensor(tensor):
+    if tensor.is_sparse or tensor.is_quantized:
+        return NotImplemented
+    if _cuda.ops().is_cuda(tensor):  # staged through host memory (wire.cuda_tensors)
+        return _cuda_tensors.reduce(tensor, _as_array)
+    if tensor.device.type != "cpu":
         return NotImplemented
     data = tensor.detach()
     if not data.is_contiguous():
         data = data.contiguous()
-    try:
-        array = data.numpy()
-    except TypeError:  # dtype without a numpy twin, e.g. bfloat16
-        as_int = getattr(torch, _BITS_AS.get(data.element_size(), ""), None)
-        if as_int is None:
-            return NotImplemented
-        array = data.view(as_int).numpy()
+    array = _as_array(data)
+    if array is None:
+        return NotImplemented
     return (_rebuild_tensor, (array, tensor.dtype, tensor.requires_grad))
 
 

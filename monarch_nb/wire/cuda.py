@@ -1,0 +1,121 @@
+"""Every CUDA call the message path makes, behind one small interface.
+
+:class:`CudaOps` is what ``wire.cuda_tensors`` asks of CUDA; :class:`TorchCuda` does it
+with torch. Tests put a fake in its place with :func:`use` and check lifetimes and error
+paths on a machine without a GPU. Nothing here imports torch at import time: a method
+runs only for a tensor the caller made, so torch is already imported then (the one
+exception, :meth:`TorchCuda.device_count`, is called by a receiver that is rebuilding a
+tensor, which imports torch anyway).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class CudaOps(Protocol):
+    """What the message path needs from CUDA. ``tensor`` arguments are ``torch.Tensor``."""
+
+    def is_cuda(self, tensor: Any) -> bool:
+        """Whether ``tensor`` lives in CUDA memory (and takes the CUDA paths)."""
+        ...
+
+    def device_index(self, tensor: Any) -> int:
+        """The index of ``tensor``'s device in this process (``cuda:N`` -> N)."""
+        ...
+
+    def device_count(self) -> int:
+        """CUDA devices this process sees; 0 without CUDA (also with a CPU-only torch)."""
+        ...
+
+    def to_host(self, tensor: Any, pinned: bool) -> Any:
+        """A contiguous CPU copy of ``tensor``'s data (detached: no autograd history),
+        in pinned memory when ``pinned`` and the platform can pin; the copy is complete
+        on return."""
+        ...
+
+    def to_device(self, host: Any, index: int) -> Any:
+        """A copy of CPU tensor ``host`` on device ``cuda:index``, complete on return
+        (``host``'s memory may be freed right after)."""
+        ...
+
+    def ipc_share(self, tensor: Any) -> Any:
+        """A picklable handle through which another process of this host opens
+        ``tensor``'s memory; the caller keeps ``tensor`` alive while it may be opened."""
+        ...
+
+    def ipc_open(self, handle: Any) -> Any:
+        """A copy, in this process's own allocation on its device of the same physical
+        GPU, of the tensor ``handle`` shares; the shared memory is closed on return.
+        Raises ``RuntimeError`` (or ``OSError``) when this process can't open it
+        (another host, another GPU, a container without IPC)."""
+        ...
+
+
+class TorchCuda:
+    """:class:`CudaOps` by torch (the real thing)."""
+
+    def is_cuda(self, tensor: Any) -> bool:
+        return tensor.is_cuda
+
+    def device_index(self, tensor: Any) -> int:
+        return tensor.device.index or 0
+
+    def device_count(self) -> int:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    def to_host(self, tensor: Any, pinned: bool) -> Any:
+        import torch
+
+        src = tensor.detach()
+        if not src.is_contiguous():
+            src = src.contiguous()
+        host = None
+        if pinned:
+            try:
+                host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+            except RuntimeError:  # pinning refused (locked-memory limit): pageable then
+                host = None
+        if host is None:
+            return src.to("cpu")
+        with torch.cuda.device(src.device):
+            host.copy_(src, non_blocking=True)
+            torch.cuda.current_stream().synchronize()
+        return host
+
+    def to_device(self, host: Any, index: int) -> Any:
+        return host.to(f"cuda:{index}")
+
+    def ipc_share(self, tensor: Any) -> Any:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        return reduce_tensor(tensor.detach())
+
+    def ipc_open(self, handle: Any) -> Any:
+        import torch
+
+        rebuild, args = handle
+        shared = rebuild(*args)
+        with torch.cuda.device(shared.device):
+            copy = shared.clone()
+            torch.cuda.current_stream().synchronize()
+        del shared  # closes the IPC mapping; torch's counter tells the sender it may free
+        return copy
+
+
+_ops: CudaOps = TorchCuda()
+
+
+def ops() -> CudaOps:
+    """The :class:`CudaOps` in use in this process."""
+    return _ops
+
+
+def use(new: CudaOps) -> CudaOps:
+    """Put ``new`` in use (tests: a fake on a machine without a GPU); returns the one it
+    replaces, to put back."""
+    global _ops
+    old, _ops = _ops, new
+    return old

@@ -1,0 +1,179 @@
+"""CUDA tensors in messages (issue 25 item 2). On a CPU machine the CUDA calls are a fake
+(tests/cuda_fake.py, put in use with ``wire.cuda.use``) and these tests check where a
+tensor goes, what is kept and what is released; the tests at the end run on a real GPU
+and skip without one."""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import pytest
+
+from monarch_nb.actor import Actor, endpoint
+from monarch_nb.wire import cuda, cuda_tensors, serialize
+
+torch = pytest.importorskip("torch")  # noqa: E402 (procs import this module: torch is installed there too)
+
+from cuda_fake import FakeCuda  # noqa: E402
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """A fake CUDA with 2 devices in this process; the once-per-process warning re-armed."""
+    monkeypatch.setattr(cuda_tensors, "_warned", False)
+    fake = FakeCuda(devices=2)
+    old = cuda.use(fake)
+    yield fake
+    cuda.use(old)
+
+
+def round_trip(value):
+    stream, buffers = serialize.dumps(value)
+    return serialize.loads(stream, [b.raw() for b in buffers]), stream, buffers
+
+
+def test_a_cuda_tensor_travels_out_of_band_staged_in_pinned_memory(fake):
+    sent = fake.tensor(torch.arange(1 << 16, dtype=torch.float32), 1)  # 256 KiB
+    got, stream, buffers = round_trip(sent)
+    assert len(buffers) == 1 and buffers[0].raw().nbytes == sent.nbytes and len(stream) < 1024
+    assert ("to_host", True) in fake.calls
+    assert fake.is_cuda(got) and fake.device_index(got) == 1  # the same index: the receiver has it
+    assert torch.equal(got, sent) and got is not sent
+
+
+def test_a_receiver_with_fewer_devices_rebuilds_on_cuda_0(fake):
+    sent = fake.tensor(torch.ones(4), 1)
+    stream, buffers = serialize.dumps(sent)
+    fake.devices = 1  # the receiver: a proc bound to one GPU sees it as cuda:0
+    got = serialize.loads(stream, [b.raw() for b in buffers])
+    assert fake.device_index(got) == 0 and ("to_device", 0) in fake.calls
+
+
+def test_dtype_shape_and_requires_grad_are_kept_and_strides_made_contiguous(fake):
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    sent = fake.tensor(base.t().requires_grad_(True), 0)  # not contiguous
+    got, _, _ = round_trip(sent)
+    assert got.shape == (6, 4) and got.is_contiguous() and got.requires_grad and got.is_leaf
+    assert torch.equal(got.detach(), sent.detach())
+    for dtype in (torch.bfloat16, torch.float16, torch.int64, torch.bool):
+        got, _, _ = round_trip(fake.tensor(torch.ones(3, 5, dtype=dtype), 0))
+        assert got.dtype == dtype and got.shape == (3, 5) and fake.is_cuda(got)
+
+
+def test_a_receiver_without_cuda_gets_cpu_tensors_and_one_warning(fake):
+    sent = [fake.tensor(torch.full((8,), float(i)), 1) for i in range(3)]
+    stream, buffers = serialize.dumps(sent)
+    fake.devices = 0  # a notebook without a GPU
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = serialize.loads(stream, [b.raw() for b in buffers])
+        again = serialize.loads(stream, [b.raw() for b in buffers])
+    assert [t.tolist() for t in got] == [[float(i)] * 8 for i in range(3)]
+    assert not any(fake.is_cuda(t) for t in got + again) and again[2][0] == 2.0
+    assert [w.category for w in caught] == [cuda_tensors.CudaTensorOnCpuWarning]
+    assert "cuda:1" in str(caught[0].message) and "without CUDA" in str(caught[0].message)
+
+
+def test_cpu_tensors_never_take_the_cuda_path(fake):
+    sent = torch.arange(1 << 16, dtype=torch.int32)
+    got, _, buffers = round_trip(sent)
+    assert fake.calls == [] and torch.equal(got, sent) and not fake.is_cuda(got)
+    got[0] = 5  # over the received frame, as before: writable, no copy
+    assert buffers[0].raw().cast("i")[0] == 5
+
+
+def test_the_same_cuda_tensor_twice_in_a_message_is_staged_once(fake):
+    t = fake.tensor(torch.ones(1 << 15), 0)
+    (a, b), _, buffers = round_trip((t, t))
+    assert len(buffers) == 1 and a is b and fake.calls.count(("to_host", True)) == 1
+
+
+class FakeGpuActor(Actor):
+    """An actor whose proc "has" ``devices`` CUDA devices (the fake, on a CPU machine)."""
+
+    def __init__(self, devices: int):
+        from cuda_fake import FakeCuda
+        from monarch_nb.wire import cuda
+
+        self.fake = FakeCuda(devices=devices)
+        cuda.use(self.fake)
+
+    @endpoint
+    def make(self, n: int, index: int):
+        import torch
+
+        return self.fake.tensor(torch.arange(n, dtype=torch.float64), index)
+
+    @endpoint
+    def where(self, tensor) -> tuple:
+        return self.fake.is_cuda(tensor), self.fake.device_index(tensor), tensor.sum().item()
+
+
+def test_an_actor_result_reaches_a_client_without_cuda_as_values(host, fake):
+    fake.devices = 0
+    procs = host.spawn_procs(per_host={"procs": 1}, name="cuda_fake_result")
+    try:
+        actor = procs.spawn("gpu", FakeGpuActor, 1)
+        with pytest.warns(cuda_tensors.CudaTensorOnCpuWarning):
+            got = actor.make.call_one(1 << 17, 0).get(timeout=60)  # 1 MiB: shared memory
+        assert got.dtype == torch.float64 and torch.equal(got, torch.arange(1 << 17, dtype=torch.float64))
+    finally:
+        procs.stop()
+
+
+def test_a_cuda_argument_is_rebuilt_on_the_actors_own_device(host, fake):
+    procs = host.spawn_procs(per_host={"procs": 1}, name="cuda_fake_arg")
+    try:
+        actor = procs.spawn("gpu", FakeGpuActor, 1)  # bound: one device, cuda:0
+        sent = fake.tensor(torch.ones(1 << 17, dtype=torch.float64), 1)
+        assert actor.where.call_one(sent).get(timeout=60) == (True, 0, float(1 << 17))
+        assert ("to_host", True) in fake.calls
+    finally:
+        procs.stop()
+
+
+# Real GPUs: skipped without one (the one allowed skip; run by bench/gpu_check.py).
+
+def _cuda_count() -> int:
+    if importlib.util.find_spec("torch") is None:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.fixture(scope="module")
+def gpu() -> int:
+    count = _cuda_count()
+    if not count:
+        pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False here")
+    return count
+
+
+class CudaEcho(Actor):
+    @endpoint
+    def add_one(self, tensor):
+        return tensor.device.type, tensor.device.index, tensor + 1
+
+    @endpoint
+    def make(self, nbytes: int):
+        import torch
+
+        return torch.full((nbytes // 4,), 7.0, device="cuda")
+
+
+def test_a_real_cuda_tensor_goes_to_an_actor_and_back_on_the_gpu(gpu, host):
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="cuda_real")
+    try:
+        actor = procs.spawn("echo", CudaEcho)
+        sent = torch.arange(1 << 20, dtype=torch.float32, device="cuda").reshape(1024, 1024).t()
+        kind, index, back = actor.add_one.call_one(sent).get(timeout=120)
+        assert (kind, index) == ("cuda", 0) and back.is_cuda and torch.equal(back, sent + 1)
+        made = actor.make.call_one(64 << 20).get(timeout=120)
+        assert made.is_cuda and made.shape == (16 << 20,) and bool((made == 7.0).all())
+    finally:
+        procs.stop()
+
+
+def test_real_staging_uses_pinned_memory(gpu):
+    host = cuda.ops().to_host(torch.ones(1024, device="cuda"), pinned=True)
+    assert host.device.type == "cpu" and host.is_pinned() and host.sum().item() == 1024
