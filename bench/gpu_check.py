@@ -1,0 +1,243 @@
+"""The device check of issue 25: the GPU tests, then CUDA-tensor message figures, as JSON.
+
+    cd /work/main && .venv/bin/python bench/gpu_check.py [--budget-s 220] [--quick]
+
+Bounded (``--budget-s``, default 220 s: under 4 minutes on one H200), no internet. It
+prints one JSON object on stdout (progress on stderr):
+
+- ``tests``: pytest over tests/test_gpu_binding_cuda.py and tests/test_cuda_messages.py
+  (their GPU tests skip without CUDA): passed / failed / skipped counts, the summary line;
+- ``figures`` (GB/s, median of the repetitions), each with the bytes it moved:
+  - ``actor_to_actor_{64MiB,1GiB}_{staged,ipc}``: a CUDA tensor passed by one actor to
+    another's endpoint on one host (the receiver synchronizes its device before
+    replying), ``ipc`` with ``MONARCH_NB_CUDA_IPC=1`` in the sender;
+  - ``actor_to_actor_{64MiB,1GiB}_cpu``: the same bytes as a CPU tensor (the CPU path);
+  - floors in this process: ``d2d_clone`` (same-process device clone), ``pinned_h2d``,
+    ``pinned_d2h``, ``pageable_d2h``; ``torch_ipc_clone``: torch's own CUDA IPC, a
+    tensor opened and cloned by a second process (torch.multiprocessing);
+- ``not_measured``: what this machine could not measure, and why (no CUDA: every CUDA
+  figure; the CPU path is still measured).
+
+Exit status 1 when a test failed or a figure errored. Runs in its own MONARCH_NB_HOME
+(a temporary folder, removed at exit, unless one is set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if "MONARCH_NB_HOME" not in os.environ:  # before monarch_nb loads: never the user's clusters
+    os.environ["MONARCH_NB_HOME"] = tempfile.mkdtemp(prefix="monarch-nb-gpu-check-")
+    atexit.register(shutil.rmtree, os.environ["MONARCH_NB_HOME"], ignore_errors=True)
+IPC_ENV = "MONARCH_NB_CUDA_IPC"
+MiB, GiB = 1 << 20, 1 << 30
+GPU_TESTS = ["tests/test_gpu_binding_cuda.py", "tests/test_cuda_messages.py"]
+
+from monarch_nb.actor import Actor, endpoint  # noqa: E402
+
+
+def log(msg: str) -> None:
+    print(f"[gpu_check] {msg}", file=sys.stderr, flush=True)
+
+
+class Receiver(Actor):
+    @endpoint
+    def take(self, tensor) -> int:
+        if tensor.is_cuda:
+            import torch
+
+            torch.cuda.synchronize(tensor.device)
+        return tensor.numel() * tensor.element_size()
+
+
+class Sender(Actor):
+    @endpoint
+    def send(self, receiver, nbytes: int, device: str, ipc: bool, reps: int) -> list[float]:
+        """Seconds per call of ``receiver.take(tensor)``, ``tensor`` of ``nbytes`` on ``device``."""
+        import torch
+
+        os.environ[IPC_ENV] = "1" if ipc else "0"
+        tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        assert receiver.take.call_one(tensor).get(timeout=120) == nbytes  # warm-up (pinned pool, shm)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            receiver.take.call_one(tensor).get(timeout=120)
+            times.append(time.perf_counter() - t0)
+        return times
+
+
+def run_tests(timeout_s: float) -> dict:
+    cmd = [sys.executable, "-m", "pytest", *GPU_TESTS, "-q", "-rs", "-p", "no:cacheprovider"]
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"pytest ran past {timeout_s:.0f} s", "passed": 0, "failed": 0, "skipped": 0}
+    lines = done.stdout.strip().splitlines()
+    summary = lines[-1] if lines else ""
+    counts = {k: 0 for k in ("passed", "failed", "skipped", "error")}
+    for part in summary.strip("= ").split(" in ")[0].split(", "):
+        n, _, kind = part.partition(" ")
+        kind = kind.rstrip("s") if kind.endswith("errors") else kind
+        if n.isdigit() and kind in counts:
+            counts[kind] = int(n)
+    skips = [line for line in lines if line.startswith("SKIPPED")]
+    return {**counts, "returncode": done.returncode, "summary": summary, "skips": skips[:10],
+            "failures": [line for line in lines if line.startswith(("FAILED", "ERROR"))][:10]}
+
+
+def gbps(nbytes: int, times: list[float]) -> float:
+    return round(nbytes / statistics.median(times) / 1e9, 3)
+
+
+def timed(fn, reps: int) -> list[float]:
+    fn()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def floors(sizes: dict, reps: int) -> dict:
+    import torch
+
+    out = {}
+    for label, n in sizes.items():
+        dev = torch.ones(n // 4, device="cuda")
+        pinned = torch.empty(n // 4, pin_memory=True)
+        pageable = torch.empty(n // 4)
+        sync = torch.cuda.synchronize
+        out[f"d2d_clone_{label}"] = gbps(n, timed(lambda: (dev.clone(), sync()), reps))
+        out[f"pinned_d2h_{label}"] = gbps(n, timed(lambda: (pinned.copy_(dev, non_blocking=True), sync()), reps))
+        out[f"pinned_h2d_{label}"] = gbps(n, timed(lambda: (dev.copy_(pinned, non_blocking=True), sync()), reps))
+        out[f"pageable_d2h_{label}"] = gbps(n, timed(lambda: (pageable.copy_(dev), sync()), reps))
+        del dev, pinned, pageable
+        torch.cuda.empty_cache()
+    return out
+
+
+def _ipc_child(queue, done, reps):
+    import torch
+
+    tensor = queue.get()
+    times = []
+    for _ in range(reps + 1):
+        t0 = time.perf_counter()
+        tensor.clone()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    del tensor
+    done.put(times[1:])
+
+
+def torch_ipc_floor(nbytes: int, reps: int) -> float:
+    """GB/s of a clone, in a second process, of a CUDA tensor it got by torch's IPC
+    (the open included once, in the first, unreported clone)."""
+    import torch
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue, done = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=_ipc_child, args=(queue, done, reps))
+    child.start()
+    tensor = torch.ones(nbytes // 4, device="cuda")
+    queue.put(tensor)
+    try:
+        times = done.get(timeout=120)
+    finally:
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+    return gbps(nbytes, times)
+
+
+def actor_figures(sizes: dict, cuda: bool, reps: int, deadline: float, out: dict, missing: list) -> None:
+    from monarch_nb.client.cluster import Cluster
+
+    cluster = Cluster.start_ephemeral()
+    try:
+        procs = cluster.this_host().spawn_procs(per_host={"procs": 2}, name="gpu_check")  # both see the GPUs
+        sender, receiver = procs.spawn("sender", Sender).slice(procs=0), procs.spawn("receiver", Receiver).slice(procs=1)
+        modes = [("cpu", "cpu", False)] + ([("staged", "cuda", False), ("ipc", "cuda", True)] if cuda else [])
+        for label, n in sizes.items():
+            for mode, device, ipc in modes:
+                name = f"actor_to_actor_{label}_{mode}"
+                if time.monotonic() > deadline:
+                    missing.append(f"{name}: out of time (--budget-s)")
+                    continue
+                try:
+                    times = sender.send.call_one(receiver, n, device, ipc, reps).get(timeout=300)
+                    out[name] = gbps(n, times)
+                    log(f"{name}: {out[name]} GB/s")
+                except Exception as e:  # noqa: BLE001 (reported, and the run goes on)
+                    out[name] = None
+                    missing.append(f"{name}: {type(e).__name__}: {str(e)[:300]}")
+        procs.stop()
+    finally:
+        cluster.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--budget-s", type=float, default=220.0)
+    parser.add_argument("--quick", action="store_true", help="64 MiB only, 2 repetitions")
+    args = parser.parse_args()
+    started = time.monotonic()
+    deadline = started + args.budget_s
+    reps = 2 if args.quick else 5
+    sizes = {"64MiB": 64 * MiB} if args.quick else {"64MiB": 64 * MiB, "1GiB": GiB}
+    result: dict = {"host": platform.node(), "python": platform.python_version()}
+    missing: list[str] = []
+    figures: dict = {}
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    cuda = bool(torch is not None and torch.cuda.is_available())
+    result["torch"] = getattr(torch, "__version__", None)
+    result["device"] = torch.cuda.get_device_name(0) if cuda else None
+    log("running the GPU tests")
+    result["tests"] = run_tests(timeout_s=min(120.0, args.budget_s * 0.5))
+    failed = bool(result["tests"].get("failed") or result["tests"].get("error") or result["tests"]["returncode"] not in (0, 5))
+    if not cuda:
+        why = "no CUDA GPU here (torch is not installed)" if torch is None else \
+            "no CUDA GPU here (torch.cuda.is_available() is False)"
+        missing.append(f"every CUDA figure (staged, ipc, d2d_clone, pinned_h2d/d2h, torch_ipc_clone): {why}")
+    else:
+        log("floors")
+        figures.update(floors(sizes, reps))
+        for label, n in sizes.items():
+            if time.monotonic() < deadline:
+                try:
+                    figures[f"torch_ipc_clone_{label}"] = torch_ipc_floor(n, reps)
+                except Exception as e:  # noqa: BLE001
+                    missing.append(f"torch_ipc_clone_{label}: {type(e).__name__}: {e}")
+    if torch is not None:
+        log("actor -> actor")
+        actor_figures(sizes, cuda, reps, deadline, figures, missing)
+    else:
+        missing.append("actor_to_actor_*: torch is not installed")
+    result["figures"] = figures
+    result["not_measured"] = missing
+    result["seconds"] = round(time.monotonic() - started, 1)
+    print(json.dumps(result, indent=1))
+    errored = any(v is None for v in figures.values())
+    return 1 if failed or errored else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
