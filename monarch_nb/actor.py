@@ -14,6 +14,7 @@
 Names are Monarch's (``monarch.actor``'s ``__all__``) for everything monarch_nb has.
 """
 
+from .client import absent as _absent
 from .client.accumulator import Accumulator
 from .client.actor_mesh import ActorMesh
 from .client.attach import attach_to_workers
@@ -66,3 +67,20 @@ __all__ = [
     "shutdown_context",
     "this_host", "this_proc", "unhandled_fault_hook",
 ]
+
+# Monarch's names monarch_nb leaves out: importable, and NotImplementedError naming them
+# when used (monarch_nb.client.absent; listed in docs/compatibility.md).
+__getattr__ = _absent.module_getattr("monarch.actor", {
+    "ProcId": "ids are strings here (PROC_ID.MESH[RANK], see current_actor_name())",
+    "Uid": "ids are strings here (PROC_ID.MESH[RANK], see current_actor_name())",
+    "attach": "a client joins a cluster with monarch_nb.connect(name); workers join with attach_to_workers",
+    "config": "monarch.config's runtime knobs are Rust-level; see docs/configuration.md for monarch_nb's",
+    "debug_controller": "debug with %monarch break / %monarch debug or a DAP client (docs/debugging.md)",
+    "default_bootstrap_cmd": "procs are forked from the host agent's forkserver; use spawn_procs(bootstrap=...)",
+    "hosts_from_config": "hosts come from a job (monarch_nb.job) or a cluster's allocator",
+    "enable_transport": "messages go over ZeroMQ (TCP between hosts, IPC on one); there is no transport to pick",
+    "ChannelTransport": "messages go over ZeroMQ (TCP between hosts, IPC on one); there is no transport to pick",
+    "get_meter": "telemetry (OpenTelemetry metrics and traces) is not built",
+    "span": "telemetry (OpenTelemetry metrics and traces) is not built",
+    "traced": "telemetry (OpenTelemetry metrics and traces) is not built",
+})

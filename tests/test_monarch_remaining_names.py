@@ -121,3 +121,20 @@ def test_rdma_says_there_is_no_ibverbs_and_has_monarchs_warning_classes():
     assert rdma.is_rdma_available() is True  # a backend of its own is always there
     for name in ("RDMAReadTransferWarning", "RDMAWriteTransferWarning", "RDMATcpFallbackWarning"):
         assert issubclass(getattr(rdma, name), Warning) and name in rdma.__all__
+
+
+def test_monarchs_names_that_monarch_nb_leaves_out_import_and_raise_not_implemented_naming_them():
+    import monarch_nb.actor
+    from monarch_nb.actor import config, default_bootstrap_cmd, get_meter  # a Monarch program's imports work
+    from monarch_nb.job import shell
+
+    with pytest.raises(NotImplementedError, match=r"monarch_nb has no monarch\.actor\.default_bootstrap_cmd: .*bootstrap="):
+        default_bootstrap_cmd()
+    with pytest.raises(NotImplementedError, match=r"monarch_nb has no monarch\.actor\.config: "):
+        config.configure(enable_log_forwarding=True)
+    with pytest.raises(NotImplementedError, match=r"monarch_nb has no monarch\.actor\.get_meter: telemetry"):
+        get_meter("trainer")
+    with pytest.raises(NotImplementedError, match=r"monarch_nb has no monarch\.job\.shell: .*exec_command"):
+        shell()
+    with pytest.raises(AttributeError, match="has no attribute 'not_a_monarch_name'"):
+        monarch_nb.actor.not_a_monarch_name  # noqa: B018 - names Monarch lacks too stay AttributeErrors
