@@ -21,8 +21,11 @@ class FakeCuda:
         self.ipc_opens = ipc_opens  # False: ipc_open raises, as another host's process would
         self.calls: list[tuple] = []
         self._on: dict[int, tuple[weakref.ref, int]] = {}  # id(tensor) -> (ref, device index)
-        self._shared: dict[int, Any] = {}  # handle -> the sender's tensor (one process: tests)
+        self._shared: dict[int, weakref.ref] = {}  # handle -> the sender's tensor (one process: tests)
         self._lock = threading.Lock()
+        self.opening = threading.Event()  # set when ipc_open starts
+        self.may_copy = threading.Event()  # ipc_open copies once this is set (tests hold it)
+        self.may_copy.set()
 
     def tensor(self, cpu: Any, index: int = 0) -> Any:
         """Mark CPU tensor ``cpu`` as a CUDA tensor on ``cuda:index``; returns it."""
@@ -56,8 +59,8 @@ class FakeCuda:
 
     def ipc_share(self, tensor: Any) -> Any:
         handle = id(tensor)
-        with self._lock:
-            self._shared[handle] = tensor
+        with self._lock:  # not a reference: what keeps the tensor alive is the code under test
+            self._shared[handle] = weakref.ref(tensor)
         self.calls.append(("ipc_share", handle))
         return handle
 
@@ -65,6 +68,10 @@ class FakeCuda:
         self.calls.append(("ipc_open", handle))
         if not self.ipc_opens:
             raise RuntimeError("fake: this process can't open CUDA IPC handles")
+        self.opening.set()
+        self.may_copy.wait()
         with self._lock:
-            source = self._shared[handle]
+            source = self._shared[handle]()
+        if source is None:
+            raise AssertionError("fake: the shared tensor was freed before the receiver copied it")
         return self.tensor(source.detach().clone(), self._index(source) or 0)

@@ -6,15 +6,21 @@ and skip without one."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
+import threading
 import warnings
+import weakref
 
 import pytest
 
 from monarch_nb.actor import Actor, endpoint
-from monarch_nb.wire import cuda, cuda_tensors, serialize
+from monarch_nb.wire import cuda, cuda_ipc, cuda_tensors, serialize
 
 torch = pytest.importorskip("torch")  # noqa: E402 (procs import this module: torch is installed there too)
 
+from conftest import wait_until  # noqa: E402
 from cuda_fake import FakeCuda  # noqa: E402
 
 
@@ -87,6 +93,91 @@ def test_the_same_cuda_tensor_twice_in_a_message_is_staged_once(fake):
     t = fake.tensor(torch.ones(1 << 15), 0)
     (a, b), _, buffers = round_trip((t, t))
     assert len(buffers) == 1 and a is b and fake.calls.count(("to_host", True)) == 1
+
+
+@pytest.fixture
+def keeper(monkeypatch, fake):
+    """Tensors sent by CUDA IPC (MONARCH_NB_CUDA_IPC=1), kept by a keeper of this test
+    that releases as soon as a claim ends (no linger)."""
+    monkeypatch.setenv(cuda_ipc.ENV, "1")
+    k = cuda_ipc.Keeper(linger_s=0, unclaimed_s=60)
+    monkeypatch.setattr(cuda_ipc, "_keeper", k)
+    yield k
+    k.close()
+
+
+def test_by_ipc_the_sender_keeps_the_tensor_until_the_receiver_copied_it(fake, keeper):
+    sent = fake.tensor(torch.arange(1 << 16, dtype=torch.float32), 1)
+    stream, buffers = serialize.dumps(sent)
+    assert buffers == [] and fake.calls == []  # no staging: only a token travels
+    alive = weakref.ref(sent)
+    del sent  # the sender's own variable is gone; its keeper holds the tensor
+    fake.may_copy.clear()
+    received: list = []
+    receiver = threading.Thread(target=lambda: received.append(serialize.loads(stream, [])))
+    receiver.start()
+    try:
+        assert fake.opening.wait(10) and keeper.claims_open() == 1
+        assert alive() is not None and keeper.kept() == 1  # mid-copy: kept
+    finally:
+        fake.may_copy.set()
+        receiver.join(10)
+    got = received[0]
+    assert torch.equal(got, torch.arange(1 << 16, dtype=torch.float32)) and fake.is_cuda(got)
+    assert wait_until(lambda: keeper.kept() == 0, 5) and alive() is None  # released after the copy
+    assert [c[0] for c in fake.calls] == ["ipc_share", "ipc_open"]
+
+
+_DYING_RECEIVER = """
+import sys, threading
+sys.path.insert(0, {tests!r})
+from cuda_fake import FakeCuda
+from monarch_nb.wire import cuda, serialize
+fake = FakeCuda(devices=1)
+fake.may_copy.clear()  # the copy never ends: this process is killed during it
+cuda.use(fake)
+import torch
+serialize.loads(sys.stdin.buffer.read(), [])
+"""
+
+
+def test_by_ipc_a_receiver_killed_during_its_copy_releases_the_tensor(fake, keeper):
+    sent = fake.tensor(torch.ones(1024), 0)
+    stream, _ = serialize.dumps(sent)
+    alive = weakref.ref(sent)
+    del sent
+    code = _DYING_RECEIVER.format(tests=os.path.dirname(__file__))
+    receiver = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    try:
+        receiver.stdin.write(stream)
+        receiver.stdin.close()
+        assert wait_until(lambda: keeper.claims_open() == 1, 30), "the receiver never claimed the tensor"
+        assert alive() is not None
+        receiver.kill()
+        assert wait_until(lambda: keeper.kept() == 0, 10) and alive() is None
+    finally:
+        receiver.kill()
+        receiver.wait(10)
+
+
+def test_by_ipc_a_receiver_that_cannot_open_it_gets_the_bytes_instead(fake, keeper):
+    sent = fake.tensor(torch.arange(1000, dtype=torch.int64).reshape(10, 100).requires_grad_(False), 1)
+    sent_bf16 = fake.tensor(torch.full((7,), 1.5, dtype=torch.bfloat16), 0)
+    stream, _ = serialize.dumps((sent, sent_bf16))
+    fake.ipc_opens = False  # another GPU, or a container without IPC
+    got, got_bf16 = serialize.loads(stream, [])
+    assert torch.equal(got, sent) and got.shape == (10, 100) and fake.device_index(got) == 1
+    assert got_bf16.dtype == torch.bfloat16 and torch.equal(got_bf16, sent_bf16)
+    assert ("to_host", True) in fake.calls and ("to_device", 1) in fake.calls  # the staged path's rules
+    assert wait_until(lambda: keeper.kept() == 0, 5)
+
+
+def test_by_ipc_a_tensor_released_unclaimed_is_a_clear_error(fake, keeper):
+    keeper.unclaimed_s = 0  # its message was lost, as far as the keeper can tell
+    stream, _ = serialize.dumps(fake.tensor(torch.ones(8), 0))
+    assert wait_until(lambda: keeper.kept() == 0, 5)
+    with pytest.raises(cuda_ipc.CudaIpcUnavailable, match="released by its sender .* MONARCH_NB_CUDA_IPC unset"):
+        serialize.loads(stream, [])
 
 
 class FakeGpuActor(Actor):

@@ -59,16 +59,22 @@ def rebuild(array: Any, dtype: Any, requires_grad: bool, index: int) -> Any:
     host = torch.from_numpy(array)
     if host.dtype != dtype:
         host = host.view(dtype)
+    tensor = place(host, index)
+    if requires_grad:
+        tensor.requires_grad_(True)
+    return tensor
+
+
+def place(host: Any, index: int) -> Any:
+    """CPU tensor ``host`` (the data of a tensor that was on the sender's ``cuda:index``)
+    put where this process keeps it: see :func:`target_device`; ``host`` itself, with
+    the once-per-process warning, without CUDA."""
     ops = cuda.ops()
     device = target_device(index, ops.device_count())
     if device is None:
         _warn_on_cpu(index, host)
-        tensor = host
-    else:
-        tensor = ops.to_device(host, device)
-    if requires_grad:
-        tensor.requires_grad_(True)
-    return tensor
+        return host
+    return ops.to_device(host, device)
 
 
 def _warn_on_cpu(index: int, host: Any) -> None:

@@ -45,6 +45,7 @@ import cloudpickle
 
 from ..errors import SerializationError
 from . import cuda as _cuda
+from . import cuda_ipc as _cuda_ipc
 from . import cuda_tensors as _cuda_tensors
 
 PROTOCOL = 5
@@ -85,8 +86,8 @@ def _as_array(data):
 def _reduce_tensor(tensor):
     if tensor.is_sparse or tensor.is_quantized:
         return NotImplemented
-    if _cuda.ops().is_cuda(tensor):  # staged through host memory (wire.cuda_tensors)
-        return _cuda_tensors.reduce(tensor, _as_array)
+    if _cuda.ops().is_cuda(tensor):  # staged through host memory, or by CUDA IPC when opted in
+        return _cuda_ipc.reduce(tensor) if _cuda_ipc.enabled() else _cuda_tensors.reduce(tensor, _as_array)
     if tensor.device.type != "cpu":
         return NotImplemented
     data = tensor.detach()
