@@ -31,6 +31,7 @@ def run_notebook(path: str | Path, output: str | Path | None = None, timeout: fl
         import jupyter_client
         import nbclient
         import nbformat
+        from jupyter_client.utils import run_sync
     except ImportError as e:
         raise ImportError("running notebooks needs the notebook extra: pip install 'monarch_nb[notebook]'") from e
     path = Path(path)
@@ -42,8 +43,10 @@ def run_notebook(path: str | Path, output: str | Path | None = None, timeout: fl
         # The kernel talks to this process only: over Unix sockets in this private
         # directory, not TCP ports any local user could connect to (ipykernel warns
         # about plain TCP).
-        manager = jupyter_client.KernelManager(kernel_name=kernel if kernel == "monarch" else "python3",
-                                               transport="ipc", ip=os.path.join(kernels, "ipc"))
+        # Async, as nbclient's own default: with a blocking manager its per-cell timeout
+        # never fired (a cell sleeping 20 s under --timeout 5 ran to its end).
+        manager = jupyter_client.AsyncKernelManager(kernel_name=kernel if kernel == "monarch" else "python3",
+                                                    transport="ipc", ip=os.path.join(kernels, "ipc"))
         client = nbclient.NotebookClient(nb, timeout=timeout, km=manager,
                                          resources={"metadata": {"path": str(path.parent.resolve())}})
         kernelspec.write_data_dir(kernels)
@@ -52,7 +55,7 @@ def run_notebook(path: str | Path, output: str | Path | None = None, timeout: fl
             client.execute()
         finally:
             if manager.has_kernel:  # (a kernel manager given to nbclient is left running by it)
-                manager.shutdown_kernel()
+                run_sync(manager.shutdown_kernel)()
             nbformat.write(nb, output)
             if previous is None:
                 os.environ.pop("JUPYTER_PATH", None)
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"monarch-nb: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # CellExecutionError carries the cell and the traceback
-        print(f"monarch-nb: {args.notebook} failed:\n{e}", file=sys.stderr)
+        print(f"monarch-nb: {args.notebook} failed:\n{e or repr(e)}", file=sys.stderr)
         return 1
     print(f"executed {args.notebook} -> {out}")
     return 0

@@ -104,6 +104,12 @@ def test_procs_may_share_gpus_or_take_several(gpu_cluster):
         pairs.stop()
 
 
+def test_zero_gpus_per_proc_is_refused_not_taken_as_one(gpu_cluster):
+    for zero in (0, 0.0):
+        with pytest.raises(ValueError, match=r"gpus_per_proc=0"):
+            gpu_cluster.this_host().spawn_procs(per_host={"gpus": 2}, name="zero", gpus_per_proc=zero)
+
+
 def test_binding_off_leaves_every_gpu_visible_but_still_sets_the_ranks(gpu_cluster):
     procs = gpu_cluster.this_host().spawn_procs(per_host={"gpus": 6}, name="unbound", bind_gpus=False)
     try:

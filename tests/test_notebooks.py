@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import nbformat
+import pytest
+from nbclient.exceptions import CellTimeoutError
 
 from monarch_nb.cli import run_notebook
 
@@ -81,6 +84,16 @@ def test_running_a_notebook_leaves_no_folder_behind(tmp_path, monkeypatch):
     executed = run_notebook(tmp_path / "tiny.ipynb", tmp_path / "tiny.executed.ipynb", timeout=120)
     assert "42" in _text_outputs(nbformat.read(executed, as_version=4))
     assert not list((tmp_path / "tmp").iterdir())
+
+
+def test_a_cell_running_past_the_timeout_fails_the_run_in_time(tmp_path):
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time; time.sleep(120)")])
+    nbformat.write(notebook, tmp_path / "slow.ipynb")
+    started = time.monotonic()
+    with pytest.raises(CellTimeoutError):
+        run_notebook(tmp_path / "slow.ipynb", tmp_path / "slow.executed.ipynb", timeout=3)
+    # Not the cell's 120 s: the run stops at the timeout (kernel start and shutdown aside).
+    assert time.monotonic() - started < 90
 
 
 def test_weight_sync_notebook_pulls_256_mib_with_rdma_and_plots(tmp_path):

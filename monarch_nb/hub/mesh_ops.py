@@ -140,7 +140,7 @@ class MeshOps:
         ``HubError`` (a ``ValueError`` for the client) when a host has too few."""
         registry = self._registry
         try:
-            per_proc = gpu_binding.parse_gpus_per_proc(header.get(gpus.GPUS_PER_PROC) or 1)
+            per_proc = gpu_binding.parse_gpus_per_proc(header.get(gpus.GPUS_PER_PROC, 1))
             found = gpu_binding.shares([(h, registry.hosts[h].hostname, registry.hosts[h].gpus)
                                         for h in registry.host_order if h in registry.hosts])
             busy = gpu_binding.bound([(m.name, p.host_id, m.rank_env.get(str(r)))
