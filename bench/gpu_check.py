@@ -12,6 +12,8 @@ prints one JSON object on stdout (progress on stderr):
     another's endpoint on one host (the receiver synchronizes its device before
     replying), ``ipc`` with ``MONARCH_NB_CUDA_IPC=1`` in the sender;
   - ``actor_to_actor_{64MiB,1GiB}_cpu``: the same bytes as a CPU tensor (the CPU path);
+  - ``ipc_keeper``: the sender's CUDA IPC claims, and how many fell back to bytes (should
+    be 0: the receiver opened the handle);
   - floors in this process: ``d2d_clone`` (same-process device clone), ``pinned_h2d``,
     ``pinned_d2h``, ``pageable_d2h``; ``torch_ipc_clone``: torch's own CUDA IPC, a
     tensor opened and cloned by a second process (torch.multiprocessing);
@@ -63,6 +65,13 @@ class Receiver(Actor):
 
 
 class Sender(Actor):
+    @endpoint
+    def ipc_counts(self) -> dict:
+        """This proc's CUDA IPC keeper: claims served, and how many of them fell back to bytes."""
+        from monarch_nb.wire import cuda_ipc
+
+        return {"claims": cuda_ipc.keeper().claims, "fell_back_to_bytes": cuda_ipc.keeper().staged}
+
     @endpoint
     def send(self, receiver, nbytes: int, device: str, ipc: bool, reps: int) -> list[float]:
         """Seconds per call of ``receiver.take(tensor)``, ``tensor`` of ``nbytes`` on ``device``."""
@@ -186,6 +195,8 @@ def actor_figures(sizes: dict, cuda: bool, reps: int, deadline: float, out: dict
                 except Exception as e:  # noqa: BLE001 (reported, and the run goes on)
                     out[name] = None
                     missing.append(f"{name}: {type(e).__name__}: {str(e)[:300]}")
+        if cuda:
+            out["ipc_keeper"] = sender.ipc_counts.call_one().get(timeout=60)
         procs.stop()
     finally:
         cluster.stop()
@@ -235,7 +246,7 @@ def main() -> int:
     result["not_measured"] = missing
     result["seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(result, indent=1))
-    errored = any(v is None for v in figures.values())
+    errored = any(v is None for v in figures.values()) or bool(figures.get("ipc_keeper", {}).get("fell_back_to_bytes"))
     return 1 if failed or errored else 0
 
 

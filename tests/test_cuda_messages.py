@@ -125,7 +125,7 @@ def test_by_ipc_the_sender_keeps_the_tensor_until_the_receiver_copied_it(fake, k
     got = received[0]
     assert torch.equal(got, torch.arange(1 << 16, dtype=torch.float32)) and fake.is_cuda(got)
     assert wait_until(lambda: keeper.kept() == 0, 5) and alive() is None  # released after the copy
-    assert [c[0] for c in fake.calls] == ["ipc_share", "ipc_open"]
+    assert [c[0] for c in fake.calls] == ["ipc_share", "ipc_open"] and (keeper.claims, keeper.staged) == (1, 0)
 
 
 _DYING_RECEIVER = """
@@ -169,6 +169,7 @@ def test_by_ipc_a_receiver_that_cannot_open_it_gets_the_bytes_instead(fake, keep
     assert torch.equal(got, sent) and got.shape == (10, 100) and fake.device_index(got) == 1
     assert got_bf16.dtype == torch.bfloat16 and torch.equal(got_bf16, sent_bf16)
     assert ("to_host", True) in fake.calls and ("to_device", 1) in fake.calls  # the staged path's rules
+    assert keeper.staged == 2
     assert wait_until(lambda: keeper.kept() == 0, 5)
 
 
@@ -268,3 +269,18 @@ def test_a_real_cuda_tensor_goes_to_an_actor_and_back_on_the_gpu(gpu, host):
 def test_real_staging_uses_pinned_memory(gpu):
     host = cuda.ops().to_host(torch.ones(1024, device="cuda"), pinned=True)
     assert host.device.type == "cpu" and host.is_pinned() and host.sum().item() == 1024
+
+
+def test_a_real_cuda_tensor_goes_by_ipc_to_an_actor_of_this_host(gpu, host, monkeypatch):
+    monkeypatch.setenv(cuda_ipc.ENV, "1")
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="cuda_real_ipc")
+    try:
+        actor = procs.spawn("echo", CudaEcho)
+        sent = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+        kind, index, back = actor.add_one.call_one(sent).get(timeout=120)
+        assert (kind, index) == ("cuda", 0) and torch.equal(back, sent + 1)
+        keeper = cuda_ipc.keeper()
+        assert keeper.claims >= 1 and keeper.staged == 0  # opened by IPC, not sent as bytes
+        assert wait_until(lambda: keeper.kept() == 0, cuda_ipc.LINGER_S + 5)
+    finally:
+        procs.stop()

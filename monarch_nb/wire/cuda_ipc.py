@@ -81,6 +81,8 @@ class Keeper:
         self._kept: dict[bytes, _Kept] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self.claims = 0  # claims served since start
+        self.staged = 0  # of them, answered with the bytes (the receiver could not open the handle)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(self.address)
         self._sock.listen(64)
@@ -150,7 +152,11 @@ class Keeper:
                 shared = None
             handle = pickle.dumps(shared, protocol=5)
             conn.sendall(_LENGTH.pack(len(handle)) + handle)
+            with self._lock:
+                self.claims += 1
             if conn.recv(1) == channel.STAGE:
+                with self._lock:
+                    self.staged += 1
                 data = _bytes_of(cuda.ops().to_host(kept.tensor, pinned=True))
                 conn.sendall(_LENGTH.pack(data.nbytes))
                 conn.sendall(data)
