@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from monarch_nb.client.cluster import Cluster
 from monarch_nb.hub import logstore
 from monarch_nb.hub.logstore import LogStore
 
@@ -94,6 +95,16 @@ def test_the_limits_come_from_config_toml(tmp_path, monkeypatch):
     store = LogStore(tmp_path)
     assert (store.writing()["max_bytes"], store.writing()["max_age_s"]) == (2 * 2**20, 43_200.0)
     store.close(CLOSE_S)
+
+
+def test_a_mistake_in_config_toml_stops_a_cluster_from_starting_and_names_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("MONARCH_NB_HOME", str(tmp_path))
+    (tmp_path / "config.toml").write_text("[logs]\nmax_mbs = 3\n")
+    with pytest.raises(ValueError, match=r"config.toml: \[logs\] has no setting 'max_mbs'; known: max_mb"):
+        Cluster.start_ephemeral()
+    with pytest.raises(ValueError, match=r"config.toml: \[logs\] has no setting 'max_mbs'"):
+        Cluster.start("typo")
+    assert not any((tmp_path / "clusters").glob("*")), "no cluster directory is left behind"
 
 
 def test_a_query_returns_at_most_its_limit_the_oldest_first(tmp_path):

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import cluster_dir, fd_limit
+from ..hub import logstore
 from ..errors import ClusterError, ClusterNotFound, HubTimeout, InvalidRequest
 from ..mesh import Extent, Shape
 from ..proc.actor import proc_identity
@@ -175,6 +176,7 @@ class Cluster:
                 if discovery.leftover_agents(found.path) and (found.path / "state.json").exists():
                     return cls._recover(found)
                 discovery.remove_stale(found.path)
+            _check_config()
             path, info = cluster_dir.create(name)
             try:
                 launch_hub(path, hosts=hosts or 1, grace_s=grace_s, idle_timeout=idle_timeout,
@@ -230,6 +232,7 @@ class Cluster:
         :meth:`start`; it decides how many). Raises :class:`ClusterError` if they don't
         come up."""
         spec = _allocator_spec(allocator, None) if allocator is not None else None
+        _check_config()
         name = f"{discovery.EPHEMERAL_PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
         path, _ = cluster_dir.create(name)
         try:
@@ -454,6 +457,14 @@ class Cluster:
         from ..notebook.display import show_cluster
 
         show_cluster(self)
+
+
+def _check_config() -> None:
+    """Raise ``ValueError`` naming the file and the known keys for a ``config.toml`` a
+    new hub would not take (a typo in ``[logs]``, TOML that can't be read), before it
+    starts; a hub that meets one later (recovery) runs on with the defaults and says so
+    in hub.log."""
+    logstore.retention()
 
 
 def _check_start_args(name, hosts, grace_s, idle_timeout) -> None:
