@@ -46,6 +46,7 @@ from . import cuda, cuda_tensors
 ENV = "MONARCH_NB_CUDA_IPC"
 LINGER_S = 5.0
 UNCLAIMED_S = 120.0
+RECEIVE_TIMEOUT_S = 120.0  # a receiver's wait for each answer of its sender's keeper
 _LENGTH = struct.Struct(channel.LENGTH_FORMAT)
 
 
@@ -220,6 +221,7 @@ def rebuild(address: str, pid: int, token: bytes, dtype: Any, shape: tuple, requ
     :class:`CudaIpcUnavailable` when the sender's keeper can't be reached or released
     the tensor."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(RECEIVE_TIMEOUT_S)
     try:
         try:
             conn.connect(address)
@@ -233,9 +235,9 @@ def rebuild(address: str, pid: int, token: bytes, dtype: Any, shape: tuple, requ
             raise CudaIpcUnavailable(f"the CUDA IPC keeper at this address is pid {peer}, not the sender {pid}")
         try:
             return _claim(conn, pid, token, dtype, shape, requires_grad, index)
-        except ConnectionError as e:
+        except OSError as e:  # ended by the sender, or no answer for RECEIVE_TIMEOUT_S
             raise CudaIpcUnavailable(f"the sender (pid {pid}) of a CUDA tensor sent by CUDA IPC "
-                                     f"ended the transfer: {e}") from None
+                                     f"ended the transfer or stopped answering: {e}") from None
     finally:
         conn.close()
 
@@ -243,7 +245,8 @@ def rebuild(address: str, pid: int, token: bytes, dtype: Any, shape: tuple, requ
 def _claim(conn: socket.socket, pid: int, token: bytes, dtype: Any, shape: tuple, requires_grad: bool,
            index: int) -> Any:
     """The claim of token ``token`` on connected ``conn``: the receiver's own copy.
-    Raises ``ConnectionError`` when the keeper ends the connection."""
+    Raises ``OSError`` (``ConnectionError``, ``TimeoutError``) when the keeper ends the
+    connection or does not answer."""
     conn.sendall(channel.CLAIM + token)
     n = _LENGTH.unpack(_recv_exact(conn, _LENGTH.size))[0]
     if n == 0:
@@ -279,7 +282,9 @@ def _receive_bytes(conn: socket.socket, dtype: Any, shape: tuple) -> Any:
 
 def _after_fork() -> None:
     global _keeper
-    _keeper = None  # the parent's socket and thread are not this process's
+    if _keeper is not None:  # the parent's socket and thread are not this process's: a copy of
+        _keeper._sock.close()  # the socket left open here would take the parent's claims once it exits
+    _keeper = None
 
 
 os.register_at_fork(after_in_child=_after_fork)
