@@ -44,7 +44,7 @@ from ..protocol import cuda_ipc as channel
 from . import cuda, cuda_tensors
 
 ENV = "MONARCH_NB_CUDA_IPC"
-LINGER_S = 5.0
+LINGER_S = 1.0
 UNCLAIMED_S = 120.0
 RECEIVE_TIMEOUT_S = 120.0  # a receiver's wait for each answer of its sender's keeper
 _LENGTH = struct.Struct(channel.LENGTH_FORMAT)
