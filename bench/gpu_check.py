@@ -147,13 +147,14 @@ def _ipc_child(queue, done, reps):
     for _ in range(reps + 1):
         t0 = time.perf_counter()
         tensor.clone()
-        torch.cuda.synchronize()
+        if tensor.is_cuda:
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     del tensor
     done.put(times[1:])
 
 
-def torch_ipc_floor(nbytes: int, reps: int) -> float:
+def torch_ipc_floor(nbytes: int, reps: int, device: str = "cuda") -> float:
     """GB/s of a clone, in a second process, of a CUDA tensor it got by torch's IPC
     (the open included once, in the first, unreported clone)."""
     import torch
@@ -163,7 +164,7 @@ def torch_ipc_floor(nbytes: int, reps: int) -> float:
     queue, done = ctx.Queue(), ctx.Queue()
     child = ctx.Process(target=_ipc_child, args=(queue, done, reps))
     child.start()
-    tensor = torch.ones(nbytes // 4, device="cuda")
+    tensor = torch.ones(nbytes // 4, device=device)
     queue.put(tensor)
     try:
         times = done.get(timeout=120)

@@ -181,6 +181,13 @@ def test_by_ipc_a_tensor_released_unclaimed_is_a_clear_error(fake, keeper):
         serialize.loads(stream, [])
 
 
+def test_the_cuda_paths_import_no_torch_until_a_tensor_is_sent():
+    code = ("import sys; from monarch_nb.wire import serialize, cuda_ipc; "
+            "serialize.loads(*serialize.dumps({'x': b'1' * 100000, 'y': [1.5]})); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
 class FakeGpuActor(Actor):
     """An actor whose proc "has" ``devices`` CUDA devices (the fake, on a CPU machine)."""
 
