@@ -25,6 +25,9 @@ from ..client.host_mesh import HostMesh
 from ..client.proc_mesh import ProcMesh
 from ..client.value_mesh import ValueMesh
 from ..errors import ActorError, ClusterError, SupervisionError
+from .torchft_quorum import TorchFTLighthouse
+
+QUORUMS = ("controller", "torchft")
 
 
 class GroupState(str, enum.Enum):
@@ -69,17 +72,29 @@ class ReplicaGroups:
     that fails more often is left out (``GroupState.FAILED``). ``step_timeout`` (seconds,
     ``None``: no limit): a group whose step takes longer is taken as hung and recovered.
 
+    ``quorum="torchft"`` (torchft installed) starts TorchFT's lighthouse as an actor
+    (``self.lighthouse``, on a proc of its own, needing ``min_replicas`` groups for a
+    quorum) and gives every proc of group i ``TORCHFT_LIGHTHOUSE``, ``REPLICA_GROUP_ID=i``
+    and ``NUM_REPLICA_GROUPS`` before its actors start, so that a ``torchft.Manager``
+    made in ``__init__`` joins it (``ft.torchft_quorum``); give ``backend`` too, for the
+    Manager's ``MASTER_ADDR``/``MASTER_PORT``. The default, ``"controller"``: each step
+    runs on the groups healthy when it starts.
+
     Blocks until every group's actors are constructed. Raises ``ValueError`` for
-    ``num_groups < 1`` or ``max_restarts < 0``."""
+    ``num_groups < 1``, ``max_restarts < 0`` or an unknown ``quorum``, ``ImportError``
+    for ``quorum="torchft"`` without torchft."""
 
     def __init__(self, hosts: HostMesh, name: str, actor_class: type, *args: Any, num_groups: int,
                  per_group: dict[str, int], backend: str | None = None, max_restarts: int = 3,
                  on_join: Callable[[ReplicaGroup, ReplicaGroup | None], None] | None = None,
-                 step_timeout: float | None = None, **kwargs: Any):
+                 step_timeout: float | None = None, quorum: str = "controller", min_replicas: int = 1,
+                 **kwargs: Any):
         if num_groups < 1:
             raise ValueError(f"ReplicaGroups: num_groups={num_groups}; give at least 1")
         if max_restarts < 0:
             raise ValueError(f"ReplicaGroups: max_restarts={max_restarts}; give 0 (never restart) or more")
+        if quorum not in QUORUMS:
+            raise ValueError(f"ReplicaGroups: quorum={quorum!r}; give {' or '.join(map(repr, QUORUMS))}")
         self._hosts, self._name, self._class = hosts, name, actor_class
         self._args, self._kwargs = args, kwargs
         self._per_group, self._backend = dict(per_group), backend
@@ -87,17 +102,25 @@ class ReplicaGroups:
         self._lock = threading.Lock()
         self._recoveries: list[threading.Thread] = []
         self._spawned = 0  # proc meshes made so far: each gets a fresh name
-        self.groups = [self._start_group(i) for i in range(num_groups)]
+        self._num_groups = num_groups
+        self.lighthouse = TorchFTLighthouse(hosts, name, min_replicas=min_replicas) if quorum == "torchft" else None
+        try:
+            self.groups = [self._start_group(i) for i in range(num_groups)]
+        except BaseException:
+            if self.lighthouse is not None:
+                self.lighthouse.stop()
+            raise
 
     def _start_group(self, index: int) -> ReplicaGroup:
-        procs, actors = self._spawn()
+        procs, actors = self._spawn(index)
         return ReplicaGroup(index, procs, actors)
 
-    def _spawn(self) -> tuple[ProcMesh, ActorMesh]:
+    def _spawn(self, index: int) -> tuple[ProcMesh, ActorMesh]:
         with self._lock:
             self._spawned += 1
             mesh_name = f"{self._name}_{self._spawned}"
-        procs = self._hosts.spawn_procs(per_host=self._per_group, name=mesh_name)
+        bootstrap = None if self.lighthouse is None else self.lighthouse.bootstrap(index, self._num_groups)
+        procs = self._hosts.spawn_procs(per_host=self._per_group, name=mesh_name, bootstrap=bootstrap)
         try:
             if self._backend is not None:
                 procs.setup_torch_distributed(self._backend)
@@ -153,11 +176,14 @@ class ReplicaGroups:
             return [g.summary() for g in self.groups]
 
     def stop(self) -> None:
-        """Stop every group's procs (waiting for recoveries under way first)."""
+        """Stop every group's procs (waiting for recoveries under way first), then the
+        lighthouse's."""
         self.wait_healthy()
         for group in self.groups:
             group.procs.stop()
             group.state = GroupState.STOPPED
+        if self.lighthouse is not None:
+            self.lighthouse.stop()
 
     # -- recovery ------------------------------------------------------------------------
     def _admit_joining(self) -> None:
@@ -202,7 +228,7 @@ class ReplicaGroups:
         member) and start it again; it joins at the next step (``_admit_joining``)."""
         try:
             broken.stop()  # a hung rank too: its agent kills what does not exit
-            procs, actors = self._spawn()
+            procs, actors = self._spawn(group.index)
         except Exception as e:  # noqa: BLE001 - reported in status(), the other groups go on
             with self._lock:
                 group.state, group.last_failure = GroupState.FAILED, f"recovery failed: {type(e).__name__}: {e}"

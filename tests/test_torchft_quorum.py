@@ -1,0 +1,58 @@
+"""TorchFT as the quorum of replica groups (issue 27 item 2): its lighthouse runs as an
+actor, each group's torchft.Manager joins it and all-reduces across the groups, and when
+a group is killed the others keep committing steps in a smaller quorum while it is
+respawned."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from monarch_nb.ft import GroupState, ReplicaGroups, inject_fault
+
+
+def test_an_unknown_quorum_is_refused_before_anything_starts():
+    with pytest.raises(ValueError, match="quorum='paxos'; give 'controller' or 'torchft'"):
+        ReplicaGroups(None, "g", object, num_groups=2, per_group={"procs": 1}, quorum="paxos")
+
+
+def test_quorum_torchft_without_torchft_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchft", None)  # what `import torchft` meets where it is not installed
+    with pytest.raises(ImportError, match=r"pip install 'monarch_nb\[torchft\]'"):
+        ReplicaGroups(None, "g", object, num_groups=2, per_group={"procs": 1}, quorum="torchft")
+
+
+def test_torchft_quorum_averages_across_groups_and_keeps_the_healthy_one_committing_through_a_kill(host):
+    pytest.importorskip("torchft", reason="TorchFT is not installed: pip install 'monarch_nb[torchft]'")
+    from torchft_actors import FTTrainer
+
+    groups = ReplicaGroups(host, "tft", FTTrainer, num_groups=2, per_group={"procs": 1}, backend="gloo",
+                           quorum="torchft", step_timeout=60)
+    try:
+        envs = [g.actors.env.call_one().get() for g in groups.groups]
+        assert groups.lighthouse is not None and groups.lighthouse.address.startswith("http://")
+        assert envs == [{"TORCHFT_LIGHTHOUSE": groups.lighthouse.address, "REPLICA_GROUP_ID": str(i),
+                         "NUM_REPLICA_GROUPS": "2"} for i in range(2)]
+        for _ in range(3):
+            steps = {i: vm.item(procs=0) for i, vm in groups.call("step").items()}
+        # one quorum of both groups: the all-reduce averaged group 0's 1 and group 1's 2
+        assert [(s["participants"], s["value"], s["committed"]) for s in steps.values()] == [(2, 1.5, True)] * 2
+
+        survivor_pid = groups.groups[0].procs.pids
+        inject_fault(groups.groups[1].procs, "kill", ranks=[0])
+        alone = []
+        while groups.groups[1].state is not GroupState.JOINING or not alone:
+            steps = {i: vm.item(procs=0) for i, vm in groups.call("step").items()}
+            assert list(steps) == [0], steps  # group 1 is out until it is respawned
+            alone.append(steps[0])
+        # group 0 committed every step after the first that met the dead peer, alone in the quorum
+        assert all(s["participants"] == 1 and s["committed"] and s["value"] == 1.0 for s in alone[1:]), alone
+
+        assert groups.groups[0].procs.pids == survivor_pid and groups.groups[0].restarts == 0
+        assert steps[0]["total"] >= 3 + len(alone) - 1  # it lost at most the step that met the dead peer
+        # group 1 was respawned meanwhile and joins at the next step (its rejoining TorchFT's
+        # quorum in lock-step calls is not reliable yet: docs/fault_tolerance.md)
+        assert groups.groups[1].state is GroupState.JOINING and groups.groups[1].procs.pids != []
+    finally:
+        groups.stop()
