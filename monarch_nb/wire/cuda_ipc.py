@@ -116,11 +116,15 @@ class Keeper:
 
     def _release_due(self) -> None:
         now = time.monotonic()
-        with self._lock:
-            due = [t for t, k in self._kept.items() if not k.open and now - k.since >= (
-                self.linger_s if k.done else self.unclaimed_s)]
-            for token in due:
-                del self._kept[token]
+        with self._lock:  # the loops in a method of their own: see monarch_nb.wire.interrupts
+            self._drop_due(now)
+
+    def _drop_due(self, now: float) -> None:
+        """Release the tensors no claim holds whose time is up. The caller holds the lock."""
+        due = [t for t, k in self._kept.items() if not k.open and now - k.since >= (
+            self.linger_s if k.done else self.unclaimed_s)]
+        for token in due:
+            del self._kept[token]
 
     def _accept(self) -> None:
         while not self._closed:
