@@ -216,4 +216,5 @@ def test_no_with_block_of_the_client_runtime_can_be_left_at_a_loop_back_edge():
         for path in sorted((package / layer).glob("*.py")):
             code = compile(path.read_text(), str(path), "exec")
             found += [f"{path.relative_to(package.parent)}:{line}" for line in _back_edges_outside_their_with(code)]
-    assert found == [], f"loop back-edges a KeyboardInterrupt leaves their with block at: {found}"
+    assert found == [], (f"loop back-edges where a KeyboardInterrupt leaves its with block without __exit__: {found}; "
+                         "move the loop into a function called from the block (see monarch_nb.wire.interrupts)")
