@@ -5,6 +5,7 @@ while the ranks train."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -55,16 +56,21 @@ def retained():
     assert wait_until(lambda: not cluster_processes(path), 15), cluster_processes(path)
 
 
-def test_a_kernel_restart_mid_fit_leaves_the_training_going_and_connect_shows_it(retained):
+def test_a_kernel_restart_mid_fit_leaves_the_training_going_and_connect_shows_it(retained, tmp_path):
     from kernels import Kernel
 
+    # What the kernels found, written to a file: their stdout also carries the ranks' lines,
+    # which may land in the middle of a printed line.
+    found = tmp_path / "found.json"
+    save = f"import json\njson.dump(found, open({str(found)!r}, 'w'))\n"
     kernel = Kernel()
     try:
         # The notebook's own model, callback and actor, in a retained cluster; the fit
         # started and its first epoch seen, then the kernel is restarted under it.
         kernel.run(f"import monarch_nb\ncluster = monarch_nb.Cluster.start({retained!r})\n"
                    + _notebook_cells("class DigitClassifier", "class LightningRank", "spawn_procs"), timeout=180)
-        pids = re.search(r"^pids (.*)$", kernel.run("print('pids', procs.pids)"), re.M)[1]
+        kernel.run("found = {'pids': procs.pids}\n" + save)
+        pids = json.loads(found.read_text())["pids"]
         kernel.run("port, receiver = Channel.open()\n"
                    "fit = ranks.fit.call(DigitClassifier, digits_loaders, port, max_epochs=15, lr=0.005)\n"
                    "while receiver.recv().get(timeout=120)['kind'] != 'epoch':\n"
@@ -73,21 +79,21 @@ def test_a_kernel_restart_mid_fit_leaves_the_training_going_and_connect_shows_it
 
         kernel.run(f"import monarch_nb, time\ncluster = monarch_nb.connect({retained!r})\n"
                    "epochs = lambda: [r['text'] for r in cluster.logs(mesh='lightning', grep='^epoch ')]\n"
-                   "at_connect = epochs()\n", timeout=60)
-        # the ranks kept training without their kernel: epoch lines still arrive after it
-        grown = kernel.run("deadline = time.monotonic() + 120\n"
-                           "while len(epochs()) <= len(at_connect) and time.monotonic() < deadline:\n"
-                           "    time.sleep(0.2)\n"
-                           "print('grown', len(at_connect), len(epochs()))", timeout=180)
-        before, after = map(int, re.search(r"^grown (\d+) (\d+)$", grown, re.M).groups())
-        assert after > before >= 1, grown
-        out = kernel.run("ranks = cluster.actor_meshes['lightning']\n"
-                         "print('result', ranks.last_result.call().get().values())\n"
-                         "print('pids', cluster.proc_meshes['lightning_procs'].pids)\n"
-                         "print('last', epochs()[-1])", timeout=300)
+                   "at_connect = epochs()\n"
+                   # the ranks keep training without their kernel: epoch lines still arrive
+                   "deadline = time.monotonic() + 120\n"
+                   "while len(epochs()) <= len(at_connect) and time.monotonic() < deadline:\n"
+                   "    time.sleep(0.2)\n"
+                   "found = {'before': len(at_connect), 'after': len(epochs())}\n" + save, timeout=180)
+        grown = json.loads(found.read_text())
+        assert grown["after"] > grown["before"] >= 1, grown
+        kernel.run("ranks = cluster.actor_meshes['lightning']\n"
+                   "found = {'result': list(ranks.last_result.call().get().values()),\n"
+                   "         'pids': cluster.proc_meshes['lightning_procs'].pids, 'last': epochs()[-1]}\n" + save,
+                   timeout=300)
     finally:
         kernel.shutdown()
-    result, now_pids, last_epoch = (re.search(rf"^{tag} (.*)$", out, re.M)[1] for tag in ("result", "pids", "last"))
-    assert now_pids == pids  # the same procs: nothing was restarted
-    assert last_epoch.startswith("epoch 14: step 360,"), last_epoch  # all 15 epochs ran
-    assert result.count("'val_acc'") == 2, result
+    end = json.loads(found.read_text())
+    assert end["pids"] == pids  # the same procs: nothing was restarted
+    assert end["last"].startswith("epoch 14: step 360,"), end  # all 15 epochs ran
+    assert [sorted(r) for r in end["result"]] == [["train_loss", "val_acc"]] * 2, end
