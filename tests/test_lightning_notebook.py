@@ -87,8 +87,13 @@ def test_a_kernel_restart_mid_fit_leaves_the_training_going_and_connect_shows_it
                    "found = {'before': len(at_connect), 'after': len(epochs())}\n" + save, timeout=180)
         grown = json.loads(found.read_text())
         assert grown["after"] > grown["before"] >= 1, grown
+        # The fit's result can come back before its last epoch line reached the log store.
         kernel.run("ranks = cluster.actor_meshes['lightning']\n"
-                   "found = {'result': list(ranks.last_result.call().get().values()),\n"
+                   "result = list(ranks.last_result.call().get().values())\n"
+                   "deadline = time.monotonic() + 60\n"
+                   "while not epochs()[-1].startswith('epoch 14:') and time.monotonic() < deadline:\n"
+                   "    time.sleep(0.2)\n"
+                   "found = {'result': result,\n"
                    "         'pids': cluster.proc_meshes['lightning_procs'].pids, 'last': epochs()[-1]}\n" + save,
                    timeout=300)
     finally:
