@@ -79,6 +79,18 @@ def wait_until(condition, timeout: float, interval: float = 0.02):
         time.sleep(interval)
 
 
+def cuda_gpu_count() -> int:
+    """How many CUDA GPUs torch sees here (0 without torch or CUDA). torch is imported
+    only when called: procs import the test modules for their actor classes."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def pids_alive(pids) -> list[int]:
     alive = []
     for pid in pids:

@@ -5,7 +5,6 @@ and skip without one."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from monarch_nb.wire import cuda, cuda_ipc, cuda_tensors, serialize
 
 torch = pytest.importorskip("torch")  # noqa: E402 (procs import this module: torch is installed there too)
 
-from conftest import wait_until  # noqa: E402
+from conftest import cuda_gpu_count, wait_until  # noqa: E402
 from cuda_fake import FakeCuda  # noqa: E402
 
 
@@ -234,15 +233,9 @@ def test_a_cuda_argument_is_rebuilt_on_the_actors_own_device(host, fake):
 
 # Real GPUs: skipped without one (the one allowed skip; run by bench/gpu_check.py).
 
-def _cuda_count() -> int:
-    if importlib.util.find_spec("torch") is None:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 @pytest.fixture(scope="module")
 def gpu() -> int:
-    count = _cuda_count()
+    count = cuda_gpu_count()
     if not count:
         pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False here")
     return count

@@ -5,7 +5,6 @@ inventory, are in test_gpu_binding.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from datetime import timedelta
 
@@ -13,20 +12,14 @@ import pytest
 
 from monarch_nb.actor import Actor, endpoint
 
-
-def _cuda_count() -> int:
-    if importlib.util.find_spec("torch") is None:
-        return 0
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+from conftest import cuda_gpu_count
 
 
 @pytest.fixture(scope="module")
 def gpus() -> int:
     """How many CUDA GPUs this machine has (torch's count; not imported at module
     level: procs import this module for its actor classes)."""
-    count = _cuda_count()
+    count = cuda_gpu_count()
     if not count:
         pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False here")
     return count

@@ -52,6 +52,16 @@ def _summary(saved: dict | None) -> dict:
             "actors": sorted(saved["actor_meshes"]), "counter": saved["mesh_counter"]}
 
 
+def _stop_retained(name: str, path) -> None:
+    """Stop retained cluster ``name`` as a user would (the CLI), wait for its processes to
+    end, and drop this client's connection to it."""
+    subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", name], capture_output=True)
+    assert wait_until(lambda: not cluster_processes(path), 30), cluster_processes(path)
+    if runtime().cluster is not None:
+        runtime().cluster.disconnect()
+        runtime().cluster = None
+
+
 def test_a_burst_of_256_proc_deaths_is_written_off_the_event_loop_in_a_few_fsyncs(tmp_path, monkeypatch):
     fsyncs: list[str] = []
     real_fsync = os.fsync
@@ -170,11 +180,7 @@ def test_a_hub_killed_during_a_burst_of_changes_recovers_every_answered_spawn():
         again.stop()
         assert not pids_alive(keep.pids + doomed.pids)
     finally:
-        subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", name], capture_output=True)
-        assert wait_until(lambda: not cluster_processes(path), 30), cluster_processes(path)
-        if runtime().cluster is not None:
-            runtime().cluster.disconnect()
-            runtime().cluster = None
+        _stop_retained(name, path)
     assert not path.exists(), f"{path} left behind"
 
 
@@ -249,11 +255,7 @@ def test_a_hub_killed_while_meshes_are_spawned_and_stopped_recovers_every_answer
         again.stop()
         assert not pids_alive(keep.pids + every_pid)
     finally:
-        subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", name], capture_output=True)
-        assert wait_until(lambda: not cluster_processes(path), 30), cluster_processes(path)
-        if runtime().cluster is not None:
-            runtime().cluster.disconnect()
-            runtime().cluster = None
+        _stop_retained(name, path)
     assert not path.exists(), f"{path} left behind"
 
 
