@@ -62,30 +62,38 @@ def adopt(cluster: Cluster, info: dict, record: dict, on_replica_start: Callable
                for endpoint, c in record[records.ENDPOINTS].items()}
     service._setup(record[records.NAME], record[records.KEY], configs, record[records.REPLICAS], record[records.PROCS],
                    record[records.MAX_RESTARTS], on_replica_start, cluster.host_mesh(), record[records.CLASS])
-    failed: list[tuple[Replica, str, str]] = []
-    with service._lock:
-        for replica in service.replicas:
-            mesh = record["replica_meshes"].get(replica.idx)
-            generation = record["replica_generations"].get(replica.idx, 0)
-            replica.generation, replica.restarts = generation, max(0, generation - 1)
-            procs = info["proc_meshes"].get(mesh or "")
-            actors = info["actor_meshes"].get(f"{mesh}/{mesh}")
-            if procs is None or actors is None:
-                replica.state = ReplicaState.UNHEALTHY
-                replica.last_failure = ("its actor mesh is gone (the client replacing it ended before it was up); "
-                                        "shut the service down and make it again")
-                continue
-            assert mesh is not None
-            service._handle_failures_of(mesh)
-            replica.serve_from(cluster._proc_mesh(procs), cluster._actor_mesh(actors))
-            service._by_mesh[mesh] = replica
-            replica.state = ReplicaState.HEALTHY
-            gone = replica.actors.initialized.exception()
-            if gone is not None:
-                failed.append((replica, mesh, str(gone)))
+    with service._lock:  # the loop in a function of its own: see monarch_nb.wire.interrupts
+        failed = _serve_from_records(service, cluster, info, record)
     for replica, mesh, why in failed:
         service._failed_replica(replica, mesh, why)
     return service
+
+
+def _serve_from_records(service: Service, cluster: Cluster, info: dict, record: dict) -> list[tuple[Replica, str, str]]:
+    """Point each replica of ``service`` at its meshes in ``info`` (the caller holds the
+    service's lock); the replicas whose actor is found gone, as (replica, its mesh,
+    why)."""
+    failed: list[tuple[Replica, str, str]] = []
+    for replica in service.replicas:
+        mesh = record["replica_meshes"].get(replica.idx)
+        generation = record["replica_generations"].get(replica.idx, 0)
+        replica.generation, replica.restarts = generation, max(0, generation - 1)
+        procs = info["proc_meshes"].get(mesh or "")
+        actors = info["actor_meshes"].get(f"{mesh}/{mesh}")
+        if procs is None or actors is None:
+            replica.state = ReplicaState.UNHEALTHY
+            replica.last_failure = ("its actor mesh is gone (the client replacing it ended before it was up); "
+                                    "shut the service down and make it again")
+            continue
+        assert mesh is not None
+        service._handle_failures_of(mesh)
+        replica.serve_from(cluster._proc_mesh(procs), cluster._actor_mesh(actors))
+        service._by_mesh[mesh] = replica
+        replica.state = ReplicaState.HEALTHY
+        gone = replica.actors.initialized.exception()
+        if gone is not None:
+            failed.append((replica, mesh, str(gone)))
+    return failed
 
 
 def _install() -> None:

@@ -63,7 +63,7 @@ class Batcher:
         """Stop batching; returns the items of batches not sent yet (the caller fails them)."""
         with self._lock:
             self._closed = True
-            left = [item for batch in self._open.values() for item in batch.items]
+            left = self._open_items()  # the loop in a method of its own: see monarch_nb.wire.interrupts
             self._open.clear()
             self._due.clear()
             self._lock.notify()
@@ -71,6 +71,10 @@ class Batcher:
         if thread is not None and thread is not threading.current_thread():
             thread.join(5)
         return left
+
+    def _open_items(self) -> list:
+        """The items of the batches not sent yet (the caller holds the lock)."""
+        return [item for batch in self._open.values() for item in batch.items]
 
     def _take(self, batch: _Batch) -> _Batch:
         """Close ``batch`` for new items (the caller holds the lock)."""
@@ -95,16 +99,24 @@ class Batcher:
 
     def _run(self) -> None:
         while True:
-            due = []
-            with self._lock:
-                while not self._closed and (not self._due or self._due[0][0] > time.monotonic()):
-                    self._lock.wait(None if not self._due else self._due[0][0] - time.monotonic())
-                if self._closed:
-                    return
-                now = time.monotonic()
-                while self._due and self._due[0][0] <= now:
-                    _, _, batch = heapq.heappop(self._due)
-                    if not batch.sent:  # (a full one left already)
-                        due.append(self._take(batch))
+            with self._lock:  # the loops in a method of their own: see monarch_nb.wire.interrupts
+                due = self._next_due()
+            if due is None:
+                return
             for batch in due:
                 self._hand_over(batch)
+
+    def _next_due(self) -> list[_Batch] | None:
+        """Wait (the caller holds the lock) until a batch is due or the batcher closes;
+        the due batches, taken (``None``: it closed)."""
+        while not self._closed and (not self._due or self._due[0][0] > time.monotonic()):
+            self._lock.wait(None if not self._due else self._due[0][0] - time.monotonic())
+        if self._closed:
+            return None
+        due = []
+        now = time.monotonic()
+        while self._due and self._due[0][0] <= now:
+            _, _, batch = heapq.heappop(self._due)
+            if not batch.sent:  # (a full one left already)
+                due.append(self._take(batch))
+        return due

@@ -84,7 +84,8 @@ class FanIn:
             self._results[idx] = (value, error)
             if len(self._results) < self._expected:
                 return
-            ordered = [self._results[i] for i in sorted(self._results)]
+            results = dict(self._results)  # no loop under the lock: see monarch_nb.wire.interrupts
+        ordered = [results[i] for i in sorted(results)]
         errors = [e for _, e in ordered if e is not None]
         kept = [v for v, e in ordered if e is None]
         raised = [e for e in errors if not isinstance(e, SupervisionError)]

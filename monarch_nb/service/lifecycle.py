@@ -105,9 +105,13 @@ class ReplicaLifecycle:
     def _start_thread(self, replica: Replica, broken: Any) -> None:
         thread = threading.Thread(target=self._start, args=(replica, broken), daemon=True,
                                   name=f"monarch-nb-service-{self._key}-r{replica.idx}")
-        with self._lock:
-            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        with self._lock:  # the loop in a method of its own: see monarch_nb.wire.interrupts
+            self._threads = self._running_threads() + [thread]
         thread.start()
+
+    def _running_threads(self) -> list[threading.Thread]:
+        """The replica threads still running (the caller holds the lock)."""
+        return [t for t in self._threads if t.is_alive()]
 
     def _start(self, replica: Replica, broken: Any) -> None:
         """Start ``replica`` (again, after ``broken``, its failed procs, are stopped):

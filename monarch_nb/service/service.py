@@ -94,6 +94,11 @@ class Service(ReplicaLifecycle):
         self.name, self._key, self._configs, self._class_name = name, key, configs, class_name
         self._procs, self._max_restarts, self._on_start = procs, max_restarts, on_replica_start
         self._routers: dict[str, Router] = {n: make_router(c.router) for n, c in self._configs.items()}
+        # No loop runs directly in a `with self._lock:` (or `self._changed`) block: each is
+        # in a method of its own called under the lock. On Python 3.12+ a loop's back-edge
+        # there can fall outside the block's exception handler, and a Ctrl-C raised at it by
+        # a SIGINT handler of the user's own would leave the lock held (see
+        # monarch_nb.wire.interrupts).
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self.replicas = [Replica(i) for i in range(num_replicas)]
@@ -131,12 +136,9 @@ class Service(ReplicaLifecycle):
         timeout and :class:`NoHealthyReplica` when no replica could start."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
-            while any(r.state is ReplicaState.INITIALIZING for r in self.replicas):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"service {self.name!r}: replicas still starting after {timeout} s: "
-                                       f"{[r.idx for r in self.replicas if r.state is ReplicaState.INITIALIZING]}")
-                self._changed.wait(left)
+            starting = self._wait_out((ReplicaState.INITIALIZING,), deadline)
+            if starting:
+                raise TimeoutError(f"service {self.name!r}: replicas still starting after {timeout} s: {starting}")
             if not any(r.state in (ReplicaState.HEALTHY, ReplicaState.RECOVERING) for r in self.replicas):
                 raise NoHealthyReplica(f"service {self.name!r}: no replica could start: "
                                        + "; ".join(f"replica {r.idx}: {r.last_failure}" for r in self.replicas))
@@ -151,12 +153,18 @@ class Service(ReplicaLifecycle):
         returns whether every replica not failed for good is healthy."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
-            while any(r.state in STARTING for r in self.replicas):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._changed.wait(left)
-            return True
+            return not self._wait_out(STARTING, deadline)
+
+    def _wait_out(self, states: tuple[ReplicaState, ...], deadline: float | None) -> list[int]:
+        """Wait on ``self._changed`` (the caller holds it) until no replica is in one of
+        ``states`` or ``deadline`` (``time.monotonic()``; ``None``: no limit) passes; the
+        indexes of the replicas still in them (empty when none is)."""
+        while True:
+            left_in = [r.idx for r in self.replicas if r.state in states]
+            left = None if deadline is None else deadline - time.monotonic()
+            if not left_in or (left is not None and left <= 0):
+                return left_in
+            self._changed.wait(left)
 
     def session(self, session_id: str | None = None) -> SessionContext:
         """``with svc.session():`` / ``async with svc.session():``: the block's calls to
@@ -190,8 +198,12 @@ class Service(ReplicaLifecycle):
         """Per replica: state, requests, failed, in flight, latency p50/p99 (s),
         restarts; for the service: sessions, waiting, retried and failed requests."""
         with self._lock:
-            return ServiceMetrics(self.name, [r.metrics() for r in self.replicas], len(self._sessions),
+            return ServiceMetrics(self.name, self._replica_metrics(), len(self._sessions),
                                   len(self._waiting), self._retried, self._failed)
+
+    def _replica_metrics(self) -> list[dict]:
+        """Each replica's metrics (the caller holds the lock)."""
+        return [r.metrics() for r in self.replicas]
 
     def shutdown(self, timeout: float = 120.0) -> Future:
         """Stop every replica's procs (and the actors on them); requests still waiting
@@ -309,8 +321,7 @@ class Service(ReplicaLifecycle):
         moved: list[tuple[str, int, int]] = []
         with self._lock:
             self._check_running()
-            healthy = [r for r in self.replicas if r.state is ReplicaState.HEALTHY
-                       and (r.idx, r.generation) not in request.exclude]
+            healthy = self._healthy(request.exclude)
             if not healthy:
                 if any(r.state in STARTING for r in self.replicas):
                     self._waiting.append(request)
@@ -330,6 +341,11 @@ class Service(ReplicaLifecycle):
             warnings.warn(SessionMoved(f"service {self.name!r}: session {sid} moved from replica {was}, which failed, "
                                        f"to replica {now}; state replica {was} kept for it is gone"), stacklevel=2)
         return replica
+
+    def _healthy(self, exclude: set[tuple[int, int]] | frozenset = frozenset()) -> list[Replica]:
+        """The healthy replicas but those whose (index, generation) is in ``exclude``
+        (the caller holds the lock)."""
+        return [r for r in self.replicas if r.state is ReplicaState.HEALTHY and (r.idx, r.generation) not in exclude]
 
     def _send(self, request: Request, replica: Replica) -> None:
         generation = replica.generation
@@ -394,7 +410,7 @@ class Service(ReplicaLifecycle):
             try:
                 with self._lock:
                     self._check_running()
-                    targets = [r for r in self.replicas if r.state is ReplicaState.HEALTHY]
+                    targets = self._healthy()
                     if not targets:
                         raise NoHealthyReplica(f"service {self.name!r}: no healthy replica for fanout of {endpoint!r}")
             except ServiceError as e:
@@ -428,11 +444,8 @@ class Service(ReplicaLifecycle):
         requests = [Request(endpoint, args, kwargs, config, fan_in.deliver_for(replica.idx),
                             attempts=2)  # never retried: each replica's part is its own
                     for replica in targets]
-        with self._lock:
-            for replica in targets:
-                replica.stats.in_flight += 1
-                replica.stats.requests += 1
-            generations = [replica.generation for replica in targets]
+        with self._lock:  # the loop in a method of its own: see monarch_nb.wire.interrupts
+            generations = self._count_sent(targets)
         if not all(len(replica.actors) == 1 for replica in targets):
             for request, replica in zip(requests, targets):
                 self._send(request, replica)
@@ -446,6 +459,15 @@ class Service(ReplicaLifecycle):
             return
         for request, replica, generation, call in zip(requests, targets, generations, calls):
             self._on_reply(request, replica, generation, started, call)
+
+    @staticmethod
+    def _count_sent(targets: list[Replica]) -> list[int]:
+        """Count one request sent to each of ``targets``; their generations (the caller
+        holds the lock)."""
+        for replica in targets:
+            replica.stats.in_flight += 1
+            replica.stats.requests += 1
+        return [replica.generation for replica in targets]
 
     # -- waiting requests ----------------------------------------------------------------
     def _release_waiting(self) -> None:
