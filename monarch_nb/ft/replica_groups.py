@@ -133,8 +133,12 @@ class ReplicaGroups:
     # -- what the training loop uses ---------------------------------------------------
     def healthy(self) -> list[ReplicaGroup]:
         """The groups a step runs on now."""
-        with self._lock:
-            return [g for g in self.groups if g.state is GroupState.HEALTHY]
+        with self._lock:  # the loop in a method of its own: see monarch_nb.wire.interrupts
+            return self._in_state(GroupState.HEALTHY)
+
+    def _in_state(self, state: GroupState) -> list[ReplicaGroup]:
+        """The groups in ``state`` (the caller holds the lock)."""
+        return [g for g in self.groups if g.state is state]
 
     def call(self, endpoint: str, *args: Any, **kwargs: Any) -> dict[int, ValueMesh]:
         """Call ``endpoint`` on every actor of every healthy group, all groups at once;
@@ -172,8 +176,12 @@ class ReplicaGroups:
 
     def status(self) -> list[dict]:
         """Each group's state, restarts, last failure, recovery times (s) and pids."""
-        with self._lock:
-            return [g.summary() for g in self.groups]
+        with self._lock:  # the loop in a method of its own: see monarch_nb.wire.interrupts
+            return self._summaries()
+
+    def _summaries(self) -> list[dict]:
+        """Each group's :meth:`ReplicaGroup.summary` (the caller holds the lock)."""
+        return [g.summary() for g in self.groups]
 
     def stop(self) -> None:
         """Stop every group's procs (waiting for recoveries under way first), then the
@@ -188,8 +196,8 @@ class ReplicaGroups:
     # -- recovery ------------------------------------------------------------------------
     def _admit_joining(self) -> None:
         """Groups respawned since the last step: ``on_join`` from a healthy donor, then in."""
-        with self._lock:
-            joining = [g for g in self.groups if g.state is GroupState.JOINING]
+        with self._lock:  # the loop in a method of its own: see monarch_nb.wire.interrupts
+            joining = self._in_state(GroupState.JOINING)
         for group in joining:
             try:
                 if self._on_join is not None:
