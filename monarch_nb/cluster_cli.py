@@ -12,6 +12,7 @@ from rich.markup import escape
 from . import cluster_dir, config, render
 from .allocators import slurm_options
 from .protocol import hub_ops
+from .protocol.states import DiscoveryState
 
 FOLLOW_POLL_S = 0.5
 
@@ -83,7 +84,7 @@ def run_logs(args: argparse.Namespace) -> int:
     from .mesh.ranks import parse_ranks
 
     found = discovery.probe(args.name)
-    if found.state != "running":
+    if found.state != DiscoveryState.RUNNING:
         return _kept_logs(args, found.reason or "it does not exist")
     hub = HubClient(found.info["cluster_id"], found.info["hub"])
     try:
@@ -132,10 +133,10 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"cluster [bold]{args.name}[/] recovered")
         elif args.verb == "stop":
             found = discovery.probe(args.name)
-            if found.state == "missing":
+            if found.state == DiscoveryState.MISSING:
                 console.print(f"[red]no cluster named {args.name!r}[/]")
                 return 1
-            if found.state == "running":
+            if found.state == DiscoveryState.RUNNING:
                 cluster_mod.Cluster(args.name, found.path, found.info).stop()
             else:
                 with cluster_dir.locked(args.name):
@@ -175,7 +176,7 @@ def _status(console: Console, args: argparse.Namespace) -> int:
         console.print("[red]monarch-nb cluster status: --interval must be > 0 and --count >= 1[/]")
         return 1
     found = discovery.probe(args.name)
-    if found.state != "running":
+    if found.state != DiscoveryState.RUNNING:
         console.print(f"[red]cluster {args.name!r} is not running: {found.reason or 'it does not exist'}[/]")
         return 1
     hub = HubClient(found.info["cluster_id"], found.info["hub"])

@@ -23,25 +23,27 @@ import html
 from dataclasses import dataclass, field
 
 from .proc import exec_actor
+from .protocol.states import AT_WORK, DOWN, STATE, HealthState
 
 # One colour per state: CSS for HTML and the widget, rich style names for terminals.
 STATE_COLOURS = {
-    "healthy": ("#2e7d32", "green"),
-    "busy": ("#1565c0", "blue"),
-    "paused": ("#e65100", "dark_orange"),
-    "starting": ("#00838f", "cyan"),
-    "unresponsive": ("#b8860b", "yellow"),
-    "failed": ("#c62828", "red"),
-    "lost": ("#c62828", "red"),
-    "degraded": ("#e65100", "dark_orange"),
-    "stopped": ("#757575", "grey50"),
+    HealthState.HEALTHY: ("#2e7d32", "green"),
+    HealthState.BUSY: ("#1565c0", "blue"),
+    HealthState.PAUSED: ("#e65100", "dark_orange"),
+    HealthState.STARTING: ("#00838f", "cyan"),
+    HealthState.UNRESPONSIVE: ("#b8860b", "yellow"),
+    HealthState.FAILED: ("#c62828", "red"),
+    HealthState.LOST: ("#c62828", "red"),
+    HealthState.DEGRADED: ("#e65100", "dark_orange"),
+    HealthState.STOPPED: ("#757575", "grey50"),
 }
 OPEN_PROCS_UP_TO = 8  # with this many procs or fewer, their actors show at first
 OPEN_HOSTS_UP_TO = 4  # with more hosts, each opens on a click: the tree starts as one line per host
 
 # Glyphs Debian's default fonts have (DejaVu): "⏸" (U+23F8) showed as an empty box.
-STATE_MARKS = {"healthy": "●", "busy": "◐", "paused": "‖", "starting": "◌", "unresponsive": "?",
-               "failed": "✗", "lost": "✗", "degraded": "◐", "stopped": "■"}
+STATE_MARKS = {HealthState.HEALTHY: "●", HealthState.BUSY: "◐", HealthState.PAUSED: "‖",
+               HealthState.STARTING: "◌", HealthState.UNRESPONSIVE: "?", HealthState.FAILED: "✗",
+               HealthState.LOST: "✗", HealthState.DEGRADED: "◐", HealthState.STOPPED: "■"}
 
 
 @dataclass
@@ -117,10 +119,10 @@ def gpus_text(gpus: list[dict]) -> str:
 
 def _actor_text(actor: dict, with_class: bool) -> str:
     parts = [actor["class"]] if with_class else []
-    state = actor["state"]
-    if state == "busy":
+    state = actor[STATE]
+    if state == HealthState.BUSY:
         parts.append(f"busy: {actor['endpoint']} for {format_duration(actor['busy_s'])}")
-    elif state == "paused":
+    elif state == HealthState.PAUSED:
         where = ":".join(str(actor[k]) for k in ("file", "line") if actor.get(k) is not None)
         what = f" in {actor['function']}" if actor.get("function") else ""
         since = f" for {format_duration(actor['paused_s'])}" if "paused_s" in actor else ""
@@ -131,24 +133,24 @@ def _actor_text(actor: dict, with_class: bool) -> str:
 
 
 def _actor_node(key: str, actor: dict, with_class: bool) -> Node:
-    return Node(key, "actor", actor["state"], f"{actor['mesh']}[{actor['rank']}]", _actor_text(actor, with_class))
+    return Node(key, "actor", actor[STATE], f"{actor['mesh']}[{actor['rank']}]", _actor_text(actor, with_class))
 
 
 def _proc_node(proc: dict, cpu: dict[str, float], open_: bool) -> Node:
-    state = proc["state"]
-    doing = next((a for a in proc["actors"] if a["state"] == state), None)
+    state = proc[STATE]
+    doing = next((a for a in proc["actors"] if a[STATE] == state), None)
     if proc.get("cause") is not None:
         parts = [f"{state}: {proc['cause']}"]
-    elif state == "busy" and doing is not None:  # what keeps it busy, seen even while it is closed
+    elif state == HealthState.BUSY and doing is not None:  # what keeps it busy, seen even while it is closed
         parts = [f"busy: {doing['mesh']}.{doing['endpoint']} for {format_duration(doing['busy_s'])}"]
-    elif state == "paused" and doing is not None:
+    elif state == HealthState.PAUSED and doing is not None:
         parts = [f"{_actor_text(doing, False)} ({doing['mesh']})"]
     else:
         parts = [state]
     parts.append(f"pid {proc['pid']}")
     if proc.get("gpus"):
         parts.append(gpus_text(proc["gpus"]))
-    if state not in ("failed", "lost", "stopped"):
+    if state not in (*DOWN, HealthState.STOPPED):
         if "uptime_s" in proc:
             parts.append(f"up {format_duration(proc['uptime_s'])}")
         if "rss_bytes" in proc:
@@ -184,25 +186,26 @@ def nodes(tree: dict, previous: dict | None = None, internal: bool = False) -> l
     hosts = []
     for host in tree["hosts"]:
         procs = [_proc_node(p, cpu, few) for p in host["procs"]]
-        cause = host.get("cause") or ("its host agent stopped answering" if host["state"] == "lost" else None)
+        cause = host.get("cause") or ("its host agent stopped answering" if host[STATE] == HealthState.LOST else None)
         where = host["hostname"] + (f" (node {host['node']})" if host.get("node") and host["node"] != host["hostname"]
                                     else "")
         text = f"{host['state']}{': ' + cause if cause else ''} · {where} · agent pid {host['pid']} · {len(procs)} procs"
         if host.get("gpus"):
             text += f" · {len(host['gpus'])} GPUs"
-        hosts.append(Node(f"host:{host['host_id']}", "host", host["state"], host["host_id"], text, cause, procs,
+        hosts.append(Node(f"host:{host['host_id']}", "host", host[STATE], host["host_id"], text, cause, procs,
                           open=len(tree["hosts"]) <= OPEN_HOSTS_UP_TO))
     for starting in tree.get("starting", []):
-        hosts.append(Node(f"starting:{starting['proc_mesh']}", "starting", "starting", starting["proc_mesh"],
+        hosts.append(Node(f"starting:{starting['proc_mesh']}", "starting", HealthState.STARTING,
+                          starting["proc_mesh"],
                           f"starting: {starting['up']}/{starting['total']} procs up"))
     meshes = []
     for mesh in tree["actor_meshes"]:
         text = (f"{mesh['class']} · on {mesh['proc_mesh']} · {extent_text(mesh['extent'])} · "
                 f"{mesh['alive']}/{mesh['size']} healthy")
-        if mesh["state"] not in ("healthy", "failed"):
+        if mesh[STATE] not in (HealthState.HEALTHY, HealthState.FAILED):
             text += f" · {mesh['state']}"
         actors = [_actor_node(f"mesh:{mesh['name']}/{a['rank']}", a, False) for a in mesh["actors"]]
-        meshes.append(Node(f"mesh:{mesh['name']}", "mesh", mesh["state"], mesh["name"], text, None, actors))
+        meshes.append(Node(f"mesh:{mesh['name']}", "mesh", mesh[STATE], mesh["name"], text, None, actors))
     top = [Node("section:hosts", "section", "", f"hosts ({len(tree['hosts'])})", children=hosts, open=True),
            Node("section:actor_meshes", "section", "", f"actor meshes ({len(meshes)})", children=meshes, open=True)]
     services = [service_node(s) for s in tree.get("services", ())]
@@ -215,20 +218,22 @@ def nodes(tree: dict, previous: dict | None = None, internal: bool = False) -> l
 # services -----------------------------------------------------------------------------
 # A replica's state as the client that routes to it says it (``service.ReplicaState``),
 # in the tree's colours; without that client, the state of its procs (the hub's view).
-REPLICA_STATES = {"healthy": "healthy", "initializing": "starting", "recovering": "starting",
-                  "unhealthy": "failed", "stopped": "stopped"}
+# Keyed by ``ReplicaState``'s words, not its members: this module is drawn by the CLI,
+# which should not import the service package (and the client beneath it) to colour a line.
+REPLICA_STATES = {"healthy": HealthState.HEALTHY, "initializing": HealthState.STARTING,
+                  "recovering": HealthState.STARTING, "unhealthy": HealthState.FAILED, "stopped": HealthState.STOPPED}
 
 
 def replica_state(replica: dict) -> str:
     """The tree state of a replica node of ``Cluster.health()["services"]``."""
     mine = replica.get("service_state")
-    return REPLICA_STATES.get(mine, replica["state"]) if mine else replica["state"]
+    return REPLICA_STATES.get(mine, replica[STATE]) if mine else replica[STATE]
 
 
 def replica_text(replica: dict) -> str:
     """``recovering · on policy-1a2b3c-r2g2 · pid 812 · 120 requests · 2 in flight · p50
     1.20 ms · p99 3.40 ms · 1 restart`` (the load only from the client that routes)."""
-    parts = [replica.get("service_state") or replica["state"]]
+    parts = [replica.get("service_state") or replica[STATE]]
     if replica.get("cause"):
         parts[0] += f": {replica['cause']}"
     if replica.get("proc_mesh"):
@@ -247,10 +252,10 @@ def service_node(service: dict) -> Node:
     replicas = [Node(f"service:{service['name']}/{r['replica']}", "replica", replica_state(r), f"replica {r['replica']}",
                      replica_text(r), r.get("cause")) for r in service["replicas"]]
     states = [r.state for r in replicas]
-    up = sum(s in ("healthy", "busy", "paused") for s in states)
-    state = ("healthy" if up == len(states) else "stopped" if set(states) == {"stopped"}
-             else "failed" if up == 0 and "starting" not in states else "starting" if "starting" in states
-             else "degraded")
+    up = sum(s in (HealthState.HEALTHY, *AT_WORK) for s in states)
+    state = (HealthState.HEALTHY if up == len(states) else HealthState.STOPPED if set(states) == {HealthState.STOPPED}
+             else HealthState.FAILED if up == 0 and HealthState.STARTING not in states
+             else HealthState.STARTING if HealthState.STARTING in states else HealthState.DEGRADED)
     text = f"{service['class'].rpartition('.')[2]} · {up}/{len(states)} replicas serving"
     if not service.get("routed_here"):
         text += " · routed by another client (cluster.services[NAME] here routes from this one)"
@@ -272,7 +277,7 @@ def service_text(service: dict) -> str:
             return format(r[key] * scale if scale != 1 else r[key], fmt) if known else "-"
 
         where = f"{r.get('proc_mesh') or '-'} (pids {' '.join(map(str, r.get('pids') or [])) or '-'})"
-        rows.append(f"{r['replica']:>7}  {r.get('service_state') or r['state']:<12} {num('requests'):>8} "
+        rows.append(f"{r['replica']:>7}  {r.get('service_state') or r[STATE]:<12} {num('requests'):>8} "
                     f"{num('in_flight'):>9} {num('latency_p50_s', 1e3, '.2f'):>8} {num('latency_p99_s', 1e3, '.2f'):>8} "
                     f"{num('restarts'):>8}  {where}")
         if r.get("cause"):
@@ -283,19 +288,19 @@ def service_text(service: dict) -> str:
 def summary_parts(tree: dict) -> list[tuple[str, str]]:
     """The summary line in parts, each with the state that colours it ('' for none):
     ``[("8/8 procs healthy", "healthy"), ("1 paused", "paused"), ("0 failed", "")]``."""
-    if tree["state"] == "stopped":
-        return [(tree["summary"], "stopped")]
+    if tree[STATE] == HealthState.STOPPED:
+        return [(tree["summary"], HealthState.STOPPED)]
     parts = []
     for part in tree["summary"].split(" · "):
         count, _, word = part.partition(" ")
         if "procs healthy" in part:
-            state = "healthy" if tree["state"] == "healthy" else "degraded"
-        elif word == "failed":
-            state = "failed" if count != "0" else ""
-        elif "starting" in part:
-            state = "starting"
+            state = HealthState.HEALTHY if tree[STATE] == HealthState.HEALTHY else HealthState.DEGRADED
+        elif word == HealthState.FAILED:
+            state = HealthState.FAILED if count != "0" else ""
+        elif HealthState.STARTING in part:
+            state = HealthState.STARTING
         elif part.endswith("refused"):  # another user's connections to a debugger relay
-            state = "failed"
+            state = HealthState.FAILED
         else:
             state = word if word in STATE_COLOURS else ""
         parts.append((part, state))
@@ -306,14 +311,15 @@ def as_stopped(tree: dict) -> dict:
     """A copy of ``tree`` with every host, proc, actor and mesh ``stopped``: what a
     display shows once the cluster was stopped."""
     def actors(nodes_: list) -> list:
-        return [{**a, "state": "stopped"} for a in nodes_]
+        return [{**a, STATE: HealthState.STOPPED} for a in nodes_]
 
-    hosts = [{**h, "state": "stopped", "procs": [{**p, "state": "stopped", "cause": None, "actors": actors(p["actors"])}
-                                                 for p in h["procs"]]} for h in tree["hosts"]]
-    meshes = [{**m, "state": "stopped", "alive": 0, "actors": actors(m["actors"])} for m in tree["actor_meshes"]]
-    services = [{**s, "replicas": [{**r, "state": "stopped", "service_state": None, "cause": None}
+    stopped = HealthState.STOPPED
+    hosts = [{**h, STATE: stopped, "procs": [{**p, STATE: stopped, "cause": None, "actors": actors(p["actors"])}
+                                             for p in h["procs"]]} for h in tree["hosts"]]
+    meshes = [{**m, STATE: stopped, "alive": 0, "actors": actors(m["actors"])} for m in tree["actor_meshes"]]
+    services = [{**s, "replicas": [{**r, STATE: stopped, "service_state": None, "cause": None}
                                    for r in s["replicas"]]} for s in tree.get("services", ())]
-    return {**tree, "state": "stopped", "summary": "stopped", "hosts": hosts, "actor_meshes": meshes,
+    return {**tree, STATE: stopped, "summary": stopped.value, "hosts": hosts, "actor_meshes": meshes,
             "starting": [], "services": services}
 
 
@@ -332,7 +338,7 @@ def to_plain(tree: dict, previous: dict | None = None, note: str | None = None) 
     def walk(node: Node, depth: int) -> None:
         lines.append("  " * depth + _line(node))
         for child in node.children:
-            if node.key.startswith("mesh:") and child.state == "healthy":
+            if node.key.startswith("mesh:") and child.state == HealthState.HEALTHY:
                 continue  # the hosts part lists every actor already
             walk(child, depth + 1)
 
@@ -352,7 +358,7 @@ def summary_html(tree: dict, note: str | None = None) -> str:
     (e.g. why live updates stopped) is appended in grey."""
     parts = " · ".join(_coloured(text, state) for text, state in summary_parts(tree))
     extra = f' <span style="color:#757575">({html.escape(note)})</span>' if note else ""
-    return (f'<span class="mnb-summary" data-mnb-node="cluster" data-mnb-state="{tree["state"]}">'
+    return (f'<span class="mnb-summary" data-mnb-node="cluster" data-mnb-state="{tree[STATE]}">'
             f"cluster <b>{html.escape(tree['cluster'])}</b> · {parts}{extra}</span>")
 
 
@@ -368,7 +374,7 @@ def label_html(node: Node) -> str:
     return (f'<span class="mnb-node" data-mnb-node="{html.escape(node.key)}" data-mnb-state="{node.state}" '
             f'style="font-family:var(--jp-code-font-family,monospace);white-space:nowrap">'
             f'<span style="color:{colour}">{head}</span>'
-            f'<span style="color:{colour if node.state in ("failed", "lost") else "inherit"}">'
+            f'<span style="color:{colour if node.state in DOWN else "inherit"}">'
             f"{'&nbsp;&nbsp;' + text if text else ''}</span></span>")
 
 
@@ -408,7 +414,7 @@ def to_rich(tree: dict, previous: dict | None = None):
         mark = STATE_MARKS.get(node.state, "")
         head = f"{mark} {escape(node.title)}" if mark else f"[bold]{escape(node.title)}[/]"
         text = escape(node.text)
-        if style and node.state in ("failed", "lost"):
+        if style and node.state in DOWN:
             text = f"[{style}]{text}[/]"
         return (f"[{style}]{head}[/]" if style else head) + (f"  {text}" if text else "")
 
@@ -419,7 +425,7 @@ def to_rich(tree: dict, previous: dict | None = None):
     def walk(node: Node, parent) -> None:
         branch = parent.add(label(node))
         for child in node.children:
-            if not (node.key.startswith("mesh:") and child.state == "healthy"):
+            if not (node.key.startswith("mesh:") and child.state == HealthState.HEALTHY):
                 walk(child, branch)
 
     for top in nodes(tree, previous):

@@ -39,10 +39,11 @@ class MonarchKernel(WidgetSubshellKernel, IPythonKernel):
         what the first cell shows ("" when there is no cluster to connect to)."""
         from .client import cluster as cluster_mod
         from .client import discovery
+        from .protocol.states import DiscoveryState
 
         name = os.environ.get(CLUSTER_ENV, cluster_mod.DEFAULT_NAME)
         try:
-            if discovery.probe(name).state != "running":
+            if discovery.probe(name).state != DiscoveryState.RUNNING:
                 return ""
             cluster = cluster_mod.connect(name)
             info = cluster.info()

@@ -7,6 +7,7 @@ import time
 from rich.table import Table
 
 from . import health_view
+from .protocol.states import DiscoveryState
 
 
 def _uptime(started: float) -> str:
@@ -26,7 +27,7 @@ def clusters_table(clusters: list[dict]) -> Table:
                   title="monarch_nb clusters", title_justify="left")
     for c in clusters:
         info = c["info"]
-        if c["state"] != "running":
+        if c["state"] != DiscoveryState.RUNNING:
             table.add_row(c["name"], f"[red]stale[/]: {c['reason']}", "", "", "", "", "")
             continue
         alive, total = _procs_alive(info)

@@ -18,6 +18,7 @@ import pytest
 
 import monarch_nb
 from monarch_nb.protocol import envelope, hub_ops
+from monarch_nb.protocol.states import Activity, DiscoveryState, FailureKind, HealthState
 
 from conftest import cluster_processes, pids_alive, wait_until
 
@@ -138,6 +139,103 @@ def _wire_strings(tree: ast.AST) -> list[tuple[int, str]]:
                 strings = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
                 found += [(node.lineno, f"compared with {s.value!r}") for s in strings if _is_str(s)]
     return found
+
+
+# States and kinds (protocol.states): health states, actor activities, discovery states,
+# failure kinds. Their words are common English ("running", "stopped" of a debugger
+# event), so a string is flagged only where it stands for a state: compared with a
+# state (``x["state"]``, ``x.get("state")``, ``x.state``, ``x.kind``, a name ending in
+# ``state``), as the value of a ``"state"``/``"kind"`` key or argument, assigned to a
+# name ending in ``state``, among two or more such words in one tuple, list or set, or
+# three or more keys of one table.
+STATE_WORDS = {m.value for e in (HealthState, Activity, DiscoveryState, FailureKind) for m in e}
+STATE_KEYS = {"state", "kind", "STATE"}
+
+
+def _state_word(node) -> bool:
+    return _is_str(node) and node.value in STATE_WORDS
+
+
+def _names_state(node) -> bool:
+    """``x["state"]``, ``x[STATE]``, ``x.get("state")``, ``x.state``, ``x.kind``, ``state``."""
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+        key = node.args[0]
+    elif isinstance(node, ast.Attribute):
+        return node.attr in ("state", "kind")
+    elif isinstance(node, ast.Name):
+        return node.id.endswith("state")
+    else:
+        return False
+    return (_is_str(key) and key.value in STATE_KEYS) or (isinstance(key, (ast.Name, ast.Attribute))
+                                                          and getattr(key, "id", getattr(key, "attr", "")) == "STATE")
+
+
+def _state_strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """Where a module spells a state or failure kind as a bare string."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(map(_names_state, [node.left, *node.comparators])):
+            for side in [node.left, *node.comparators]:
+                words = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+                found += [(node.lineno, f"compared with {w.value!r}") for w in words if _state_word(w)]
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if _is_str(key) and key.value in STATE_KEYS and _state_word(value):
+                    found.append((node.lineno, f"{key.value!r}: {value.value!r}"))
+            if sum(map(_state_word, node.keys)) >= 3:
+                found.append((node.lineno, "a table keyed by state words"))
+        elif isinstance(node, ast.keyword) and node.arg in STATE_KEYS and _state_word(node.value):
+            found.append((node.value.lineno, f"{node.arg}={node.value.value!r}"))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names = target.elts if isinstance(target, ast.Tuple) else [target]
+                values = (node.value.elts if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
+                          else [node.value] * len(names))
+                found += [(node.lineno, f"{ast.unparse(n)} = {v.value!r}") for n, v in zip(names, values)
+                          if _names_state(n) and _state_word(v)]
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and sum(map(_state_word, node.elts)) >= 2:
+            found.append((node.lineno, f"states {[e.value for e in node.elts if _state_word(e)]}"))
+        elif isinstance(node, ast.Call) and node.args and any(map(_state_word, node.args)) and (
+                isinstance(node.func, ast.Name) and node.func.id in ("Probe",)):
+            found.append((node.lineno, f"{node.func.id}(... {[a.value for a in node.args if _state_word(a)]})"))
+    return found
+
+
+def test_states_and_failure_kinds_are_spelled_only_in_protocol():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "protocol":
+            continue
+        found += [f"{path.relative_to(PACKAGE)}:{line}: {what}"
+                  for line, what in _state_strings(ast.parse(path.read_text(), str(path)))]
+    assert not found, "use the enums of monarch_nb.protocol.states:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    'if proc["state"] == "busy": pass',
+    'if node.get("state") in ("failed", "lost"): pass',
+    'node = {"state": "healthy"}',
+    'state, cause = "lost", "gone"',
+    'COLOURS = {"healthy": 1, "busy": 2, "failed": 3}',
+    'if failure.kind == "endpoint_failed": pass',
+    'if found.state != "running": pass',
+    'Node(key, "host", state="paused")',
+])
+def test_the_state_check_finds_a_bare_state(source):
+    assert _state_strings(ast.parse(source))
+
+
+@pytest.mark.parametrize("source", [
+    'if event == "stopped": pass',  # a debugger (DAP) event, not a state
+    'reply = {"stopped": False, "running": True}',
+    'text = "0 failed"',
+    'if proc[STATE] == HealthState.BUSY: pass',
+])
+def test_the_state_check_leaves_other_words_alone(source):
+    assert not _state_strings(ast.parse(source))
 
 
 def test_a_proc_importing_the_test_helpers_keeps_the_runs_home_and_makes_no_folder(tmp_path):

@@ -31,6 +31,7 @@ from ..errors import ClusterError, ClusterNotFound, HubTimeout, InvalidRequest
 from ..mesh import Extent, Shape
 from ..proc.actor import proc_identity
 from ..protocol import hub_ops
+from ..protocol.states import DiscoveryState
 from ..wire import frames as wire_frames
 from ..protocol.records import LOG_FIELDS
 from . import binding, discovery
@@ -158,7 +159,7 @@ class Cluster:
         hosts = allocator.hosts if allocator is not None else hosts
         with cluster_dir.locked(name):
             found = discovery.probe(name)
-            if found.state == "running":
+            if found.state == DiscoveryState.RUNNING:
                 running_hosts = len(found.hub_info["hosts"])
                 running_kind = (found.info.get("allocator") or {}).get("kind", "local")
                 if (hosts is not None and running_hosts != hosts
@@ -168,7 +169,7 @@ class Cluster:
                         f"{hosts} ({spec['kind']}); use monarch_nb.connect({name!r}), or stop it first "
                         f"(monarch_nb.connect({name!r}).stop())")
                 return cls(name, found.path, found.info)._attach()
-            if found.state in ("stale", "starting"):
+            if found.state in (DiscoveryState.STALE, DiscoveryState.STARTING):
                 if found.info.get("hub_pid") and not discovery.hub_process_problem(found.info):
                     raise ClusterError(
                         f"cluster {name!r}: its hub (pid {found.info['hub_pid']}) is running but does not "
@@ -203,10 +204,11 @@ class Cluster:
         ``force`` is not given."""
         with cluster_dir.locked(name):
             found = discovery.probe(name)
-            if found.state == "running":
+            if found.state == DiscoveryState.RUNNING:
                 raise InvalidRequest(f"cluster {name!r} is running; nothing to recover. "
                                      f"Use monarch_nb.connect({name!r})")
-            if found.state == "missing" or not (found.path / "state.json").exists() or "hub" not in found.info:
+            if (found.state == DiscoveryState.MISSING or not (found.path / "state.json").exists()
+                    or "hub" not in found.info):
                 raise ClusterNotFound(f"cluster {name!r} has no state to recover" + _running_hint())
             if not force and discovery.hub_alive(found.info):
                 # A hub paused for a moment would answer again: killing it is the user's call.
@@ -534,20 +536,20 @@ def connect(name: str | None = None) -> Cluster:
             raise ClusterNotFound(f"several clusters are running ({', '.join(running)}); "
                                   "pass the name: monarch_nb.connect(NAME)")
     found = discovery.wait_until_started(name)
-    if found.state == "stale" and discovery.hub_alive(found.info):
+    if found.state == DiscoveryState.STALE and discovery.hub_alive(found.info):
         raise HubTimeout(f"cluster {name!r}: {found.reason} (stopped, or too busy); try again in a moment. If it "
                          f"stays silent, monarch_nb.Cluster.recover({name!r}, force=True) kills it and starts a "
                          "new hub that re-adopts its procs")
-    if found.state == "stale":
+    if found.state == DiscoveryState.STALE:
         hint = (f"recover it with monarch_nb.Cluster.recover({name!r}) (its procs are still alive)"
                 if discovery.leftover_agents(found.path) and (found.path / "state.json").exists()
                 else f"clear it with `monarch-nb cluster stop {name}`")
         raise ClusterNotFound(f"cluster {name!r} is not running: {found.reason}; {hint}")
-    if found.state == "missing":
+    if found.state == DiscoveryState.MISSING:
         start = ("" if name.startswith(discovery.EPHEMERAL_PREFIX)
                  else f". Start one with monarch_nb.Cluster.start({name!r})")
         raise ClusterNotFound(f"no cluster named {name!r}{_running_hint()}{start}")
-    if found.state != "running":
+    if found.state != DiscoveryState.RUNNING:
         raise ClusterNotFound(f"cluster {name!r} is not running: {found.reason}")
     current = runtime().cluster
     if current is not None and current._info == found.info and not current._stopped:
@@ -565,9 +567,9 @@ def list_clusters() -> list[dict]:
     listed = []
     for found in (discovery.probe(n) for n in discovery.names()):
         ephemeral = discovery.is_ephemeral(found)
-        if found.state == "stale" and ephemeral and not discovery.leftover_agents(found.path):
+        if found.state == DiscoveryState.STALE and ephemeral and not discovery.leftover_agents(found.path):
             discovery.remove_stale(found.path)
-        elif found.state != "missing":
+        elif found.state != DiscoveryState.MISSING:
             listed.append({"name": found.name, "state": found.state, "reason": found.reason,
                            "ephemeral": ephemeral, "path": str(found.path), "info": found.hub_info})
     return listed

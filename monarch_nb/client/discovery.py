@@ -22,6 +22,7 @@ from .. import cluster_dir
 from ..allocators import base as allocators
 from ..errors import ClusterError
 from ..protocol import hub_ops
+from ..protocol.states import DiscoveryState
 from ..wire import frames as wire_frames
 from .hub_client import HubClient
 from .launch import HUB_START_TIMEOUT_S
@@ -39,7 +40,7 @@ class Probe:
 
     name: str
     path: Path
-    state: str
+    state: DiscoveryState
     info: dict = field(default_factory=dict)  # cluster.json
     hub_info: dict = field(default_factory=dict)
     reason: str = ""
@@ -51,27 +52,28 @@ def probe(name: str) -> Probe:
         info = cluster_dir.read_info(path)
     except FileNotFoundError:
         if not path.exists():
-            return Probe(name, path, "missing")
+            return Probe(name, path, DiscoveryState.MISSING)
         if _young(path):
-            return Probe(name, path, "starting", reason="its hub is starting")
-        return Probe(name, path, "stale", reason="cluster.json is missing")
+            return Probe(name, path, DiscoveryState.STARTING, reason="its hub is starting")
+        return Probe(name, path, DiscoveryState.STALE, reason="cluster.json is missing")
     except (OSError, json.JSONDecodeError) as e:
-        return Probe(name, path, "stale", reason=f"cluster.json is unreadable ({e})")
+        return Probe(name, path, DiscoveryState.STALE, reason=f"cluster.json is unreadable ({e})")
     if "hub" not in info:
         if _young(path):
-            return Probe(name, path, "starting", info, reason="its hub is starting")
-        return Probe(name, path, "stale", info, reason="its hub never became ready (see hub.log)")
+            return Probe(name, path, DiscoveryState.STARTING, info, reason="its hub is starting")
+        return Probe(name, path, DiscoveryState.STALE, info, reason="its hub never became ready (see hub.log)")
     problem = hub_process_problem(info)
     if problem:
-        return Probe(name, path, "stale", info, reason=problem)
+        return Probe(name, path, DiscoveryState.STALE, info, reason=problem)
     wire_frames.register_key(info["cluster_id"], cluster_dir.key_of(info))
     try:
         hub_info = HubClient(info["cluster_id"], info["hub"]).request(hub_ops.INFO, timeout=PROBE_TIMEOUT_S)
     except ClusterError:
         alive = "is running but " if hub_alive(info) else ""
-        return Probe(name, path, "stale", info, reason=f"its hub (pid {info['hub_pid']}) {alive}does not answer "
-                                                      f"at {info['hub']} within {PROBE_TIMEOUT_S:g} s")
-    return Probe(name, path, "running", info, hub_info)
+        return Probe(name, path, DiscoveryState.STALE, info,
+                     reason=f"its hub (pid {info['hub_pid']}) {alive}does not answer "
+                            f"at {info['hub']} within {PROBE_TIMEOUT_S:g} s")
+    return Probe(name, path, DiscoveryState.RUNNING, info, hub_info)
 
 
 def _young(path: Path) -> bool:
@@ -127,7 +129,7 @@ def wait_until_started(name: str) -> Probe:
     """Wait while another client starts the hub of ``name``; returns the final probe."""
     deadline = time.monotonic() + HUB_START_TIMEOUT_S
     found = probe(name)
-    while found.state == "starting" and time.monotonic() < deadline:
+    while found.state == DiscoveryState.STARTING and time.monotonic() < deadline:
         time.sleep(0.05)
         found = probe(name)
     return found
@@ -144,7 +146,7 @@ def names() -> list[str]:
 def running_names() -> list[str]:
     """Retained clusters that are running (a script's ephemeral cluster is its own)."""
     found = [probe(n) for n in names()]
-    return [p.name for p in found if p.state == "running" and not p.info.get("ephemeral")]
+    return [p.name for p in found if p.state == DiscoveryState.RUNNING and not p.info.get("ephemeral")]
 
 
 def is_ephemeral(found: Probe) -> bool:

@@ -15,6 +15,7 @@ from ..errors import HubTimeout, InvalidRequest, actor_gone_report, actor_name
 from ..mesh import Extent, Shape
 from ..proc.server import ProcServer
 from ..protocol import envelope, events, hub_ops, proc_ops
+from ..protocol.states import FailureKind
 from ..wire import frames as wire_frames
 from .control import ControlPlane
 from .mesh_handle import LOCAL_PREFIX
@@ -54,7 +55,7 @@ class LocalControl(ControlPlane):
         why = f"{name} rank 0: __init__ raised {reply.header.get(envelope.ERROR, '')}"
         report = actor_gone_report(actor_name(fields["class_name"], name, {}, 0), why)
         runtime().supervision.on_event({envelope.OP: events.SUPERVISION, events.CLUSTER: self.cluster_id, "failure": {
-            "kind": "actor_failed", "proc_mesh": "this_proc", "meshes": [name], "ranks": [0], "why": why,
+            "kind": FailureKind.ACTOR_FAILED, "proc_mesh": "this_proc", "meshes": [name], "ranks": [0], "why": why,
             "endpoint": "__init__", "traceback": reply.header.get(proc_ops.TRACEBACK, ""), "report": report}})
         return {"name": name, "extent": {}, "addresses": [reply.header[proc_ops.ADDRESS]], "dead": {"0": report}}
 

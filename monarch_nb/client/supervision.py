@@ -29,6 +29,7 @@ from typing import Callable
 
 from ..errors import MeshFailure, SupervisionError
 from ..protocol import envelope, events
+from ..protocol.states import FailureKind
 from ..wire import frames as wire_frames
 from ..wire import sockets
 from ..wire.mailbox import Mailbox
@@ -273,7 +274,7 @@ class Supervision:
 
     def arm(self, cluster_id: str, failure: MeshFailure, owner: dict | None = None) -> None:
         """The next call on the affected mesh raises ``failure``."""
-        meshes = [owner["mesh"]] if owner else (failure.meshes if failure.kind == "endpoint_failed" else ())
+        meshes = [owner["mesh"]] if owner else (failure.meshes if failure.kind == FailureKind.ENDPOINT_FAILED else ())
         with self._lock:
             for mesh in meshes:
                 self._armed.setdefault((cluster_id, mesh), []).append(failure)

@@ -27,6 +27,7 @@ import time
 from typing import Callable
 
 from ..protocol import envelope, proc_ops, services
+from ..protocol.states import AT_WORK, DOWN, PROC_ORDER, STATE, Activity, HealthState
 from ..protocol.records import LOST_EXIT_CODE, exit_cause
 from ..wire.aio import AioEndpoint
 from .gpu_binding import gpus_of
@@ -34,22 +35,22 @@ from .mesh_ops import MeshOps
 from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
 from .registry import Registry
 
-PROC_ORDER = ("failed", "lost", "unresponsive", "paused", "busy", "healthy")
 STATUS_TIMEOUT_S = 1.0  # a proc whose control loop does not answer within this is "unresponsive"
 EXIT_CHECK_S = 0.02  # while waiting for status replies, how often procs reported exited are let go
 
 
 def _actor_node(record: ActorMeshRecord, rank: int, proc_state: str, status: dict | None, now: float) -> dict:
     node = {"mesh": record.name, "rank": rank, "class": record.class_name}
-    if proc_state in ("failed", "lost"):
-        return {**node, "state": proc_state}
+    if proc_state in DOWN:
+        return {**node, STATE: proc_state}
     doing = (status or {}).get("actors", {}).get(record.name, {})
-    if doing.get("state") == "paused":
-        extra = {k: v for k, v in doing.items() if k not in ("state", "since")}
-        return {**node, **extra, "state": "paused", "paused_s": round(now - doing["since"], 3)}
-    if doing.get("state") == "busy":
-        return {**node, "state": "busy", "endpoint": doing["endpoint"], "busy_s": round(now - doing["since"], 3)}
-    return {**node, "state": "healthy"}
+    if doing.get(STATE) == Activity.PAUSED:
+        extra = {k: v for k, v in doing.items() if k not in (STATE, "since")}
+        return {**node, **extra, STATE: HealthState.PAUSED, "paused_s": round(now - doing["since"], 3)}
+    if doing.get(STATE) == Activity.BUSY:
+        return {**node, STATE: HealthState.BUSY, "endpoint": doing["endpoint"],
+                "busy_s": round(now - doing["since"], 3)}
+    return {**node, STATE: HealthState.HEALTHY}
 
 
 def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshRecord],
@@ -81,61 +82,64 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
                 status = statuses.get(proc.proc_id)
                 cause = None
                 if proc.exit_code == LOST_EXIT_CODE:
-                    state, cause = "lost", "lost with its host"
+                    state, cause = HealthState.LOST, "lost with its host"
                 elif proc.exit_code is not None:
-                    state, cause = "failed", proc.cause or exit_cause(proc.exit_code)
+                    state, cause = HealthState.FAILED, proc.cause or exit_cause(proc.exit_code)
                 elif status is None:
-                    state = "unresponsive"
+                    state = HealthState.UNRESPONSIVE
                 else:
-                    state = "healthy"
+                    state = HealthState.HEALTHY
                 here = on_proc.get(proc.proc_id, [])
                 actors = [_actor_node(r, i, state, status, now) for r, i in here]
                 for (r, i), a in zip(here, actors):
                     actor_nodes.setdefault(r.key, {})[i] = a
-                if state == "healthy":  # a proc is as busy as its busiest actor
-                    for s in ("paused", "busy"):
-                        if any(a["state"] == s for a in actors):
+                if state == HealthState.HEALTHY:  # a proc is as busy as its busiest actor
+                    for s in AT_WORK:
+                        if any(a[STATE] == s for a in actors):
                             state = s
                             break
                 counts[state] += 1
                 proc_state_of[proc.proc_id] = state
                 node = {"proc_id": proc.proc_id, "proc_mesh": mesh.name, "rank": rank, "pid": proc.pid,
-                        "state": state, "cause": cause, "actors": actors,
+                        STATE: state, "cause": cause, "actors": actors,
                         "gpus": gpus_of(host.gpus, mesh.rank_env.get(str(rank)))}
                 if status:
                     node.update({k: status[k] for k in ("rss_bytes", "cpu_s", "uptime_s") if k in status})
                 procs.append(node)
         host_nodes.append({"host_id": host.host_id, "hostname": host.hostname, "node": host.node, "pid": host.pid,
-                           "state": "failed" if host.cause else "lost" if host.lost else "healthy",
+                           STATE: HealthState.FAILED if host.cause else HealthState.LOST if host.lost
+                           else HealthState.HEALTHY,
                            "cause": host.cause or None, "dropped_frames": host.dropped_frames, "gpus": host.gpus,
                            "procs": procs})
     mesh_nodes = []
     for record in actor_meshes.values():
         nodes = [actor_nodes.get(record.key, {}).get(i) for i in range(len(record.proc_ranks))]
-        states = [n["state"] if n else "lost" for n in nodes]
-        bad = [s for s in states if s in ("failed", "lost")]
+        states = [n[STATE] if n else HealthState.LOST for n in nodes]
+        bad = [s for s in states if s in DOWN]
         mesh_nodes.append({"name": record.name, "key": record.key, "class": record.class_name, "proc_mesh": record.proc_mesh,
                            "extent": record.extent, "alive": len(states) - len(bad), "size": len(states),
-                           "state": "failed" if bad else next((s for s in ("paused", "busy") if s in states),
-                                                             "healthy"),
+                           STATE: HealthState.FAILED if bad else next((s for s in AT_WORK if s in states),
+                                                                      HealthState.HEALTHY),
                            "actors": [n for n in nodes if n]})
     total = sum(counts.values())
-    alive = counts["healthy"] + counts["busy"] + counts["paused"]  # running: what the summary calls healthy
+    # running: what the summary calls healthy
+    alive = counts[HealthState.HEALTHY] + counts[HealthState.BUSY] + counts[HealthState.PAUSED]
     summary = f"{alive}/{total} procs healthy"
-    for s in ("busy", "paused", "unresponsive"):
+    for s in (HealthState.BUSY, HealthState.PAUSED, HealthState.UNRESPONSIVE):
         if counts[s]:
             summary += f" · {counts[s]} {s}"
-    summary += f" · {counts['failed'] + counts['lost']} failed"
-    hosts_down = sum(1 for h in host_nodes if h["state"] != "healthy")
+    summary += f" · {counts[HealthState.FAILED] + counts[HealthState.LOST]} failed"
+    hosts_down = sum(1 for h in host_nodes if h[STATE] != HealthState.HEALTHY)
     if hosts_down:
         summary += f" · {hosts_down}/{len(host_nodes)} host(s) {'failed' if any(h['cause'] for h in host_nodes) else 'lost'}"
     if starting:
         summary += " · " + ", ".join(f"{n} starting ({up}/{of})" for n, (up, of) in starting.items())
-    return {"cluster": name, "state": "healthy" if alive == total and not hosts_down else "degraded",
+    return {"cluster": name, STATE: HealthState.HEALTHY if alive == total and not hosts_down else HealthState.DEGRADED,
             "summary": summary,
-            "counts": {**counts, "alive": alive}, "hosts": host_nodes, "actor_meshes": mesh_nodes,
+            "counts": {**{s.value: n for s, n in counts.items()}, "alive": alive}, "hosts": host_nodes,
+            "actor_meshes": mesh_nodes,
             "services": service_nodes(proc_meshes, proc_state_of),
-            "starting": [{"proc_mesh": n, "up": up, "total": of, "state": "starting"}
+            "starting": [{"proc_mesh": n, "up": up, "total": of, STATE: HealthState.STARTING}
                          for n, (up, of) in starting.items()]}
 
 
@@ -152,14 +156,14 @@ def service_nodes(proc_meshes: dict[str, ProcMeshRecord], proc_state_of: dict[st
         for idx in range(record[services.REPLICAS]):
             mesh = proc_meshes.get(record["replica_meshes"].get(idx, ""))
             if mesh is None:
-                replicas.append({"replica": idx, "proc_mesh": None, "state": "stopped", "pids": [],
+                replicas.append({"replica": idx, "proc_mesh": None, STATE: HealthState.STOPPED, "pids": [],
                                  "cause": "no procs now (stopped, or between a failure and its replacement)"})
                 continue
-            states = [proc_state_of.get(p.proc_id, "failed" if p.exit_code is not None else "starting")
-                      for p in mesh.procs]
-            state = next((s for s in PROC_ORDER if s in states), "healthy")
+            states = [proc_state_of.get(p.proc_id, HealthState.FAILED if p.exit_code is not None
+                                        else HealthState.STARTING) for p in mesh.procs]
+            state = next((s for s in PROC_ORDER if s in states), HealthState.HEALTHY)
             cause = next((p.cause or exit_cause(p.exit_code) for p in mesh.procs if p.exit_code is not None), None)
-            replicas.append({"replica": idx, "proc_mesh": mesh.name, "state": state, "cause": cause,
+            replicas.append({"replica": idx, "proc_mesh": mesh.name, STATE: state, "cause": cause,
                              "pids": [p.pid for p in mesh.procs]})
         nodes.append({"name": name, "key": record[services.KEY], "class": record[services.CLASS],
                       "replicas": replicas})

@@ -36,6 +36,7 @@ import sys
 
 from ..protocol import agent_ops, envelope, events, hub_ops, proc_ops
 from ..protocol.records import LOST_EXIT_CODE, exit_cause
+from ..protocol.states import FailureKind
 from ..wire.aio import AioEndpoint
 from .announce import Announcer
 from .logstore import LogStore
@@ -180,7 +181,7 @@ class Supervision:
             hit = self._registry.actors_on(mesh.name, rank)
             # Monarch reports a proc's death as its actors' deaths (``The actor ... nested{...}``).
             report = "\n".join(record.gone_report(i, why, proc_exit=proc.exit_code) for record, i in hit)
-            failures.append(({"kind": "proc_failed", "proc_mesh": mesh.name, "rank": rank,
+            failures.append(({"kind": FailureKind.PROC_FAILED, "proc_mesh": mesh.name, "rank": rank,
                               "meshes": sorted({r.name for r, _ in hit}), "ranks": sorted({i for _, i in hit}),
                               "why": why, "endpoint": None, "report": report}, mesh.owner))
         gone = await self._meshes.actors_gone(dying, stopped=expected)
@@ -210,7 +211,7 @@ class Supervision:
                                   header.get(hub_ops.FAILED_TRACEBACK, ""))
             return
         why = f"{header['mesh']} rank {rank}: broadcast {endpoint} raised {header['error']}"
-        failure = {"kind": "endpoint_failed", "proc_mesh": record.proc_mesh, "meshes": [record.name],
+        failure = {"kind": FailureKind.ENDPOINT_FAILED, "proc_mesh": record.proc_mesh, "meshes": [record.name],
                    "ranks": [rank], "why": why, "endpoint": endpoint,
                    "traceback": header.get(hub_ops.FAILED_TRACEBACK, "")}
         await self.escalate(failure, record.owner)
@@ -228,7 +229,7 @@ class Supervision:
         await self._announcer.announce({envelope.OP: events.ACTORS_GONE,
                                         "actors": {address: (record.name, rank, report)}})
         self._meshes.stop_orphans({address})
-        failure = {"kind": "actor_failed", "proc_mesh": record.proc_mesh, "meshes": [record.name],
+        failure = {"kind": FailureKind.ACTOR_FAILED, "proc_mesh": record.proc_mesh, "meshes": [record.name],
                    "ranks": [rank], "why": why, "endpoint": endpoint, "traceback": traceback, "report": report}
         if record.owner is None:
             await self.escalate(failure, None)

@@ -18,6 +18,7 @@ import sys
 from ..client import logs
 from ..client.runtime import runtime
 from ..errors import MeshFailure, MonarchNbError, SupervisionError
+from ..protocol.states import FailureKind
 from .cell_names import CellNames
 from .line_gate import LineGate
 
@@ -130,7 +131,7 @@ class CellLogs:
             return
         where = f"{owner['mesh']} rank {owner['rank']} did not handle: " if owner else ""
         text = f"[monarch] unhandled failure: {where}{failure.why}"
-        if failure.kind == "endpoint_failed" or owner:
+        if failure.kind == FailureKind.ENDPOINT_FAILED or owner:
             text += f"\n[monarch] the next call on {owner['mesh'] if owner else failure.meshes[0]} raises it"
         if not self.running:
             self.queued.append((text, failure.why))

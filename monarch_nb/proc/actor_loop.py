@@ -45,6 +45,7 @@ import zmq
 from ..errors import MeshFailure, SupervisionError, actor_gone_report, actor_name
 from ..mesh import Point
 from ..protocol import envelope, hub_ops, proc_ops
+from ..protocol.states import STATE, Activity
 from ..wire import frames as wire_frames
 from ..wire import interrupts, sockets
 from ..wire import port as wire_port
@@ -225,11 +226,11 @@ class ActorThread:
         """``state`` idle, busy (``endpoint``, ``since``) or paused (where, since)."""
         stop = activity.paused(self.thread.ident)
         if stop is not None:
-            return {"state": "paused", **stop}
+            return {STATE: Activity.PAUSED, **stop}
         current = self.current
         if current is None:
-            return {"state": "idle"}
-        return {"state": "busy", "endpoint": current[0], "since": current[1]}
+            return {STATE: Activity.IDLE}
+        return {STATE: Activity.BUSY, "endpoint": current[0], "since": current[1]}
 
     def _context(self) -> Context:
         return Context(self._instance_info, self.point)
