@@ -18,14 +18,21 @@ Two backends, picked per transfer (:func:`get_rdma_backend` says which this host
   chunk's signing, checking and copying overlap the next ones' trips, and neither side
   holds more than the window in frames.
 
+CUDA tensors (``monarch_nb.rdma.device``): a buffer over a CUDA tensor is read and
+written by CUDA IPC from processes of its host (``"cuda_ipc"``: the owner exports an IPC
+handle once, in the constructor; a reader maps it at its first transfer and copies
+device to device, or device to host, with no owner code running); from another host, or
+where IPC is off (``MONARCH_NB_RDMA_CUDA_IPC=0``) or the handle won't open, through the
+owner's IO thread, which stages each ``TCP_CHUNK`` through pinned host memory. A CUDA
+tensor may also be the local side of any transfer: it is staged through pinned memory
+in chunks. Every CUDA call goes through ``wire.cuda.ops()``.
+
 Liveness is checked on every transfer, before and after the copy: each registered
 buffer has a random 64-bit token in the owner's memory that :meth:`RDMABuffer.drop`
 clears, so a reader finds a dropped buffer (``RuntimeError``) instead of reading
 freed memory, and a transfer the owner dropped midway fails rather than returning torn
 data. An owner that is gone gives :class:`~monarch_nb.errors.SupervisionError`.
-
-CUDA tensors are not supported yet (``NotImplementedError``); everything here runs
-without torch.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -33,43 +40,36 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import secrets
 import socket
-import sys
 import threading
 import time
 from typing import Any
 
 import psutil
 
-from .client.future import Future
-from .client.runtime import runtime
-from .errors import SupervisionError
-from .protocol import envelope, rdma_ops
-from .wire import fill
-from .wire import frames as wire_frames
-from .wire import sockets
-from .wire.mailbox import Gather
-from .wire.port import deliver
-from .wire.remote_error import unpack_exception
+from ..client.future import Future
+from ..client.runtime import runtime
+from ..errors import SupervisionError
+from ..protocol import envelope, rdma_ops
+from ..wire import cuda, fill
+from ..wire import frames as wire_frames
+from ..wire import sockets
+from ..wire.mailbox import Gather
+from ..wire.port import deliver
+from ..wire.remote_error import unpack_exception
+from . import device, vm
+from .memory import Local, local_memory
+from .owner import Registry
 
 __all__ = ["RDMAAction", "RDMABuffer", "RDMAReadTransferWarning", "RDMATcpFallbackWarning",
            "RDMAWriteTransferWarning", "get_rdma_backend", "is_ibverbs_available", "is_rdma_available"]
 
-_CHUNK = 64 << 20  # bytes per system call: a timeout is checked between chunks
 # Bytes per request of a "tcp" transfer, and requests of one transfer in flight at once.
 # Under wire.stream.MIN_BYTES, so that each answer is one message (the window overlaps
 # them already); between two network namespaces of the 2-core VM here, 64 MiB: 2 MiB x 8
 # 0.88x a raw zmq stream, 2 MiB x 16 0.86x, 16 MiB x 4 0.70x.
 TCP_CHUNK = 2 << 20
 TCP_WINDOW = 8
-
-
-class _IOVec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _boot_id() -> str:
@@ -81,37 +81,7 @@ def _boot_id() -> str:
 
 
 _BOOT = _boot_id()
-
-
-def _vm_copy(pid: int, local: int, remote: int, nbytes: int, write: bool, deadline: float) -> None:
-    """Copy ``nbytes`` between ``local`` (this process) and ``remote`` (``pid``'s)
-    addresses, in chunks; raises ``OSError`` from the kernel, ``TimeoutError`` past
-    ``deadline`` (monotonic seconds)."""
-    call = _libc.process_vm_writev if write else _libc.process_vm_readv
-    done = 0
-    while done < nbytes:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"RDMA transfer cancelled after {done} of {nbytes} bytes: timed out")
-        n = min(_CHUNK, nbytes - done)
-        here, there = _IOVec(local + done, n), _IOVec(remote + done, n)
-        moved = call(pid, ctypes.byref(here), 1, ctypes.byref(there), 1, 0)
-        if moved <= 0:
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code))
-        done += moved
-
-
-def _probe() -> str:
-    cell = ctypes.c_uint64(1)
-    out = ctypes.c_uint64(0)
-    try:
-        _vm_copy(os.getpid(), ctypes.addressof(out), ctypes.addressof(cell), 8, False, time.monotonic() + 5)
-    except (OSError, AttributeError):
-        return "tcp"
-    return "shm" if out.value == 1 else "tcp"
-
-
-_BACKEND = _probe()
+_BACKEND = vm.probe()
 
 
 def get_rdma_backend() -> str:
@@ -146,139 +116,58 @@ class RDMATcpFallbackWarning(Warning):
     """Monarch's: no ibverbs hardware, buffers fall back to TCP (never emitted here)."""
 
 
-def _local_memory(obj: Any, writable: bool) -> tuple[int, int, Any]:
-    """``(address, nbytes, keepalive)`` of a 1-D contiguous tensor or memoryview.
-
-    Raises ``ValueError`` otherwise (or when ``writable`` is asked of read-only memory)."""
-    torch = sys.modules.get("torch")  # never imported here: a tensor means the caller has it
-    if torch is not None and isinstance(obj, torch.Tensor):
-        if obj.device.type != "cpu":
-            raise NotImplementedError("monarch_nb.rdma supports CPU tensors only; copy it to the CPU first")
-        if obj.dim() != 1 or not obj.is_contiguous():
-            raise ValueError(f"RDMA memory must be a 1-D contiguous tensor, got shape {tuple(obj.shape)}; "
-                             "use t.contiguous().view(-1)")
-        return obj.data_ptr(), obj.numel() * obj.element_size(), obj
-    if isinstance(obj, memoryview):
-        if obj.ndim != 1 or not obj.c_contiguous:
-            raise ValueError(f"RDMA memory must be a 1-D C-contiguous memoryview, got shape {obj.shape}")
-        if obj.nbytes == 0:
-            return 0, 0, obj
-        try:
-            return ctypes.addressof(ctypes.c_char.from_buffer(obj)), obj.nbytes, obj
-        except TypeError:  # read-only
-            if writable:
-                raise ValueError("RDMA destination is read-only; pass a writable memoryview") from None
-            import numpy as np
-
-            array = np.frombuffer(obj, np.uint8)
-            return array.ctypes.data, obj.nbytes, (obj, array)
-    raise ValueError(f"RDMA memory must be a torch.Tensor or memoryview, got {type(obj).__name__}")
-
-
-# the owner's side -------------------------------------------------------------------
-
-class _Registry:
-    """This process's registered buffers, and the IO thread that serves them over TCP."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.buffers: dict[int, tuple[int, int, Any, ctypes.c_uint64]] = {}  # token -> (addr, size, keep, cell)
-        self.address: str | None = None
-        self.cluster: str | None = None
-        self.pid = os.getpid()
-
-    def add(self, addr: int, size: int, keep: Any) -> tuple[int, int]:
-        token = secrets.randbits(63) | 1
-        cell = ctypes.c_uint64(token)
-        with self.lock:
-            if self.address is None:
-                self._start_server()
-            self.buffers[token] = (addr, size, keep, cell)
-        return token, ctypes.addressof(cell)
-
-    def drop(self, token: int) -> None:
-        with self.lock:
-            entry = self.buffers.pop(token, None)
-        if entry is not None:
-            entry[3].value = 0  # readers see it dropped from now on
-
-    def _start_server(self) -> None:
-        clusters = wire_frames.trusted_clusters()
-        if not clusters:
-            raise RuntimeError("an RDMABuffer needs a cluster: create it in an actor, or after this_host() "
-                               "or monarch_nb.connect()")
-        self.cluster = clusters[0]
-        inbox, self.address = sockets.bind_inbox()
-        threading.Thread(target=self._serve, args=(inbox,), name="monarch-nb-rdma", daemon=True).start()
-
-    def _serve(self, inbox) -> None:
-        guard, outbox = wire_frames.ReplayGuard(), sockets.Outbox()
-        while True:
-            try:
-                message = wire_frames.decode(sockets.recv_frames(inbox), guard)
-            except wire_frames.BadMessage:
-                continue
-            header = message.header
-            if envelope.REPLY not in header or envelope.PORT not in header:
-                wire_frames.count_dropped()  # signed, but nobody to answer: this thread serves on
-                continue
-            value, error = None, None
-            try:
-                with self.lock:
-                    entry = self.buffers.get(header[rdma_ops.TOKEN])
-                if entry is None:
-                    raise RuntimeError("the RDMABuffer was dropped by its owner")
-                addr, size, _, _ = entry
-                offset = header.get(rdma_ops.OFFSET, 0)
-                length = header.get(rdma_ops.LENGTH, size - offset)
-                if not (isinstance(offset, int) and isinstance(length, int)
-                        and 0 <= offset and 0 <= length and offset + length <= size):
-                    raise ValueError(f"range {offset}+{length} is outside the {size}-byte RDMABuffer")
-                if header[envelope.OP] == rdma_ops.READ:
-                    value = memoryview((ctypes.c_char * length).from_address(addr + offset)).cast("B")
-                else:
-                    data = memoryview(message.value()).cast("B")
-                    ctypes.memmove(addr + offset, _local_memory(data, False)[0], min(length, data.nbytes))
-            except Exception as e:  # noqa: BLE001 - every failure goes back to the reader
-                error = e
-            try:
-                deliver(outbox, self.cluster, header[envelope.REPLY], header[envelope.PORT], None, value, error)
-            except Exception:  # noqa: BLE001 - a reader gone mid-reply: it times out; serve the next
-                pass
-
-
-_registry = _Registry()
+_registry = Registry()
 
 
 def _after_fork() -> None:
     global _registry
-    _registry = _Registry()  # a forked child owns none of its parent's buffers
+    _registry = Registry()  # a forked child owns none of its parent's buffers
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+_mappings = device.Mappings()  # this process's CUDA IPC mappings of owners' buffers (as a reader)
+
+
+def _after_fork() -> None:
+    global _registry, _mappings
+    _registry = Registry()  # a forked child owns none of its parent's buffers
+    _mappings = device.Mappings()  # nor its CUDA mappings (CUDA does not survive a fork)
 
 
 os.register_at_fork(after_in_child=_after_fork)
 
 
 class RDMABuffer:
-    """A handle on 1-D contiguous memory of the process that made it (see the module
-    docstring). Picklable; :meth:`read_into`/:meth:`write_from` work from any process
-    of the cluster, :meth:`drop` in the owner releases it."""
+    """A handle on 1-D contiguous memory of the process that made it, host memory or a
+    CUDA tensor (see the module docstring). Picklable; :meth:`read_into`/:meth:`write_from`
+    work from any process of the cluster, :meth:`drop` in the owner releases it."""
 
     def __init__(self, data: Any):
-        addr, size, keep = _local_memory(data, writable=False)
-        if size == 0:
+        """``data``: a 1-D contiguous tensor (CPU or CUDA) or memoryview; ``ValueError``
+        otherwise or when empty. A CUDA tensor's IPC handle is exported here, once."""
+        memory = local_memory(data, writable=False)
+        if memory.nbytes == 0:
             raise ValueError("Cannot create RDMABuffer with size 0.")
-        self._size, self._addr = size, addr
-        self._token, self._token_addr = _registry.add(addr, size, keep)
+        self._size, self._addr = memory.nbytes, memory.addr  # addr: None for CUDA memory
+        self._cuda = memory.device is not None
+        self._ipc = device.export(memory.device) if self._cuda else None
+        self._token, self._token_addr = _registry.add(memory)
         self._pid, self._boot = os.getpid(), _BOOT
         self._started = psutil.Process().create_time()
         self._server, self._cluster = _registry.address, _registry.cluster
 
     def __repr__(self) -> str:
-        return f"<RDMABuffer {self._size} bytes of pid {self._pid}>"
+        return f"<RDMABuffer {self._size} bytes of {'CUDA' if self._cuda else 'host'} memory of pid {self._pid}>"
 
     @property
     def backend(self) -> str:
-        """The backend a transfer from this process uses: ``"shm"`` or ``"tcp"``."""
+        """The backend a transfer from this process uses: ``"shm"`` or ``"tcp"`` for host
+        memory, ``"cuda_ipc"`` or ``"tcp"`` (staged by the owner) for CUDA memory.
+        ``"cuda_ipc"`` falls back to ``"tcp"`` when the handle does not open here."""
+        if self._cuda:
+            return "cuda_ipc" if self._by_ipc_here() else "tcp"
         return "shm" if self._same_host() else "tcp"
 
     @property
@@ -290,15 +179,17 @@ class RDMABuffer:
         return self._size
 
     def read_into(self, dst: Any, *, timeout: int = 60) -> Future[None]:
-        """Copy this buffer into ``dst`` (1-D contiguous tensor or writable memoryview of
-        at least :meth:`size` bytes; ``ValueError`` otherwise, at once). The future fails
-        with ``TimeoutError`` after ``timeout`` seconds (the transfer cancelled),
-        ``SupervisionError`` if the owner is gone, ``RuntimeError`` if it dropped the buffer."""
+        """Copy this buffer into ``dst`` (1-D contiguous tensor, CPU or CUDA, or writable
+        memoryview, of at least :meth:`size` bytes; ``ValueError`` otherwise, at once).
+        The future fails with ``TimeoutError`` after ``timeout`` seconds (the transfer
+        cancelled), ``SupervisionError`` if the owner is gone, ``RuntimeError`` if it
+        dropped the buffer."""
         return RDMAAction().read_remote(dst, self).submit(timeout=timeout)
 
     def write_from(self, src: Any, *, timeout: int = 60) -> Future[None]:
-        """Copy ``src`` (1-D contiguous, at most :meth:`size` bytes; ``ValueError``
-        otherwise) into this buffer; fails like :meth:`read_into`."""
+        """Copy ``src`` (1-D contiguous tensor, CPU or CUDA, or memoryview, at most
+        :meth:`size` bytes; ``ValueError`` otherwise) into this buffer; fails like
+        :meth:`read_into`."""
         return RDMAAction().write_remote(self, src).submit(timeout=timeout)
 
     def drop(self) -> Future[None]:
@@ -311,6 +202,9 @@ class RDMABuffer:
     def _same_host(self) -> bool:
         return _BACKEND == "shm" and self._boot == _BOOT
 
+    def _by_ipc_here(self) -> bool:
+        return self._same_host() and self._ipc is not None and device.ipc_enabled()
+
     def _check_owner(self) -> None:
         try:
             alive = psutil.Process(self._pid).create_time() == self._started
@@ -322,7 +216,7 @@ class RDMABuffer:
     def _check_token(self, deadline: float) -> None:
         seen = ctypes.c_uint64(0)
         try:
-            _vm_copy(self._pid, ctypes.addressof(seen), self._token_addr, 8, False, deadline)
+            vm.vm_copy(self._pid, ctypes.addressof(seen), self._token_addr, 8, False, deadline)
         except TimeoutError:  # an OSError too, but no news about the owner
             raise
         except OSError as e:
@@ -331,27 +225,55 @@ class RDMABuffer:
         if seen.value != self._token:
             raise RuntimeError(f"{self!r} was dropped by its owner")
 
-    def _transfer(self, local: int, nbytes: int, write: bool, deadline: float) -> None:
+    def _transfer(self, local: Local, nbytes: int, write: bool, deadline: float) -> None:
         self._check_owner()
-        if self._same_host():
-            self._check_token(deadline)
-            try:
-                _vm_copy(self._pid, local, self._addr, nbytes, write, deadline)
-            except OSError:
-                self._check_owner()
-                raise
-            self._check_token(deadline)  # dropped midway: what was copied may be torn
+        if self._cuda:
+            if not (self._by_ipc_here() and self._by_ipc(local, nbytes, write, deadline)):
+                self._over_tcp(local, nbytes, write, deadline)
+        elif self._same_host():
+            self._by_vm(local, nbytes, write, deadline)
         else:
             self._over_tcp(local, nbytes, write, deadline)
 
-    def _over_tcp(self, local: int, nbytes: int, write: bool, deadline: float) -> None:
+    def _by_vm(self, local: Local, nbytes: int, write: bool, deadline: float) -> None:
+        """Copy between this host memory of the owner's and ``local``, one-sided."""
+        self._check_token(deadline)
+        try:
+            if local.device is None:
+                vm.vm_copy(self._pid, local.addr, self._addr, nbytes, write, deadline)
+            else:
+                device.vm_staged(self._pid, self._addr, local, nbytes, write, deadline)
+        except OSError:
+            self._check_owner()
+            raise
+        self._check_token(deadline)  # dropped midway: what was copied may be torn
+
+    def _by_ipc(self, local: Local, nbytes: int, write: bool, deadline: float) -> bool:
+        """Copy between the owner's CUDA memory, mapped here by CUDA IPC, and ``local``,
+        one-sided; False (nothing copied) when the handle does not open in this process."""
+        key = (self._boot, self._pid, self._token)
+        try:
+            self._check_token(deadline)
+            mapped = _mappings.get(key, self._ipc)
+            if mapped is None:
+                return False
+            device.copy_mapped(mapped, local, nbytes, write)
+            self._check_token(deadline)  # dropped midway: what was copied may be torn
+        except Exception:  # dropped, owner gone, timed out: the mapping may name freed memory
+            _mappings.forget(key)
+            raise
+        return True
+
+    def _over_tcp(self, local: Local, nbytes: int, write: bool, deadline: float) -> None:
         """Move ``nbytes`` in chunks of ``TCP_CHUNK``, ``TCP_WINDOW`` requests in flight;
         each answer names its chunk (as its port), and a read's is copied to its place
-        as it lands."""
+        as it lands (CUDA memory of this process: staged in pinned memory on its way)."""
         inbox, address = sockets.bind_inbox()
         outbox, guard = sockets.Outbox(), wire_frames.ReplayGuard()
         ranges = [(start, min(TCP_CHUNK, nbytes - start)) for start in range(0, nbytes, TCP_CHUNK)]
         op = rdma_ops.WRITE if write else rdma_ops.READ
+        # A send returns once its bytes left this process: one staging buffer serves every chunk.
+        staging = cuda.ops().pinned_buffer(ranges[0][1]) if write and local.device is not None else None
         try:
             sent, answered = 0, set[int]()
             while len(answered) < len(ranges):
@@ -359,10 +281,9 @@ class RDMABuffer:
                     start, length = ranges[sent]
                     header = {envelope.OP: op, rdma_ops.TOKEN: self._token, rdma_ops.OFFSET: start,
                               rdma_ops.LENGTH: length, envelope.REPLY: address, envelope.PORT: sent}
-                    data = memoryview((ctypes.c_char * length).from_address(local + start)).cast("B") \
-                        if write else None
-                    if not write:  # its pages faulted in at once while the answer travels
-                        fill.prefault_at(local + start, length)
+                    data = local.get(start, length, staging) if write else None
+                    if not write and local.device is None:  # its pages faulted in while the answer travels
+                        fill.prefault_at(local.addr + start, length)
                     outbox.send(self._server, wire_frames.encode_value(self._cluster, header, data))
                     sent += 1
                 while not inbox.poll(int(max(0.0, min(deadline - time.monotonic(), 0.5)) * 1000)):
@@ -382,7 +303,7 @@ class RDMABuffer:
                     continue
                 if not write:
                     start, length = ranges[chunk]
-                    ctypes.memmove(local + start, _local_memory(memoryview(value).cast("B"), False)[0], length)
+                    local.put(start, memoryview(value).cast("B")[:length])
                 answered.add(chunk)
         finally:
             outbox.close_thread_sockets()
@@ -393,24 +314,23 @@ class RDMAAction:
     """A batch of reads and writes, submitted as one unit (Monarch's ``RDMAAction``)."""
 
     def __init__(self):
-        self._ops: list[tuple[RDMABuffer, int, int, bool, Any]] = []
+        self._ops: list[tuple[RDMABuffer, Local, int, bool]] = []
 
     def read_remote(self, dst: Any, src: RDMABuffer) -> "RDMAAction":
         """Queue a read of ``src`` into ``dst``; ``ValueError`` if ``dst`` is smaller than ``src``."""
-        addr, size, keep = _local_memory(dst, writable=True)
-        if size < src.size():
-            raise ValueError(f"destination of {size} bytes is smaller than the {src.size()}-byte RDMABuffer")
-        self._ops.append((src, addr, src.size(), False, keep))
+        memory = local_memory(dst, writable=True)
+        if memory.nbytes < src.size():
+            raise ValueError(f"destination of {memory.nbytes} bytes is smaller than the {src.size()}-byte RDMABuffer")
+        self._ops.append((src, memory, src.size(), False))
         return self
 
     def write_remote(self, dst: RDMABuffer, src: Any) -> "RDMAAction":
         """Queue a write of ``src`` into ``dst``; ``ValueError`` if ``src`` is larger than ``dst``."""
-        addr, size, keep = _local_memory(src, writable=False)
-        if size > dst.size():
-            raise ValueError(f"source of {size} bytes is larger than the {dst.size()}-byte RDMABuffer")
-        self._ops.append((dst, addr, size, True, keep))
+        memory = local_memory(src, writable=False)
+        if memory.nbytes > dst.size():
+            raise ValueError(f"source of {memory.nbytes} bytes is larger than the {dst.size()}-byte RDMABuffer")
+        self._ops.append((dst, memory, memory.nbytes, True))
         return self
-
     def fetch_add(self, src: RDMABuffer, dst: Any, add: int) -> "RDMAAction":
         raise NotImplementedError("Not yet supported")
 
@@ -440,8 +360,8 @@ class RDMAAction:
         def run() -> None:
             error = None
             try:
-                for buffer, addr, nbytes, write, _keep in ops:
-                    buffer._transfer(addr, nbytes, write, deadline)
+                for buffer, memory, nbytes, write in ops:
+                    buffer._transfer(memory, nbytes, write, deadline)
             except BaseException as e:  # noqa: BLE001 - reported through the future
                 error = e
             if cluster is None:

@@ -1,6 +1,7 @@
-"""Every CUDA call the message path makes, behind one small interface.
+"""Every CUDA call the message path and ``RDMABuffer`` make, behind one small interface.
 
-:class:`CudaOps` is what ``wire.cuda_tensors`` asks of CUDA; :class:`TorchCuda` does it
+:class:`CudaOps` is what ``wire.cuda_tensors``, ``wire.cuda_ipc`` and ``monarch_nb.rdma``
+ask of CUDA; :class:`TorchCuda` does it
 with torch. Tests put a fake in its place with :func:`use` and check lifetimes and error
 paths on a machine without a GPU. Nothing here imports torch at import time: a method
 runs only for a tensor the caller made, so torch is already imported then (the one
@@ -50,6 +51,41 @@ class CudaOps(Protocol):
         Raises ``RuntimeError`` (or ``OSError``) when this process can't open it
         (another host, another GPU, a container without IPC)."""
         ...
+
+    # Byte ranges, for RDMABuffer. ``tensor`` is 1-D and contiguous; offsets and lengths
+    # are in bytes; host memory is a writable memoryview of format "B". Each copy is
+    # complete on return.
+
+    def ipc_map(self, handle: Any) -> Any:
+        """The tensor that ``handle`` (from :meth:`ipc_share`) shares, mapped into this
+        process without a copy: writes through it land in the owner's memory. The
+        mapping closes when the returned tensor is freed. Raises ``RuntimeError`` (or
+        ``OSError``) when this process can't open it."""
+        ...
+
+    def pinned_buffer(self, nbytes: int) -> memoryview:
+        """``nbytes`` of host memory for staging, pinned when the platform can pin."""
+        ...
+
+    def copy_to_host(self, tensor: Any, offset: int, out: memoryview) -> None:
+        """Copy ``len(out)`` bytes of CUDA ``tensor`` from byte ``offset`` into ``out``."""
+        ...
+
+    def copy_from_host(self, tensor: Any, offset: int, data: memoryview) -> None:
+        """Copy ``data`` into CUDA ``tensor`` at byte ``offset``."""
+        ...
+
+    def copy_on_device(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None:
+        """Copy ``nbytes`` from CUDA ``src`` at ``src_offset`` to CUDA ``dst`` at
+        ``dst_offset`` (the two may be on different devices)."""
+        ...
+
+
+def _bytes(tensor: Any) -> Any:
+    """``tensor`` (1-D, contiguous) as a tensor of its bytes, sharing its memory."""
+    import torch
+
+    return tensor if tensor.dtype == torch.uint8 else tensor.view(torch.uint8)
 
 
 class TorchCuda:
@@ -103,6 +139,44 @@ class TorchCuda:
             torch.cuda.current_stream().synchronize()
         del shared  # closes the IPC mapping; torch's counter tells the sender it may free
         return copy
+
+    def ipc_map(self, handle: Any) -> Any:
+        rebuild, args = handle
+        return rebuild(*args)
+
+    def pinned_buffer(self, nbytes: int) -> memoryview:
+        import torch
+
+        try:  # torch's caching host allocator: a buffer of a size freed before comes back at once
+            host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        except RuntimeError:  # pinning refused (locked-memory limit): pageable then
+            host = torch.empty(nbytes, dtype=torch.uint8)
+        return memoryview(host.numpy())  # the array keeps the tensor, and its memory, alive
+
+    def copy_to_host(self, tensor: Any, offset: int, out: memoryview) -> None:
+        import torch
+
+        host = torch.frombuffer(out, dtype=torch.uint8)
+        with torch.cuda.device(tensor.device):
+            host.copy_(_bytes(tensor)[offset:offset + len(out)], non_blocking=True)
+            torch.cuda.current_stream().synchronize()
+
+    def copy_from_host(self, tensor: Any, offset: int, data: memoryview) -> None:
+        import torch
+
+        host = torch.frombuffer(data, dtype=torch.uint8)
+        with torch.cuda.device(tensor.device):
+            _bytes(tensor)[offset:offset + len(data)].copy_(host, non_blocking=True)
+            torch.cuda.current_stream().synchronize()
+
+    def copy_on_device(self, dst: Any, dst_offset: int, src: Any, src_offset: int, nbytes: int) -> None:
+        import torch
+
+        with torch.cuda.device(dst.device):
+            _bytes(dst)[dst_offset:dst_offset + nbytes].copy_(_bytes(src)[src_offset:src_offset + nbytes])
+            torch.cuda.current_stream().synchronize()
+        if src.device != dst.device:  # a copy between devices may run on the source's stream too
+            torch.cuda.current_stream(src.device).synchronize()
 
 
 _ops: CudaOps = TorchCuda()
