@@ -209,11 +209,15 @@ class HealthWidget(VBox):
     def find(self, key: str) -> _NodeView | None:
         """The view of the node ``key`` (``proc:MESH/RANK``, ...; see
         ``monarch_nb.health_view``), if it is shown (its parents open)."""
-        with self._lock:
-            for view in self._views.values():
-                found = view.find(key)
-                if found is not None:
-                    return found
+        with self._lock:  # the loop in a method of its own: see monarch_nb.wire.interrupts
+            return self._find_shown(key)
+
+    def _find_shown(self, key: str) -> _NodeView | None:
+        """:meth:`find`'s search of the views (the caller holds the lock)."""
+        for view in self._views.values():
+            found = view.find(key)
+            if found is not None:
+                return found
         return None
 
     def state_of(self, key: str) -> str | None:

@@ -53,15 +53,21 @@ def show(bundle: dict, snapshot: Snapshot) -> str:
     shell = get_ipython()
     parent = dict(getattr(shell.display_pub, "parent_header", None) or {})
     display(bundle, raw=True, display_id=display_id)
-    with _lock:
-        _live[display_id] = (snapshot, parent)
-        while len(_live) > MAX_LIVE:
-            del _live[next(iter(_live))]
+    with _lock:  # the loop in a function of its own: see monarch_nb.wire.interrupts
+        _keep_live(display_id, (snapshot, parent))
         watch = id(shell) not in _watched
         _watched.add(id(shell))
     if watch:  # not the process's exit: a kernel holding a cluster may be killed before that
         shell.observe(_on_exit_now, names="exit_now")
     return display_id
+
+
+def _keep_live(display_id: str, entry: tuple[Snapshot, dict]) -> None:
+    """Add ``entry`` to the live displays, dropping the oldest past ``MAX_LIVE`` (the
+    caller holds ``_lock``)."""
+    _live[display_id] = entry
+    while len(_live) > MAX_LIVE:
+        del _live[next(iter(_live))]
 
 
 def live() -> list[str]:
