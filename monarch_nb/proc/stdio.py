@@ -272,9 +272,17 @@ class TaggedStream(io.TextIOBase):
         else:
             fd, chunks = self._records_fd, frames(self._stream, _pid, _actor_tag(), lines)
         with _write_lock:  # the lines of concurrent threads never interleave
-            for chunk in chunks:
-                if not _write_all(fd, chunk):
-                    return
+            _write_chunks(fd, chunks)
+
+
+def _write_chunks(fd: int, chunks: list[bytes]) -> None:
+    """Write ``chunks`` to ``fd`` in order, stopping at the first that can't be written.
+    A loop of its own, called under ``_write_lock``: an interrupt aimed at the actor
+    thread (``proc.actor_loop``) raised at a loop back-edge inside the ``with`` block
+    would leave the lock held on Python 3.12+ (see monarch_nb.wire.interrupts)."""
+    for chunk in chunks:
+        if not _write_all(fd, chunk):
+            return
 
 
 def _write_all(fd: int, data: bytes) -> bool:

@@ -31,8 +31,9 @@ interpreter runs signal handlers, marks or not. ``with lock:`` blocks stay whole
 it only if no loop runs directly in them: on Python 3.12+ the compiler may leave a
 loop's back-edge (where handlers run) outside the block's exception handler
 (python/cpython#130279), and a ``KeyboardInterrupt`` raised there skips ``__exit__``,
-leaving the lock held. So the client's and the wire's loops under a lock are in a
-function of their own, called from the block (``tests/test_interrupts.py`` checks it).
+leaving the lock held. So the loops under a lock, in every layer whose code a Ctrl-C
+or a proc's interrupt lands in (``INTERRUPTED_LAYERS`` in ``tests/test_interrupts.py``,
+which checks it), are in a function of their own, called from the block.
 """
 
 from __future__ import annotations
