@@ -30,6 +30,7 @@ class FakeCuda:
     def __init__(self, devices: int = 1, ipc_opens: bool = True):
         self.devices = devices
         self.ipc_opens = ipc_opens  # False: ipc_open raises, as another host's process would
+        self.ipc_shares = True  # False: ipc_share raises, as for memory CUDA IPC can't export
         self.calls: list[tuple] = []
         self._on: dict[int, tuple[weakref.ref, int]] = {}  # id(tensor) -> (ref, device index)
         self._shared: dict[int, weakref.ref] = {}  # handle -> the sender's tensor (one process: tests)
@@ -83,6 +84,9 @@ class FakeCuda:
         return self.tensor(host.clone(), index)
 
     def ipc_share(self, tensor: Any) -> Any:
+        if not self.ipc_shares:
+            self.calls.append(("ipc_share", None))
+            raise RuntimeError("fake: this memory can't be shared by CUDA IPC")
         memfd = self._memfds.get(id(tensor))
         if memfd is not None and memfd[0]() is tensor:
             self.calls.append(("ipc_share", _MEMFD))

@@ -264,6 +264,9 @@ class RDMABuffer:
             raise
         return True
 
+    def _timed_out(self, answered: int, chunks: int) -> TimeoutError:
+        return TimeoutError(f"RDMA transfer with {self!r} timed out after {answered} of {chunks} chunks; cancelled")
+
     def _over_tcp(self, local: Local, nbytes: int, write: bool, deadline: float) -> None:
         """Move ``nbytes`` in chunks of ``TCP_CHUNK``, ``TCP_WINDOW`` requests in flight;
         each answer names its chunk (as its port), and a read's is copied to its place
@@ -278,6 +281,8 @@ class RDMABuffer:
             sent, answered = 0, set[int]()
             while len(answered) < len(ranges):
                 while sent < len(ranges) and sent - len(answered) < TCP_WINDOW:
+                    if time.monotonic() > deadline:
+                        raise self._timed_out(len(answered), len(ranges))
                     start, length = ranges[sent]
                     header = {envelope.OP: op, rdma_ops.TOKEN: self._token, rdma_ops.OFFSET: start,
                               rdma_ops.LENGTH: length, envelope.REPLY: address, envelope.PORT: sent}
@@ -288,8 +293,7 @@ class RDMABuffer:
                     sent += 1
                 while not inbox.poll(int(max(0.0, min(deadline - time.monotonic(), 0.5)) * 1000)):
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"RDMA transfer with {self!r} timed out after {len(answered)} of "
-                                           f"{len(ranges)} chunks; cancelled")
+                        raise self._timed_out(len(answered), len(ranges))
                     self._check_owner()
                 try:
                     message = wire_frames.decode(sockets.recv_frames(inbox), guard)
