@@ -9,14 +9,15 @@ and the replies come back on one port, each naming its rank.
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Any, Awaitable, Callable, Concatenate, Generic, Iterator, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from ..errors import ActorError, CallCycleError, RemoteFailure, SupervisionError, reports_a_failure
 from ..proc import actor as proc_actor
 from ..proc import call_chain
-from ..protocol import envelope, proc_ops
+from ..protocol import envelope, proc_ops, router_ops
 from ..wire import frames as wire_frames
-from ..wire import sockets
+from ..wire import serialize, sockets
 from ..wire.interrupts import guard_main_thread, protected
 from ..wire.mailbox import Gather
 from ..wire.port import Port
@@ -29,6 +30,9 @@ from .value_mesh import ValueMesh
 # "ActorMesh" in annotations names ``actor_mesh.ActorMesh``, not imported: that module
 # imports this one, and a cycle, even for type checkers only, is one the layers forbid.
 
+
+# In a call's results: a rank whose value a host router folded into another rank's (reduce()).
+FOLDED_AWAY = object()
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -64,10 +68,12 @@ class Endpoint(Generic[P, R]):
 
     @protected
     def _send(self, addresses: list[str], args: tuple, kwargs: dict, gather: Gather | None = None,
-              route: dict | None = None, deaths: int | None = None) -> None:
+              route: dict | None = None, deaths: int | None = None, reducer: Callable | None = None) -> None:
         """Pickle and sign the arguments once; send them to the actors at ``addresses``
         (see :meth:`_addresses_of`), replies routed by ``route`` (none for broadcast).
-        ``deaths``: ``Supervision.deaths`` when the caller last checked its targets alive."""
+        ``deaths``: ``Supervision.deaths`` when the caller last checked its targets alive.
+        A mesh called through the host routers (``host_routes``) gets one message per
+        host instead, asking the routers to fold the values with ``reducer`` if given."""
         guard_main_thread()  # first: a cell's default SIGINT handler would not defer out of what follows
         mesh = self._mesh
         rt = runtime()
@@ -80,6 +86,10 @@ class Endpoint(Generic[P, R]):
             header[proc_ops.CHAIN] = chain
         if route is not None:
             header.update(route)
+        routes = rt.host_routes.routes(mesh)
+        if routes is not None:
+            self._cast(routes, addresses, header, args, kwargs, reducer)
+            return
         frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
                                           what=f"an argument of {mesh._name}.{self._name}", sign_at_send=True)
         gather = gather or Gather(rt.mailbox)
@@ -105,6 +115,25 @@ class Endpoint(Generic[P, R]):
         if wire_frames.signed_at_send(frames) or rt.supervision.deaths != deaths:
             self._drop_queued_for_dead(addresses)
 
+    def _cast(self, routes: dict, addresses: list[str], header: dict, args: tuple, kwargs: dict,
+              reducer: Callable | None) -> None:
+        """One ``CAST`` per host router (``host.router``): the call's header and arguments
+        once, and the actors of ``addresses`` on that host."""
+        mesh = self._mesh
+        body, buffers = serialize.dumps((args, kwargs), f"an argument of {mesh._name}.{self._name}")
+        raw = [b.raw() for b in buffers]
+        by_router: dict[str, list] = {}
+        for address in addresses:
+            router, base, proc_id = routes[address]
+            by_router.setdefault(router, []).append((address, base, proc_id))
+        cast: dict = {envelope.OP: router_ops.CAST, router_ops.CALL: header}
+        if reducer is not None:
+            cast[router_ops.REDUCE] = serialize.dumps(reducer, "the reducer")[0]
+        mailbox = runtime().mailbox
+        for router, targets in by_router.items():
+            cast[router_ops.TARGETS] = targets
+            mailbox.send(router, wire_frames.encode(mesh._cluster_id, cast, body, raw, sign_at_send=True))
+
     def _drop_queued_for_dead(self, addresses: list[str]) -> None:
         """Actors reported dead while a call to them was being sent: its socket to each
         (and shared-memory segments), closed for them by ``Supervision.actors_gone``
@@ -118,9 +147,11 @@ class Endpoint(Generic[P, R]):
                 sockets.Outbox.discard(address)
 
     @protected
-    def _gather(self, view_ranks: list[int], args, kwargs, finish) -> Future:
+    def _gather(self, view_ranks: list[int], args, kwargs, finish, reducer: Callable | None = None) -> Future:
         """Send to ``view_ranks``; once all replied, ``finish(results, failures, dead)`` gives the
-        future's ``(value, error)``."""
+        future's ``(value, error)``. With ``reducer``, routers may fold several ranks'
+        values into one reply (``FOLDED``): the ranks it covers besides its own hold
+        ``FOLDED_AWAY`` in ``results``."""
         guard_main_thread()  # first: a cell's default SIGINT handler would not defer out of what follows
         mesh = self._mesh
         rt = runtime()
@@ -143,13 +174,21 @@ class Endpoint(Generic[P, R]):
             if i is None or i in answered:  # a reply and a supervision failure may both come
                 return
             answered.add(i)
+            folded = message.header.get(router_ops.FOLDED)  # a router folded these ranks' values into this one
+            also = [] if folded is None else [by_base[b] for b in folded
+                                              if b in by_base and by_base[b] not in answered]
+            answered.update(also)
             point = mesh.extent.point(view_ranks[i])
             value, failure, interrupted = _read_reply(message, point)
             if failure is None:
                 results[i] = value
+                for j in also:
+                    results[j] = FOLDED_AWAY
             else:
                 failures[i] = failure
-            remaining[0] -= 1
+                for j in also:
+                    failures[j] = RemoteFailure(mesh.extent.point(view_ranks[j]), failure.exception, failure.traceback)
+            remaining[0] -= 1 + len(also)
             died = i in failures and message.header.get("supervision", False)
             if died:
                 dead_ranks.add(i)
@@ -178,7 +217,8 @@ class Endpoint(Generic[P, R]):
         deaths = supervision.deaths
         dead = supervision.watch(mesh._cluster_id, port, targets, mesh._name)
         try:
-            self._send([addresses[b] for b in bases if addresses[b] not in dead], args, kwargs, gather, route, deaths)
+            self._send([addresses[b] for b in bases if addresses[b] not in dead], args, kwargs, gather, route, deaths,
+                       reducer)
         except BaseException:
             gather.close()
             supervision.unwatch(port, targets)
@@ -241,6 +281,29 @@ class Endpoint(Generic[P, R]):
             return ValueMesh(mesh.extent, results), None
 
         return self._gather(ranks, args, kwargs, finish)
+
+    def reduce(self, reducer: Callable[[R, R], R], *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        """Call every actor of the mesh and fold their return values with ``reducer``,
+        an associative function of two values (``operator.add``, ``max``, a function of
+        your own that pickles): the future's value is the fold of every rank's value, in
+        no set order. Where the mesh is called through the host routers, each router
+        folds its host's values, so this client receives one value per host. If any rank
+        raised, ``get()`` raises :class:`ActorError` (or :class:`SupervisionError`) as
+        :meth:`call` does; what ``reducer`` raises fails the rank whose value it was
+        folding. Non-blocking."""
+        if not callable(reducer):
+            raise TypeError(f"reduce() takes a function of two values first (e.g. operator.add), not {reducer!r}")
+        ranks = list(range(len(self._mesh)))
+
+        def finish(results, failures, dead):
+            if failures:
+                return None, self._error(failures, len(ranks), dead)
+            try:
+                return functools.reduce(reducer, [r for r in results if r is not FOLDED_AWAY]), None
+            except Exception as e:  # noqa: BLE001 - the user's reducer: the future raises it
+                return None, e
+
+        return self._gather(ranks, args, kwargs, finish, reducer)
 
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the single actor of a one-actor mesh (e.g. ``mesh.slice(gpus=0)``); the

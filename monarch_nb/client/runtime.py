@@ -36,6 +36,7 @@ from ..proc import stdio
 from ..wire.mailbox import Mailbox
 from . import progress
 from .events import EventBus, EventReceiver
+from .host_routes import HostRoutes
 from .in_flight import InFlight
 from .logs import Folded, LogLines, print_sink
 from .service_registry import ServiceRegistry
@@ -76,6 +77,7 @@ class ClientRuntime:
         # hub address -> a function that raises ClusterError once that hub is known dead
         self.hub_liveness: dict[str, Callable[[], None]] = {}
         self.services = ServiceRegistry()  # this client's live services (monarch_nb.service's)
+        self.host_routes = HostRoutes(self.local_planes)  # which meshes are called through the host routers
 
     # what the process receives on ---------------------------------------------------------
     @property

@@ -26,13 +26,14 @@ from typing import Awaitable, Callable
 from .. import fd_limit
 from ..proc import cell_files
 from ..proc.stdio import RECORD_FD_ENV
-from ..protocol import agent_ops, envelope, gpus, hub_ops
+from ..protocol import agent_ops, envelope, gpus, hub_ops, router_ops
 from ..wire import frames as wire_frames
 from ..wire import shm
 from ..wire.aio import AioEndpoint
 from . import descendants, gpu_inventory
 from .capture import Capture
 from .proc_launcher import ProcLauncher, ProcProcess
+from .router import Router
 
 HEARTBEAT_S = 0.5
 PROC_READY_TIMEOUT_S = 60.0
@@ -68,6 +69,8 @@ class HostAgent:
         self.hub_told = False  # the hub acknowledged that: it has failed this host's procs
         self.malformed = 0  # verified messages no handler could act on
         self.cell_files = cell_files.record_path(cluster_dir, host_id)  # what procs wrote for the debugger
+        # Relays calls over meshes that span hosts, on a thread of its own (host.router); made by run().
+        self.router: Router | None = None
         # op -> handler(header), awaited on the receive loop (see _serve)
         self.ops: dict[str, Callable[[dict], Awaitable[None]]] = {
             agent_ops.HUB_ALIVE: self._hub_alive,
@@ -87,8 +90,11 @@ class HostAgent:
         self._housekeep("preparing the cell files record", lambda: cell_files.prepare(self.cell_files))
         await self.launcher.open()  # (it preloads while the hub hears that this agent is up)
         inventory, _ = await asyncio.get_running_loop().run_in_executor(None, gpu_inventory.discover)
+        self.router = Router(self.cluster_id, self.host_id, self._proc_gone)
+        self.router.start()
         await self.net.send(self.hub, {envelope.OP: hub_ops.AGENT_READY, agent_ops.HOST_ID: self.host_id,
                                        "address": self.net.address, "pid": os.getpid(),
+                                       router_ops.ROUTER_ADDRESS: self.router.address,
                                        "hostname": socket.gethostname(), "node": self.node,
                                        gpus.AGENT_GPUS: inventory})
         tasks = [asyncio.ensure_future(self._serve()), asyncio.ensure_future(self._heartbeat())]
@@ -96,6 +102,7 @@ class HostAgent:
         for t in tasks:
             t.cancel()
         await self._stop_procs(list(self.procs))
+        await loop.run_in_executor(None, self.router.stop)
         self.capture.drain()
         await self._send_lines_now()
         self.capture.close_all()
@@ -103,6 +110,14 @@ class HostAgent:
         shm.remove_all(self.cluster_id)  # this host's procs are gone: no segment has a reader left
         self._housekeep("removing cell files", lambda: cell_files.sweep(self.cell_files))  # procs can't: killed
         self.net.close()
+
+    def _proc_gone(self, proc_id: str) -> str | None:
+        """(The router's thread) why proc ``proc_id`` of this host is gone, ``None`` while it runs."""
+        if proc_id in self.procs:
+            return None
+        code = self.exited.get(proc_id)
+        return (f"proc {proc_id} on host {self.host_id} exited"
+                + ("" if code is None else f" with code {code}") + " while a call to it was pending")
 
     async def _signalled(self, sig: signal.Signals) -> None:
         """Stopped from outside (a cancelled or timed-out Slurm job, a kill): the hub hears

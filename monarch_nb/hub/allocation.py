@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..protocol import agent_ops, envelope, gpus
+from ..protocol import agent_ops, envelope, gpus, router_ops
 from ..protocol.records import LOST_EXIT_CODE
 from ..wire.aio import AioEndpoint
 from .mesh_ops import MeshOps
@@ -56,7 +56,8 @@ class Allocation:
         registry = self._registry
         host_id = header[agent_ops.HOST_ID]
         registry.hosts[host_id] = HostRecord(host_id, header["address"], header["pid"], header["hostname"],
-                                             node=header.get("node", ""), gpus=header.get(gpus.AGENT_GPUS) or [])
+                                             node=header.get("node", ""), gpus=header.get(gpus.AGENT_GPUS) or [],
+                                             router=header.get(router_ops.ROUTER_ADDRESS, ""))
         if registry.host_order and all(h in registry.hosts for h in registry.host_order):
             self._all_hosts_ready.set()
 

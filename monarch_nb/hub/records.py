@@ -30,6 +30,7 @@ class HostRecord:
     sched_at_seen: tuple[float, float] | None = None
     starved: int = 0  # silences past the timeout excused because the agent was waiting for a CPU
     gpus: list = field(default_factory=list)  # its GPU inventory as it reported it (protocol.gpus records)
+    router: str = ""  # its router's inbox (host.router); "" for an agent that runs none
 
     def public(self) -> dict:
         return {**self.saved(), "lost": self.lost, "cause": self.cause, "heartbeats": self.heartbeats,
@@ -38,7 +39,7 @@ class HostRecord:
 
     def saved(self) -> dict:
         return {"host_id": self.host_id, "address": self.address, "pid": self.pid, "hostname": self.hostname,
-                "node": self.node, "gpus": self.gpus}
+                "node": self.node, "gpus": self.gpus, "router": self.router}
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Callable, Hashable, Iterable
 
 import zmq
 
-from ..protocol import envelope
+from ..protocol import envelope, router_ops
 from . import frames as wire_frames
 from . import sockets
 from .interrupts import checkpoint, guard_main_thread, protected, sleep_on
@@ -166,6 +166,22 @@ class Mailbox:
             message = wire_frames.decode(frames, self.guard)
         except wire_frames.BadMessage:
             return
+        if router_ops.BATCH in message.header:  # replies a host's router batched (host.router)
+            self._dispatch_batch(message)
+            return
+        self._deliver(message)
+
+    def _dispatch_batch(self, message: wire_frames.Message) -> None:
+        """Each reply of a router's batch to its port, in the order they came; the batch
+        was verified whole (the router checked each reply's signature as it arrived)."""
+        header = message.header
+        view = memoryview(message.body if message.body is not None else b"")
+        at = 0
+        for sub, length in zip(header[router_ops.BATCH], header[router_ops.LENGTHS]):
+            self._deliver(wire_frames.Message(sub, view[at:at + length] if length else None))
+            at += length
+
+    def _deliver(self, message: wire_frames.Message) -> None:
         callback = self._ports.get(message.header.get(envelope.PORT))
         if callback is not None:
             try:

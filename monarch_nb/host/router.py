@@ -1,0 +1,288 @@
+"""A host's router: takes one message per host for a call over a mesh that spans hosts,
+delivers it to the actors of this host, and sends their replies back in batches.
+
+It runs on a thread of its own in the host agent's process, with its own zmq context
+and inbox: never on the agent's event loop, whose heartbeats tell the hub this host is
+alive. A ``CAST`` (``protocol.router_ops``), verified (signature and replay stamp) like
+every message, holds the call's header once and its arguments once; the router encodes
+the call once, signed again, with itself as reply-to and the client's route
+``(client address, port)`` as the port, and sends it to each local destination. The
+actors verify it again, reply to the router, and the router sends what has arrived to
+each client in one batch each time its inbox is drained (:class:`Casts`): replies
+stream back as they complete, none held for the slowest. With a reducer the router
+folds the values that succeeded into one reply per host.
+
+Order: every call of a client to an actor of a routed mesh goes through this one
+router, on one socket each way, so a caller's calls reach an actor in the order sent.
+A local proc that exits fails its pending calls here at once (a supervision failure),
+without a round trip through the hub. A router that dies takes its agent's process
+along (it is a thread of it): the hub loses the host, and supervision fails the calls.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+import zmq
+
+from ..errors import ClusterError, SupervisionError
+from ..protocol import envelope, proc_ops, router_ops
+from ..wire import frames as wire_frames
+from ..wire import serialize, sockets
+from ..wire.remote_error import pack_exception
+
+POLL_MS = 50  # how long the router's poll waits (and how often it looks for exited procs)
+DRAIN_MAX = 512  # replies taken in before a flush, when they keep coming
+REDUCERS_KEPT = 64  # unpickled reducers remembered (by their pickled bytes)
+
+
+@dataclass
+class Entry:
+    """One reply to send a client: its header (with the client's port) and body."""
+
+    header: dict
+    body: Any  # bytes-like
+    buffers: list = field(default_factory=list)
+
+
+@dataclass
+class _Cast:
+    """A call's delivery on this host, until every destination answered."""
+
+    port: Hashable  # the client's port
+    waiting: dict[int, str]  # base rank -> proc id, of the destinations yet to answer
+    reducer: Callable[[Any, Any], Any] | None = None
+    folded: list[int] = field(default_factory=list)  # ranks whose values ``value`` folds
+    value: Any = None
+
+
+class Casts:
+    """The calls in progress on this host and the replies ready to go back (pure logic,
+    no sockets: the router's thread only)."""
+
+    def __init__(self):
+        self._open: dict[tuple[str, Hashable], _Cast] = {}  # (client address, port) -> its cast
+        self._ready: dict[str, list[Entry]] = {}  # client address -> replies to send, in arrival order
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._open)
+
+    def open(self, route: tuple[str, Hashable], ranks: dict[int, str],
+             reducer: Callable[[Any, Any], Any] | None = None) -> None:
+        """Expect one reply from each of ``ranks`` (base rank -> proc id) for the client
+        route ``(address, port)``."""
+        if ranks:
+            self._open[route] = _Cast(route[1], dict(ranks), reducer)
+
+    def reply(self, route: tuple[str, Hashable], header: dict, body, buffers=()) -> None:
+        """A local actor's reply for ``route``: queued for its client, or folded."""
+        client, port = route
+        cast = self._open.get(route)
+        rank = header.get(envelope.RANK)
+        header = {**header, envelope.PORT: port}
+        if cast is None or rank not in cast.waiting:  # not (or no longer) a call here: a port's value
+            self._queue(client, Entry(header, body, list(buffers)))
+            return
+        del cast.waiting[rank]
+        if cast.reducer is not None and header.get(envelope.OK):
+            try:
+                value = serialize.loads(body, buffers)
+                cast.value = value if not cast.folded else cast.reducer(cast.value, value)
+                cast.folded.append(rank)
+            except Exception as e:  # noqa: BLE001 - the user's reducer, or an unpicklable value: that rank's error
+                self._queue(client, _failure(port, rank, e))
+        else:
+            self._queue(client, Entry(header, body, list(buffers)))
+        self._close_if_done(route, cast)
+
+    def fail_rank(self, route: tuple[str, Hashable], rank: int, error: BaseException, died: bool) -> None:
+        """Answer ``rank`` of ``route`` with ``error`` (a send that failed, a proc gone)."""
+        cast = self._open.get(route)
+        if cast is None or cast.waiting.pop(rank, None) is None:
+            return
+        self._queue(route[0], _failure(cast.port, rank, error, died))
+        self._close_if_done(route, cast)
+
+    def proc_gone(self, gone: Callable[[str], str | None]) -> None:
+        """Fail every pending rank whose proc ``gone(proc_id)`` says has exited (why)."""
+        for route, cast in list(self._open.items()):
+            for rank, proc_id in list(cast.waiting.items()):
+                why = gone(proc_id)
+                if why is not None:
+                    self.fail_rank(route, rank, SupervisionError(why), died=True)
+
+    def take(self) -> dict[str, list[Entry]]:
+        """The replies ready, by client address, in arrival order; forgotten here."""
+        ready, self._ready = self._ready, {}
+        return ready
+
+    def _close_if_done(self, route: tuple[str, Hashable], cast: _Cast) -> None:
+        if cast.waiting:
+            return
+        del self._open[route]
+        if cast.folded:
+            try:
+                body, buffers = serialize.dumps(cast.value, "a folded value")
+            except Exception as e:  # noqa: BLE001 - the folded value can't travel: its first rank's error
+                self._queue(route[0], _failure(cast.port, cast.folded[0], e))
+                return
+            header = {envelope.PORT: cast.port, envelope.RANK: cast.folded[0], envelope.OK: True,
+                      router_ops.FOLDED: cast.folded}
+            self._queue(route[0], Entry(header, body, [b.raw() for b in buffers]))
+
+    def _queue(self, client: str, entry: Entry) -> None:
+        self._ready.setdefault(client, []).append(entry)
+
+
+def _failure(port: Hashable, rank: int, error: BaseException, died: bool = False) -> Entry:
+    header = {envelope.PORT: port, envelope.RANK: rank, envelope.OK: False}
+    if died:
+        header[proc_ops.DIED] = True
+    body, _ = serialize.dumps(pack_exception(error))
+    return Entry(header, body)
+
+
+def batch_frames(cluster_id: str, entries: list[Entry]) -> list:
+    """One signed frame set holding ``entries`` (none with buffers): their headers in
+    ``BATCH``, their bodies one after another."""
+    bodies = [memoryview(e.body).cast("B") if not isinstance(e.body, bytes) else e.body for e in entries]
+    header = {router_ops.BATCH: [e.header for e in entries], router_ops.LENGTHS: [len(b) for b in bodies]}
+    return wire_frames.encode(cluster_id, header, b"".join(bodies))
+
+
+def unbatch(header: dict, body) -> list[tuple[dict, Any]]:
+    """The ``(header, body)`` of each reply of a batch (bodies as views of ``body``)."""
+    view = memoryview(body if body is not None else b"")
+    out, at = [], 0
+    for sub, length in zip(header[router_ops.BATCH], header[router_ops.LENGTHS]):
+        out.append((sub, view[at:at + length]))
+        at += length
+    return out
+
+
+class Router:
+    """One host's router. :meth:`start` it; :meth:`stop` ends its thread.
+
+    ``proc_exit(proc_id)``: why a proc of this host is gone (``None`` while it runs),
+    asked from the router's thread while calls wait."""
+
+    def __init__(self, cluster_id: str, host_id: str, proc_exit: Callable[[str], str | None]):
+        self.cluster_id = cluster_id
+        self.host_id = host_id
+        self._proc_exit = proc_exit
+        self._ctx = zmq.Context()  # its own: the agent's is an asyncio one, on the heartbeat loop
+        self.inbox, self.address = sockets.bind_inbox(self._ctx)
+        self.outbox = sockets.Outbox(self._ctx)
+        self.guard = wire_frames.ReplayGuard()
+        self.casts = Casts()
+        self.casts_seen = 0  # CASTs delivered (for tests and benches)
+        self._reducers: dict[bytes, Callable] = {}
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="monarch-nb-router", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """End the router's thread (waits up to ``timeout`` s)."""
+        self._stopping.set()
+        self._thread.join(timeout)
+
+    # the thread --------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                if self.inbox.poll(POLL_MS):
+                    self._drain()
+                self._flush()
+                if self.casts.waiting:
+                    self.casts.proc_gone(self._proc_exit)
+                    self._flush()
+        finally:
+            self.outbox.close_thread_sockets()
+            self.inbox.close(0)
+            self._ctx.term()
+
+    def _drain(self) -> None:
+        for _ in range(DRAIN_MAX):
+            try:
+                frames = sockets.recv_frames(self.inbox, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                self._handle(frames)
+            except Exception as e:  # noqa: BLE001 - one bad message must not end the router
+                wire_frames.count_dropped()
+                print(f"monarch_nb router {self.host_id}: dropped a message ({type(e).__name__}: {e})",
+                      file=sys.stderr)
+
+    def _handle(self, frames: list) -> None:
+        try:
+            message = wire_frames.decode(frames, self.guard)
+        except wire_frames.BadMessage:
+            return  # unsigned, replayed, a chunk of a stream: dropped (and counted) by decode
+        header = message.header
+        if header.get(envelope.OP) == router_ops.CAST:
+            self._cast(message)
+            return
+        route = header.get(envelope.PORT)
+        if not (isinstance(route, tuple) and len(route) == 2):
+            raise ValueError(f"a message that is neither a cast nor a reply (header keys {sorted(header)})")
+        self.casts.reply(route, header, message.body if message.body is not None else b"", message.buffers)
+
+    def _cast(self, message: wire_frames.Message) -> None:
+        header = message.header
+        call = dict(header[router_ops.CALL])
+        targets = header[router_ops.TARGETS]
+        route = None
+        if envelope.PORT in call:
+            route = (call[envelope.REPLY], call[envelope.PORT])
+            call[envelope.REPLY], call[envelope.PORT] = self.address, route
+            self.casts.open(route, {rank: proc for _, rank, proc in targets}, self._reducer(header))
+        frames = wire_frames.encode(self.cluster_id, call, message.body, message.buffers, sign_at_send=True)
+        self.casts_seen += 1
+        for address, rank, _ in targets:
+            try:
+                self.outbox.send(address, frames)
+            except ClusterError as e:
+                if route is not None:
+                    self.casts.fail_rank(route, rank, e, died=True)
+
+    def _reducer(self, header: dict) -> Callable | None:
+        pickled = header.get(router_ops.REDUCE)
+        if pickled is None:
+            return None
+        reducer = self._reducers.get(pickled)
+        if reducer is None:
+            if len(self._reducers) >= REDUCERS_KEPT:
+                self._reducers.clear()
+            reducer = self._reducers[pickled] = serialize.loads(pickled)
+        return reducer
+
+    def _flush(self) -> None:
+        for client, entries in self.casts.take().items():
+            small: list[Entry] = []
+            for entry in entries:  # in arrival order: one with buffers goes alone, after those before it
+                if not entry.buffers:
+                    small.append(entry)
+                    continue
+                self._send_batch(client, small)
+                small = []
+                self._send(client, wire_frames.encode(self.cluster_id, entry.header, entry.body, entry.buffers,
+                                                      sign_at_send=True))
+            self._send_batch(client, small)
+
+    def _send_batch(self, client: str, entries: list[Entry]) -> None:
+        if entries:
+            self._send(client, batch_frames(self.cluster_id, entries))
+
+    def _send(self, client: str, frames: list) -> None:
+        try:
+            self.outbox.send(client, frames)
+        except ClusterError as e:  # the client is gone: its replies with it
+            print(f"monarch_nb router {self.host_id}: replies to {client} dropped: {e}", file=sys.stderr)
+

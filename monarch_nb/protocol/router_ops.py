@@ -1,0 +1,36 @@
+"""A host router's conversation (``host.router``): the one message per host a call over
+a mesh that spans hosts leaves the client as, and the batches of replies that come back.
+
+A client sends ``CAST`` to the router of each host its call reaches, naming the
+destination actors of that host (``TARGETS``) and the call's own header (``CALL``); the
+body and buffers are the call's arguments, pickled once. The router sends the call to
+each local actor with itself as reply-to and the client's route as the port, and sends
+the replies back to the client in batches: one message holding the headers of several
+replies (``BATCH``) and their bodies one after another (``LENGTHS`` bytes each). With
+``REDUCE``, the router folds the values that succeeded into one reply naming every rank
+it covers (``FOLDED``).
+"""
+
+from __future__ import annotations
+
+# Ops a router answers (header key ``envelope.OP``).
+CAST = "cast"  # deliver CALL to the actors TARGETS of this host; never answered itself
+
+# hub_ops.AGENT_READY field: the address of the host's router (HostRecord.router).
+ROUTER_ADDRESS = "router"
+
+# Header keys of CAST.
+TARGETS = "targets"  # [[actor address, base rank, proc id], ...]: the destinations on this host
+CALL = "call"  # the call's header as an actor takes it (kind, endpoint, origin, reply, port)
+REDUCE = "reduce"  # a pickled associative function (a, b) -> value: fold the values here
+
+# Header keys of a batch of replies (sent to the client's mailbox, with envelope.PORT).
+BATCH = "batch"  # [reply header, ...]: each as the actor sent it, less the port
+LENGTHS = "lengths"  # the byte length of each reply's body, in the order of BATCH
+FOLDED = "folded"  # in a reply header: the base ranks whose values this one value folds
+
+# How a client picks the transport of a call (``MONARCH_NB_ROUTER``): never through
+# routers, always when a mesh spans two hosts or more, or from a number of actors on.
+ROUTER_ENV = "MONARCH_NB_ROUTER"
+ROUTER_OFF = "off"
+ROUTER_ON = "on"

@@ -1,0 +1,318 @@
+"""The host tier (issue 24 items 3-4): a call over a mesh that spans hosts leaves the
+client as one message per host, each host's router (``host.router``) delivers it to
+its actors and sends their replies back in batches, folding them with a reducer.
+
+A fast tier checks the batching and folding alone (no process); the rest runs on real
+procs over three local host agents, with ``MONARCH_NB_ROUTER=on``."""
+
+from __future__ import annotations
+
+import operator
+import os
+import signal
+import threading
+
+import pytest
+
+from conftest import cluster_processes, pids_alive, wait_until
+from monarch_nb.actor import Actor, endpoint
+from monarch_nb.client.cluster import Cluster
+from monarch_nb.client.runtime import runtime
+from monarch_nb.errors import ActorError, SupervisionError
+from monarch_nb.host.router import Casts, batch_frames
+from monarch_nb.protocol import envelope, proc_ops, router_ops
+from monarch_nb.wire import frames as wire_frames
+from monarch_nb.wire import serialize
+from monarch_nb.wire.mailbox import Mailbox
+from monarch_nb.wire.remote_error import unpack_exception
+
+BOUND_S = 60.0
+HOSTS, PER_HOST = 3, 2
+
+
+# the fast tier: batching and folding, no process -------------------------------------
+def _reply(rank: int, value, ok: bool = True) -> tuple[dict, bytes]:
+    return {envelope.RANK: rank, envelope.OK: ok}, serialize.dumps(value)[0]
+
+
+def test_replies_go_back_per_client_in_arrival_order_and_a_late_one_passes_through():
+    casts = Casts()
+    route = ("tcp://client:1", 7)
+    casts.open(route, {0: "p/0", 1: "p/1", 2: "p/2"})
+    for rank in (2, 0):
+        casts.reply(route, *_reply(rank, rank * 10))
+    first = casts.take()
+    assert list(first) == ["tcp://client:1"]
+    assert [e.header[envelope.RANK] for e in first["tcp://client:1"]] == [2, 0]
+    assert all(e.header[envelope.PORT] == 7 for e in first["tcp://client:1"])
+    assert casts.take() == {} and casts.waiting  # sent: not sent again; rank 1 still awaited
+    casts.reply(route, *_reply(1, 10))
+    casts.reply(route, *_reply(1, 11))  # a second value of rank 1 (a port's): passed on, not dropped
+    assert [serialize.loads(e.body) for e in casts.take()["tcp://client:1"]] == [10, 11]
+    assert not casts.waiting
+
+
+def test_a_batch_reaches_each_port_of_the_client_as_separate_replies():
+    wire_frames.register_key("router-test", b"k" * 64)
+    casts = Casts()
+    casts.open(("me", 1), {0: "p/0", 1: "p/1"})
+    casts.open(("me", 2), {0: "p/0"})
+    casts.reply(("me", 1), *_reply(1, "b"))
+    casts.reply(("me", 2), *_reply(0, "other call"))
+    casts.reply(("me", 1), *_reply(0, "a"))
+    mailbox = Mailbox()
+    got: list = []
+    for port in (mailbox.open_port(lambda m: got.append((1, m.header[envelope.RANK], m.value()))),
+                 mailbox.open_port(lambda m: got.append((2, m.header[envelope.RANK], m.value())))):
+        assert port in (1, 2)
+    mailbox._dispatch(batch_frames("router-test", casts.take()["me"]))
+    assert got == [(1, 1, "b"), (2, 0, "other call"), (1, 0, "a")]
+
+
+def test_a_reducer_folds_the_values_that_succeeded_into_one_reply_and_failures_pass_through():
+    casts = Casts()
+    route = ("me", 3)
+    casts.open(route, {0: "p/0", 1: "p/1", 2: "p/2", 3: "p/3"}, operator.add)
+    casts.reply(route, *_reply(0, 1))
+    casts.reply(route, *_reply(2, 4))
+    assert casts.take() == {}  # folded values wait for the last rank of this host
+    casts.reply(route, *_reply(1, "boom", ok=False))
+    failed = casts.take()["me"]
+    assert [e.header[envelope.RANK] for e in failed] == [1] and not failed[0].header[envelope.OK]
+    casts.reply(route, *_reply(3, 8))
+    (folded,) = casts.take()["me"]
+    assert folded.header[router_ops.FOLDED] == [0, 2, 3] and folded.header[envelope.OK]
+    assert serialize.loads(folded.body) == 13
+
+
+def test_a_reducer_that_raises_fails_the_rank_it_was_folding():
+    def bad(a, b):
+        raise ValueError("cannot fold")
+
+    casts = Casts()
+    casts.open(("me", 4), {0: "p/0", 1: "p/1"}, bad)
+    casts.reply(("me", 4), *_reply(0, 1))
+    casts.reply(("me", 4), *_reply(1, 2))
+    entries = casts.take()["me"]
+    failure = next(e for e in entries if not e.header[envelope.OK])
+    assert failure.header[envelope.RANK] == 1
+    assert "cannot fold" in str(unpack_exception(serialize.loads(failure.body))[0])
+    assert next(e for e in entries if e.header[envelope.OK]).header[router_ops.FOLDED] == [0]
+
+
+def test_a_proc_gone_fails_its_pending_ranks_as_dead_and_only_those():
+    casts = Casts()
+    casts.open(("me", 5), {0: "p/0", 1: "p/1"})
+    casts.proc_gone(lambda proc: "proc p/1 exited" if proc == "p/1" else None)
+    (entry,) = casts.take()["me"]
+    assert entry.header[envelope.RANK] == 1 and entry.header[proc_ops.DIED]
+    exc, _ = unpack_exception(serialize.loads(entry.body))
+    assert isinstance(exc, SupervisionError) and "p/1 exited" in str(exc)
+    casts.reply(("me", 5), *_reply(1, "too late"))  # answered already: passed on, the client drops it
+    casts.reply(("me", 5), *_reply(0, "ok"))
+    assert not casts.waiting
+
+
+# real procs over several host agents ---------------------------------------------------
+class Recorder(Actor):
+    def __init__(self):
+        self.seen: list = []
+
+    @endpoint
+    def record(self, caller: str, i: int) -> int:
+        self.seen.append((caller, i))
+        return i
+
+    @endpoint
+    def seen_by(self, caller: str) -> list:
+        return [i for c, i in self.seen if c == caller]
+
+    @endpoint
+    def value(self, x: int) -> int:
+        from monarch_nb.actor import current_rank
+
+        return x * 100 + current_rank().rank
+
+    @endpoint
+    def one(self) -> int:
+        return 1
+
+    @endpoint
+    def fail_on(self, rank: int) -> int:
+        from monarch_nb.actor import current_rank
+
+        if current_rank().rank == rank:
+            raise ValueError(f"rank {rank} refuses")
+        return 1
+
+    @endpoint
+    def hold(self, gate_path: str) -> str:
+        # Waits until the test removes the file (it kills this proc first).
+        import time
+
+        while os.path.exists(gate_path):
+            time.sleep(0.05)
+        return "released"
+
+
+@pytest.fixture(scope="module")
+def routed():
+    before = os.environ.get(router_ops.ROUTER_ENV)
+    os.environ[router_ops.ROUTER_ENV] = router_ops.ROUTER_ON
+    c = Cluster.start_ephemeral(hosts=HOSTS)
+    try:
+        procs = c.host_mesh().spawn_procs(per_host={"gpus": PER_HOST}, name="routed")
+        yield c, procs, procs.spawn("rec", Recorder)
+    finally:
+        c.stop()
+        if before is None:
+            os.environ.pop(router_ops.ROUTER_ENV, None)
+        else:
+            os.environ[router_ops.ROUTER_ENV] = before
+    assert wait_until(lambda: not cluster_processes(c.path), 15), cluster_processes(c.path)
+
+
+class _Received:
+    """Counts the messages this client's mailbox receives (a batch counts once)."""
+
+    def __init__(self):
+        self.count = 0
+        self._mailbox = runtime().mailbox
+
+    def __enter__(self):
+        dispatch = Mailbox._dispatch.__get__(self._mailbox)
+
+        def counted(frames):
+            self.count += 1
+            dispatch(frames)
+
+        self._mailbox._dispatch = counted
+        return self
+
+    def __exit__(self, *exc):
+        del self._mailbox._dispatch
+
+
+def test_routed_calls_give_what_direct_calls_give(routed, monkeypatch):
+    _, _, mesh = routed
+    through_routers = mesh.value.call(3).get(timeout=BOUND_S)
+    monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_OFF)
+    direct = mesh.value.call(3).get(timeout=BOUND_S)
+    assert through_routers.extent == direct.extent
+    assert list(through_routers.values()) == list(direct.values()) == [300 + r for r in range(HOSTS * PER_HOST)]
+
+
+def test_a_sum_reducer_folds_at_each_router_one_message_per_host(routed):
+    _, _, mesh = routed
+    mesh.one.call().get(timeout=BOUND_S)  # the route table is learnt (one hub request) before counting
+    with _Received() as received:
+        total = mesh.one.reduce(operator.add).get(timeout=BOUND_S)
+    assert total == HOSTS * PER_HOST
+    assert received.count <= HOSTS, received.count
+    assert mesh.value.reduce(max, 1).get(timeout=BOUND_S) == 100 + HOSTS * PER_HOST - 1
+    with _Received() as received:
+        assert len(mesh.one.call().get(timeout=BOUND_S)) == HOSTS * PER_HOST
+    # Streamed: a batch holds what its router had when its socket was free (1 or 2 here).
+    assert received.count <= HOSTS * PER_HOST
+
+
+def test_a_failed_rank_fails_a_routed_call_and_a_reduce_as_a_direct_call_does(routed):
+    _, _, mesh = routed
+    with pytest.raises(ActorError, match="rank 4 refuses"):
+        mesh.fail_on.call(4).get(timeout=BOUND_S)
+    with pytest.raises(ActorError, match="rank 1 refuses"):
+        mesh.fail_on.reduce(operator.add, 1).get(timeout=BOUND_S)
+
+
+def test_each_callers_calls_reach_each_actor_in_the_order_sent(routed):
+    _, _, mesh = routed
+    n = 40
+
+    def caller(name: str) -> None:
+        for i in range(n):  # broadcasts, whole-mesh calls and one-actor calls, interleaved
+            if i % 3 == 0:
+                mesh.record.broadcast(name, i)
+            elif i % 3 == 1:
+                mesh.record.call(name, i)
+            else:
+                mesh.slice(hosts=1, gpus=0).record.call_one(name, i)
+        mesh.record.call(name, n).get(timeout=BOUND_S)  # after every earlier message of this thread
+    threads = [threading.Thread(target=caller, args=(f"t{k}",)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for name in ("t0", "t1"):
+        seen = mesh.seen_by.call(name).get(timeout=BOUND_S)
+        for rank, got in enumerate(seen.values()):
+            expected = [i for i in range(n) if i % 3 != 2 or rank == PER_HOST] + [n]  # rank 2: hosts=1, gpus=0
+            assert got == expected, (name, rank, got)  # each once, in order
+
+
+def test_frames_to_a_router_that_are_badly_signed_or_replayed_are_dropped(routed, tmp_path):
+    c, procs, mesh = routed
+    info = c.info()
+    target_host = info["hosts"][0]
+    router = target_host[router_ops.ROUTER_ADDRESS]
+    address = mesh._addresses[0]
+    proc_id = info["proc_meshes"]["routed"]["procs"][0]["proc_id"]
+    assert mesh.seen_by.call("raw").get(timeout=BOUND_S).values()[0] == []
+    cast = {envelope.OP: router_ops.CAST, router_ops.TARGETS: [[address, 0, proc_id]],
+            router_ops.CALL: {envelope.KIND: proc_ops.CALL, proc_ops.ENDPOINT: "record",
+                              proc_ops.ORIGIN: runtime().origin()}}
+    frames = wire_frames.encode(mesh._cluster_id, cast, serialize.dumps((("raw", 1), {}))[0])
+    forged = list(frames)
+    forged[0] = bytes(frames[0])[:5] + bytes([bytes(frames[0])[5] ^ 1]) + bytes(frames[0])[6:]
+    outbox = runtime().mailbox.outbox
+    outbox.send(router, forged)  # a bad signature: dropped
+    outbox.send(router, frames)  # delivered once...
+    outbox.send(router, frames)  # ...and this replay dropped
+    second = wire_frames.encode(mesh._cluster_id, cast, serialize.dumps((("raw", 2), {}))[0])
+    outbox.send(router, second)
+    # Sent after the raw casts on the same socket, through the same router: it sees them all.
+    assert mesh.seen_by.call("raw").get(timeout=BOUND_S).values()[0] == [1, 2]
+    dropped = lambda: next(h for h in c.info()["hosts"] if h["host_id"] == target_host["host_id"])["dropped_frames"]  # noqa: E731
+    assert wait_until(lambda: dropped() >= target_host["dropped_frames"] + 2, 10), dropped()
+
+
+def test_a_proc_killed_mid_call_fails_that_call_and_the_others_answer(routed, tmp_path):
+    c, procs, mesh = routed
+    gate = tmp_path / "gate"
+    gate.touch()
+    victim = procs.pids[PER_HOST * 2 + 1]  # hosts=2, gpus=1: base rank 5
+    pending = mesh.hold.call(str(gate))
+    os.kill(victim, signal.SIGKILL)
+    gate.unlink()  # the others return
+    with pytest.raises(SupervisionError) as raised:
+        pending.get(timeout=BOUND_S)
+    assert "1 of 6 ranks" in str(raised.value), str(raised.value)
+    procs.restart_failed()
+
+
+def test_a_killed_host_agent_is_a_host_lost_and_its_calls_fail(tmp_path, monkeypatch):
+    monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_ON)
+    c = Cluster.start_ephemeral(hosts=2)
+    try:
+        procs = c.host_mesh().spawn_procs(per_host={"gpus": 1}, name="two")
+        mesh = procs.spawn("rec", Recorder)
+        assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == 2
+        gate = tmp_path / "gate"
+        gate.touch()
+        pending = mesh.hold.call(str(gate))
+        agents = {h["host_id"]: h["pid"] for h in c.info()["hosts"]}
+        os.kill(agents["host1"], signal.SIGKILL)  # its router with it: a thread of the agent
+        gate.unlink()
+        with pytest.raises(SupervisionError):
+            pending.get(timeout=BOUND_S)
+        assert wait_until(lambda: pids_alive([agents["host1"], procs.pids[1]]) == [], BOUND_S)
+        assert mesh.slice(hosts=0).value.call(1).get(timeout=BOUND_S).values() == [100]
+    finally:
+        c.stop()
+    assert wait_until(lambda: not cluster_processes(c.path), 15), cluster_processes(c.path)
+
+
+def test_a_bad_router_setting_is_refused_naming_the_choices(routed, monkeypatch):
+    _, _, mesh = routed
+    monkeypatch.setenv(router_ops.ROUTER_ENV, "sometimes")
+    with pytest.raises(ValueError, match="MONARCH_NB_ROUTER='sometimes'.*'off', 'on'"):
+        mesh.one.call()
