@@ -91,6 +91,15 @@ def run_logs(args: argparse.Namespace) -> int:
         query = {"mesh": args.mesh, "ranks": parse_ranks(args.ranks) if args.ranks else None,
                  "stream": args.stream, "grep": args.grep}
         records = hub.request(hub_ops.LOGS_QUERY, timeout=60.0, tail=args.tail, **query)["records"]
+        missing = None
+        if not records and args.mesh is not None:
+            missing = logs.no_such_mesh(hub.request(hub_ops.INFO, timeout=30.0), args.mesh)
+        if missing is not None and not args.follow:
+            print(f"monarch-nb logs: cluster {args.name!r} has {missing}", file=sys.stderr)
+            return 1
+        if missing is not None:  # -f: its lines may come once a mesh of that name is made
+            print(f"monarch-nb logs: cluster {args.name!r} has {missing}; following its lines to come "
+                  "(Ctrl-C stops)", file=sys.stderr)
         while True:
             logs.print_sink(logs.fold_records(records, args.fold == "on"))
             if not args.follow:

@@ -134,6 +134,14 @@ def test_lines_are_queryable_by_a_client_that_connects_later(cluster, printers):
     assert out.stdout.strip() == "[0, 1, 2, 3]", out.stderr
 
 
+def test_a_mesh_that_is_not_there_is_named_with_the_meshes_there_are():
+    info = {"proc_meshes": {"workers": {}}, "actor_meshes": {"workers/trainers": {}}}
+    assert logs.no_such_mesh(info, "workers") is None and logs.no_such_mesh(info, "trainers") is None
+    assert logs.no_such_mesh(info, "nosuchmesh") == ("no mesh 'nosuchmesh' and no lines of it in the store "
+                                                     "(meshes: workers, workers/trainers)")
+    assert logs.no_such_mesh({"proc_meshes": {}, "actor_meshes": {}}, "x").endswith("(meshes: none)")
+
+
 def test_folder_keeps_each_ranks_order():
     folder = logs.Folder(window=10)
     for rank, text in [(1, "A"), (0, "B"), (0, "A"), (1, "B")]:

@@ -159,6 +159,20 @@ def test_a_stopped_clusters_lines_stay_readable_from_python_and_the_cli(clusters
     assert never.returncode == 1 and "no log store is kept" in never.stderr
 
 
+def test_the_cli_names_a_mesh_that_is_not_there_and_fails(clusters):
+    # `monarch-nb logs CLUSTER nosuchmesh` exited 0 printing nothing (a new-user trial).
+    clusters.append("meshes")
+    monarch_nb.Cluster.start("meshes")
+    this_host().spawn_procs(per_host={"gpus": 2}, name="known").spawn("printers", Printer)
+    out = subprocess.run([sys.executable, "-m", "monarch_nb.cli", "logs", "meshes", "nosuchmesh"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 1 and out.stdout == "", out.stderr
+    assert "no mesh 'nosuchmesh'" in out.stderr and "(meshes: known, known/printers)" in out.stderr, out.stderr
+    quiet = subprocess.run([sys.executable, "-m", "monarch_nb.cli", "logs", "meshes", "printers"], capture_output=True,
+                           text=True, timeout=60)
+    assert quiet.returncode == 0, quiet.stderr  # a mesh that printed nothing yet is no mistake
+
+
 def test_two_kernels_calling_one_mesh_at_once_each_get_only_their_replies(clusters):
     clusters.append("shared")
     cluster = monarch_nb.Cluster.start("shared")

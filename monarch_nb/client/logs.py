@@ -176,6 +176,17 @@ def fold_records(records: list[list], enabled: bool = True) -> list[Folded]:
     return folder.take()
 
 
+def no_such_mesh(info: dict, name: str) -> str | None:
+    """``None`` when ``name`` is a proc mesh or an actor mesh (by its name) of ``info``
+    (``Cluster.info()``); else why a query of its lines found none, naming the meshes
+    there are: what ``%monarch logs`` and ``monarch-nb logs`` say when nothing matched."""
+    actor_names = {key.rpartition("/")[2] for key in info["actor_meshes"]}
+    if name in info["proc_meshes"] or name in actor_names:
+        return None
+    known = sorted(info["proc_meshes"]) + sorted(info["actor_meshes"])
+    return f"no mesh {name!r} and no lines of it in the store (meshes: {', '.join(known) or 'none'})"
+
+
 def print_sink(lines: list[Folded]) -> None:
     """The default sink: this process's stdout/stderr, one prefixed line each."""
     for line in lines:

@@ -362,12 +362,9 @@ class MonarchMagics(Magics):
                              tail=args.tail)
         self._show_records([[r[f] for f in LOG_FIELDS] for r in found])
         if not found and not args.follow:
-            info = cluster.info()
-            actor_names = {k.rpartition("/")[2] for k in info["actor_meshes"]}
-            if mesh_name is not None and mesh_name not in info["proc_meshes"] and mesh_name not in actor_names:
-                known = sorted(info["proc_meshes"]) + sorted(info["actor_meshes"])
-                raise UsageError(f"%monarch logs: no mesh {mesh_name!r} and no lines of it in the store "
-                                 f"(meshes: {', '.join(known) or 'none'})")
+            missing = logs.no_such_mesh(cluster.info(), mesh_name) if mesh_name is not None else None
+            if missing is not None:
+                raise UsageError(f"%monarch logs: {missing}")
             print(f"monarch: no lines{' for ' + mesh_name if mesh_name else ''} match")
         last = found[-1]["seq"] if found else 0
         try:  # Ctrl-C (a kernel interrupt) ends the follow, wherever in the loop it lands
