@@ -195,6 +195,7 @@ def test_interrupt_magic_stops_a_running_endpoint(kernel, talkers):
     ("%monarch logs nosuch --ranks 0-", "bad rank spec '0-'"),
     ("%monarch interrupt nosuch", "no mesh 'nosuch'"),
     ("%monarch logs nosuch", "no mesh 'nosuch' and no lines of it in the store (meshes: "),
+    ("%%monarch exec workers --ranks gpu=0\nx = 1", "'gpu' is not a dimension of workers (dimensions: "),
     ("%monarch spawn x NoSuchClass --procs workers", "class 'NoSuchClass' is not defined"),
     ("%monarch procs p --per-host gpus", "write LABEL=SIZE"),
     ("%monarch frobnicate", "invalid choice: 'frobnicate'"),

@@ -51,3 +51,16 @@ def test_point_equality_and_str():
     e = Extent({"gpus": 4})
     assert e.point(2) == Point((2,), e) == {"gpus": 2}
     assert str(e.point(2)) == "{'gpus': 2/4}"
+
+
+def test_a_rank_spec_naming_a_dimension_is_refused_naming_the_meshs_dimensions():
+    from monarch_nb.mesh.ranks import parse_ranks_of
+
+    extent = Extent({"hosts": 2, "gpus": 4})
+    assert parse_ranks_of("1,5-6", "workers", extent) == [1, 5, 6]
+    with pytest.raises(ValueError, match=r"'gpu' is not a dimension of workers \(dimensions: hosts=2, gpus=4\)"):
+        parse_ranks_of("gpu=0", "workers", extent)
+    with pytest.raises(ValueError, match=r"\(dimensions: hosts=2, gpus=4\), not coordinates: gpus=1 is ranks '1,5'"):
+        parse_ranks_of("gpus=1", "workers", extent)
+    with pytest.raises(ValueError, match="rank 8 is out of range for 8 ranks"):
+        parse_ranks_of("8", "workers", extent)

@@ -33,7 +33,7 @@ from ..errors import ActorError, MonarchNbError, RemoteFailure, SupervisionError
 from ..protocol import hub_ops
 from ..protocol.records import LOG_FIELDS
 from ..mesh import Extent
-from ..mesh.ranks import format_ranks, parse_ranks
+from ..mesh.ranks import format_ranks, parse_ranks, parse_ranks_of
 from ..proc import exec_actor
 from ..proc.exec_actor import Exec
 from . import debug_magics
@@ -409,7 +409,7 @@ class MonarchMagics(Magics):
 
     def _exec(self, args, cell: str):
         procs = self._procs_of(args.mesh)
-        ranks = parse_ranks(args.ranks, len(procs)) if args.ranks else list(range(len(procs)))
+        ranks = parse_ranks_of(args.ranks, procs.name, procs.extent) if args.ranks else list(range(len(procs)))
         # The handle itself, not the actor class a type checker is told spawn returns.
         runner: ActorMesh = procs.spawn(exec_actor.mesh_name(procs.name), Exec)  # type: ignore[assignment]
         name = f"<%%monarch exec {procs.name}>"
