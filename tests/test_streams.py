@@ -7,6 +7,7 @@ dropped after STALE_S of its inbox reading or waiting for messages. End to end o
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -161,6 +162,27 @@ def test_streams_arriving_together_are_all_kept_whatever_their_total(value, monk
     assert len(guard.streams) == 4
     with pytest.raises(frames.BadMessage, match="did not start"):  # one stream over the limit
         _chunk(guard, b"x" * 16, 2 * stream.MIN_BYTES + 1)
+
+
+@pytest.mark.parametrize("raw", ["abc", "-1", "0", "1.5"])
+def test_a_bad_max_message_bytes_is_refused_naming_the_variable_and_what_it_takes(raw, monkeypatch):
+    # "abc" was a raw int() traceback at the first message; "-1" refused every message.
+    monkeypatch.setenv("MONARCH_NB_MAX_MESSAGE_BYTES", raw)
+    with pytest.raises(ValueError, match=rf"^MONARCH_NB_MAX_MESSAGE_BYTES='{re.escape(raw)}' is not a message size: "
+                                         "give a whole number of bytes above 0"):
+        frames.max_message_bytes()
+
+
+def test_a_bad_max_message_bytes_stops_a_cluster_from_starting(tmp_path, monkeypatch):
+    from monarch_nb.client.cluster import Cluster
+
+    monkeypatch.setenv("MONARCH_NB_HOME", str(tmp_path))
+    monkeypatch.setenv("MONARCH_NB_MAX_MESSAGE_BYTES", "4GB")
+    with pytest.raises(ValueError, match="MONARCH_NB_MAX_MESSAGE_BYTES='4GB'"):
+        Cluster.start_ephemeral()
+    assert not any((tmp_path / "clusters").glob("*")), "no cluster directory is left behind"
+    monkeypatch.setenv("MONARCH_NB_MAX_MESSAGE_BYTES", "4_294_967_296")
+    assert frames.max_message_bytes() == 4 << 30
 
 
 def test_a_half_stream_is_dropped_after_stale_s_of_reading_not_of_idling(value, monkeypatch):

@@ -465,8 +465,10 @@ def _check_config() -> None:
     """Raise ``ValueError`` naming the file and the known keys for a ``config.toml`` a
     new hub would not take (a typo in ``[logs]``, TOML that can't be read), before it
     starts; a hub that meets one later (recovery) runs on with the defaults and says so
-    in hub.log."""
+    in hub.log. Likewise for a ``MONARCH_NB_MAX_MESSAGE_BYTES`` the processes it starts
+    would inherit and fail on at their first message."""
     logstore.retention()
+    wire_frames.max_message_bytes()
 
 
 def _check_start_args(name, hosts, grace_s, idle_timeout) -> None:

@@ -100,8 +100,19 @@ MAX_FRAME_BYTES = stream.MIN_BYTES
 
 def max_message_bytes() -> int:
     """Largest message (all frames, bytes) sent or accepted: ``MONARCH_NB_MAX_MESSAGE_BYTES``,
-    default 2 GiB."""
-    return int(os.environ.get("MONARCH_NB_MAX_MESSAGE_BYTES", 2 << 30))
+    default 2 GiB. Raises ``ValueError`` naming the variable and its value when that is
+    not a whole number of bytes above 0."""
+    raw = os.environ.get("MONARCH_NB_MAX_MESSAGE_BYTES")
+    if raw is None:
+        return 2 << 30
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if limit <= 0:
+        raise ValueError(f"MONARCH_NB_MAX_MESSAGE_BYTES={raw!r} is not a message size: give a whole number of bytes "
+                         "above 0 (e.g. 4294967296 for 4 GiB), or unset it for the default, 2 GiB")
+    return limit
 
 
 def register_key(cluster_id: str, key: bytes) -> None:
