@@ -1,13 +1,20 @@
-"""The device check of issue 25: the GPU tests, then CUDA-tensor message figures, as JSON.
+"""The device check of issue 25: the GPU tests, then CUDA-tensor message and RDMABuffer
+figures, as JSON.
 
-    cd /work/main && .venv/bin/python bench/gpu_check.py [--budget-s 220] [--quick]
+    cd /work/main && .venv/bin/python bench/gpu_check.py [--budget-s 220] [--quick] [--without-gpu]
 
 Bounded (``--budget-s``, default 220 s: under 4 minutes on one H200), no internet. It
 prints one JSON object on stdout (progress on stderr):
 
-- ``tests``: pytest over tests/test_gpu_binding_cuda.py and tests/test_cuda_messages.py
-  (their GPU tests skip without CUDA): passed / failed / skipped counts, the summary line;
+- ``tests``: pytest over tests/test_gpu_binding_cuda.py, tests/test_cuda_messages.py and
+  tests/test_cuda_rdma.py (their GPU tests skip without CUDA): passed / failed / skipped
+  counts, the summary line;
 - ``figures`` (GB/s, median of the repetitions), each with the bytes it moved:
+  - ``rdma_read_into_{64MiB,1GiB}_cuda_{ipc,staged}``: ``RDMABuffer.read_into`` of a CUDA
+    buffer one actor owns into CUDA memory of another actor of the host, by CUDA IPC, and
+    staged through the owner's pinned memory (``MONARCH_NB_RDMA_CUDA_IPC=0`` in the
+    reader); ``rdma_read_into_{size}_ipc_vs_d2d_clone``: the IPC figure over this run's
+    same-process device clone (issue 25's target: at least 0.3 at 1 GiB);
   - ``actor_to_actor_{64MiB,1GiB}_{staged,ipc}``: a CUDA tensor passed by one actor to
     another's endpoint on one host (the receiver synchronizes its device before
     replying), ``ipc`` with ``MONARCH_NB_CUDA_IPC=1`` in the sender;
@@ -17,10 +24,14 @@ prints one JSON object on stdout (progress on stderr):
   - floors in this process: ``d2d_clone`` (same-process device clone), ``pinned_h2d``,
     ``pinned_d2h``, ``pageable_d2h``; ``torch_ipc_clone``: torch's own CUDA IPC, a
     tensor opened and cloned by a second process (torch.multiprocessing);
-- ``not_measured``: what this machine could not measure, and why (no CUDA: every CUDA
-  figure; the CPU path is still measured).
+- ``not_measured``: what this machine could not measure, and why.
 
-Exit status 1 when a test failed or a figure errored. Runs in its own MONARCH_NB_HOME
+Without CUDA (or without torch) it says so on stderr and in the JSON's ``no_gpu``, runs
+nothing and exits 0, importing neither monarch_nb nor torch's CUDA; ``--without-gpu``
+runs the tests and the CPU path anyway (a check of the script's plumbing).
+
+Exit status 1 when a test failed or a figure errored (an IPC figure that was in fact
+staged, an RDMA read that returned wrong bytes). Runs in its own MONARCH_NB_HOME
 (a temporary folder, removed at exit, unless one is set).
 """
 
@@ -45,47 +56,107 @@ if "MONARCH_NB_HOME" not in os.environ:  # before monarch_nb loads: never the us
     atexit.register(shutil.rmtree, os.environ["MONARCH_NB_HOME"], ignore_errors=True)
 IPC_ENV = "MONARCH_NB_CUDA_IPC"
 MiB, GiB = 1 << 20, 1 << 30
-GPU_TESTS = ["tests/test_gpu_binding_cuda.py", "tests/test_cuda_messages.py"]
-
-from monarch_nb.actor import Actor, endpoint  # noqa: E402
+GPU_TESTS = ["tests/test_gpu_binding_cuda.py", "tests/test_cuda_messages.py", "tests/test_cuda_rdma.py"]
+RDMA_IPC_ENV = "MONARCH_NB_RDMA_CUDA_IPC"
+RDMA_TARGET = 0.3  # issue 25: read_into of 1 GiB CUDA on one host >= 0.3x a same-process device clone
 
 
 def log(msg: str) -> None:
     print(f"[gpu_check] {msg}", file=sys.stderr, flush=True)
 
 
-class Receiver(Actor):
-    @endpoint
-    def take(self, tensor) -> int:
-        if tensor.is_cuda:
+def cuda_here() -> tuple[bool, str]:
+    """Whether this process has a CUDA GPU, and if not why, without importing monarch_nb."""
+    try:
+        import torch
+    except ImportError:
+        return False, "no CUDA GPU here (torch is not installed)"
+    if not torch.cuda.is_available():
+        return False, "no CUDA GPU here (torch.cuda.is_available() is False)"
+    return True, ""
+
+
+def actor_classes() -> tuple[type, type]:
+    """The actors of the figures (defined here so that a run without a GPU imports no
+    monarch_nb: the procs get them by value)."""
+    from monarch_nb.actor import Actor, endpoint
+
+    class Receiver(Actor):
+        @endpoint
+        def take(self, tensor) -> int:
+            if tensor.is_cuda:
+                import torch
+
+                torch.cuda.synchronize(tensor.device)
+            return tensor.numel() * tensor.element_size()
+
+        @endpoint
+        def rdma_read(self, buffer, reps: int, ipc: bool, device: str = "cuda") -> dict:
+            """Seconds per ``buffer.read_into`` a tensor on ``device`` of this proc (the
+            first, which maps the handle, not counted), and whether the bytes were right."""
             import torch
 
-            torch.cuda.synchronize(tensor.device)
-        return tensor.numel() * tensor.element_size()
+            from monarch_nb import rdma
 
+            os.environ[RDMA_IPC_ENV] = "1" if ipc else "0"
+            dst = torch.zeros(buffer.size(), dtype=torch.uint8, device=device)
+            buffer.read_into(dst).get(timeout=120)
+            correct = bool((dst.view(torch.float32) == 1.0).all())
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                buffer.read_into(dst).get(timeout=120)
+                times.append(time.perf_counter() - t0)
+            del dst
+            torch.cuda.empty_cache()
+            return {"times": times, "correct": correct, "backend": buffer.backend,
+                    "unopened": rdma._mappings.unopened}
 
-class Sender(Actor):
-    @endpoint
-    def ipc_counts(self) -> dict:
-        """This proc's CUDA IPC keeper: claims served, and how many of them fell back to bytes."""
-        from monarch_nb.wire import cuda_ipc
+    class Sender(Actor):
+        @endpoint
+        def rdma_buffer(self, nbytes: int, device: str = "cuda"):
+            """An RDMABuffer over ``nbytes`` of ones (float32) on ``device`` of this proc."""
+            import torch
 
-        return {"claims": cuda_ipc.keeper().claims, "fell_back_to_bytes": cuda_ipc.keeper().staged}
+            from monarch_nb.rdma import RDMABuffer
 
-    @endpoint
-    def send(self, receiver, nbytes: int, device: str, ipc: bool, reps: int) -> list[float]:
-        """Seconds per call of ``receiver.take(tensor)``, ``tensor`` of ``nbytes`` on ``device``."""
-        import torch
+            self.rdma_tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+            if device == "cuda":
+                torch.cuda.synchronize()  # written before any reader copies it
+            self.rdma = RDMABuffer(self.rdma_tensor)
+            return self.rdma
 
-        os.environ[IPC_ENV] = "1" if ipc else "0"
-        tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-        assert receiver.take.call_one(tensor).get(timeout=120) == nbytes  # warm-up (pinned pool, shm)
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            receiver.take.call_one(tensor).get(timeout=120)
-            times.append(time.perf_counter() - t0)
-        return times
+        @endpoint
+        def rdma_drop(self) -> None:
+            import torch
+
+            self.rdma.drop().get()
+            self.rdma = self.rdma_tensor = None
+            torch.cuda.empty_cache()
+
+        @endpoint
+        def ipc_counts(self) -> dict:
+            """This proc's CUDA IPC keeper: claims served, and how many of them fell back to bytes."""
+            from monarch_nb.wire import cuda_ipc
+
+            return {"claims": cuda_ipc.keeper().claims, "fell_back_to_bytes": cuda_ipc.keeper().staged}
+
+        @endpoint
+        def send(self, receiver, nbytes: int, device: str, ipc: bool, reps: int) -> list[float]:
+            """Seconds per call of ``receiver.take(tensor)``, ``tensor`` of ``nbytes`` on ``device``."""
+            import torch
+
+            os.environ[IPC_ENV] = "1" if ipc else "0"
+            tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+            assert receiver.take.call_one(tensor).get(timeout=120) == nbytes  # warm-up (pinned pool, shm)
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                receiver.take.call_one(tensor).get(timeout=120)
+                times.append(time.perf_counter() - t0)
+            return times
+
+    return Receiver, Sender
 
 
 def run_tests(timeout_s: float) -> dict:
@@ -175,13 +246,62 @@ def torch_ipc_floor(nbytes: int, reps: int, device: str = "cuda") -> float:
     return gbps(nbytes, times)
 
 
-def actor_figures(sizes: dict, cuda: bool, reps: int, deadline: float, out: dict, missing: list) -> None:
+def rdma_figures(sender, receiver, sizes: dict, reps: int, deadline: float, out: dict, missing: list,
+                 checks: dict) -> None:
+    """``rdma_read_into_*``: a CUDA RDMABuffer of ``sender`` read into ``receiver``'s GPU."""
+    for label, n in sizes.items():
+        if time.monotonic() > deadline:
+            missing.append(f"rdma_read_into_{label}_*: out of time (--budget-s)")
+            continue
+        try:
+            buffer = sender.rdma_buffer.call_one(n).get(timeout=120)
+        except Exception as e:  # noqa: BLE001 (reported, and the run goes on)
+            out[f"rdma_read_into_{label}_cuda_ipc"] = None
+            missing.append(f"rdma_read_into_{label}_*: {type(e).__name__}: {str(e)[:300]}")
+            continue
+        for mode, ipc in (("ipc", True), ("staged", False)):
+            name = f"rdma_read_into_{label}_cuda_{mode}"
+            if time.monotonic() > deadline:
+                missing.append(f"{name}: out of time (--budget-s)")
+                continue
+            try:
+                got = receiver.rdma_read.call_one(buffer, reps, ipc).get(timeout=300)
+                out[name] = gbps(n, got["times"])
+                checks[name] = {k: got[k] for k in ("correct", "backend", "unopened")}
+                log(f"{name}: {out[name]} GB/s ({checks[name]})")
+            except Exception as e:  # noqa: BLE001
+                out[name] = None
+                missing.append(f"{name}: {type(e).__name__}: {str(e)[:300]}")
+        sender.rdma_drop.call_one().get(timeout=60)
+        clone, ipc_figure = out.get(f"d2d_clone_{label}"), out.get(f"rdma_read_into_{label}_cuda_ipc")
+        if clone and ipc_figure:
+            out[f"rdma_read_into_{label}_ipc_vs_d2d_clone"] = round(ipc_figure / clone, 3)
+
+
+def rdma_errors(checks: dict) -> list[str]:
+    """What went wrong in the RDMA figures: wrong bytes, or an IPC read that was staged."""
+    errors = []
+    for name, check in checks.items():
+        if not check["correct"]:
+            errors.append(f"{name}: the bytes read were wrong")
+        if name.endswith("_ipc") and (check["backend"] != "cuda_ipc" or check["unopened"]):
+            errors.append(f"{name}: went staged, not by CUDA IPC ({check})")
+    return errors
+
+
+def actor_figures(sizes: dict, cuda: bool, reps: int, deadline: float, out: dict, missing: list,
+                  checks: dict) -> None:
     from monarch_nb.client.cluster import Cluster
 
+    Receiver, Sender = actor_classes()
     cluster = Cluster.start_ephemeral()
     try:
         procs = cluster.this_host().spawn_procs(per_host={"procs": 2}, name="gpu_check")  # both see the GPUs
         sender, receiver = procs.spawn("sender", Sender).slice(procs=0), procs.spawn("receiver", Receiver).slice(procs=1)
+        if cuda:
+            log("RDMABuffer read_into")
+            rdma_figures(sender, receiver, sizes, reps, deadline, out, missing, checks)
+        log("actor -> actor")
         modes = [("cpu", "cpu", False)] + ([("staged", "cuda", False), ("ipc", "cuda", True)] if cuda else [])
         for label, n in sizes.items():
             for mode, device, ipc in modes:
@@ -207,28 +327,32 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--budget-s", type=float, default=220.0)
     parser.add_argument("--quick", action="store_true", help="64 MiB only, 2 repetitions")
+    parser.add_argument("--without-gpu", action="store_true",
+                        help="without CUDA, run the tests and the CPU path anyway (the script's plumbing)")
     args = parser.parse_args()
     started = time.monotonic()
     deadline = started + args.budget_s
     reps = 2 if args.quick else 5
     sizes = {"64MiB": 64 * MiB} if args.quick else {"64MiB": 64 * MiB, "1GiB": GiB}
     result: dict = {"host": platform.node(), "python": platform.python_version()}
-    missing: list[str] = []
-    figures: dict = {}
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    cuda = bool(torch is not None and torch.cuda.is_available())
+    cuda, why = cuda_here()
+    torch = sys.modules.get("torch")
     result["torch"] = getattr(torch, "__version__", None)
     result["device"] = torch.cuda.get_device_name(0) if cuda else None
+    if not cuda and not args.without_gpu:
+        log(f"{why}: nothing to check; run this on a GPU machine (--without-gpu runs the tests and the CPU path anyway)")
+        result.update(no_gpu=why, not_measured=["everything: " + why])
+        print(json.dumps(result, indent=1))
+        return 0
+    missing: list[str] = []
+    figures: dict = {}
+    checks: dict = {}
     log("running the GPU tests")
     result["tests"] = run_tests(timeout_s=min(120.0, args.budget_s * 0.5))
     failed = bool(result["tests"].get("failed") or result["tests"].get("error") or result["tests"]["returncode"] not in (0, 5))
     if not cuda:
-        why = "no CUDA GPU here (torch is not installed)" if torch is None else \
-            "no CUDA GPU here (torch.cuda.is_available() is False)"
-        missing.append(f"every CUDA figure (staged, ipc, d2d_clone, pinned_h2d/d2h, torch_ipc_clone): {why}")
+        result["no_gpu"] = why
+        missing.append(f"every CUDA figure (rdma_read_into, staged, ipc, d2d_clone, pinned_h2d/d2h, torch_ipc_clone): {why}")
     else:
         log("floors")
         figures.update(floors(sizes, reps))
@@ -239,16 +363,20 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001
                     missing.append(f"torch_ipc_clone_{label}: {type(e).__name__}: {e}")
     if torch is not None:
-        log("actor -> actor")
-        actor_figures(sizes, cuda, reps, deadline, figures, missing)
+        actor_figures(sizes, cuda, reps, deadline, figures, missing, checks)
     else:
         missing.append("actor_to_actor_*: torch is not installed")
     result["figures"] = figures
-    result["not_measured"] = missing
+    result["rdma_checks"] = checks
+    ratio = figures.get("rdma_read_into_1GiB_ipc_vs_d2d_clone")
+    result["targets"] = {"rdma_read_into_1GiB_ipc_vs_d2d_clone": {"value": ratio, "at_least": RDMA_TARGET,
+                                                                  "met": None if ratio is None else ratio >= RDMA_TARGET}}
+    errors = rdma_errors(checks)
+    result["not_measured"] = missing + errors
     result["seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(result, indent=1))
     errored = any(v is None for v in figures.values()) or bool(figures.get("ipc_keeper", {}).get("fell_back_to_bytes"))
-    return 1 if failed or errored else 0
+    return 1 if failed or errored or errors else 0
 
 
 if __name__ == "__main__":
