@@ -141,4 +141,5 @@ class FakeCuda:
 
 
 def _bytes(tensor: Any) -> Any:
+    tensor = tensor.detach()
     return tensor if tensor.dtype == torch.uint8 else tensor.view(torch.uint8)

@@ -150,6 +150,17 @@ def test_an_actor_reads_a_cuda_buffer_the_client_owns(holders, fake):
     mine.drop()
 
 
+def test_a_cuda_tensor_that_requires_grad_is_moved_as_raw_memory(fake, path):
+    weights = fake.shared(torch.arange(1000, dtype=torch.float32)).requires_grad_(True)
+    mine = RDMABuffer(weights)
+    dst = fake.tensor(torch.zeros(1000, dtype=torch.float32, requires_grad=True))
+    mine.read_into(dst).get(timeout=30)
+    mine.write_from(fake.tensor(torch.full((10,), -1.0))).get(timeout=30)
+    assert torch.equal(dst.detach(), torch.arange(1000, dtype=torch.float32))
+    assert weights[:11].tolist() == [-1.0] * 10 + [10.0] and weights.requires_grad and dst.requires_grad
+    mine.drop()
+
+
 @pytest.mark.parametrize("host_backend", ["shm", "tcp"])
 def test_a_host_buffer_is_read_into_and_written_from_cuda_memory_staged(host, fake, monkeypatch, host_backend):
     monkeypatch.setattr(rdma, "_BACKEND", host_backend)

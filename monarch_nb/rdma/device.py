@@ -61,8 +61,8 @@ class Mappings:
             mapped = cuda.ops().ipc_map(pickle.loads(handle))  # from a signed message, like the handle's buffer
         except (RuntimeError, OSError):
             mapped = None
-            self.unopened += 1
         with self._lock:
+            self.unopened += mapped is None
             self._open[key] = mapped
             while len(self._open) > self.kept:
                 self._open.popitem(last=False)

@@ -82,9 +82,11 @@ class CudaOps(Protocol):
 
 
 def _bytes(tensor: Any) -> Any:
-    """``tensor`` (1-D, contiguous) as a tensor of its bytes, sharing its memory."""
+    """``tensor`` (1-D, contiguous) as a tensor of its bytes, sharing its memory, outside
+    autograd (raw memory, as the host backends copy it)."""
     import torch
 
+    tensor = tensor.detach()
     return tensor if tensor.dtype == torch.uint8 else tensor.view(torch.uint8)
 
 
