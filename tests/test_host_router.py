@@ -275,6 +275,26 @@ def test_frames_to_a_router_that_are_badly_signed_or_replayed_are_dropped(routed
     assert wait_until(lambda: dropped() >= target_host["dropped_frames"] + 2, 10), dropped()
 
 
+def test_ctrl_c_interrupts_a_routed_call_where_it_runs_and_refuses_the_queued_one(routed, tmp_path):
+    # What Ctrl-C in a notebook does to the cell's calls (client.in_flight), through routers.
+    from monarch_nb.client import in_flight
+
+    _, _, mesh = routed
+    rt = runtime()
+    gate = tmp_path / "gate"
+    gate.touch()  # never removed: only the interrupt ends the running call
+    rt.cell, before = "routed-cell", rt.cell
+    try:
+        running, queued = mesh.hold.call(str(gate)), mesh.hold.call(str(gate))
+        assert in_flight.interrupt(rt.in_flight.of_cell("routed-cell")) == ["rec.hold (ranks 0-5)"]
+        for call in (running, queued):
+            with pytest.raises(ActorError, match="KeyboardInterrupt"):
+                call.get(timeout=BOUND_S)
+    finally:
+        rt.cell = before
+    assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == HOSTS * PER_HOST  # they carry on
+
+
 def test_a_proc_killed_mid_call_fails_that_call_and_the_others_answer(routed, tmp_path):
     c, procs, mesh = routed
     gate = tmp_path / "gate"

@@ -25,13 +25,16 @@ from ..mesh.ranks import format_ranks
 class Call:
     """One call in flight: on which mesh, from which cell, where its replies go
     (``(address, port)``: names the call to its actors) and which of its actors (base
-    ranks of the mesh) have not answered yet."""
+    ranks of the mesh) have not answered yet. ``router``: for a call sent through the
+    host routers (``host.router``), the router of a base rank: its actors know the call
+    by ``(router, route)``, the reply route the router gave it."""
 
     mesh: "ActorMesh"
     endpoint: str
     cell: str
     route: tuple[str, int]
     outstanding: Callable[[], list[int]]
+    router: Callable[[int], str] | None = None
 
 
 class InFlight:
@@ -70,7 +73,7 @@ def _by_mesh(calls: list[Call]) -> list[tuple["ActorMesh", dict[int, list[tuple[
         _, routes, endpoints = by_mesh.setdefault((mesh._cluster_id, mesh._proc_mesh_name, mesh._name),
                                                   (mesh, {}, set()))
         for rank in call.outstanding():
-            routes.setdefault(rank, []).append(call.route)
+            routes.setdefault(rank, []).append(call.route if call.router is None else (call.router(rank), call.route))
         endpoints.add(call.endpoint)
     return [(mesh, routes, f"{mesh._name}.{'/'.join(sorted(endpoints))} (ranks {format_ranks(sorted(routes))})")
             for mesh, routes, endpoints in by_mesh.values()]
