@@ -116,17 +116,7 @@ class RDMATcpFallbackWarning(Warning):
     """Monarch's: no ibverbs hardware, buffers fall back to TCP (never emitted here)."""
 
 
-_registry = Registry()
-
-
-def _after_fork() -> None:
-    global _registry
-    _registry = Registry()  # a forked child owns none of its parent's buffers
-
-
-os.register_at_fork(after_in_child=_after_fork)
-
-
+_registry = Registry()  # this process's buffers (as an owner)
 _mappings = device.Mappings()  # this process's CUDA IPC mappings of owners' buffers (as a reader)
 
 
@@ -150,7 +140,7 @@ class RDMABuffer:
         memory = local_memory(data, writable=False)
         if memory.nbytes == 0:
             raise ValueError("Cannot create RDMABuffer with size 0.")
-        self._size, self._addr = memory.nbytes, memory.addr  # addr: None for CUDA memory
+        self._size, self._addr = memory.nbytes, memory.addr  # addr: 0 for CUDA memory
         self._cuda = memory.device is not None
         self._ipc = device.export(memory.device) if self._cuda else None
         self._token, self._token_addr = _registry.add(memory)

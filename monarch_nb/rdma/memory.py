@@ -31,12 +31,12 @@ def address_of(view: memoryview) -> tuple[int, Any]:
 
 class Local:
     """``nbytes`` of this process's memory: host memory at ``addr``, or, when ``device``
-    is set, that CUDA tensor (1-D, contiguous; ``addr`` is None). ``keep`` is what keeps
+    is set, that CUDA tensor (1-D, contiguous; ``addr`` is 0). ``keep`` is what keeps
     the memory alive while a transfer uses it."""
 
     __slots__ = ("addr", "nbytes", "keep", "device")
 
-    def __init__(self, addr: int | None, nbytes: int, keep: Any, device: Any = None):
+    def __init__(self, addr: int, nbytes: int, keep: Any, device: Any = None):
         self.addr, self.nbytes, self.keep, self.device = addr, nbytes, keep, device
 
     def put(self, start: int, data: memoryview) -> None:
@@ -75,7 +75,7 @@ def local_memory(obj: Any, writable: bool) -> Local:
                              "use t.contiguous().view(-1)")
         nbytes = obj.numel() * obj.element_size()
         if cuda.ops().is_cuda(obj):
-            return Local(None, nbytes, obj, obj)
+            return Local(0, nbytes, obj, obj)
         if obj.device.type != "cpu":
             raise NotImplementedError(f"monarch_nb.rdma supports CPU and CUDA tensors, not {obj.device.type} "
                                       "ones; copy it to the CPU first")

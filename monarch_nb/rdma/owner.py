@@ -20,7 +20,7 @@ from .memory import Local
 class Registry:
     """This process's registered buffers, and the IO thread that serves them over TCP."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.buffers: dict[int, tuple[Local, ctypes.c_uint64]] = {}  # token -> (memory, liveness cell)
         self.address: str | None = None
@@ -52,9 +52,9 @@ class Registry:
                                "or monarch_nb.connect()")
         self.cluster = clusters[0]
         inbox, self.address = sockets.bind_inbox()
-        threading.Thread(target=self._serve, args=(inbox,), name="monarch-nb-rdma", daemon=True).start()
+        threading.Thread(target=self._serve, args=(inbox, self.cluster), name="monarch-nb-rdma", daemon=True).start()
 
-    def _serve(self, inbox) -> None:
+    def _serve(self, inbox, cluster: str) -> None:
         guard, outbox = wire_frames.ReplayGuard(), sockets.Outbox()
         while True:
             try:
@@ -73,7 +73,7 @@ class Registry:
             try:
                 # A send returns once the value's bytes left this process, so the next
                 # request may reuse the staging memory they were read into.
-                deliver(outbox, self.cluster, header[envelope.REPLY], header[envelope.PORT], None, value, error)
+                deliver(outbox, cluster, header[envelope.REPLY], header[envelope.PORT], None, value, error)
             except Exception:  # noqa: BLE001 - a reader gone mid-reply: it times out; serve the next
                 pass
 

@@ -153,7 +153,7 @@ class TorchCuda:
             host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         except RuntimeError:  # pinning refused (locked-memory limit): pageable then
             host = torch.empty(nbytes, dtype=torch.uint8)
-        return memoryview(host.numpy())  # the array keeps the tensor, and its memory, alive
+        return host.numpy().data  # the array, which it holds, keeps the tensor and its memory alive
 
     def copy_to_host(self, tensor: Any, offset: int, out: memoryview) -> None:
         import torch
