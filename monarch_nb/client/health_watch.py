@@ -1,28 +1,38 @@
 """A live feed of a cluster's health tree, for displays that keep it current.
 
-The hub announces registry changes (``health_changed``, ``actors_gone``); what changes
-without an event (busy, paused, memory, CPU) is caught by a slow tick. Requests to
-the hub run on the feed's own thread, never on the event receiver's thread.
+The feed subscribes to the hub's tree (``health_subscribe``: the whole tree once), then
+applies the deltas the hub pushes (``health_delta`` events, ``protocol.health_tree``):
+nothing is asked again while nothing changes, and a change costs the hub one delta, not
+a status request per proc. A delta that does not follow the last one (a lost event, a
+recovered hub) and a feed the hub stopped keeping alive are answered by subscribing
+again. The subscription runs on the feed's own thread, never on the event receiver's.
 """
 
 from __future__ import annotations
 
+import copy
+import queue
 import threading
+import time
+import uuid
 from typing import Callable
 
-from ..errors import MonarchNbError
-from ..protocol import envelope, events
+from ..errors import ClusterError, MonarchNbError
+from ..protocol import envelope, events, health_tree, hub_ops
+from ..wire import frames as wire_frames
 from .runtime import runtime
 
-TICK_S = 1.0  # refresh this often without events (busy/paused/memory change silently)
-MIN_INTERVAL_S = 0.25  # at most 4 refreshes a second, however many events arrive
-EVENT_OPS = (events.HEALTH_CHANGED, events.ACTORS_GONE)
+TICK_S = 1.0  # memory, CPU, uptime and busy-for figures are refreshed this often
+MIN_INTERVAL_S = 0.25  # at most 4 refreshes a second, however many deltas arrive
+SILENT_S = 15.0  # no delta (nor keepalive, sent every 5 s) for this long: subscribe again
+CHECK_S = 0.5  # how often the feed looks whether its cluster was stopped or disconnected
 
 
 class HealthWatch:
-    """Calls ``on_tree(tree)`` from a daemon thread with a fresh ``cluster.health()``:
-    at once, soon after every hub event about the cluster (at most once per
-    ``min_interval_s`` seconds) and every ``tick_s`` seconds otherwise.
+    """Calls ``on_tree(tree)`` from a daemon thread with the cluster's health tree (as
+    ``cluster.health()`` returns it): at once, then soon after each change the hub
+    pushes (at most once per ``min_interval_s`` seconds); the figures that change on
+    their own (memory, CPU, uptime, busy-for) are refreshed every ``tick_s`` seconds.
 
     It ends by itself when the cluster is stopped or disconnected (``on_end("cluster
     stopped")``/``"disconnected"``) or its hub fails (``on_end(reason)``); :meth:`stop`
@@ -34,9 +44,12 @@ class HealthWatch:
         self.cluster = cluster
         self._on_tree, self._on_end = on_tree, on_end
         self._tick_s, self._min_interval_s = tick_s, min_interval_s
-        self._wake = threading.Event()
+        self._id = uuid.uuid4().hex
+        self._deltas: queue.Queue = queue.Queue()
+        self._arrived = threading.Event()  # a delta was queued (or the feed is stopping)
         self._stopped = threading.Event()
         self.refreshes = 0  # trees delivered so far
+        self.subscriptions = 0  # times it subscribed (once, unless a delta went missing)
         self._unsubscribe = runtime().events.subscribe(self._on_event)
         self._thread = threading.Thread(target=self._run, name="monarch-nb-health", daemon=True)
         self._thread.start()
@@ -45,9 +58,10 @@ class HealthWatch:
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def _on_event(self, header: dict) -> None:  # on the receiver thread: just a flag
-        if header.get(envelope.OP) in EVENT_OPS and header.get(events.CLUSTER) == self.cluster._info["cluster_id"]:
-            self._wake.set()
+    def _on_event(self, header: dict) -> None:  # on the receiver thread: just queue it
+        if header.get(envelope.OP) == events.HEALTH_DELTA and header.get(hub_ops.SUBSCRIPTION) == self._id:
+            self._deltas.put(header)
+            self._arrived.set()
 
     def _ended(self) -> str | None:
         if self.cluster._stopped:
@@ -57,41 +71,97 @@ class HealthWatch:
             return "disconnected"
         return None
 
+    def _subscribe(self) -> tuple[dict, int]:
+        """The whole tree and its version; raises ``MonarchNbError`` (the hub failed)."""
+        self.subscriptions += 1
+        reply = self.cluster.hub.request(hub_ops.HEALTH_SUBSCRIBE, timeout=30.0, **{
+            hub_ops.SUBSCRIPTION: self._id, hub_ops.CLIENT_ID: runtime().client_id,
+            hub_ops.EVENT_INBOX: runtime().event_inbox().address, hub_ops.VOLATILE_EVERY_S: self._tick_s})
+        return reply[hub_ops.TREE], reply[hub_ops.TREE_SEQ]
+
     def _run(self) -> None:
+        tree: dict | None = None
+        seq = 0
+        heard = time.monotonic()
         try:
             while not self._stopped.is_set():
                 reason = self._ended()
-                if reason is None:
-                    self._wake.clear()
+                fresh = False
+                if reason is None and tree is None:
                     try:
-                        tree = self.cluster.health()
+                        tree, seq = self._subscribe()
                     except MonarchNbError as e:
                         reason = self._ended() or f"no live updates: {e}"
                     else:
+                        fresh, heard = True, time.monotonic()
+                if reason is None:
+                    tree, seq, changed, got = self._apply_queued(tree, seq)
+                    heard = time.monotonic() if got else heard
+                    if tree is not None and (fresh or changed):
+                        view = runtime().services.annotate(self.cluster._info["cluster_id"], copy.deepcopy(tree))
                         if self._stopped.is_set():
                             return
-                        self._on_tree(tree)
+                        self._on_tree(view)
                         self.refreshes += 1
+                    if time.monotonic() - heard > SILENT_S:
+                        tree = None  # the hub no longer feeds this subscription (a recovered hub)
                 if reason is not None:
                     if not self._stopped.is_set():
                         self._on_end(reason)
                     return
                 if self._stopped.wait(self._min_interval_s):
                     return
-                self._wake.wait(max(0.0, self._tick_s - self._min_interval_s))
+                self._wait_for_delta()
         except Exception:  # a broken display must not be retried every second
             import traceback
 
             traceback.print_exc()
         finally:
             self._unsubscribe()
+            self._tell_hub_done()
+
+    def _wait_for_delta(self) -> None:
+        """Until a delta is queued, the feed is stopped, or ``CHECK_S`` passed."""
+        self._arrived.wait(CHECK_S)
+        self._arrived.clear()  # what is queued is applied next, before the next wait
+
+    def _apply_queued(self, tree: dict | None, seq: int) -> tuple[dict | None, int, bool, bool]:
+        """Apply the queued deltas that follow version ``seq``; returns the tree (``None``
+        when one is missing: subscribe again), its version, whether it changed, and
+        whether anything was heard."""
+        changed = got = False
+        while tree is not None:
+            try:
+                header = self._deltas.get_nowait()
+            except queue.Empty:
+                break
+            got = True
+            version = header[hub_ops.TREE_SEQ]
+            if version <= seq:
+                continue  # a keepalive, or older than the tree subscribed to
+            if version != seq + 1:
+                return None, 0, False, got
+            tree = health_tree.apply(tree, header[events.DELTA])
+            seq, changed = version, True
+        return tree, seq, changed, got
+
+    def _tell_hub_done(self) -> None:
+        """Best effort: a hub that misses it drops the subscription with the client."""
+        if self.cluster._stopped:
+            return
+        try:
+            runtime().mailbox.send(self.cluster.hub.address, wire_frames.encode(
+                self.cluster._info["cluster_id"], {envelope.OP: hub_ops.HEALTH_UNSUBSCRIBE,
+                                                   hub_ops.SUBSCRIPTION: self._id}))
+        except (ClusterError, OSError):
+            pass
 
     def stop(self, timeout: float | None = None) -> None:
         """End the feed; waits up to ``timeout`` seconds for its thread (an ongoing hub
-        request finishes first, ~1 s at most). No callback runs after this returns
-        (unless the wait timed out)."""
+        request finishes first). No callback runs after this returns (unless the wait
+        timed out)."""
         self._stopped.set()
-        self._wake.set()
+        self._arrived.set()
         self._unsubscribe()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)

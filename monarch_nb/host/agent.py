@@ -34,6 +34,7 @@ from . import descendants, gpu_inventory
 from .capture import Capture
 from .proc_launcher import ProcLauncher, ProcProcess
 from .router import Router
+from .status_poll import StatusPoll
 
 HEARTBEAT_S = 0.5
 PROC_READY_TIMEOUT_S = 60.0
@@ -69,6 +70,8 @@ class HostAgent:
         self.hub_told = False  # the hub acknowledged that: it has failed this host's procs
         self.malformed = 0  # verified messages no handler could act on
         self.cell_files = cell_files.record_path(cluster_dir, host_id)  # what procs wrote for the debugger
+        self.addresses: dict[str, str] = {}  # proc id -> its control inbox (PROC_READY), asked for its status
+        self.statuses = StatusPoll(self.net, self.addresses)  # folded into the heartbeat (host.status_poll)
         # Relays calls over meshes that span hosts, on a thread of its own (host.router); made by run().
         self.router: Router | None = None
         # op -> handler(header), awaited on the receive loop (see _serve)
@@ -97,7 +100,8 @@ class HostAgent:
                                        router_ops.ROUTER_ADDRESS: self.router.address,
                                        "hostname": socket.gethostname(), "node": self.node,
                                        gpus.AGENT_GPUS: inventory})
-        tasks = [asyncio.ensure_future(self._serve()), asyncio.ensure_future(self._heartbeat())]
+        tasks = [asyncio.ensure_future(self._serve()), asyncio.ensure_future(self._heartbeat()),
+                 asyncio.ensure_future(self.statuses.run())]
         await self.done.wait()
         for t in tasks:
             t.cancel()
@@ -156,7 +160,8 @@ class HostAgent:
                 self.done.set()
                 return
             await self.net.send(self.hub, {envelope.OP: hub_ops.AGENT_ALIVE, agent_ops.HOST_ID: self.host_id,
-                                           "dropped": wire_frames.dropped()})
+                                           "dropped": wire_frames.dropped(),
+                                           hub_ops.AGENT_STATUSES: self.statuses.take()})
             due = time.monotonic() + HEARTBEAT_S
             await asyncio.sleep(HEARTBEAT_S)
 
@@ -227,6 +232,7 @@ class HostAgent:
         future = self.ready.get(proc_id)
         if future is not None and not future.done():
             future.set_result(header)
+            self.addresses[proc_id] = header["address"]
             await self.net.send(self.hub, {envelope.OP: hub_ops.PROC_UP, agent_ops.PROC_ID: proc_id})  # progress
 
     async def _spawn_procs(self, header: dict) -> None:
@@ -305,6 +311,8 @@ class HostAgent:
     async def _watch(self, proc_id: str, proc: ProcProcess) -> None:
         code = await proc.wait()
         self.procs.pop(proc_id, None)
+        self.addresses.pop(proc_id, None)
+        self.statuses.forget(proc_id)
         # The proc's leftovers end meanwhile: the hub hears of the exit without waiting for them.
         ending = asyncio.ensure_future(self._end_descendants(proc_id, proc.pid))
         self.capture.close(proc_id)  # its last words go out before the news of its exit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
 
 import zmq
 
@@ -21,6 +22,7 @@ class Announcer:
         self._cluster_id = cluster_id
         self._clients = clients
         self._health_pending = False
+        self.health_listeners: list[Callable[[], None]] = []  # told at once of every change (hub.health_feed)
 
     async def announce(self, event: dict) -> None:
         """Send ``event`` to every client's event inbox (its log receiver)."""
@@ -34,6 +36,8 @@ class Announcer:
 
     def health_changed(self) -> None:
         """Announce ``health_changed`` once per ``EVENT_COALESCE_S``, however many changes."""
+        for listener in self.health_listeners:
+            listener()
         if self._health_pending:
             return
         self._health_pending = True

@@ -16,8 +16,12 @@ States, worst first:
   dimension; index, id, name and total memory when known), ``[]`` when unbound.
 
 Memory, CPU time and uptime of each proc come from the proc itself (psutil), so they
-are known on every host. ``Health`` answers the ``health`` op: it asks every live proc
-for its ``status`` and builds the tree with :func:`tree`.
+are known on every host. Each host agent asks its procs for their ``status`` and folds
+the answers into its heartbeat (``host.status_poll``); ``Health`` keeps the latest of
+each proc and answers the ``health`` op from them, asking a proc itself only when its
+status is older than ``STATUS_FRESH_S`` (a proc that then does not answer within
+``STATUS_TIMEOUT_S`` is ``unresponsive``). It builds the tree with :func:`tree`;
+``hub.health_feed`` pushes its changes to subscribers.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
 from .registry import Registry
 
 STATUS_TIMEOUT_S = 1.0  # a proc whose control loop does not answer within this is "unresponsive"
+# A status heard through a heartbeat is used while younger than this; an agent asks every
+# second (host.status_poll.POLL_S), so only a proc that stopped answering its agent, or
+# an agent that stopped beating, is asked again by the hub.
+STATUS_FRESH_S = 2.5
 EXIT_CHECK_S = 0.02  # while waiting for status replies, how often procs reported exited are let go
 
 
@@ -170,10 +178,18 @@ def service_nodes(proc_meshes: dict[str, ProcMeshRecord], proc_state_of: dict[st
     return nodes
 
 
+def _doing(status: dict) -> dict:
+    """What the actors of a proc's ``status`` are doing, without the figures that change
+    on their own (memory, CPU, uptime): a change here is worth telling subscribers now."""
+    return status.get("actors") or {}
+
+
 class Health:
     """Answers ``health`` for the cluster ``name``: the meshes of ``registry`` (those
-    being spawned from ``meshes``), asking the live procs; ``hub_stats`` gives the hub's
-    own counters."""
+    being spawned from ``meshes``), from the statuses the host agents' heartbeats carry
+    (``heard``), asking a live proc itself only when its status is stale; ``hub_stats``
+    gives the hub's own counters. ``on_activity`` (if set) is called when a heard status
+    says an actor's activity changed (busy, paused, idle)."""
 
     def __init__(self, name: str, registry: Registry, net: AioEndpoint, meshes: MeshOps,
                  hub_stats: Callable[[], dict]):
@@ -182,20 +198,68 @@ class Health:
         self._net = net
         self._meshes = meshes
         self._hub_stats = hub_stats
+        # proc id -> (monotonic when it answered, its status, the address that answered)
+        self._heard: dict[str, tuple[float, dict, str]] = {}
+        self.probes = 0  # status requests this hub sent to procs itself (stale or never heard)
+        self.on_activity: Callable[[], None] | None = None
+
+    def heard(self, statuses: dict, now: float) -> None:
+        """A host agent's heartbeat brought ``statuses`` (``hub_ops.AGENT_STATUSES``: proc
+        id -> [age in seconds, status, the address that answered]: a restarted proc keeps
+        its id, not its address) at ``now`` (monotonic)."""
+        changed = False
+        for proc_id, (age_s, status, address) in statuses.items():
+            before = self._heard.get(proc_id)
+            self._heard[proc_id] = (now - age_s, status, address)
+            changed = changed or before is None or _doing(before[1]) != _doing(status)
+        if changed and self.on_activity is not None:
+            self.on_activity()
 
     async def health(self, header, message):
-        """The health tree (see ``tree``); every live proc is asked what its actors are
-        doing, in parallel, waiting at most ``STATUS_TIMEOUT_S``."""
+        """The health tree (see ``tree``), from the statuses heartbeats brought; a live
+        proc whose status is older than ``STATUS_FRESH_S`` is asked, in parallel with
+        the others, waiting at most ``STATUS_TIMEOUT_S``."""
+        return await self.build()
+
+    async def build(self) -> dict:
+        """The health tree with the hub's counters (``hub``), as ``health`` answers it."""
         registry = self._registry
         live = registry.live_procs()
-        statuses = await self._statuses(live)
+        statuses = await self.statuses(live)
         hosts = [registry.hosts[h] for h in registry.host_order if h in registry.hosts]
         found = tree(self._name, hosts, registry.proc_meshes, registry.actor_meshes, statuses,
                      self._meshes.starting())
-        stats = self._hub_stats()
+        stats = {**self._hub_stats(), "status_probes": self.probes}
         if stats.get("relay_refused"):  # another user tried a debugger relay: the owner should know
             found["summary"] += f" · {stats['relay_refused']} debugger connection(s) refused"
         return {**found, "hub": stats}
+
+    async def statuses(self, live: list[ProcRecord]) -> dict[str, dict | None]:
+        """Each live proc's status by proc id: the one its agent's heartbeat brought while
+        younger than ``STATUS_FRESH_S``, else its answer to a ``status`` request of this
+        hub (``None``: none in time; see ``_statuses``)."""
+        now = time.monotonic()
+        found: dict[str, dict | None] = {}
+        stale = []
+        for proc in live:
+            heard = self._heard.get(proc.proc_id)
+            if heard is not None and now - heard[0] <= STATUS_FRESH_S and heard[2] == proc.address:
+                found[proc.proc_id] = heard[1]
+            else:
+                stale.append(proc)
+        if len(self._heard) > 2 * len(live):  # procs gone: forget them (amortized, not per event)
+            alive = {p.proc_id for p in live}
+            self._heard = {k: v for k, v in self._heard.items() if k in alive}
+        if stale:
+            self.probes += len(stale)
+            asked = await self._statuses(stale)
+            answered = time.monotonic()
+            for proc in stale:
+                status = asked.get(proc.proc_id)
+                if status is not None:
+                    self._heard[proc.proc_id] = (answered, status, proc.address)
+            found.update(asked)
+        return found
 
     async def _statuses(self, live: list[ProcRecord]) -> dict[str, dict | None]:
         """Each live proc's answer to ``status`` by proc id; ``None`` if it did not answer

@@ -24,8 +24,9 @@ from __future__ import annotations
 import socket
 import sys
 import time
+from typing import Callable
 
-from ..protocol import agent_ops, envelope
+from ..protocol import agent_ops, envelope, hub_ops
 from ..wire.aio import AioEndpoint
 from .clients import Clients
 from .registry import Registry
@@ -78,6 +79,8 @@ class Heartbeats:
         self.stalls = 0  # times this hub found its own event loop stalled
         self._hostname = socket.gethostname()
         self._starving: set[str] = set()  # hosts whose silence is excused now (said once per episode)
+        # Given the procs' statuses a heartbeat brings, and when it came (hub.health.Health.heard).
+        self.on_statuses: Callable[[dict, float], None] | None = None
 
     async def agent_alive(self, header, message):
         host = self._registry.hosts.get(header[agent_ops.HOST_ID])
@@ -91,6 +94,9 @@ class Heartbeats:
             host.dropped_frames = header.get("dropped", host.dropped_frames)
             if host.lost and not host.cause:  # declared lost for its silence, yet alive
                 await self._supervision.host_back(host)
+            statuses = header.get(hub_ops.AGENT_STATUSES)
+            if statuses and self.on_statuses is not None and not host.lost:
+                self.on_statuses(statuses, host.last_seen)
 
     async def beat(self, due: float, now: float) -> None:
         """One heartbeat, due at ``due`` and run at ``now`` (monotonic seconds)."""

@@ -45,6 +45,7 @@ from .clients import Clients
 from .debug_ops import DebugRegistry
 from .errors import HubError
 from .health import Health
+from .health_feed import HealthFeed
 from .heartbeats import HEARTBEAT_S, Heartbeats
 from .launcher import ProcLauncher
 from .log_ops import LogOps
@@ -109,6 +110,12 @@ class Hub:
                                      self.stop_requested)
         self.heartbeats = Heartbeats(net, registry, self.clients, self.supervision)
         self.health = Health(info["name"], registry, net, self.meshes, self._stats)
+        # The health tree kept from heartbeats and pushed: the registry's changes and an
+        # actor's activity changing start a round; so does a subscriber's due refresh.
+        self.health_feed = HealthFeed(self.health, net, self.clients, info["cluster_id"])
+        self.heartbeats.on_statuses = self.health.heard
+        self.health.on_activity = self.health_feed.changed
+        self.announcer.health_listeners.append(self.health_feed.changed)
         self.ops = self._op_table()
 
     def _op_table(self) -> dict[str, Handler]:
@@ -130,6 +137,8 @@ class Hub:
             hub_ops.CLIENT_BYE: self.clients.client_bye,
             hub_ops.INFO: self.describe,
             hub_ops.HEALTH: self.health.health,
+            hub_ops.HEALTH_SUBSCRIBE: self.health_feed.subscribe,
+            hub_ops.HEALTH_UNSUBSCRIBE: self.health_feed.unsubscribe,
             hub_ops.SHUTDOWN: self.shutdown,
             hub_ops.SPAWN_PROCS: self.meshes.spawn_procs,
             hub_ops.SPAWN_PROGRESS: self.meshes.spawn_progress,
@@ -177,7 +186,8 @@ class Hub:
                       file=sys.stderr)
                 self.stop_requested.set()
             os.close(ready_fd)
-        background = [asyncio.ensure_future(self._heartbeat()), asyncio.ensure_future(self.allocation.watch())]
+        background = [asyncio.ensure_future(self._heartbeat()), asyncio.ensure_future(self.allocation.watch()),
+                      asyncio.ensure_future(self.health_feed.run())]
         await self.stop_requested.wait()
         for task in background:
             task.cancel()

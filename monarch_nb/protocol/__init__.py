@@ -16,6 +16,9 @@ vocabulary as a bare string. This package imports nothing of monarch_nb (it is b
 - ``debug``: the debug channel's actions and keys.
 - ``rdma_ops``: what a process's RDMA server answers (``monarch_nb.rdma``).
 - ``worker_ops``: the attach request a waiting worker answers (``run_worker_loop_forever``).
+- ``states``: health states, actor activities, discovery states and failure kinds, as
+  ``str``-valued enums (no module outside this package spells them as strings).
+- ``health_tree``: the deltas of the health tree the hub pushes to subscribers.
 
 Each name is defined once, by the module of the process that answers it: what a host
 agent, a proc or its debugger reports to the hub is a ``hub_ops`` op.

@@ -79,3 +79,18 @@ DEBUG_POST_MORTEM = "debug_post_mortem"  # switch post-mortem pausing on raising
 DEBUG_RELAY_REFUSED = "debug_relay_refused"  # one-way: a client's IDE relay refused a connection of another user
 REFUSED_UID = "peer_uid"  # DEBUG_RELAY_REFUSED: the uid that connected (None: it could not be found)
 REFUSED_PORT = "relay_port"  # DEBUG_RELAY_REFUSED: the relay's port
+
+# from clients: the health tree, pushed -----------------------------------------------------
+HEALTH_SUBSCRIBE = "health_subscribe"  # the tree now (TREE, TREE_SEQ); then HEALTH_DELTA events to the client
+HEALTH_UNSUBSCRIBE = "health_unsubscribe"  # one-way: no more HEALTH_DELTA events for this subscription
+SUBSCRIPTION = "subscription"  # HEALTH_SUBSCRIBE/UNSUBSCRIBE: the subscriber's id (one per feed of a client)
+CLIENT_ID = "client_id"  # HEALTH_SUBSCRIBE: the client the subscription ends with
+EVENT_INBOX = "event_inbox"  # HEALTH_SUBSCRIBE: the client's event inbox, where the deltas go
+VOLATILE_EVERY_S = "volatile_every_s"  # HEALTH_SUBSCRIBE: send memory/CPU/uptime/busy-for at most this often
+TREE = "tree"  # HEALTH_SUBSCRIBE's reply: the whole tree
+TREE_SEQ = "tree_seq"  # HEALTH_SUBSCRIBE's reply and HEALTH_DELTA: the tree's version for this subscription
+
+# Header key of AGENT_ALIVE: the status of the agent's procs, asked by the agent since its
+# last heartbeat: proc id -> [seconds since it answered, its answer to proc_ops.STATUS,
+# the proc's control address that answered].
+AGENT_STATUSES = "statuses"

@@ -1,0 +1,69 @@
+"""A host agent's view of what its procs are doing: it asks each of them for its
+``status`` (busy/paused actors, memory, CPU time, uptime) every ``POLL_S`` seconds, over
+loopback, so that the hub learns it from the agent's heartbeat instead of asking every
+proc itself for every ``health()`` and every open health display.
+
+The asking runs in its own task: a proc slow to answer delays nothing of the
+heartbeat, which only reads what was last heard (``take``). A proc that does not answer
+within ``STATUS_TIMEOUT_S`` is simply not reported: its last status ages in the hub,
+which asks the proc itself once it is older than its bound (and calls it unresponsive
+if it does not answer there either).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ..protocol import envelope, proc_ops
+from ..wire.aio import AioEndpoint
+
+POLL_S = 1.0  # how often each proc is asked
+STATUS_TIMEOUT_S = 1.0  # a proc's answer later than this is not waited for
+
+
+class StatusPoll:
+    """Asks the procs of ``addresses`` (proc id -> control inbox address, kept current by
+    the agent) for their status through ``net``."""
+
+    def __init__(self, net: AioEndpoint, addresses: dict[str, str]):
+        self._net = net
+        self._addresses = addresses
+        self._heard: dict[str, tuple[float, dict, str]] = {}  # proc id -> (monotonic when answered, status, address)
+        self.asked = 0  # status requests sent so far
+        self.unanswered = 0  # of which not answered in time
+
+    async def run(self) -> None:
+        """Ask every ``POLL_S`` seconds until cancelled."""
+        while True:
+            started = time.monotonic()
+            await self.ask_all()
+            await asyncio.sleep(max(0.0, POLL_S - (time.monotonic() - started)))
+
+    async def ask_all(self) -> None:
+        """Ask every proc at once; returns when all answered or timed out."""
+        targets = list(self._addresses.items())
+        if not targets:
+            return
+        self.asked += len(targets)
+        replies = await asyncio.gather(*(self._net.request(address, {envelope.OP: proc_ops.STATUS},
+                                                           timeout=STATUS_TIMEOUT_S) for _, address in targets),
+                                       return_exceptions=True)
+        now = time.monotonic()
+        for (proc_id, address), reply in zip(targets, replies):
+            if isinstance(reply, BaseException):
+                self.unanswered += 1
+            elif proc_id in self._addresses:  # not exited meanwhile
+                header = {k: v for k, v in reply.header.items() if k not in (envelope.PORT, envelope.OK)}
+                self._heard[proc_id] = (now, header, address)
+
+    def take(self) -> dict[str, list]:
+        """What was heard since the last ``take``: proc id -> ``[seconds since it
+        answered, status, the address that answered]``; each status is given once."""
+        now = time.monotonic()
+        heard, self._heard = self._heard, {}
+        return {proc_id: [round(now - at, 3), status, address] for proc_id, (at, status, address) in heard.items()}
+
+    def forget(self, proc_id: str) -> None:
+        """``proc_id`` exited: its last status is not reported."""
+        self._heard.pop(proc_id, None)
