@@ -13,6 +13,13 @@ allocator makes them). For each, a retained cluster is started, and:
   first call   the first ``call().get()`` on that fresh mesh, ms
   call all     median ``call().get()`` over all N actors, ms; floor: a raw pyzmq round to N
                echo processes (ROUTER -> N DEALERs -> back), same N, same machine
+  routed       over several hosts, the same calls through the host routers
+               (``MONARCH_NB_ROUTER=on``, ``host.router``) beside the direct ones, same
+               mesh, same run: call all, ``reduce(operator.add)``, the client's CPU per
+               call (ms: its process's user+system time, which also counts its zmq I/O
+               thread and ~15 ms/s of background threads; and the calling thread's alone,
+               which encodes, sends, receives and decodes) and the messages its mailbox
+               receives per call (a router's batch counts once)
   broadcast    median client-side cost of ``broadcast()`` to N actors, ms (it does not wait)
   health       first ``health()`` after the spawn, then the median of 10, ms
   hub CPU      the hub's CPU per ``health()``, ms (psutil over those 10)
@@ -33,6 +40,7 @@ _OWN_HOME = isolated_home()  # before monarch_nb is imported
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import operator  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -105,6 +113,58 @@ def raw_fanout(n: int) -> float:
         ctx.term()
 
 
+class Received:
+    """Counts the messages the client's mailbox receives (a router's batch counts once)."""
+
+    def __init__(self):
+        from monarch_nb.client.runtime import runtime
+
+        self.count = 0
+        self._mailbox = runtime().mailbox
+
+    def __enter__(self):
+        dispatch = type(self._mailbox)._dispatch.__get__(self._mailbox)
+
+        def counted(frames):
+            self.count += 1
+            dispatch(frames)
+
+        self._mailbox._dispatch = counted
+        return self
+
+    def __exit__(self, *exc):
+        del self._mailbox._dispatch
+
+
+def call_figures(mesh, n: int, routed: bool) -> dict:
+    """Median wall ms, client CPU ms and messages received per call over all ``n``
+    actors of ``mesh``, and per ``reduce(operator.add)``; through the host routers or not."""
+    from monarch_nb.protocol import router_ops
+
+    os.environ[router_ops.ROUTER_ENV] = router_ops.ROUTER_ON if routed else router_ops.ROUTER_OFF
+    try:
+        assert len(mesh.ping.call().get()) == n  # the route table is learnt here (one hub request)
+        walls = []
+        cpu, caller_cpu = time.process_time(), time.thread_time()
+        with Received() as received:
+            for _ in range(ROUNDS):
+                started = time.perf_counter()
+                mesh.ping.call().get()
+                walls.append(time.perf_counter() - started)
+        out = {"call_ms": statistics.median(walls) * 1e3, "cpu_ms": (time.process_time() - cpu) / ROUNDS * 1e3,
+               "thread_cpu_ms": (time.thread_time() - caller_cpu) / ROUNDS * 1e3, "msgs": received.count / ROUNDS}
+        walls = []
+        with Received() as received:
+            for _ in range(ROUNDS):
+                started = time.perf_counter()
+                assert mesh.ping.reduce(operator.add, 1).get() == n
+                walls.append(time.perf_counter() - started)
+        out.update(reduce_ms=statistics.median(walls) * 1e3, reduce_msgs=received.count / ROUNDS)
+        return out
+    finally:
+        os.environ.pop(router_ops.ROUTER_ENV, None)
+
+
 def cluster_processes(path: str) -> dict[str, list[psutil.Process]]:
     """The cluster's hub and host agents (procs and forkservers are not counted here)."""
     found: dict[str, list[psutil.Process]] = {"hub": [], "agent": []}
@@ -153,6 +213,10 @@ def measure(name: str, hosts: int, per_host: int) -> dict:
             mesh.ping.call().get()
             calls.append(time.perf_counter() - started)
         row["call_all_ms"] = statistics.median(calls) * 1e3
+        if hosts > 1:  # direct, then through the routers, on the same mesh
+            for how, routed in (("direct", False), ("routed", True)):
+                for key, value in call_figures(mesh, n, routed).items():
+                    row[f"{how}_{key}"] = value
         sends = []
         for _ in range(ROUNDS):
             started = time.perf_counter()
@@ -197,6 +261,12 @@ COLUMNS = [("procs", "{:d}"), ("spawn_s", "{:.2f}"), ("bare_floor_s", "{:.2f}"),
            ("hub_rss_mib", "{:.0f}"), ("agents_rss_mib", "{:.0f}"), ("stop_s", "{:.2f}")]
 
 
+ROUTED_COLUMNS = [("hosts", "{:d}"), ("procs", "{:d}"), ("raw_floor_ms", "{:.2f}")] + [
+    (f"{how}_{key}", fmt) for how in ("direct", "routed")
+    for key, fmt in (("call_ms", "{:.2f}"), ("cpu_ms", "{:.2f}"), ("thread_cpu_ms", "{:.2f}"), ("msgs", "{:.1f}"),
+                     ("reduce_ms", "{:.2f}"), ("reduce_msgs", "{:.1f}"))]
+
+
 def table(title: str, rows: list[dict]) -> None:
     log(f"\n{title}")
     log("  ".join(name for name, _ in COLUMNS))
@@ -205,6 +275,17 @@ def table(title: str, rows: list[dict]) -> None:
     for row in rows:
         log(f"  {row['procs']} procs: spawn {row['spawn_s'] / row['bare_floor_s']:.2f}x bare interpreters, "
             f"call all {row['call_all_ms'] / row['raw_floor_ms']:.2f}x raw fan-out")
+    routed = [row for row in rows if "routed_call_ms" in row]
+    if routed:
+        log(f"\n{title}: calls direct and through the host routers (same mesh, same run)")
+        log("  ".join(name for name, _ in ROUTED_COLUMNS))
+        for row in routed:
+            log("  ".join(fmt.format(row[name]).rjust(len(name)) for name, fmt in ROUTED_COLUMNS))
+        for row in routed:
+            log(f"  {row['procs']} procs on {row['hosts']} hosts: call all direct "
+                f"{row['direct_call_ms'] / row['raw_floor_ms']:.2f}x raw fan-out, routed "
+                f"{row['routed_call_ms'] / row['raw_floor_ms']:.2f}x; client CPU per call routed / direct "
+                f"{row['routed_cpu_ms'] / row['direct_cpu_ms']:.2f}")
 
 
 def plot(results: dict, path: Path) -> bool:
