@@ -257,3 +257,28 @@ def test_a_proc_that_stops_answering_still_shows_unresponsive(cluster, feed_proc
     finally:
         os.kill(pid, signal.SIGCONT)
         feed.watch.stop(5)
+
+
+def test_an_agent_asks_its_procs_only_while_someone_watches():
+    from monarch_nb.host.status_poll import StatusPoll
+
+    net = _CountingNet()
+    poll = StatusPoll(net, {"m/0": "tcp://p0"})
+
+    async def one_pass():
+        task = asyncio.ensure_future(poll.run())
+        await asyncio.sleep(0.05)
+        task.cancel()
+
+    asyncio.run(one_pass())
+    assert net.asked == [] and poll.take() == {}
+    poll.wanted = True
+    asyncio.run(one_pass())
+    assert net.asked == ["tcp://p0"] and list(poll.take()) == ["m/0"]
+
+
+def test_health_keeps_statuses_wanted_for_a_while():
+    health = Health("c", registry=None, net=_CountingNet(), meshes=None, hub_stats=dict)
+    assert not health.wanted()
+    health.want(60)
+    assert health.wanted()

@@ -220,7 +220,9 @@ class HostAgent:
 
     # the ops ---------------------------------------------------------------------------
     async def _hub_alive(self, header: dict) -> None:
-        """Nothing more to do: hearing from the hub is the point (see ``_dispatch``)."""
+        """Hearing from the hub is the point (see ``_dispatch``); it also says whether
+        anyone watches health (procs are asked for their status only then)."""
+        self.statuses.wanted = bool(header.get(agent_ops.WANT_STATUSES))
 
     async def _adopt(self, header: dict) -> None:
         # A restarted hub takes over (perhaps at a new address).

@@ -3,7 +3,9 @@
 loopback, so that the hub learns it from the agent's heartbeat instead of asking every
 proc itself for every ``health()`` and every open health display.
 
-The asking runs in its own task: a proc slow to answer delays nothing of the
+It asks only while the hub says someone watches health (``wanted``, on each of the
+hub's heartbeats: a subscriber is open, or ``health()`` was asked lately): with nobody
+watching, procs are not woken every second for nothing. The asking runs in its own task: a proc slow to answer delays nothing of the
 heartbeat, which only reads what was last heard (``take``). A proc that does not answer
 within ``STATUS_TIMEOUT_S`` is simply not reported: its last status ages in the hub,
 which asks the proc itself once it is older than its bound (and calls it unresponsive
@@ -32,12 +34,14 @@ class StatusPoll:
         self._heard: dict[str, tuple[float, dict, str]] = {}  # proc id -> (monotonic when answered, status, address)
         self.asked = 0  # status requests sent so far
         self.unanswered = 0  # of which not answered in time
+        self.wanted = False  # set from the hub's heartbeat (agent_ops.WANT_STATUSES)
 
     async def run(self) -> None:
         """Ask every ``POLL_S`` seconds until cancelled."""
         while True:
             started = time.monotonic()
-            await self.ask_all()
+            if self.wanted:
+                await self.ask_all()
             await asyncio.sleep(max(0.0, POLL_S - (time.monotonic() - started)))
 
     async def ask_all(self) -> None:

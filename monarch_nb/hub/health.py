@@ -44,6 +44,9 @@ STATUS_TIMEOUT_S = 1.0  # a proc whose control loop does not answer within this 
 # second (host.status_poll.POLL_S), so only a proc that stopped answering its agent, or
 # an agent that stopped beating, is asked again by the hub.
 STATUS_FRESH_S = 2.5
+# Host agents ask their procs only while someone watches: for this long after a
+# health(), and while a subscriber is open (hub.health_feed keeps it wanted).
+WANTED_AFTER_HEALTH_S = 30.0
 EXIT_CHECK_S = 0.02  # while waiting for status replies, how often procs reported exited are let go
 
 
@@ -202,6 +205,16 @@ class Health:
         self._heard: dict[str, tuple[float, dict, str]] = {}
         self.probes = 0  # status requests this hub sent to procs itself (stale or never heard)
         self.on_activity: Callable[[], None] | None = None
+        self._wanted_until = 0.0  # monotonic: until then, agents are told to ask their procs
+
+    def want(self, for_s: float) -> None:
+        """Have the host agents fold their procs' statuses into their heartbeats for the
+        next ``for_s`` seconds (at least)."""
+        self._wanted_until = max(self._wanted_until, time.monotonic() + for_s)
+
+    def wanted(self) -> bool:
+        """Should the agents ask their procs now (``agent_ops.WANT_STATUSES``)?"""
+        return time.monotonic() < self._wanted_until
 
     def heard(self, statuses: dict, now: float) -> None:
         """A host agent's heartbeat brought ``statuses`` (``hub_ops.AGENT_STATUSES``: proc
@@ -218,7 +231,10 @@ class Health:
     async def health(self, header, message):
         """The health tree (see ``tree``), from the statuses heartbeats brought; a live
         proc whose status is older than ``STATUS_FRESH_S`` is asked, in parallel with
-        the others, waiting at most ``STATUS_TIMEOUT_S``."""
+        the others, waiting at most ``STATUS_TIMEOUT_S``. The agents keep statuses fresh
+        for ``WANTED_AFTER_HEALTH_S`` after it: the first health() after a quiet spell
+        asks every proc, those that follow ask none."""
+        self.want(WANTED_AFTER_HEALTH_S)
         return await self.build()
 
     async def build(self) -> dict:

@@ -75,6 +75,7 @@ class HealthFeed:
     async def subscribe(self, header, message):
         """``health_subscribe``: the whole tree now, then deltas to the client's event
         inbox (``events.HEALTH_DELTA``) with the subscription id it chose."""
+        self._health.want(3 * ROUND_S)
         tree = await self._health.build()
         now = time.monotonic()
         every = float(header.get(hub_ops.VOLATILE_EVERY_S) or DEFAULT_VOLATILE_EVERY_S)
@@ -113,6 +114,7 @@ class HealthFeed:
 
     async def round(self) -> None:
         """Build the tree once and send each subscriber what changed for it."""
+        self._health.want(3 * ROUND_S)  # while anyone subscribes, agents keep statuses fresh
         tree = await self._health.build()
         self.rounds += 1
         now = time.monotonic()

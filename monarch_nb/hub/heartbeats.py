@@ -81,6 +81,8 @@ class Heartbeats:
         self._starving: set[str] = set()  # hosts whose silence is excused now (said once per episode)
         # Given the procs' statuses a heartbeat brings, and when it came (hub.health.Health.heard).
         self.on_statuses: Callable[[dict, float], None] | None = None
+        # Does anyone watch health now (hub.health.Health.wanted): told to the agents.
+        self.want_statuses: Callable[[], bool] = lambda: False
 
     async def agent_alive(self, header, message):
         host = self._registry.hosts.get(header[agent_ops.HOST_ID])
@@ -103,8 +105,9 @@ class Heartbeats:
         if now - due > STALL_S:
             self._stalled(now - due + HEARTBEAT_S, now)
         hosts = self._registry.hosts
+        alive = {envelope.OP: agent_ops.HUB_ALIVE, agent_ops.WANT_STATUSES: self.want_statuses()}
         for host in [h for h in hosts.values() if not h.lost]:  # a lost one must speak first
-            await self._net.send(host.address, {envelope.OP: agent_ops.HUB_ALIVE})
+            await self._net.send(host.address, dict(alive))
         heard_up_to = self._net.caught_up()
         for host in list(hosts.values()):
             silent = heard_up_to - host.last_seen

@@ -3,8 +3,8 @@ actor meshes -> actors, with a summary line, a colour per state and levels the u
 opens and closes.
 
 Each node is a few widgets whose values are updated in place as new trees arrive
-(from ``client.health_watch``: hub events plus a 1 s tick, at most 4 redraws a
-second), so what the user opened stays open; widgets are made only for nodes whose
+(from ``client.health_watch``: deltas the hub pushes, figures refreshed every 1 s,
+at most 4 redraws a second), so what the user opened stays open; widgets are made only for nodes whose
 parent is open, and closed when their node goes away. Levels open and close through
 the kernel (a click is a comm message). In the ``monarch`` kernel the tree's messages are
 answered on its widget subshell (``widget_subshell``), so a click works, and a reloaded

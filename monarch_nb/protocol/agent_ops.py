@@ -22,3 +22,4 @@ HOST_ID = "host_id"  # the agent's index in the hosts dimension, as the hub name
 PROC_ID = "proc_id"  # one proc, ``MESH/RANK``
 PROC_IDS = "proc_ids"  # the procs a spawn or stop concerns
 HUB = "hub"  # ADOPT: the address of the hub that takes the agent over
+WANT_STATUSES = "want_statuses"  # HUB_ALIVE: someone watches health: ask the procs, fold it into heartbeats
