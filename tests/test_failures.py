@@ -414,6 +414,32 @@ def test_calls_to_a_stopped_actor_mesh_fail_at_once(workers):
     assert mesh.count.call().get(timeout=30).values() == [("t", 1)] * 4
 
 
+def test_a_broadcast_to_a_stopped_actor_mesh_raises_what_a_call_raises(workers):
+    # It was dropped without a word.
+    procs, mesh, pids = workers
+    other = procs.spawn("other", Worker)
+    other.stop()
+    with pytest.raises(SupervisionError, match="its actor mesh was stopped") as called:
+        other.count.call().get(timeout=30)
+    with pytest.raises(SupervisionError, match="its actor mesh was stopped") as broadcast:
+        other.count.broadcast()
+    assert str(broadcast.value) == str(called.value)
+
+
+def test_a_broadcast_to_a_mesh_with_a_dead_rank_runs_on_the_others_then_raises_what_a_call_raises(workers, unhandled):
+    procs, mesh, pids = workers
+    mesh.slice(gpus=2).fail.broadcast()  # rank 2's actor dies of it
+    assert wait_until(lambda: unhandled, BOUND_S)
+    for _ in range(2):
+        with pytest.raises(SupervisionError) as called:
+            mesh.count.call().get(timeout=30)
+    with pytest.raises(SupervisionError) as broadcast:
+        mesh.count.broadcast()
+    assert str(broadcast.value) == str(called.value)
+    assert broadcast.value.__notes__[-1] == "broadcast: sent to the 3 other ranks"
+    assert mesh.slice(gpus=slice(0, 2)).count.call().get(timeout=30).values() == [("t", 4)] * 2
+
+
 def test_a_call_to_a_stopped_proc_mesh_names_every_rank(host):
     procs = host.spawn_procs(per_host={"gpus": 3}, name="stopall")
     mesh = procs.spawn("stopall", Worker)

@@ -370,8 +370,27 @@ class Endpoint(Generic[P, R]):
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Send to every actor without waiting for or returning results (fire and
-        forget). An exception in the endpoint is printed to that proc's stderr."""
-        self._send(self._addresses_of(list(range(len(self._mesh)))), args, kwargs)
+        forget). An exception in the endpoint is printed to that proc's stderr.
+
+        Raises :class:`SupervisionError`, the error ``call(...).get()`` raises, when an
+        actor of the mesh is known gone (the mesh or its procs were stopped, a proc
+        died): after sending to the others, as a call runs on them."""
+        mesh = self._mesh
+        ranks = list(range(len(mesh)))
+        addresses = self._addresses_of(ranks)
+        dead = runtime().supervision.dead_among(mesh._cluster_id, addresses, mesh._name, mesh._addresses.index)
+        if not dead:  # the usual case
+            self._send(addresses, args, kwargs)
+            return
+        live = [address for address in addresses if address not in dead]
+        if live:
+            self._send(live, args, kwargs)
+        gone = [RemoteFailure(mesh.extent.point(r), SupervisionError(dead[address]), "")
+                for r, address in zip(ranks, addresses) if address in dead]
+        error = self._error(gone, len(ranks), gone)
+        if live:
+            error.add_note(f"broadcast: sent to the {len(live)} other ranks")
+        raise error
 
 
 class EndpointProperty(Protocol[P, R]):

@@ -110,10 +110,34 @@ class Supervision:
     def _watch(self, cluster_id: str, port: int, targets: dict[str, int], mesh: str | None) -> dict[str, str]:
         for address in targets:
             self._waiting.setdefault(address, {})[port] = (cluster_id, targets[address])
+        return self._dead_among(cluster_id, targets, mesh, targets.__getitem__)
+
+    def dead_among(self, cluster_id: str, addresses: list[str], mesh: str,
+                   base_rank: Callable[[str], int]) -> dict[str, str]:
+        """Of the actors at ``addresses`` of actor mesh ``mesh`` (``base_rank(address)``: the
+        rank of one), those known dead (address -> why): what a call to them fails with,
+        as :meth:`watch` returns, for a send that waits on nothing (``broadcast``)."""
+        if not self.knows_deaths():
+            return {}
+        with self._lock:
+            return self._dead_among(cluster_id, addresses, mesh, base_rank)
+
+    def knows_deaths(self) -> bool:
+        """Whether any actor (or a cluster this client stopped) is known gone: if not,
+        :meth:`dead_among` finds none (a test without the lock, for the hot path)."""
+        return bool(self._dead) or bool(self._stopped)
+
+    def _dead_among(self, cluster_id: str, addresses, mesh: str | None,
+                    base_rank: Callable[[str], int]) -> dict[str, str]:
+        """:meth:`dead_among` (``addresses``: any iterable of them); they count as told to
+        this client. The caller holds the lock."""
         stopped = self._stopped.get(cluster_id)
         if stopped is not None:
-            return dict.fromkeys(targets, stopped)
-        dead = {a: why for a in targets if (why := self._is_dead(cluster_id, a, mesh, targets[a])) is not None}
+            return dict.fromkeys(addresses, stopped)
+        # Only targets with a death recorded at their address can be dead: found by a set
+        # intersection (in C), so a send to many live actors costs no Python loop.
+        known = self._dead.keys() & addresses
+        dead = {a: why for a in known if (why := self._is_dead(cluster_id, a, mesh, base_rank(a))) is not None}
         for a in dead:
             if a in self._names:
                 self._told[self._names[a]] = None
