@@ -197,7 +197,6 @@ def test_bad_meshes_are_refused_before_anything_starts(make, message):
     (lambda: SlurmJob({"hosts": 1}, ntasks_per_node=8), "ntasks_per_node"),
     (lambda: SlurmJob({"hosts": 1}, out_of_cluster=True), "out_of_cluster"),
     (lambda: SSHJob(transport="metatls"), "transport='metatls'"),
-    (lambda: ProcessJob({"hosts": 1}).apply(client_script="train.py"), "no batch mode"),
     (lambda: ProcessJob({"hosts": 1}).enable_telemetry(), "no telemetry"),
 ])
 def test_monarch_options_monarch_nb_lacks_say_so(make, message):
@@ -222,3 +221,58 @@ def test_a_login_job_to_a_host_without_a_route_asks_for_bind():
     job.add_mesh("hosts", ["no-such-host.invalid"])
     with pytest.raises(ValueError, match="no route to host 'no-such-host.invalid'.*bind="):
         job.state(cached_path=None)
+
+
+BATCH_CLIENT = textwrap.dedent("""
+    import sys
+    from monarch_nb.job import {kind}
+
+    state = {kind}({spec}).state()
+    hosts = getattr(state, {name!r})
+    procs = hosts.spawn_procs(per_host={{"gpus": 1}})
+    print("batch hosts", dict(hosts.extent), "procs", dict(procs.extent))
+    procs.stop()
+""")
+
+
+def _batch_output(job) -> tuple[int, str, str]:
+    code = job.process.wait(timeout=120)
+    logs = [open(os.path.join(job._log_dir, f)).read() for f in ("stdout.log", "stderr.log")]
+    return code, logs[0], logs[1]
+
+
+def test_a_batch_client_script_gets_the_applied_local_jobs_host_meshes(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(BATCH_CLIENT.format(kind="LocalJob", spec="", name="batch_hosts"))
+    job = LocalJob(("batch_hosts",))
+    job.apply(client_script="train.py")
+    code, out, err = _batch_output(job)
+    assert code == 0, err
+    assert "batch hosts {} procs {'gpus': 1}" in out  # the applied job's name, on this host
+
+
+def test_a_batch_client_script_uses_the_jobs_retained_cluster_which_ends_with_it(jobs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(BATCH_CLIENT.format(kind="ProcessJob", spec='{"other": 1}', name="trainers"))
+    job = ProcessJob({"trainers": 2}, cluster="job-batch")
+    jobs.append(job)
+    job.apply(client_script="train.py")
+    path = job._cluster.path
+    code, out, err = _batch_output(job)
+    assert code == 0, err
+    assert "batch hosts {'hosts': 2} procs {'hosts': 2, 'gpus': 1}" in out  # the applied job's spec, not the script's
+    assert wait_until(lambda: not cluster_processes(path), 20)  # the job ended with its batch client
+    assert "job-batch" not in {c["name"] for c in monarch_nb.list_clusters()}
+
+
+def test_batch_mode_refuses_a_job_whose_allocation_ends_with_this_process(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    with pytest.raises(ValueError, match="needs a retained cluster.*cluster='NAME'"):
+        ProcessJob({"hosts": 1}).apply(client_script=str(tmp_path / "train.py"))
+
+
+def test_batch_mode_names_a_missing_script_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no_such.py"):
+        LocalJob().apply(client_script="no_such.py")
+    assert not (tmp_path / ".monarch").exists()

@@ -128,7 +128,13 @@ class ClusterJob(JobTrait):
             cluster.stop()
         self._cluster = self._started_name = None
 
+    def _check_batch(self) -> None:
+        if self._cluster_name is None:
+            raise ValueError(f"{type(self).__name__}(...).apply(client_script=...) needs a retained cluster: the "
+                             "ephemeral one ends with this process, before its batch client could use it; pass "
+                             "cluster='NAME' to the job")
+
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
+        state = super().__getstate__()
         state["_cluster"] = None  # reconnected by name where the job is loaded
         return state

@@ -11,12 +11,14 @@ allocation found there when it is still running and fits the specification.
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import uuid
 from abc import ABC, abstractmethod
 
 from ..client.host_mesh import HostMesh
+from . import batch
 
 DEFAULT_JOB_PATH = ".monarch/job_state.pkl"
 
@@ -57,6 +59,10 @@ class JobTrait(ABC):
         # uses (found in the cache by state()); else "not_running"
         self._status: "str | JobTrait" = "not_running"
         self._apply_id: str | None = None
+        # batch mode (apply(client_script=...)): the client script's process, not pickled,
+        # and the folder of its stdout.log and stderr.log (Monarch's attribute name)
+        self._batch_process = None
+        self._log_dir: str | None = None
 
     # the hooks -------------------------------------------------------------------------
     @abstractmethod
@@ -97,15 +103,45 @@ class JobTrait(ABC):
 
     def apply(self, client_script: str | None = None) -> None:
         """Allocate the hosts unless this job already runs (then a no-op); blocks until
-        they are up. Raises ``NotImplementedError`` for ``client_script`` (Monarch's
-        batch mode, which runs the client inside the allocation)."""
+        they are up.
+
+        ``client_script`` (batch mode, see :mod:`monarch_nb.job.batch`): after
+        allocating, pickle this job to ``.monarch/job_state.pkl`` and start ``python
+        client_script`` in the background with ``MONARCH_BATCH_JOB=1``; in it, any job's
+        ``state()`` gets this job's host meshes, and the allocation ends when the script
+        exits. Returns at once; :attr:`process` is the script's ``Popen``, its output
+        goes to ``stdout.log`` and ``stderr.log`` under ``.monarch/logs/job_*/``.
+        Raises ``FileNotFoundError`` for a script that is not there (before allocating), ``RuntimeError``
+        when the job already runs (kill it first), and what :meth:`_check_batch` raises
+        for a job that cannot hand its allocation to another process."""
         if client_script is not None:
-            raise NotImplementedError("monarch_nb jobs have no batch mode (apply(client_script=...)): run the "
-                                      "client yourself and call job.state() in it")
+            if self.active:
+                raise RuntimeError("apply(client_script=...) on a job that already runs: its client is this "
+                                   "program; call job.kill() first to batch-launch the script on a fresh allocation")
+            self._check_batch()
+            if not os.path.isfile(client_script):
+                raise FileNotFoundError(f"apply(client_script={client_script!r}): no such file; give the path of a "
+                                        "Python script (relative to the current directory, or absolute)")
         if not self.active:
             self._create(None)
             self._apply_id = str(uuid.uuid4())
             self._status = "running"
+        if client_script is not None:
+            BatchJob(self).dump(DEFAULT_JOB_PATH)
+            client = batch.start_client(client_script)
+            self._batch_process, self._log_dir = client.process, client.log_dir
+
+    def _check_batch(self) -> None:
+        """Raise if this job's allocation cannot outlive this process for a batch
+        client (subclasses whose allocation ends with this process say so)."""
+
+    @property
+    def process(self):
+        """The batch client started by ``apply(client_script=...)`` (a
+        ``subprocess.Popen``); ``ValueError`` when this job started none."""
+        if self._batch_process is None:
+            raise ValueError("no batch client: this job was not applied with apply(client_script=...) here")
+        return self._batch_process
 
     def state(self, cached_path: str | None = DEFAULT_JOB_PATH) -> JobState:
         """The job's host meshes by name, applying the job first if it does not run.
@@ -144,6 +180,11 @@ class JobTrait(ABC):
     def dumps(self) -> bytes:
         return pickle.dumps(self)
 
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_batch_process"] = None  # a process handle of this process only
+        return state
+
     # Monarch's optional services, which monarch_nb does not have ---------------------
     def enable_telemetry(self, *args, **kwargs):
         raise NotImplementedError("monarch_nb jobs have no telemetry services (enable_telemetry); "
@@ -158,6 +199,36 @@ class JobTrait(ABC):
 
     def gather_mount(self, *args, **kwargs):
         raise NotImplementedError("monarch_nb jobs cannot mount workers' directories here (gather_mount)")
+
+
+class BatchJob(JobTrait):
+    """The applied job ``job`` as its batch client loads it (see :mod:`.batch`):
+    ``can_run`` any specification in a batch client (and then ends the allocation when
+    that client exits), none elsewhere; the host meshes are ``job``'s."""
+
+    def __init__(self, job: JobTrait):
+        super().__init__()
+        self._job = job
+        self._status = "running"
+        self._apply_id = job.apply_id
+
+    def _create(self, client_script: str | None) -> None:
+        self._job._create(client_script)
+
+    def _state(self) -> JobState:
+        return self._job._state()
+
+    def can_run(self, spec: JobTrait) -> bool:
+        if not batch.in_batch_job():
+            return False
+        atexit.register(self._kill)  # the batch client's end is the job's end
+        return True
+
+    def _kill(self) -> None:
+        self._job._kill()
+
+    def __repr__(self) -> str:
+        return f"BatchJob({self._job!r})"
 
 
 def job_loads(data: bytes) -> JobTrait:
