@@ -135,3 +135,22 @@ def test_a_recovered_group_has_a_fresh_torch_distributed_group(cluster):
         assert {g: v.values() for g, v in rg.call("all_reduce").items()} == {0: [3, 3], 1: [3, 3]}
     finally:
         rg.stop()
+
+
+def test_group_loops_replace_a_killed_group_on_its_own_thread_while_the_others_step_on(groups):
+    rg = groups()
+    loops = rg.run("step")
+    assert loops.wait(lambda: min(loops.steps.values()) >= 3, BOUND_S)
+    with pytest.raises(ClusterError, match=r"stop them first: loops.stop\(\)"):
+        rg.call("step")  # the loops own the groups' steps
+    healthy_pids = [rg.groups[0].procs.pids, rg.groups[2].procs.pids]
+    inject_fault(rg.groups[1].procs, "kill", ranks=[0])
+    assert loops.wait(lambda: rg.groups[1].restarts == 1 and rg.groups[1].state is GroupState.HEALTHY, BOUND_S)
+    replaced_at = dict(loops.steps)
+    assert loops.wait(lambda: all(loops.steps[i] > replaced_at[i] + 2 for i in range(3)), BOUND_S)  # all step on
+    assert [rg.groups[0].procs.pids, rg.groups[2].procs.pids] == healthy_pids
+    assert set(rg.status()[1]["recovery_phases_s"]) >= {"teardown", "procs", "actors", "join"}
+    assert loops.stop(timeout=BOUND_S) and loops.running() == []
+    # stopped at a step's end: the replaced group resumed from a healthy group's count (on_join)
+    counts = {i: vm.values()[0] for i, vm in rg.call("state").items()}
+    assert counts[1] >= loops.steps[1]

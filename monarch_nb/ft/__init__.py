@@ -7,6 +7,7 @@ others keep stepping, and fault injection to show and test it.
 from ..proc.faults import InjectedFault
 from .faults import FAULTS, inject_fault
 from .replica_groups import GroupState, ReplicaGroup, ReplicaGroups
+from .step_loops import StepLoops
 from .torchft_quorum import TorchFTLighthouse
 
-__all__ = ["FAULTS", "GroupState", "InjectedFault", "ReplicaGroup", "ReplicaGroups", "TorchFTLighthouse", "inject_fault"]
+__all__ = ["FAULTS", "GroupState", "InjectedFault", "ReplicaGroup", "ReplicaGroups", "StepLoops", "TorchFTLighthouse", "inject_fault"]

@@ -24,10 +24,19 @@ from ..client.actor_mesh import ActorMesh
 from ..client.host_mesh import HostMesh
 from ..client.proc_mesh import ProcMesh
 from ..client.value_mesh import ValueMesh
+from ..client.runtime import runtime
 from ..errors import ActorError, ClusterError, SupervisionError
+from .step_loops import StepLoops
 from .torchft_quorum import TorchFTLighthouse
 
 QUORUMS = ("controller", "torchft")
+# What a failed step raises: a proc died, an endpoint raised, the step passed step_timeout.
+STEP_FAILURES = (SupervisionError, ActorError, TimeoutError)
+
+
+def why_step_failed(error: BaseException) -> str:
+    """One line for ``status()``: the error's class and its message's first line."""
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
 class GroupState(str, enum.Enum):
@@ -52,10 +61,17 @@ class ReplicaGroup:
     last_failure: str = ""
     recoveries_s: list[float] = field(default_factory=list)
     failed_at: float = 0.0  # time.monotonic() when its last failure was seen
+    # Where its last recovery's time went (s): teardown, procs, torch_distributed, actors, join.
+    recovery_phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.state is GroupState.HEALTHY
 
     def summary(self) -> dict:
         return {"group": self.index, "state": self.state.value, "restarts": self.restarts,
                 "last_failure": self.last_failure, "recoveries_s": [round(s, 3) for s in self.recoveries_s],
+                "recovery_phases_s": {k: round(s, 3) for k, s in self.recovery_phases.items()},
                 "pids": self.procs.pids}
 
 
@@ -102,6 +118,8 @@ class ReplicaGroups:
         self._lock = threading.Lock()
         self._recoveries: list[threading.Thread] = []
         self._spawned = 0  # proc meshes made so far: each gets a fresh name
+        self._stopping = False  # stop() called: no group is respawned or admitted any more
+        self._loops: StepLoops | None = None  # run()'s, once called
         self._num_groups = num_groups
         self.lighthouse = TorchFTLighthouse(hosts, name, min_replicas=min_replicas) if quorum == "torchft" else None
         try:
@@ -115,16 +133,22 @@ class ReplicaGroups:
         procs, actors = self._spawn(index)
         return ReplicaGroup(index, procs, actors)
 
-    def _spawn(self, index: int) -> tuple[ProcMesh, ActorMesh]:
+    def _spawn(self, index: int, phases: dict[str, float] | None = None) -> tuple[ProcMesh, ActorMesh]:
+        """Group ``index``'s procs and actors, fresh; each step's seconds into ``phases``."""
+        phases = {} if phases is None else phases
         with self._lock:
             self._spawned += 1
             mesh_name = f"{self._name}_{self._spawned}"
         bootstrap = None if self.lighthouse is None else self.lighthouse.bootstrap(index, self._num_groups)
+        started = time.monotonic()
         procs = self._hosts.spawn_procs(per_host=self._per_group, name=mesh_name, bootstrap=bootstrap)
+        phases["procs"], started = time.monotonic() - started, time.monotonic()
         try:
             if self._backend is not None:
                 procs.setup_torch_distributed(self._backend)
+                phases["torch_distributed"], started = time.monotonic() - started, time.monotonic()
             actors: ActorMesh = procs.spawn(self._name, self._class, *self._args, raise_init_errors=True, **self._kwargs)
+            phases["actors"] = time.monotonic() - started
         except BaseException:
             procs.stop()
             raise
@@ -146,7 +170,9 @@ class ReplicaGroups:
         whose step fails (a proc died, an endpoint raised, or it took longer than
         ``step_timeout``) is left out of the result and recovered in the background; the
         next calls run on the others. Raises :class:`ClusterError` when no group is
-        healthy (every one recovering or failed for good: ``status()`` says why)."""
+        healthy (every one recovering or failed for good: ``status()`` says why), and
+        while :meth:`run`'s loops step the groups (stop them first)."""
+        self._refuse_while_looping(f"call({endpoint!r})")
         self._admit_joining()
         groups = self.healthy()
         if not groups:
@@ -159,9 +185,58 @@ class ReplicaGroups:
             try:
                 timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
                 results[group.index] = future.get(timeout=timeout)
-            except (SupervisionError, ActorError, TimeoutError) as e:
-                self._failed(group, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            except STEP_FAILURES as e:
+                self._failed(group, why_step_failed(e))
         return results
+
+    def run(self, endpoint: str, *args: Any, **kwargs: Any) -> StepLoops:
+        """Start one loop per group that calls ``endpoint(*args, **kwargs)`` on the
+        group's actors again and again, each group as fast as it (and its quorum) lets it,
+        on a thread of its own; returns the :class:`StepLoops` to watch (``steps``,
+        ``last``, ``wait``) and ``stop``. Non-blocking.
+
+        A group whose step fails (as in :meth:`call`) is replaced by its own loop, which
+        then goes on stepping; the other groups never wait for it. This is the model
+        TorchFT needs (``quorum="torchft"``): its lighthouse forms each quorum from the
+        groups that ask, so a replaced group must ask while the healthy ones are asking.
+        Under TorchFT leave ``on_join`` out (the Manager heals a joining group from a
+        healthy one itself): a donor's step may be waiting for the joining group's quorum.
+
+        Waits first for recoveries that :meth:`call` started. Raises :class:`ClusterError`
+        while loops already run, or when no group is healthy."""
+        self._refuse_while_looping(f"run({endpoint!r})")
+        self.wait_healthy()  # from here on, only the loops replace groups, each its own
+        if not self.healthy():
+            raise ClusterError(f"ReplicaGroups {self._name!r}: no healthy replica group to run {endpoint!r} on; "
+                               f"status: {self.status()}")
+        self._loops = StepLoops(self, endpoint, args, kwargs)
+        return self._loops
+
+    def _refuse_while_looping(self, what: str) -> None:
+        if self._loops is not None and self._loops.running():
+            raise ClusterError(f"ReplicaGroups {self._name!r}: {what} while the groups run "
+                               f"{self._loops.endpoint!r} loops (run()); stop them first: loops.stop()")
+
+    def step_group(self, group: ReplicaGroup, endpoint: str, args: tuple, kwargs: dict) -> ValueMesh | None:
+        """One step of ``group`` alone, on a loop's thread (:class:`StepLoops`; no
+        progress bar), waiting up to ``step_timeout``: its result, or ``None`` when the
+        step failed (as in :meth:`call`) and the group was replaced on this thread: torn
+        down, respawned and, after ``on_join``, ``HEALTHY`` again, unless it failed for
+        good (``status()`` says why) or the groups stop."""
+        if group.state is not GroupState.HEALTHY:
+            return None
+        future = getattr(group.actors, endpoint).call(*args, **kwargs)
+        try:
+            if not runtime().mailbox.wait(future.done, self._step_timeout):
+                raise TimeoutError(f"{endpoint} of group {group.index} did not finish within {self._step_timeout} s")
+            return future.get(0)
+        except STEP_FAILURES as e:
+            broken = self._take_out(group, why_step_failed(e))
+        if broken is not None:
+            self._recover(group, broken)
+            if group.state is GroupState.JOINING:
+                self._admit(group)
+        return None
 
     def wait_healthy(self, timeout: float | None = None) -> bool:
         """Block until no group is recovering (``timeout`` seconds, ``None``: no limit),
@@ -184,11 +259,19 @@ class ReplicaGroups:
         return [g.summary() for g in self.groups]
 
     def stop(self) -> None:
-        """Stop every group's procs (waiting for recoveries under way first), then the
-        lighthouse's."""
-        self.wait_healthy()
+        """Stop :meth:`run`'s loops (their steps in flight end with the procs), every
+        group's procs (a group being respawned: its new procs once started), then the
+        lighthouse's. Blocks until all have stopped."""
+        with self._lock:
+            self._stopping = True
+        if self._loops is not None:
+            self._loops.stop(wait=False)
         for group in self.groups:
             group.procs.stop()
+        if self._loops is not None:
+            self._loops.join()
+        self.wait_healthy()
+        for group in self.groups:
             group.state = GroupState.STOPPED
         if self.lighthouse is not None:
             self.lighthouse.stop()
@@ -199,23 +282,43 @@ class ReplicaGroups:
         with self._lock:  # the loop in a method of its own: see monarch_nb.wire.interrupts
             joining = self._in_state(GroupState.JOINING)
         for group in joining:
-            try:
-                if self._on_join is not None:
-                    self._on_join(group, next(iter(self.healthy()), None))
-            except Exception as e:  # noqa: BLE001 - the group stays out; the others go on
-                group.procs.stop()
-                with self._lock:
-                    group.state, group.last_failure = GroupState.FAILED, f"on_join failed: {type(e).__name__}: {e}"
-                continue
+            self._admit(group)
+
+    def _admit(self, group: ReplicaGroup) -> None:
+        """``on_join`` for respawned ``group`` from a healthy donor, then ``HEALTHY``;
+        ``FAILED`` when ``on_join`` raises. Nothing while the groups stop."""
+        if self._stopping:
+            return
+        started = time.monotonic()
+        try:
+            if self._on_join is not None:
+                self._on_join(group, next(iter(self.healthy()), None))
+        except Exception as e:  # noqa: BLE001 - the group stays out; the others go on
+            group.procs.stop()
             with self._lock:
-                group.restarts += 1
-                group.recoveries_s.append(time.monotonic() - group.failed_at)
-                group.state = GroupState.HEALTHY
+                group.state, group.last_failure = GroupState.FAILED, f"on_join failed: {type(e).__name__}: {e}"
+            return
+        with self._lock:
+            group.recovery_phases["join"] = time.monotonic() - started
+            group.restarts += 1
+            group.recoveries_s.append(time.monotonic() - group.failed_at)
+            group.state = GroupState.HEALTHY
 
     def _failed(self, group: ReplicaGroup, why: str) -> None:
+        broken = self._take_out(group, why)
+        if broken is None:
+            return
+        thread = threading.Thread(target=self._recover, args=(group, broken), daemon=True,
+                                  name=f"monarch-nb-recover-{self._name}-{group.index}")
+        self._recoveries.append(thread)
+        thread.start()
+
+    def _take_out(self, group: ReplicaGroup, why: str) -> ProcMesh | None:
+        """Mark healthy ``group`` failed; returns its procs to recover, or ``None`` when
+        it was not healthy or is past ``max_restarts`` (then stopped, ``FAILED``)."""
         with self._lock:
-            if group.state is not GroupState.HEALTHY:
-                return
+            if self._stopping or group.state is not GroupState.HEALTHY:
+                return None  # stopping: a step fails because its procs were stopped
             group.last_failure = why
             if group.restarts >= self._max_restarts:
                 group.state = GroupState.FAILED
@@ -224,22 +327,27 @@ class ReplicaGroups:
         broken = group.procs
         if group.state is GroupState.FAILED:
             broken.stop()
-            return
+            return None
         group.failed_at = time.monotonic()
-        thread = threading.Thread(target=self._recover, args=(group, broken), daemon=True,
-                                  name=f"monarch-nb-recover-{self._name}-{group.index}")
-        self._recoveries.append(thread)
-        thread.start()
+        return broken
 
     def _recover(self, group: ReplicaGroup, broken: ProcMesh) -> None:
         """Tear the group down (its live ranks hold a torch.distributed group that lost a
         member) and start it again; it joins at the next step (``_admit_joining``)."""
+        phases: dict[str, float] = {}
         try:
+            started = time.monotonic()
             broken.stop()  # a hung rank too: its agent kills what does not exit
-            procs, actors = self._spawn(group.index)
+            phases["teardown"] = time.monotonic() - started
+            procs, actors = self._spawn(group.index, phases)
         except Exception as e:  # noqa: BLE001 - reported in status(), the other groups go on
             with self._lock:
                 group.state, group.last_failure = GroupState.FAILED, f"recovery failed: {type(e).__name__}: {e}"
             return
         with self._lock:
-            group.procs, group.actors, group.state = procs, actors, GroupState.JOINING
+            stopping = self._stopping
+            if not stopping:
+                group.procs, group.actors, group.state = procs, actors, GroupState.JOINING
+                group.recovery_phases = phases
+        if stopping:  # stop() came while it was being respawned
+            procs.stop()
