@@ -388,7 +388,7 @@ class Endpoint(Generic[P, R]):
         gone = [RemoteFailure(mesh.extent.point(r), SupervisionError(dead[address]), "")
                 for r, address in zip(ranks, addresses) if address in dead]
         error = self._error(gone, len(ranks), gone)
-        if live:
+        if live and hasattr(error, "add_note"):  # Python >= 3.11
             error.add_note(f"broadcast: sent to the {len(live)} other ranks")
         raise error
 
