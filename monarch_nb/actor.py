@@ -23,6 +23,7 @@ from .client.cluster import Cluster, shutdown_context, this_host
 from .client.controller import get_or_spawn_controller
 from .client.endpoint import Endpoint, as_endpoint, concurrent_endpoint, endpoint, send
 from .client.future import Future
+from .client.bootstrap_command import BootstrapCommand, default_bootstrap_cmd
 from .client.host_mesh import HostMesh
 from .client.local_proc import this_proc
 from .client.proc_mesh import ProcMesh
@@ -59,7 +60,7 @@ runtime().supervision.fault_hook = lambda: globals()["unhandled_fault_hook"]
 Actor.options = classmethod(_service_options)  # type: ignore[attr-defined]
 
 __all__ = [
-    "Accumulator", "Actor", "ActorError", "ActorMesh", "CallCycleError", "Channel", "Cluster", "ClusterError", "Context", "Endpoint",
+    "Accumulator", "Actor", "ActorError", "BootstrapCommand", "default_bootstrap_cmd", "ActorMesh", "CallCycleError", "Channel", "Cluster", "ClusterError", "Context", "Endpoint",
     "Extent", "Future", "HostMesh", "InvalidRequest", "MeshFailure", "MessageTooLarge", "MonarchNbError", "Point",
     "Port", "PortReceiver", "ProcMesh", "RemoteException", "SerializationError", "Shape", "SupervisionError",
     "ValueMesh", "as_endpoint", "concurrent_endpoint", "context", "current_actor_name", "current_rank", "current_size", "endpoint",
@@ -76,7 +77,6 @@ __getattr__ = _absent.module_getattr("monarch.actor", {
     "attach": "a client joins a cluster with monarch_nb.connect(name); workers join with attach_to_workers",
     "config": "monarch.config's runtime knobs are Rust-level; see docs/configuration.md for monarch_nb's",
     "debug_controller": "debug with %monarch break / %monarch debug or a DAP client (docs/debugging.md)",
-    "default_bootstrap_cmd": "procs are forked from the host agent's forkserver; use spawn_procs(bootstrap=...)",
     "hosts_from_config": "hosts come from a job (monarch_nb.job) or a cluster's allocator",
     "enable_transport": "messages go over ZeroMQ (TCP between hosts, IPC on one); there is no transport to pick",
     "ChannelTransport": "messages go over ZeroMQ (TCP between hosts, IPC on one); there is no transport to pick",

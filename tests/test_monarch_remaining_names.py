@@ -2,7 +2,7 @@
 ``ValueMesh.get(rank)``, ``HostMesh.stream_logs``, ``monarch.job.exec_command``,
 ``monarch.rdma.is_ibverbs_available`` and its warning classes, and the names monarch_nb
 leaves out raising ``NotImplementedError`` that names them (``as_endpoint``,
-``spawn_procs(bootstrap_command=...)``, ``exec_command(rank=...)``)."""
+``exec_command(rank=...)``)."""
 
 from __future__ import annotations
 
@@ -69,11 +69,6 @@ def test_host_mesh_streams_logs_to_the_client(host):
     assert host.stream_logs is True
 
 
-def test_spawn_procs_bootstrap_command_raises_not_implemented_naming_it(host):
-    with pytest.raises(NotImplementedError, match=r"monarch_nb has no spawn_procs\(bootstrap_command=\.\.\.\)"):
-        host.spawn_procs(per_host={"gpus": 1}, bootstrap_command=["python", "-m", "x"])
-
-
 def test_as_endpoint_raises_not_implemented_naming_it():
     with pytest.raises(NotImplementedError, match="monarch_nb has no as_endpoint: .* decorate the method with @endpoint"):
         as_endpoint(Counter.incr)
@@ -125,11 +120,9 @@ def test_rdma_says_there_is_no_ibverbs_and_has_monarchs_warning_classes():
 
 def test_monarchs_names_that_monarch_nb_leaves_out_import_and_raise_not_implemented_naming_them():
     import monarch_nb.actor
-    from monarch_nb.actor import config, default_bootstrap_cmd, get_meter  # a Monarch program's imports work
+    from monarch_nb.actor import config, get_meter  # a Monarch program's imports work
     from monarch_nb.job import shell
 
-    with pytest.raises(NotImplementedError, match=r"monarch_nb has no monarch\.actor\.default_bootstrap_cmd: .*bootstrap="):
-        default_bootstrap_cmd()
     with pytest.raises(NotImplementedError, match=r"monarch_nb has no monarch\.actor\.config: "):
         config.configure(enable_log_forwarding=True)
     with pytest.raises(NotImplementedError, match=r"monarch_nb has no monarch\.actor\.get_meter: telemetry"):

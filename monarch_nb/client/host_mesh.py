@@ -12,16 +12,15 @@ from ..mesh import Extent, Shape
 from ..proc.actor import owner_of_new_meshes
 from ..proc.setup_actor import check_bind
 from ..protocol import gpus, hub_ops, services
+from . import bootstrap_command as bootstrap_cmd
 from . import progress
+from .bootstrap_command import PYTHON_ENV
 from .future import Future
 from .mesh_handle import MeshHandle
 from .proc_mesh import ProcMesh
 from .runtime import runtime
 
 SPAWN_TIMEOUT_S = 120.0
-# The interpreter a proc was started with (``with_python_executable``), so that procs it
-# spawns in turn run it too: a wrapper script execs Python, whose sys.executable hides it.
-PYTHON_ENV = "MONARCH_NB_PYTHON"
 
 
 def _proc_env(python: str | None) -> dict[str, str]:
@@ -135,7 +134,8 @@ class HostMesh(MeshHandle):
     def spawn_procs(self, per_host: dict[str, int] | None = None,
                     bootstrap: Callable[[], None] | Callable[[], Awaitable[None]] | None = None,
                     name: str | None = None, proc_bind: list[dict[str, str]] | None = None,
-                    replace: bool = False, bootstrap_command: object = None, bind_gpus: bool = True,
+                    replace: bool = False, bootstrap_command: bootstrap_cmd.PerRank | None = None,
+                    bind_gpus: bool = True,
                     gpus_per_proc: float = 1, _service: dict | None = None) -> ProcMesh:
         """Start ``per_host`` procs on every host (default ``{}``: one), all in parallel;
         returns a :class:`ProcMesh` over this mesh's extent followed by ``per_host``:
@@ -173,13 +173,17 @@ class HostMesh(MeshHandle):
         ints >= 1, none of this mesh's labels, at most ``MAX_PROCS_PER_HOST`` = 1024 procs
         per host unless ``$MONARCH_NB_MAX_PROCS_PER_HOST`` says more) or ``proc_bind`` (its length, or a
         memory-binding key, which monarch_nb does not apply), and
-        :class:`ClusterError` when procs could not start. Monarch's ``bootstrap_command``
-        (a per-proc command line and environment) raises ``NotImplementedError``.
+        :class:`ClusterError` when procs could not start.
+
+        ``bootstrap_command`` (Monarch's): a :class:`BootstrapCommand` for every proc,
+        or a function of a proc's :class:`Point` in the new mesh returning one (called
+        here, once per proc, before any starts); start from ``default_bootstrap_cmd()``.
+        Its ``env`` is set in the proc over what it inherits and over its GPU binding
+        (``{"CUDA_VISIBLE_DEVICES": str(point["gpus"])}`` picks a GPU per rank), its
+        ``program`` is the interpreter (as :meth:`with_python_executable`). Raises
+        ``NotImplementedError`` for another ``arg0`` or ``args`` than the default's, or
+        interpreters that differ between procs (see ``bootstrap_command.per_rank``).
         """
-        if bootstrap_command is not None:
-            raise NotImplementedError(
-                "monarch_nb has no spawn_procs(bootstrap_command=...): procs start from its host agent's "
-                "forkserver; pass bootstrap= (a function run in each new proc) to set a proc up")
         self._check_live()
         if per_host is None:
             per_host = {}
@@ -193,6 +197,10 @@ class HostMesh(MeshHandle):
         gpu_options = _gpu_options(per_host, bind_gpus, gpus_per_proc)
         total = per_proc_host * len(self._hosts)
         python = self._python or os.environ.get(PYTHON_ENV)
+        rank_env = {}
+        if bootstrap_command is not None:
+            python, envs = bootstrap_cmd.per_rank(bootstrap_command, Extent({**dict(self.extent), **per_host}))
+            rank_env = {hub_ops.RANK_ENV: envs}
         spawn_id = secrets.token_hex(6)
         hub = self._hub()
         bar = progress.Later(runtime().bar_factory, f"spawning {total} procs", total,
@@ -202,7 +210,8 @@ class HostMesh(MeshHandle):
                 hub_ops.SPAWN_PROCS, timeout=SPAWN_TIMEOUT_S, while_waiting=bar.tick, per_host=per_host, name=name,
                 replace=replace, hosts=self._hosts, **{hub_ops.HOST_EXTENT: dict(self.extent)}, env=_proc_env(python),
                 cwd=os.getcwd(), python=python or sys.executable, spawn_id=spawn_id,
-                owner=owner_of_new_meshes(), **gpu_options, **({services.SERVICE: _service} if _service else {}))
+                owner=owner_of_new_meshes(), **gpu_options, **rank_env,
+                **({services.SERVICE: _service} if _service else {}))
         except BaseException:
             bar.close(None)
             raise

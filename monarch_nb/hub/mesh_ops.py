@@ -103,6 +103,7 @@ class MeshOps:
         extent = {**host_extent, **per_host}
         name = header.get("name")
         bound = self._gpu_plan(header, dict(per_host), dict(host_extent), hosts, name)  # before any proc starts
+        bound = _with_rank_env(bound, header.get(hub_ops.RANK_ENV), len(hosts) * per_host.nelements)
         if name is None:
             name = f"procs{self._registry.next_number()}"
         check_mesh_name(name)
@@ -393,3 +394,13 @@ class MeshOps:
             print(f"monarch_nb hub: stopping actor mesh {actors.name!r}: its owner {actors.owner['mesh']} rank "
                   f"{actors.owner['rank']} is gone", file=sys.stderr)
             asyncio.ensure_future(self.stop_actor_mesh(actors))
+
+
+def _with_rank_env(bound: list[dict], rank_env: list[dict] | None, procs: int) -> list[dict]:
+    """Each proc's start environment: its GPU binding (``bound``, ``[]`` when none) with
+    the spawn's own per-rank environment (``spawn_procs(bootstrap_command=)``) over it."""
+    if not rank_env:
+        return bound
+    if len(rank_env) != procs:
+        raise HubError(f"spawn_procs gave {len(rank_env)} per-rank environments for {procs} procs", "ValueError")
+    return [{**(bound[r] if bound else {}), **rank_env[r]} for r in range(procs)]

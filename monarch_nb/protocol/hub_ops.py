@@ -56,6 +56,9 @@ def check_procs_per_host(per_host: dict, count: int) -> None:
                          f"a spawn may start; check the sizes, or set {MAX_PROCS_PER_HOST_ENV} for a host "
                          "that really runs more")
 HOST_EXTENT = "host_extent"  # spawn_procs field: the host mesh's extent ({} for one host), which the procs' extends
+# spawn_procs field: each proc's own environment in rank order (bootstrap_command), set
+# over its GPU binding
+RANK_ENV = "rank_env"
 SPAWN_PROGRESS = "spawn_progress"  # how many procs of a spawn have started so far
 SPAWN_ACTORS = "spawn_actors"  # construct an actor mesh on a proc mesh (payload: class and arguments)
 RAISE_INIT_ERRORS = "raise_init_errors"  # SPAWN_ACTORS: fail the spawn when an __init__ raises (else a fault)
