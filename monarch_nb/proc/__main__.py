@@ -19,7 +19,7 @@ from ..debug import session as debug_session
 from ..protocol import agent_ops, envelope
 from ..wire import frames as wire_frames
 from ..wire import port as wire_port
-from . import actor, log_prefix, stdio
+from . import actor, finalize, log_prefix, stdio
 from .server import ProcServer
 
 
@@ -72,7 +72,9 @@ def main() -> None:
             job()
         except KeyboardInterrupt:
             continue  # an interrupt that came between two messages
-    # Actor threads may be busy in user code; exit without waiting for them.
+    # Actor threads may be busy in user code; exit without waiting for them, but with
+    # what finalization does for user code (atexit, module globals' __del__).
+    finalize.finalize_user_code()
     stdio.flush_all()
     os._exit(0)
 
@@ -89,7 +91,8 @@ def _default_signals() -> None:
 def _terminate(server: ProcServer) -> None:
     """SIGTERM (the host agent stopping this proc; SIGKILL follows ``STOP_GRACE_S`` later):
     async actors' calls in progress are cancelled and ``__cleanup__`` hooks run first, off
-    the signal handler, then the proc dies of the SIGTERM as before (its exit status
+    the signal handler, then ``atexit`` handlers and the user's modules' finalizers
+    (``finalize``), then the proc dies of the SIGTERM as before (its exit status
     unchanged)."""
     # Here, in the main thread (the handler runs there): only it may set handlers. A
     # second SIGTERM meanwhile ends the proc at once.
@@ -98,6 +101,7 @@ def _terminate(server: ProcServer) -> None:
     def cancel_then_die() -> None:
         try:
             server.stop_actors_before_exit(CANCEL_ON_TERM_S)
+            finalize.finalize_user_code()
             stdio.flush_all()
         finally:
             os.kill(os.getpid(), signal.SIGTERM)
