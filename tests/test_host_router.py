@@ -216,6 +216,19 @@ def test_a_sum_reducer_folds_at_each_router_one_message_per_host(routed):
     assert received.count <= HOSTS * PER_HOST
 
 
+def test_an_accumulator_with_a_reducer_folds_at_the_routers(routed):
+    from monarch_nb.actor import Accumulator
+
+    _, _, mesh = routed
+    mesh.one.call().get(timeout=BOUND_S)
+    with _Received() as received:
+        assert Accumulator(mesh.one, 100, operator.add, reducer=operator.add).accumulate().get(timeout=BOUND_S) == 106
+    assert received.count <= HOSTS, received.count
+    assert Accumulator(mesh.one, 100, operator.add).accumulate().get(timeout=BOUND_S) == 106  # as before
+    with pytest.raises(TypeError, match="reducer is a function of two replies"):
+        Accumulator(mesh.one, 0, operator.add, reducer=3)
+
+
 def test_a_failed_rank_fails_a_routed_call_and_a_reduce_as_a_direct_call_does(routed):
     _, _, mesh = routed
     with pytest.raises(ActorError, match="rank 4 refuses"):
