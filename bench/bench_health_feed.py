@@ -5,11 +5,13 @@ feed is what a health widget, ``%monarch status --watch`` or ``monarch-nb cluste
 
     .venv/bin/python bench/bench_health_feed.py [--sizes 64 128 256] [--window 5]
 
-For each size N: spawn N procs on one host with one idle actor each; ``health()`` first
+For each size N: spawn N procs on one host with one idle actor each; the CPU per second
+with nobody watching (no feed, no ``health()`` for ``QUIET_S``: row ``idle``); ``health()`` first
 and median of 10 (ms) with the hub's CPU per call; then, over ``--window`` seconds each,
 CPU per second (ms/s: 1000 is one core) of the hub, the host agent and all procs
-together, and the trees the feeds received per second. The 0-feed row is the same-run
-baseline: what the cluster costs with nobody watching. The script runs against whatever
+together, and the trees the feeds received per second. The ``idle`` row is the same-run
+baseline: what the cluster costs with nobody watching; the 0-feed row follows ``health()``
+calls (host agents keep statuses fresh for 30 s after one). The script runs against whatever
 monarch_nb is importable (``PYTHONPATH=/tmp/before`` measures an older tree the same way).
 Runs in an isolated MONARCH_NB_HOME; exit status 1 if a process is left behind.
 """
@@ -32,6 +34,9 @@ import monarch_nb  # noqa: E402
 from monarch_nb.actor import Actor, endpoint, this_host  # noqa: E402
 from monarch_nb.client.health_watch import HealthWatch  # noqa: E402
 from monarch_nb.client.runtime import runtime  # noqa: E402
+
+
+QUIET_S = 32.0  # past the hub's WANTED_AFTER_HEALTH_S: nobody watches any more
 
 
 class Idle(Actor):
@@ -62,17 +67,22 @@ def _all_healthy(cluster, n: int, name: str) -> bool:
     return len(procs) == n and all(p["state"] == "healthy" for p in procs)
 
 
-def measure(cluster, n: int, window: float) -> dict:
+def measure(cluster, n: int, window: float, last_watched: list[float]) -> dict:
     name = f"n{n}"
     procs = this_host().spawn_procs(per_host={"gpus": n}, name=name)
     try:
         procs.spawn(f"idle{n}", Idle).ping.call().get()
+        hub = psutil.Process(cluster._info["hub_pid"])
+        roles = _roles(hub, set(procs.pids))
+        time.sleep(max(2.0, QUIET_S - (time.monotonic() - last_watched[0])))
+        before = {role: _cpu(ps) for role, ps in roles.items()}
+        time.sleep(window)
+        idle = {f"{role}_cpu_ms_per_s_idle": (_cpu(ps) - before[role]) / window * 1e3 for role, ps in roles.items()}
         deadline = time.monotonic() + 60
         while not _all_healthy(cluster, n, name) and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(2.0)  # heartbeats carry every proc's status by now (where they do)
-        hub = psutil.Process(cluster._info["hub_pid"])
-        row: dict = {"procs": n}
+        row: dict = {"procs": n, **idle, "trees_per_s_idle": 0.0}
         started = time.perf_counter()
         cluster.health()
         row["first_health_ms"] = (time.perf_counter() - started) * 1e3
@@ -83,7 +93,6 @@ def measure(cluster, n: int, window: float) -> dict:
             walls.append(time.perf_counter() - started)
         row["health_ms"] = statistics.median(walls) * 1e3
         row["hub_cpu_per_health_ms"] = (_cpu([hub]) - cpu) / 10 * 1e3
-        roles = _roles(hub, set(procs.pids))
         for feeds in (0, 1, 4):
             got = [0] * feeds
             watches = [HealthWatch(cluster, lambda tree, i=i: got.__setitem__(i, got[i] + 1), lambda why: None)
@@ -104,6 +113,7 @@ def measure(cluster, n: int, window: float) -> dict:
                     w.stop(5)
         return row
     finally:
+        last_watched[0] = time.monotonic()
         procs.stop()
 
 
@@ -116,17 +126,18 @@ def main() -> int:
     this_host()
     cluster = runtime().cluster
     rows = []
+    last_watched = [time.monotonic()]
     try:
         print(f"monarch_nb at {monarch_nb.__file__}", flush=True)
         print("| procs | first health() ms | health() ms | hub CPU per health() ms | feeds | hub CPU ms/s | "
               "agent CPU ms/s | procs CPU ms/s | trees/s |", flush=True)
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
         for n in args.sizes:
-            row = measure(cluster, n, args.window)
+            row = measure(cluster, n, args.window, last_watched)
             rows.append(row)
-            for feeds in (0, 1, 4):
+            for feeds in ("idle", 0, 1, 4):
                 head = (f"| {n} | {row['first_health_ms']:.0f} | {row['health_ms']:.1f} | "
-                        f"{row['hub_cpu_per_health_ms']:.1f} " if feeds == 0 else "| | | | ")
+                        f"{row['hub_cpu_per_health_ms']:.1f} " if feeds == "idle" else "| | | | ")
                 print(f"{head}| {feeds} | {row[f'hub_cpu_ms_per_s_{feeds}']:.0f} | "
                       f"{row[f'agent_cpu_ms_per_s_{feeds}']:.0f} | {row[f'procs_cpu_ms_per_s_{feeds}']:.0f} | "
                       f"{row[f'trees_per_s_{feeds}']:.2f} |", flush=True)
