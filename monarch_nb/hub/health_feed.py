@@ -29,7 +29,7 @@ from .clients import Clients
 from .health import Health
 
 ROUND_S = 1.0  # with subscribers, a tree is built at least this often
-MIN_INTERVAL_S = 0.25  # and at most this often, however many changes
+MIN_INTERVAL_S = 0.1  # and at most this often, however many changes (a feed redraws at most 4 times a second)
 KEEPALIVE_S = 5.0  # a subscriber hears at least this often, if only an empty delta
 ORPHAN_S = 10.0  # a subscription whose client the hub has not known for this long is dropped
 DEFAULT_VOLATILE_EVERY_S = 1.0
