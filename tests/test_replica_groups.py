@@ -154,3 +154,19 @@ def test_group_loops_replace_a_killed_group_on_its_own_thread_while_the_others_s
     # stopped at a step's end: the replaced group resumed from a healthy group's count (on_join)
     counts = {i: vm.values()[0] for i, vm in rg.call("state").items()}
     assert counts[1] >= loops.steps[1]
+
+
+def test_a_warm_spare_replaces_a_failed_group_and_a_new_spare_is_started(groups):
+    rg = groups(spare=True)
+    assert wait_until(lambda: rg.spare.ready_pids() is not None, BOUND_S)  # the spare's procs are up
+    spare_pids = rg.spare.ready_pids()
+    lost = rg.groups[1].procs.pids
+    inject_fault(rg.groups[1].procs, "kill", ranks=[0])
+    assert wait_until(lambda: 1 not in rg.call("step"), BOUND_S)
+    assert rg.wait_healthy(BOUND_S)
+    assert rg.groups[1].procs.pids == spare_pids  # replaced on the spare's procs
+    assert pids_alive(lost) == []
+    after = rg.call("step")
+    assert sorted(after) == [0, 1, 2] and after[1].values() == after[0].values()
+    assert wait_until(lambda: rg.spare.ready_pids() is not None, BOUND_S)  # a new spare, once the group is back
+    assert not set(rg.spare.ready_pids()) & set(spare_pids)

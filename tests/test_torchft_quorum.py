@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from monarch_nb.ft import GroupState, ReplicaGroups, inject_fault
+from conftest import wait_until
 
 BOUND_S = 120
 
@@ -64,13 +65,17 @@ def _step(loops, index) -> dict:
     return loops.last[index].item(procs=0)
 
 
-def test_torchft_group_loops_replace_a_killed_group_which_rejoins_the_quorum_while_the_healthy_one_steps_on(host):
+@pytest.mark.parametrize("spare", [False, True], ids=["respawned", "on_a_warm_spare"])
+def test_torchft_group_loops_replace_a_killed_group_which_rejoins_the_quorum_while_the_healthy_one_steps_on(
+        host, spare):
     pytest.importorskip("torchft", reason="TorchFT is not installed: pip install 'monarch_nb[torchft]'")
     from torchft_actors import FTTrainer
 
     groups = ReplicaGroups(host, "tftl", FTTrainer, num_groups=2, per_group={"procs": 1}, backend="gloo",
-                           quorum="torchft", step_timeout=60)
+                           quorum="torchft", step_timeout=60, spare=spare)
     try:
+        spare_pids = groups.spare.ready_pids() if spare and wait_until(
+            lambda: groups.spare.ready_pids() is not None, BOUND_S) else None
         loops = groups.run("step")
         # each group steps on its own; both are in one quorum
         assert loops.wait(lambda: len(loops.last) == 2 and all(
@@ -82,6 +87,9 @@ def test_torchft_group_loops_replace_a_killed_group_which_rejoins_the_quorum_whi
         assert loops.wait(lambda: groups.groups[1].restarts == 1 and groups.groups[1].state is GroupState.HEALTHY,
                           BOUND_S), groups.status()
         assert groups.groups[1].procs.pids != killed_pids and "SupervisionError" in groups.status()[1]["last_failure"]
+        if spare:  # replaced on the spare's procs, given group 1's TorchFT variables there
+            assert groups.groups[1].procs.pids == spare_pids
+            assert groups.groups[1].actors.env.call_one().get(timeout=BOUND_S)["REPLICA_GROUP_ID"] == "1"
         replaced_at = dict(loops.steps)
         # the new group rejoins TorchFT's quorum: both groups commit steps together again, and the
         # new one's committed count goes on from the healthy group's (TorchFT healed it)

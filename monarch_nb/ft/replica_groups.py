@@ -28,6 +28,7 @@ from ..client.runtime import runtime
 from ..errors import ActorError, ClusterError, SupervisionError
 from .step_loops import StepLoops
 from .torchft_quorum import TorchFTLighthouse
+from .warm_spare import WarmSpare
 
 QUORUMS = ("controller", "torchft")
 # What a failed step raises: a proc died, an endpoint raised, the step passed step_timeout.
@@ -96,6 +97,11 @@ class ReplicaGroups:
     Manager's ``MASTER_ADDR``/``MASTER_PORT``. The default, ``"controller"``: each step
     runs on the groups healthy when it starts.
 
+    ``spare=True`` keeps one group's procs started in advance (torch and
+    torch.distributed imported there when ``backend`` is given): a failed group is
+    replaced on them, which saves a fresh interpreter's imports, and a new spare starts
+    once the group steps again. It costs ``per_group`` idle procs.
+
     Blocks until every group's actors are constructed. Raises ``ValueError`` for
     ``num_groups < 1``, ``max_restarts < 0`` or an unknown ``quorum``, ``ImportError``
     for ``quorum="torchft"`` without torchft."""
@@ -104,7 +110,7 @@ class ReplicaGroups:
                  per_group: dict[str, int], backend: str | None = None, max_restarts: int = 3,
                  on_join: Callable[[ReplicaGroup, ReplicaGroup | None], None] | None = None,
                  step_timeout: float | None = None, quorum: str = "controller", min_replicas: int = 1,
-                 **kwargs: Any):
+                 spare: bool = False, **kwargs: Any):
         if num_groups < 1:
             raise ValueError(f"ReplicaGroups: num_groups={num_groups}; give at least 1")
         if max_restarts < 0:
@@ -128,22 +134,28 @@ class ReplicaGroups:
             if self.lighthouse is not None:
                 self.lighthouse.stop()
             raise
+        # torch and torch.distributed: what a group with a backend imports, and most of a
+        # fresh proc's start on a loaded host
+        self.spare: WarmSpare | None = WarmSpare(hosts, name, per_group, ("torch", "torch.distributed")
+                                                 if backend else ()) if spare else None
+        if self.spare is not None:
+            self.spare.refill()
 
     def _start_group(self, index: int) -> ReplicaGroup:
         procs, actors = self._spawn(index)
         return ReplicaGroup(index, procs, actors)
 
-    def _spawn(self, index: int, phases: dict[str, float] | None = None) -> tuple[ProcMesh, ActorMesh]:
-        """Group ``index``'s procs and actors, fresh; each step's seconds into ``phases``."""
+    def _spawn(self, index: int, phases: dict[str, float] | None = None,
+               spare: ProcMesh | None = None) -> tuple[ProcMesh, ActorMesh]:
+        """Group ``index``'s procs (``spare``'s, when given) and actors, fresh; each
+        step's seconds into ``phases``."""
         phases = {} if phases is None else phases
-        with self._lock:
-            self._spawned += 1
-            mesh_name = f"{self._name}_{self._spawned}"
-        bootstrap = None if self.lighthouse is None else self.lighthouse.bootstrap(index, self._num_groups)
         started = time.monotonic()
-        procs = self._hosts.spawn_procs(per_host=self._per_group, name=mesh_name, bootstrap=bootstrap)
-        phases["procs"], started = time.monotonic() - started, time.monotonic()
+        procs = self._new_procs(index) if spare is None else spare
         try:
+            if spare is not None and self.lighthouse is not None:
+                self.lighthouse.export_to(procs, index, self._num_groups)
+            phases["procs"], started = time.monotonic() - started, time.monotonic()
             if self._backend is not None:
                 procs.setup_torch_distributed(self._backend)
                 phases["torch_distributed"], started = time.monotonic() - started, time.monotonic()
@@ -153,6 +165,13 @@ class ReplicaGroups:
             procs.stop()
             raise
         return procs, actors
+
+    def _new_procs(self, index: int) -> ProcMesh:
+        with self._lock:
+            self._spawned += 1
+            mesh_name = f"{self._name}_{self._spawned}"
+        bootstrap = None if self.lighthouse is None else self.lighthouse.bootstrap(index, self._num_groups)
+        return self._hosts.spawn_procs(per_host=self._per_group, name=mesh_name, bootstrap=bootstrap)
 
     # -- what the training loop uses ---------------------------------------------------
     def healthy(self) -> list[ReplicaGroup]:
@@ -273,6 +292,8 @@ class ReplicaGroups:
         self.wait_healthy()
         for group in self.groups:
             group.state = GroupState.STOPPED
+        if self.spare is not None:
+            self.spare.stop()
         if self.lighthouse is not None:
             self.lighthouse.stop()
 
@@ -303,6 +324,8 @@ class ReplicaGroups:
             group.restarts += 1
             group.recoveries_s.append(time.monotonic() - group.failed_at)
             group.state = GroupState.HEALTHY
+        if self.spare is not None:
+            self.spare.refill()  # now that the group is back: not competing with its recovery
 
     def _failed(self, group: ReplicaGroup, why: str) -> None:
         broken = self._take_out(group, why)
@@ -339,7 +362,7 @@ class ReplicaGroups:
             started = time.monotonic()
             broken.stop()  # a hung rank too: its agent kills what does not exit
             phases["teardown"] = time.monotonic() - started
-            procs, actors = self._spawn(group.index, phases)
+            procs, actors = self._spawn(group.index, phases, None if self.spare is None else self.spare.take())
         except Exception as e:  # noqa: BLE001 - reported in status(), the other groups go on
             with self._lock:
                 group.state, group.last_failure = GroupState.FAILED, f"recovery failed: {type(e).__name__}: {e}"

@@ -56,6 +56,14 @@ class Lighthouse(Actor):
         return self._server.address()
 
 
+class GroupEnv(Actor):
+    """Sets a group's variables in procs started before their group was known (a warm
+    spare), before the group's own actors start."""
+
+    def __init__(self, env: dict[str, str]):
+        export_env(env)
+
+
 class TorchFTLighthouse:
     """A lighthouse actor on its own proc of ``hosts`` (its first host), named
     ``{name}_lighthouse``; ``address`` is its URL. Blocks until it serves. Raises
@@ -83,6 +91,11 @@ class TorchFTLighthouse:
     def bootstrap(self, index: int, num_groups: int) -> functools.partial:
         """A ``spawn_procs(bootstrap=...)`` function setting :meth:`group_env` in each proc."""
         return functools.partial(export_env, self.group_env(index, num_groups))
+
+    def export_to(self, procs: ProcMesh, index: int, num_groups: int) -> None:
+        """Set :meth:`group_env` in running ``procs`` (a warm spare taken for group
+        ``index``). Blocking."""
+        procs.spawn("torchft_env", GroupEnv, self.group_env(index, num_groups), raise_init_errors=True)
 
     def stop(self) -> None:
         self.procs.stop()
