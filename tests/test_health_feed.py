@@ -128,6 +128,14 @@ def test_a_stale_status_is_asked_again_and_a_silent_proc_has_none():
     assert statuses["m/0"] == {"actors": {}} and statuses["m/1"]["asked"] and statuses["m/2"] is None
 
 
+def test_a_proc_that_did_not_answer_its_agent_is_unresponsive_without_asking_it_again():
+    live = _live(1)
+    net = _CountingNet()
+    health = Health("c", registry=None, net=net, meshes=None, hub_stats=dict)
+    health.heard({"m/0": [0.1, None, "tcp://p0"]}, time.monotonic())
+    assert asyncio.run(health.statuses(live)) == {"m/0": None} and net.asked == []
+
+
 def test_a_status_of_an_earlier_proc_of_the_same_id_is_not_used():
     live = _live(1)
     net = _CountingNet()

@@ -7,9 +7,8 @@ It asks only while the hub says someone watches health (``wanted``, on each of t
 hub's heartbeats: a subscriber is open, or ``health()`` was asked lately): with nobody
 watching, procs are not woken every second for nothing. The asking runs in its own task: a proc slow to answer delays nothing of the
 heartbeat, which only reads what was last heard (``take``). A proc that does not answer
-within ``STATUS_TIMEOUT_S`` is simply not reported: its last status ages in the hub,
-which asks the proc itself once it is older than its bound (and calls it unresponsive
-if it does not answer there either).
+within ``STATUS_TIMEOUT_S`` is reported with no status: the hub calls it unresponsive,
+as it would had it asked the proc itself.
 """
 
 from __future__ import annotations
@@ -31,7 +30,8 @@ class StatusPoll:
     def __init__(self, net: AioEndpoint, addresses: dict[str, str]):
         self._net = net
         self._addresses = addresses
-        self._heard: dict[str, tuple[float, dict, str]] = {}  # proc id -> (monotonic when answered, status, address)
+        # proc id -> (monotonic when answered, status or None (no answer in time), address)
+        self._heard: dict[str, tuple[float, dict | None, str]] = {}
         self.asked = 0  # status requests sent so far
         self.unanswered = 0  # of which not answered in time
         self.wanted = False  # set from the hub's heartbeat (agent_ops.WANT_STATUSES)
@@ -55,15 +55,19 @@ class StatusPoll:
                                        return_exceptions=True)
         now = time.monotonic()
         for (proc_id, address), reply in zip(targets, replies):
+            if proc_id not in self._addresses:  # exited meanwhile
+                continue
             if isinstance(reply, BaseException):
                 self.unanswered += 1
-            elif proc_id in self._addresses:  # not exited meanwhile
+                self._heard[proc_id] = (now, None, address)
+            else:
                 header = {k: v for k, v in reply.header.items() if k not in (envelope.PORT, envelope.OK)}
                 self._heard[proc_id] = (now, header, address)
 
     def take(self) -> dict[str, list]:
         """What was heard since the last ``take``: proc id -> ``[seconds since it
-        answered, status, the address that answered]``; each status is given once."""
+        answered, status (``None``: no answer within ``STATUS_TIMEOUT_S``), the address
+        asked]``; each is given once."""
         now = time.monotonic()
         heard, self._heard = self._heard, {}
         return {proc_id: [round(now - at, 3), status, address] for proc_id, (at, status, address) in heard.items()}

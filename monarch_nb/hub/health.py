@@ -181,10 +181,10 @@ def service_nodes(proc_meshes: dict[str, ProcMeshRecord], proc_state_of: dict[st
     return nodes
 
 
-def _doing(status: dict) -> dict:
+def _doing(status: dict | None) -> dict | None:
     """What the actors of a proc's ``status`` are doing, without the figures that change
     on their own (memory, CPU, uptime): a change here is worth telling subscribers now."""
-    return status.get("actors") or {}
+    return None if status is None else status.get("actors") or {}
 
 
 class Health:
@@ -218,8 +218,9 @@ class Health:
 
     def heard(self, statuses: dict, now: float) -> None:
         """A host agent's heartbeat brought ``statuses`` (``hub_ops.AGENT_STATUSES``: proc
-        id -> [age in seconds, status, the address that answered]: a restarted proc keeps
-        its id, not its address) at ``now`` (monotonic)."""
+        id -> [age in seconds, status, the address asked]: a restarted proc keeps its id,
+        not its address; status ``None``: the proc did not answer its agent within
+        ``STATUS_TIMEOUT_S``, so it is unresponsive) at ``now`` (monotonic)."""
         changed = False
         for proc_id, (age_s, status, address) in statuses.items():
             before = self._heard.get(proc_id)
@@ -252,8 +253,9 @@ class Health:
 
     async def statuses(self, live: list[ProcRecord]) -> dict[str, dict | None]:
         """Each live proc's status by proc id: the one its agent's heartbeat brought while
-        younger than ``STATUS_FRESH_S``, else its answer to a ``status`` request of this
-        hub (``None``: none in time; see ``_statuses``)."""
+        younger than ``STATUS_FRESH_S`` (``None`` when the proc did not answer its agent),
+        else its answer to a ``status`` request of this hub (``None``: none in time; see
+        ``_statuses``)."""
         now = time.monotonic()
         found: dict[str, dict | None] = {}
         stale = []

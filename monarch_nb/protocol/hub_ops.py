@@ -94,6 +94,6 @@ TREE = "tree"  # HEALTH_SUBSCRIBE's reply: the whole tree
 TREE_SEQ = "tree_seq"  # HEALTH_SUBSCRIBE's reply and HEALTH_DELTA: the tree's version for this subscription
 
 # Header key of AGENT_ALIVE: the status of the agent's procs, asked by the agent since its
-# last heartbeat: proc id -> [seconds since it answered, its answer to proc_ops.STATUS,
-# the proc's control address that answered].
+# last heartbeat: proc id -> [seconds since it was asked, its answer to proc_ops.STATUS
+# (None: no answer within a second), the proc's control address asked].
 AGENT_STATUSES = "statuses"
