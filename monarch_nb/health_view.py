@@ -26,7 +26,7 @@ from .proc import exec_actor
 from .protocol.states import AT_WORK, DOWN, STATE, HealthState
 
 # One colour per state: CSS for HTML and the widget, rich style names for terminals.
-STATE_COLOURS = {
+STATE_COLOURS: dict[str, tuple[str, str]] = {
     HealthState.HEALTHY: ("#2e7d32", "green"),
     HealthState.BUSY: ("#1565c0", "blue"),
     HealthState.PAUSED: ("#e65100", "dark_orange"),
@@ -41,7 +41,7 @@ OPEN_PROCS_UP_TO = 8  # with this many procs or fewer, their actors show at firs
 OPEN_HOSTS_UP_TO = 4  # with more hosts, each opens on a click: the tree starts as one line per host
 
 # Glyphs Debian's default fonts have (DejaVu): "⏸" (U+23F8) showed as an empty box.
-STATE_MARKS = {HealthState.HEALTHY: "●", HealthState.BUSY: "◐", HealthState.PAUSED: "‖",
+STATE_MARKS: dict[str, str] = {HealthState.HEALTHY: "●", HealthState.BUSY: "◐", HealthState.PAUSED: "‖",
                HealthState.STARTING: "◌", HealthState.UNRESPONSIVE: "?", HealthState.FAILED: "✗",
                HealthState.LOST: "✗", HealthState.DEGRADED: "◐", HealthState.STOPPED: "■"}
 
@@ -293,6 +293,7 @@ def summary_parts(tree: dict) -> list[tuple[str, str]]:
     parts = []
     for part in tree["summary"].split(" · "):
         count, _, word = part.partition(" ")
+        state: str
         if "procs healthy" in part:
             state = HealthState.HEALTHY if tree[STATE] == HealthState.HEALTHY else HealthState.DEGRADED
         elif word == HealthState.FAILED:

@@ -22,7 +22,7 @@ class _Spelled(str, enum.Enum):
     on every Python this package supports (3.11 changed ``str()`` of mixed-in enums)."""
 
     __str__ = str.__str__
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # str's, on purpose
 
 
 class HealthState(_Spelled):
