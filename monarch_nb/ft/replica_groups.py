@@ -252,10 +252,14 @@ class ReplicaGroups:
         except STEP_FAILURES as e:
             broken = self._take_out(group, why_step_failed(e))
         if broken is not None:
-            self._recover(group, broken)
-            if group.state is GroupState.JOINING:
-                self._admit(group)
+            self._replace(group, broken)
         return None
+
+    def _replace(self, group: ReplicaGroup, broken: ProcMesh) -> None:
+        """Recover ``group`` and admit it, on this thread."""
+        self._recover(group, broken)
+        if group.state is GroupState.JOINING:
+            self._admit(group)
 
     def wait_healthy(self, timeout: float | None = None) -> bool:
         """Block until no group is recovering (``timeout`` seconds, ``None``: no limit),
