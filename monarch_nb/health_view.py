@@ -23,6 +23,7 @@ import html
 from dataclasses import dataclass, field
 
 from .proc import exec_actor
+from .protocol.gpus import GPU_USED_BYTES
 from .protocol.states import AT_WORK, DOWN, STATE, HealthState
 
 # One colour per state: CSS for HTML and the widget, rich style names for terminals.
@@ -105,16 +106,21 @@ def cpu_percent(previous: dict | None, tree: dict) -> dict[str, float]:
 
 
 # the tree of nodes --------------------------------------------------------------------
-def gpus_text(gpus: list[dict]) -> str:
-    """A proc's GPUs for its line: ``"GPU 5 (NVIDIA H200, 140 GiB)"``; the id
-    ``CUDA_VISIBLE_DEVICES`` names it by when its index is unknown."""
-    def one(g: dict) -> str:
-        known = [g["name"]] if g.get("name") else []
-        if g.get("memory_mib"):
-            known.append(format_bytes(g["memory_mib"] * 2**20))
-        label = g["index"] if g.get("index") is not None else g["id"]
-        return f"{label}" + (f" ({', '.join(known)})" if known else "")
-    return ("GPU " if len(gpus) == 1 else "GPUs ") + ", ".join(one(g) for g in gpus)
+def gpus_text(gpus: list[dict], used: dict[str, int] | None = None) -> str:
+    """A proc's GPUs for its line, compact: ``"GPU 3 · H100 80GB HBM3 · 12.1 GiB used"``
+    (index on its host; model without its vendor; memory the proc uses there, when
+    known: ``used`` is GPU id -> bytes); several: ``"GPUs 3, 5 · H100 · 20.0 GiB used"``
+    (memory summed). The id ``CUDA_VISIBLE_DEVICES`` names a GPU by stands for its
+    index when that is unknown."""
+    labels = [str(g["index"]) if g.get("index") is not None else g["id"] for g in gpus]
+    parts = [("GPU " if len(gpus) == 1 else "GPUs ") + ", ".join(labels)]
+    names = list(dict.fromkeys(g["name"].removeprefix("NVIDIA ") for g in gpus if g.get("name")))
+    if names:
+        parts.append(" / ".join(names))
+    figures = [used[g["id"]] for g in gpus if used and g["id"] in used]
+    if figures:
+        parts.append(f"{format_bytes(sum(figures))} used")
+    return " · ".join(parts)
 
 
 def _actor_text(actor: dict, with_class: bool) -> str:
@@ -149,7 +155,7 @@ def _proc_node(proc: dict, cpu: dict[str, float], open_: bool) -> Node:
         parts = [state]
     parts.append(f"pid {proc['pid']}")
     if proc.get("gpus"):
-        parts.append(gpus_text(proc["gpus"]))
+        parts.append(gpus_text(proc["gpus"], proc.get(GPU_USED_BYTES)))
     if state not in (*DOWN, HealthState.STOPPED):
         if "uptime_s" in proc:
             parts.append(f"up {format_duration(proc['uptime_s'])}")

@@ -77,6 +77,32 @@ def test_each_proc_of_a_gpus_dimension_sees_only_its_own_gpu(gpu_cluster):
         procs.stop()
 
 
+def _maps_torch(pid: int) -> bool:
+    """Whether process ``pid`` has torch's native library loaded (it imported torch)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return any("libtorch" in line or "torch/_C" in line for line in maps)
+
+
+def test_health_shows_each_bound_procs_gpu_with_no_memory_figure_without_nvml_nor_torch_in_the_agent(gpu_cluster):
+    procs = gpu_cluster.this_host().spawn_procs(per_host={"gpus": 2}, name="shown")
+    try:
+        def watched() -> list[dict]:  # health() keeps statuses coming through the agent's heartbeat
+            tree = gpu_cluster.health()
+            return [p for h in tree["hosts"] for p in h["procs"] if p["proc_mesh"] == "shown"]
+        assert wait_until(lambda: all("uptime_s" in p for p in watched()), 10)
+        shown = watched()
+        assert [[g["index"] for g in p["gpus"]] for p in shown] == [[3], [5]]
+        # fake GPUs: nothing uses memory on them, so neither NVML nor torch gives a figure
+        assert all("gpu_used_bytes" not in p for p in shown)
+        lines = [line for line in to_plain(gpu_cluster.health()).splitlines() if "shown/" in line]
+        assert any(" · GPU 3 · " in line for line in lines) and any(" · GPU 5 · " in line for line in lines)
+        assert not any("used" in line for line in lines)
+        agent_pid = gpu_cluster.health()["hosts"][0]["pid"]
+        assert not _maps_torch(agent_pid), "the host agent imported torch"
+    finally:
+        procs.stop()
+
+
 def test_more_procs_than_gpus_is_refused_before_any_proc_starts_and_the_cluster_stays_usable(gpu_cluster):
     host = gpu_cluster.this_host()
     with pytest.raises(ValueError, match=r"5 procs on host .*4 GPUs \(3, 5, 6, 7\).*gpus_per_proc.*bind_gpus=False"):

@@ -71,7 +71,8 @@ class HostAgent:
         self.malformed = 0  # verified messages no handler could act on
         self.cell_files = cell_files.record_path(cluster_dir, host_id)  # what procs wrote for the debugger
         self.addresses: dict[str, str] = {}  # proc id -> its control inbox (PROC_READY), asked for its status
-        self.statuses = StatusPoll(self.net, self.addresses)  # folded into the heartbeat (host.status_poll)
+        self.statuses = StatusPoll(self.net, self.addresses,  # folded into the heartbeat (host.status_poll)
+                                   lambda: {proc_id: proc.pid for proc_id, proc in self.procs.items()})
         # Relays calls over meshes that span hosts, on a thread of its own (host.router); made by run().
         self.router: Router | None = None
         # op -> handler(header), awaited on the receive loop (see _serve)

@@ -9,15 +9,21 @@ watching, procs are not woken every second for nothing. The asking runs in its o
 heartbeat, which only reads what was last heard (``take``). A proc that does not answer
 within ``STATUS_TIMEOUT_S`` is reported with no status: the hub calls it unresponsive,
 as it would had it asked the proc itself.
+
+Where NVML is at hand (``host.gpu_usage``), each answer gets the GPU memory its proc
+uses (``protocol.gpus.GPU_USED_BYTES``), counted by the agent for the pids ``pids()``
+gives: procs are not asked to import torch for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
 from ..protocol import envelope, proc_ops
 from ..wire.aio import AioEndpoint
+from .gpu_usage import NvmlUsage, with_usage
 
 POLL_S = 1.0  # how often each proc is asked
 STATUS_TIMEOUT_S = 1.0  # a proc's answer later than this is not waited for
@@ -25,11 +31,15 @@ STATUS_TIMEOUT_S = 1.0  # a proc's answer later than this is not waited for
 
 class StatusPoll:
     """Asks the procs of ``addresses`` (proc id -> control inbox address, kept current by
-    the agent) for their status through ``net``."""
+    the agent) for their status through ``net``; ``pids()`` gives proc id -> pid (for
+    NVML's per-process GPU memory; ``None``: not counted)."""
 
-    def __init__(self, net: AioEndpoint, addresses: dict[str, str]):
+    def __init__(self, net: AioEndpoint, addresses: dict[str, str],
+                 pids: Callable[[], dict[str, int]] | None = None, gpu_usage: NvmlUsage | None = None):
         self._net = net
         self._addresses = addresses
+        self._pids = pids
+        self._gpu_usage = gpu_usage or NvmlUsage()
         # proc id -> (monotonic when answered, status or None (no answer in time), address)
         self._heard: dict[str, tuple[float, dict | None, str]] = {}
         self.asked = 0  # status requests sent so far
@@ -53,6 +63,8 @@ class StatusPoll:
         replies = await asyncio.gather(*(self._net.request(address, {envelope.OP: proc_ops.STATUS},
                                                            timeout=STATUS_TIMEOUT_S) for _, address in targets),
                                        return_exceptions=True)
+        pid_of = self._pids() if self._pids is not None and self._gpu_usage.available() else {}
+        gpu_used = await asyncio.to_thread(self._gpu_usage.used_by, set(pid_of.values())) if pid_of else {}
         now = time.monotonic()
         for (proc_id, address), reply in zip(targets, replies):
             if proc_id not in self._addresses:  # exited meanwhile
@@ -62,7 +74,7 @@ class StatusPoll:
                 self._heard[proc_id] = (now, None, address)
             else:
                 header = {k: v for k, v in reply.header.items() if k not in (envelope.PORT, envelope.OK)}
-                self._heard[proc_id] = (now, header, address)
+                self._heard[proc_id] = (now, with_usage(header, gpu_used.get(pid_of.get(proc_id, -1))), address)
 
     def take(self) -> dict[str, list]:
         """What was heard since the last ``take``: proc id -> ``[seconds since it

@@ -159,3 +159,28 @@ def gpus_of(inventory: list[dict], env: dict | None) -> list[dict]:
     by_id = {g[proto.ID]: g for g in inventory}
     return [by_id.get(i) or {proto.INDEX: None, proto.ID: i, proto.NAME: None, proto.MEMORY_MIB: None}
             for i in visible.split(",")]
+
+
+def in_use(gpus: list[dict], status: dict | None) -> tuple[list[dict], dict[str, int]]:
+    """A bound proc's ``gpus`` (records, as :func:`gpus_of` gives them) with the name
+    its own CUDA report gives where the inventory had none, and the memory it uses on
+    each: GPU id -> bytes, from its ``status`` (NVML's count by its agent, else torch's
+    caching allocator when CUDA is up in the proc); ``{}`` when neither is known."""
+    if not gpus or not status:
+        return gpus, {}
+    by_nvml = status.get(proto.GPU_USED_BYTES) or {}
+    used = {}
+    for g in gpus:
+        found = by_nvml.get(g[proto.ID])
+        if found is None and g.get(proto.INDEX) is not None:
+            found = by_nvml.get(str(g[proto.INDEX]))
+        if found is not None:
+            used[g[proto.ID]] = found
+    cuda = status.get(proto.STATUS_CUDA)
+    device = cuda.get(proto.CUDA_DEVICE) if isinstance(cuda, dict) else None
+    if isinstance(cuda, dict) and isinstance(device, int) and 0 <= device < len(gpus):  # torch's device d is the d-th GPU it was bound to
+        g = gpus[device]
+        if not g.get(proto.NAME) and cuda.get(proto.CUDA_NAME):
+            gpus = [*gpus[:device], {**g, proto.NAME: cuda[proto.CUDA_NAME]}, *gpus[device + 1:]]
+        used.setdefault(g[proto.ID], cuda.get(proto.USED_BYTES))
+    return gpus, {k: v for k, v in used.items() if v is not None}

@@ -13,7 +13,9 @@ States, worst first:
   ended, e.g. a cancelled Slurm job; ``cause`` says how); ``node`` is the
   allocator's name for it (a Slurm node); ``gpus`` its GPU inventory.
 - proc: ``gpus``, the GPUs of its host it is bound to (``spawn_procs`` of a ``"gpus"``
-  dimension; index, id, name and total memory when known), ``[]`` when unbound.
+  dimension; index, id, name and total memory when known), ``[]`` when unbound; and
+  ``gpu_used_bytes`` (GPU id -> bytes) when the memory it uses there is known (NVML on
+  its host, or torch in a proc where CUDA is up; ``hub.gpu_binding.in_use``).
 
 Memory, CPU time and uptime of each proc come from the proc itself (psutil), so they
 are known on every host. Each host agent asks its procs for their ``status`` and folds
@@ -31,10 +33,11 @@ import time
 from typing import Callable
 
 from ..protocol import envelope, proc_ops, services
+from ..protocol import gpus as gpus_proto
 from ..protocol.states import AT_WORK, DOWN, PROC_ORDER, STATE, Activity, HealthState
 from ..protocol.records import LOST_EXIT_CODE, exit_cause
 from ..wire.aio import AioEndpoint
-from .gpu_binding import gpus_of
+from .gpu_binding import gpus_of, in_use
 from .mesh_ops import MeshOps
 from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord
 from .registry import Registry
@@ -111,11 +114,13 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
                             break
                 counts[state] += 1
                 proc_state_of[proc.proc_id] = state
+                gpus, gpu_used = in_use(gpus_of(host.gpus, mesh.rank_env.get(str(rank))), status)
                 node = {"proc_id": proc.proc_id, "proc_mesh": mesh.name, "rank": rank, "pid": proc.pid,
-                        STATE: state, "cause": cause, "actors": actors,
-                        "gpus": gpus_of(host.gpus, mesh.rank_env.get(str(rank)))}
+                        STATE: state, "cause": cause, "actors": actors, "gpus": gpus}
                 if status:
                     node.update({k: status[k] for k in ("rss_bytes", "cpu_s", "uptime_s") if k in status})
+                if gpu_used:
+                    node[gpus_proto.GPU_USED_BYTES] = gpu_used
                 procs.append(node)
         host_nodes.append({"host_id": host.host_id, "hostname": host.hostname, "node": host.node, "pid": host.pid,
                            STATE: HealthState.FAILED if host.cause else HealthState.LOST if host.lost

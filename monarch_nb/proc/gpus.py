@@ -78,6 +78,24 @@ def cuda_report(local_rank: int) -> dict | None:
             proto.CUDA_NAME: props.name, proto.CUDA_VISIBLE: os.environ.get(VISIBLE_ENV)}
 
 
+def cuda_in_use() -> dict | None:
+    """The CUDA memory this proc uses, as torch's caching allocator holds it on the
+    current device: ``{device, name, used_bytes}`` (``protocol.gpus`` keys; ``device``
+    is its index among the GPUs this proc sees), or ``None`` unless torch is already
+    imported and CUDA already initialised here. Never imports torch nor initialises
+    CUDA (a status request must not cost a proc a CUDA context, ~500 MiB), never raises."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is None or not cuda.is_initialized():
+            return None
+        device = cuda.current_device()
+        return {proto.CUDA_DEVICE: device, proto.CUDA_NAME: cuda.get_device_properties(device).name,
+                proto.USED_BYTES: int(cuda.memory_reserved(device))}
+    except Exception:  # noqa: BLE001 - a driver error: the status goes without it
+        return None
+
+
 def set_device(device: int) -> None:
     """Make ``device`` this process's current CUDA device (torch's, so that ``"cuda"``
     tensors and NCCL use it)."""

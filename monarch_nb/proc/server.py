@@ -23,10 +23,12 @@ import psutil
 
 from ..mesh import Extent
 from ..protocol import envelope, proc_ops
+from ..protocol import gpus as gpus_proto
 from ..wire import frames as wire_frames
 from ..wire import interrupts, sockets
 from .actor_loop import ActorThread, send_reply
 from . import faults, torch_env, workspace
+from .gpus import cuda_in_use
 
 
 INTERRUPT_RETRY_S = 0.001  # how often an interrupt that can't land yet is tried again
@@ -154,6 +156,9 @@ class ProcServer:
                          "uptime_s": round(time.time() - me.create_time(), 3)}
         except psutil.Error:
             pass
+        cuda = cuda_in_use()  # (only where CUDA is already up: a status never starts it)
+        if cuda is not None:
+            usage[gpus_proto.STATUS_CUDA] = cuda
         return {"actors": {name: a.status() for name, a in list(self.actors.items())}, **usage}
 
     def serve(self) -> None:

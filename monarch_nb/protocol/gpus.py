@@ -30,3 +30,13 @@ CUDA_DEVICE = "device"  # int: the device index the rank would use
 CUDA_UUID = "uuid"  # str: that device's UUID, the same in every process that sees it
 CUDA_NAME = "name"  # str: its model
 CUDA_VISIBLE = "visible"  # str | None: the proc's CUDA_VISIBLE_DEVICES
+
+# Memory a proc uses on its GPUs, in its status (proc_ops.STATUS) and its health tree node.
+# In a proc's answer: what torch says, only where torch is imported and CUDA already
+# initialised (a status never initialises CUDA): {CUDA_DEVICE, CUDA_NAME, USED_BYTES}.
+STATUS_CUDA = "cuda_in_use"
+USED_BYTES = "used_bytes"  # int: bytes torch's caching allocator holds on that device
+# Added by the host agent from NVML (when nvidia-ml-py is importable): the proc's GPU
+# memory by GPU, keyed by the GPU's UUID and by its NVML index (as a string), in bytes.
+# In the health tree's proc node: GPU id (as CUDA_VISIBLE_DEVICES names it) -> bytes used.
+GPU_USED_BYTES = "gpu_used_bytes"

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .gpus import GPU_USED_BYTES
+
 # Delta fields (short: a delta is sent each time something changes).
 SET = "s"  # a replaced value
 KEYS = "d"  # dict: key -> sub-delta of the keys that changed or appeared
@@ -25,7 +27,7 @@ ITEMS = "i"  # list of nodes: identity -> sub-delta of the nodes that changed or
 ORDER = "o"  # list of nodes: the identities in their new order (only when it changed)
 
 # Figures a delta may leave out until the subscriber's next refresh of them.
-VOLATILE = frozenset({"rss_bytes", "cpu_s", "uptime_s", "busy_s", "paused_s", "hub"})
+VOLATILE = frozenset({"rss_bytes", "cpu_s", "uptime_s", "busy_s", "paused_s", "hub", GPU_USED_BYTES})
 
 _MISSING = object()
 
