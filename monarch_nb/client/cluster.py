@@ -23,7 +23,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .. import cluster_dir, fd_limit
 from ..hub import logstore
@@ -79,6 +79,9 @@ class Cluster:
         self._hub_lost_told = False
         self._debugger: "Debugger | None" = None  # made on first use
         self._debugger_lock = threading.Lock()
+        # Called when a new hub answers at this cluster's address (on_new_hub):
+        # what the old hub kept for this client (subscriptions) is gone.
+        self._on_new_hub: list[Callable[[], None]] = []
 
     def _check_hub(self) -> None:
         """Raise :class:`ClusterError` when this cluster's hub is known dead (checked on
@@ -90,13 +93,25 @@ class Cluster:
             raise ClusterError(f"cluster {self.name!r} was stopped while this request waited")
         try:  # recovered meanwhile, at the same address?
             current = cluster_dir.read_info(self.path)
-            if current.get("hub") == self._info["hub"] and not discovery.hub_process_problem(current):
-                self._info = current
-                return
+            recovered = current.get("hub") == self._info["hub"] and not discovery.hub_process_problem(current)
         except (OSError, ValueError):
-            pass
+            recovered = False
+        if recovered:
+            self._info = current
+            for told in list(self._on_new_hub):
+                told()
+            return
         raise ClusterError(f"the hub of cluster {self.name!r} is gone: {problem}; recover it with "
                            f"monarch_nb.Cluster.recover({self.name!r}) or `monarch-nb cluster recover {self.name}`")
+
+    def on_new_hub(self, told: Callable[[], None]) -> Callable[[], None]:
+        """Call ``told()`` each time this client finds a new hub serving this cluster at
+        its address (``Cluster.recover`` ran here or elsewhere; found within about a
+        second by the presence thread's check, or sooner by a request: ``told`` runs on
+        that thread and must not block). Only a hub on this
+        machine can be told apart from its predecessor. Returns the function that stops it."""
+        self._on_new_hub.append(told)
+        return lambda: self._on_new_hub.remove(told) if told in self._on_new_hub else None
 
     def _watch_hub(self) -> None:
         """Once a second (the heartbeat's thread): when the hub has been dead for longer

@@ -5,7 +5,10 @@ applies the deltas the hub pushes (``health_delta`` events, ``protocol.health_tr
 nothing is asked again while nothing changes, and a change costs the hub one delta, not
 a status request per proc. A delta that does not follow the last one (a lost event, a
 recovered hub) and a feed the hub stopped keeping alive are answered by subscribing
-again. The subscription runs on the feed's own thread, never on the event receiver's.
+again. A new hub (``Cluster.recover``) keeps no subscription of the old one: the feed
+subscribes to it as soon as its cluster finds it (``Cluster.on_new_hub``), not after
+``SILENT_S`` of silence (the fallback where a new hub can't be told apart: one on
+another machine). The subscription runs on the feed's own thread, never on the event receiver's.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Callable
 from ..errors import ClusterError, MonarchNbError
 from ..protocol import envelope, events, health_tree, hub_ops
 from ..wire import frames as wire_frames
+from . import discovery
 from .runtime import runtime
 
 TICK_S = 1.0  # memory, CPU, uptime and busy-for figures are refreshed this often
@@ -35,7 +39,9 @@ class HealthWatch:
     their own (memory, CPU, uptime, busy-for) are refreshed every ``tick_s`` seconds.
 
     It ends by itself when the cluster is stopped or disconnected (``on_end("cluster
-    stopped")``/``"disconnected"``) or its hub fails (``on_end(reason)``); :meth:`stop`
+    stopped")``/``"disconnected"``) or its hub fails (``on_end(reason)``; a hub that
+    died on this machine is waited for, until the cluster's grace period ends, and the
+    feed goes on with the recovered one); :meth:`stop`
     ends it without calling ``on_end``. Exceptions from the callbacks are printed and
     end the feed (a display that can't draw should not keep asking)."""
 
@@ -50,7 +56,12 @@ class HealthWatch:
         self._stopped = threading.Event()
         self.refreshes = 0  # trees delivered so far
         self.subscriptions = 0  # times it subscribed (once, unless a delta went missing)
+        self._new_hub = threading.Event()  # the cluster found a new hub: subscribe to it
+        # The hub died (on this machine): the feed waits for the cluster to find a new one.
+        self.hub_down = False
         self._unsubscribe = runtime().events.subscribe(self._on_event)
+        on_new_hub = getattr(cluster, "on_new_hub", None)  # (a stand-in cluster of a test may lack it)
+        self._forget_hub = on_new_hub(self._hub_replaced) if on_new_hub is not None else (lambda: None)
         self._thread = threading.Thread(target=self._run, name="monarch-nb-health", daemon=True)
         self._thread.start()
 
@@ -63,12 +74,18 @@ class HealthWatch:
             self._deltas.put(header)
             self._arrived.set()
 
+    def _hub_replaced(self) -> None:  # on the cluster's presence thread: just flag it
+        self._new_hub.set()
+        self._arrived.set()
+
     def _ended(self) -> str | None:
         if self.cluster._stopped:
             return "cluster stopped"
         presence = self.cluster._presence
         if presence is None or presence.closed:
             return "disconnected"
+        if getattr(self.cluster, "_hub_lost_told", False):  # dead past its grace: no hub will come back
+            return "the hub died and was not recovered within its grace period"
         return None
 
     def _subscribe(self) -> tuple[dict, int]:
@@ -87,11 +104,17 @@ class HealthWatch:
             while not self._stopped.is_set():
                 reason = self._ended()
                 fresh = False
-                if reason is None and tree is None:
+                if self._new_hub.is_set():
+                    self._new_hub.clear()
+                    tree, self.hub_down = None, False  # the old hub's subscription died with it
+                if reason is None and tree is None and not self.hub_down:
                     try:
                         tree, seq = self._subscribe()
                     except MonarchNbError as e:
-                        reason = self._ended() or f"no live updates: {e}"
+                        # A hub known dead here may be recovered within its grace: wait
+                        # for the cluster to find the new one (_ended says when not).
+                        self.hub_down = bool(discovery.hub_process_problem(self.cluster._info))
+                        reason = None if self.hub_down else self._ended() or f"no live updates: {e}"
                     else:
                         fresh, heard = True, time.monotonic()
                 if reason is None:
@@ -118,6 +141,7 @@ class HealthWatch:
             traceback.print_exc()
         finally:
             self._unsubscribe()
+            self._forget_hub()
             self._tell_hub_done()
 
     def _wait_for_delta(self) -> None:
@@ -163,5 +187,6 @@ class HealthWatch:
         self._stopped.set()
         self._arrived.set()
         self._unsubscribe()
+        self._forget_hub()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)

@@ -1,0 +1,99 @@
+"""The health feed across a hub restart: a retained cluster's hub killed and recovered
+(``Cluster.recover``) keeps no subscription of the old one; a HealthWatch subscribes to
+the new hub as soon as its cluster finds it, and shows what happens there."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import monarch_nb
+from monarch_nb import cluster_dir
+from monarch_nb.client import health_watch
+from monarch_nb.client.health_watch import HealthWatch
+from monarch_nb.client.runtime import runtime
+
+from conftest import cluster_processes, wait_until
+
+
+@pytest.fixture
+def retained():
+    """A retained cluster (grace 30 s: its procs wait for a recovered hub); stopped and
+    checked gone afterwards."""
+    name = f"feedrecover{os.getpid()}"
+    cluster = monarch_nb.Cluster.start(name, grace_s=30)
+    yield cluster
+    path = cluster_dir.cluster_path(name)
+    subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", name], capture_output=True)
+    assert wait_until(lambda: not cluster_processes(path), 15), cluster_processes(path)
+    assert not path.exists(), f"{path} left behind"
+    if runtime().cluster is not None:
+        runtime().cluster.disconnect()
+        runtime().cluster = None
+
+
+def _state(trees: list[dict], lock: threading.Lock, mesh: str, rank: int) -> str | None:
+    with lock:
+        if not trees:
+            return None
+        procs = [p for h in trees[-1]["hosts"] for p in h["procs"] if p["proc_mesh"] == mesh and p["rank"] == rank]
+    return procs[0]["state"] if procs else None
+
+
+def test_a_feed_resubscribes_to_a_recovered_hub_and_shows_a_proc_death_there(retained, monkeypatch):
+    # Silence never makes this feed subscribe again: only learning of the new hub can.
+    monkeypatch.setattr(health_watch, "SILENT_S", float("inf"))
+    procs = retained.host_mesh().spawn_procs(per_host={"gpus": 2}, name="fed")
+    trees: list[dict] = []
+    ended: list[str] = []
+    lock = threading.Lock()
+
+    def on_tree(tree: dict) -> None:
+        with lock:
+            trees.append(tree)
+
+    watch = HealthWatch(retained, on_tree, ended.append, tick_s=3600.0)
+    try:
+        assert wait_until(lambda: _state(trees, lock, "fed", 1) == "healthy", 15)
+        os.kill(retained._info["hub_pid"], signal.SIGKILL)
+        monarch_nb.Cluster.recover(retained.name)
+        assert wait_until(lambda: watch.subscriptions == 2, 15), "the feed did not subscribe to the new hub"
+        os.kill(procs.pids[1], signal.SIGKILL)
+        assert wait_until(lambda: _state(trees, lock, "fed", 1) == "failed", 15)
+        assert _state(trees, lock, "fed", 0) == "healthy"
+        assert watch.subscriptions == 2 and not ended
+    finally:
+        watch.stop(5)
+    assert not watch.running
+
+
+def test_a_feed_that_meets_a_dead_hub_waits_for_the_recovered_one_instead_of_ending(retained, monkeypatch):
+    # Silence after 1 s: the feed tries to subscribe again while the hub is dead.
+    monkeypatch.setattr(health_watch, "SILENT_S", 1.0)
+    procs = retained.host_mesh().spawn_procs(per_host={"gpus": 2}, name="waits")
+    trees: list[dict] = []
+    ended: list[str] = []
+    lock = threading.Lock()
+
+    def on_tree(tree: dict) -> None:
+        with lock:
+            trees.append(tree)
+
+    watch = HealthWatch(retained, on_tree, ended.append, tick_s=3600.0)
+    try:
+        assert wait_until(lambda: _state(trees, lock, "waits", 1) == "healthy", 15)
+        os.kill(retained._info["hub_pid"], signal.SIGKILL)
+        assert wait_until(lambda: watch.hub_down, 15), "the feed never met the dead hub"
+        assert watch.running and not ended  # it met the dead hub, and waits
+        monarch_nb.Cluster.recover(retained.name)
+        os.kill(procs.pids[0], signal.SIGKILL)
+        assert wait_until(lambda: _state(trees, lock, "waits", 0) == "failed", 15)
+        assert not watch.hub_down and not ended
+    finally:
+        watch.stop(5)
+    assert not watch.running
