@@ -24,11 +24,11 @@ is ``init_process_group`` (~1.4 s here) and the healthy groups' steps sharing th
 with the recovery. Healthy groups lost 0 steps.
 
 ``--spare`` (``ReplicaGroups(spare=True)``): group 1 is replaced on warm procs that have
-imported torch; the line "of which" says where the recovery went. Same run, 2 cores under
-a load average of 28 to 150 (other sessions), no preload: at 5e1a187 group 1 stepped again
-8.18 s after detection against 11.81 s for a full restart (31% less); with ``--spare``
-4.67 s against 14.49 s (68% less; actors 4.35 s of it, the constructors'
-``init_process_group`` on the loaded cores). Runs in an isolated
+imported torch (and torch._dynamo, which the first optimizer imports); the line "of
+which" says where the recovery went. 2 cores at load ~3, no preload, run after run: at
+5e1a187 group 1 stepped again 9.21 s after detection against 7.77 s for a full restart;
+with ``--spare`` 1.69 s against 8.09 s (79% less: teardown 0.88 s, constructors 0.73 s).
+Runs in an isolated
 MONARCH_NB_HOME; exit status 1 if a process is left behind.
 """
 
@@ -153,6 +153,8 @@ def main() -> int:
         try:
             for _ in range(args.reps):
                 rows.append(partial(rg))
+                if rg.spare is not None:  # its refill would share the cores with the full restart
+                    rg.spare.wait_ready()
                 fulls.append(full_restart(cluster, args.groups, args.per_group, backend))
         finally:
             rg.stop()

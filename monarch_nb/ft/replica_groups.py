@@ -31,6 +31,10 @@ from .torchft_quorum import TorchFTLighthouse
 from .warm_spare import WarmSpare
 
 QUORUMS = ("controller", "torchft")
+# What a spare imports for a group with a backend: most of a fresh proc's start on a loaded
+# host. torch._dynamo is what a torch.optim optimizer imports when the first one is made
+# (~800 modules, 0.9 s on an idle core here).
+SPARE_IMPORTS = ("torch", "torch.distributed", "torch._dynamo")
 # What a failed step raises: a proc died, an endpoint raised, the step passed step_timeout.
 STEP_FAILURES = (SupervisionError, ActorError, TimeoutError)
 
@@ -97,8 +101,8 @@ class ReplicaGroups:
     Manager's ``MASTER_ADDR``/``MASTER_PORT``. The default, ``"controller"``: each step
     runs on the groups healthy when it starts.
 
-    ``spare=True`` keeps one group's procs started in advance (torch and
-    torch.distributed imported there when ``backend`` is given): a failed group is
+    ``spare=True`` keeps one group's procs started in advance (``SPARE_IMPORTS``,
+    torch's, imported there when ``backend`` is given): a failed group is
     replaced on them, which saves a fresh interpreter's imports, and a new spare starts
     once the group steps again. It costs ``per_group`` idle procs.
 
@@ -134,10 +138,8 @@ class ReplicaGroups:
             if self.lighthouse is not None:
                 self.lighthouse.stop()
             raise
-        # torch and torch.distributed: what a group with a backend imports, and most of a
-        # fresh proc's start on a loaded host
-        self.spare: WarmSpare | None = WarmSpare(hosts, name, per_group, ("torch", "torch.distributed")
-                                                 if backend else ()) if spare else None
+        self.spare: WarmSpare | None = WarmSpare(hosts, name, per_group, SPARE_IMPORTS if backend else ()) \
+            if spare else None
         if self.spare is not None:
             self.spare.refill()
 

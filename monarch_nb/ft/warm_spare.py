@@ -20,9 +20,13 @@ from ..client.proc_mesh import ProcMesh
 
 
 def import_modules(names: tuple[str, ...]) -> None:
-    """Import ``names`` in this process (a spare proc's bootstrap)."""
+    """Import ``names`` in this process (a spare proc's bootstrap); one that does not
+    import is left out (the group's actors import what they need themselves)."""
     for name in names:
-        import_module(name)
+        try:
+            import_module(name)
+        except ImportError:
+            pass
 
 
 class WarmSpare:
@@ -55,6 +59,15 @@ class WarmSpare:
         """The pids of the spare ready now, or ``None`` while none is."""
         with self._lock:
             return None if self._ready is None else self._ready.pids
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until the spare being started is up (``timeout`` seconds, ``None``: no
+        limit); returns whether one is ready."""
+        with self._lock:
+            starting = self._starting
+        if starting is not None:
+            starting.join(timeout)
+        return self.ready_pids() is not None
 
     def take(self) -> ProcMesh | None:
         """The spare procs if one is ready (no longer this spare's), else ``None`` at
