@@ -37,35 +37,40 @@ def retained():
         runtime().cluster = None
 
 
-def _state(trees: list[dict], lock: threading.Lock, mesh: str, rank: int) -> str | None:
-    with lock:
-        if not trees:
-            return None
-        procs = [p for h in trees[-1]["hosts"] for p in h["procs"] if p["proc_mesh"] == mesh and p["rank"] == rank]
-    return procs[0]["state"] if procs else None
+class _Trees:
+    """The trees a feed delivered (its ``on_tree``), read from the test's thread."""
+
+    def __init__(self):
+        self._trees: list[dict] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, tree: dict) -> None:
+        with self._lock:
+            self._trees.append(tree)
+
+    def state(self, mesh: str, rank: int) -> str | None:
+        with self._lock:
+            if not self._trees:
+                return None
+            tree = self._trees[-1]
+        procs = [p for h in tree["hosts"] for p in h["procs"] if p["proc_mesh"] == mesh and p["rank"] == rank]
+        return procs[0]["state"] if procs else None
 
 
 def test_a_feed_resubscribes_to_a_recovered_hub_and_shows_a_proc_death_there(retained, monkeypatch):
     # Silence never makes this feed subscribe again: only learning of the new hub can.
     monkeypatch.setattr(health_watch, "SILENT_S", float("inf"))
     procs = retained.host_mesh().spawn_procs(per_host={"gpus": 2}, name="fed")
-    trees: list[dict] = []
-    ended: list[str] = []
-    lock = threading.Lock()
-
-    def on_tree(tree: dict) -> None:
-        with lock:
-            trees.append(tree)
-
-    watch = HealthWatch(retained, on_tree, ended.append, tick_s=3600.0)
+    trees, ended = _Trees(), []
+    watch = HealthWatch(retained, trees, ended.append, tick_s=3600.0)
     try:
-        assert wait_until(lambda: _state(trees, lock, "fed", 1) == "healthy", 15)
+        assert wait_until(lambda: trees.state("fed", 1) == "healthy", 15)
         os.kill(retained._info["hub_pid"], signal.SIGKILL)
         monarch_nb.Cluster.recover(retained.name)
         assert wait_until(lambda: watch.subscriptions == 2, 15), "the feed did not subscribe to the new hub"
         os.kill(procs.pids[1], signal.SIGKILL)
-        assert wait_until(lambda: _state(trees, lock, "fed", 1) == "failed", 15)
-        assert _state(trees, lock, "fed", 0) == "healthy"
+        assert wait_until(lambda: trees.state("fed", 1) == "failed", 15)
+        assert trees.state("fed", 0) == "healthy"
         assert watch.subscriptions == 2 and not ended
     finally:
         watch.stop(5)
@@ -76,23 +81,16 @@ def test_a_feed_that_meets_a_dead_hub_waits_for_the_recovered_one_instead_of_end
     # Silence after 1 s: the feed tries to subscribe again while the hub is dead.
     monkeypatch.setattr(health_watch, "SILENT_S", 1.0)
     procs = retained.host_mesh().spawn_procs(per_host={"gpus": 2}, name="waits")
-    trees: list[dict] = []
-    ended: list[str] = []
-    lock = threading.Lock()
-
-    def on_tree(tree: dict) -> None:
-        with lock:
-            trees.append(tree)
-
-    watch = HealthWatch(retained, on_tree, ended.append, tick_s=3600.0)
+    trees, ended = _Trees(), []
+    watch = HealthWatch(retained, trees, ended.append, tick_s=3600.0)
     try:
-        assert wait_until(lambda: _state(trees, lock, "waits", 1) == "healthy", 15)
+        assert wait_until(lambda: trees.state("waits", 1) == "healthy", 15)
         os.kill(retained._info["hub_pid"], signal.SIGKILL)
         assert wait_until(lambda: watch.hub_down, 15), "the feed never met the dead hub"
         assert watch.running and not ended  # it met the dead hub, and waits
         monarch_nb.Cluster.recover(retained.name)
         os.kill(procs.pids[0], signal.SIGKILL)
-        assert wait_until(lambda: _state(trees, lock, "waits", 0) == "failed", 15)
+        assert wait_until(lambda: trees.state("waits", 0) == "failed", 15)
         assert not watch.hub_down and not ended
     finally:
         watch.stop(5)
