@@ -237,6 +237,27 @@ def test_a_failed_rank_fails_a_routed_call_and_a_reduce_as_a_direct_call_does(ro
         mesh.fail_on.reduce(operator.add, 1).get(timeout=BOUND_S)
 
 
+def _refuse_to_load():
+    raise ImportError("this reducer's module is not importable here")
+
+
+class _UnloadableReducer:
+    """A reducer the routers cannot unpickle (as one whose module only the client has)."""
+
+    def __call__(self, a, b):
+        return a + b
+
+    def __reduce__(self):
+        return (_refuse_to_load, ())
+
+
+def test_a_reducer_the_router_cannot_load_fails_the_call_instead_of_hanging_it(routed):
+    _, _, mesh = routed
+    with pytest.raises(Exception, match="not importable here|No module named"):
+        mesh.one.reduce(_UnloadableReducer()).get(timeout=BOUND_S)
+    assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == HOSTS * PER_HOST  # the routers carry on
+
+
 def test_each_callers_calls_reach_each_actor_in_the_order_sent(routed):
     _, _, mesh = routed
     n = 40

@@ -292,7 +292,9 @@ class Endpoint(Generic[P, R]):
         folds its host's values, so this client receives one value per host. If any rank
         raised, ``get()`` raises :class:`ActorError` (or :class:`SupervisionError`) as
         :meth:`call` does; what ``reducer`` raises fails the rank whose value it was
-        folding. Non-blocking."""
+        folding. A router runs ``reducer`` in its host agent: one defined in the notebook
+        (``__main__``) travels by value, one from a module must be importable there too,
+        or every rank of that host fails with the import error. Non-blocking."""
         if not callable(reducer):
             raise TypeError(f"reduce() takes a function of two values first (e.g. operator.add), not {reducer!r}")
         ranks = list(range(len(self._mesh)))

@@ -256,7 +256,14 @@ class Router:
         if envelope.PORT in call:
             route = (call[envelope.REPLY], call[envelope.PORT])
             call[envelope.REPLY], call[envelope.PORT] = self.address, route
-            self.casts.open(route, {rank: proc for _, rank, proc in targets}, self._reducer(header))
+            try:
+                reducer = self._reducer(header)
+            except Exception as e:  # noqa: BLE001 - e.g. its module can't be imported here: every rank's error
+                self.casts.open(route, {rank: proc for _, rank, proc in targets})
+                for _, rank, _ in targets:
+                    self.casts.fail_rank(route, rank, e, died=False)
+                return
+            self.casts.open(route, {rank: proc for _, rank, proc in targets}, reducer)
         frames = wire_frames.encode(self.cluster_id, call, message.body, message.buffers, sign_at_send=True)
         self.casts_seen += 1
         for address, rank, _ in targets:

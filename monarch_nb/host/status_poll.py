@@ -18,6 +18,7 @@ gives: procs are not asked to import torch for it.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from typing import Callable
 
@@ -51,7 +52,10 @@ class StatusPoll:
         while True:
             started = time.monotonic()
             if self.wanted:
-                await self.ask_all()
+                try:
+                    await self.ask_all()
+                except Exception as e:  # noqa: BLE001 - a bug in one round must not end the polls
+                    print(f"monarch_nb host agent: a status round failed ({type(e).__name__}: {e})", file=sys.stderr)
             await asyncio.sleep(max(0.0, POLL_S - (time.monotonic() - started)))
 
     async def ask_all(self) -> None:
