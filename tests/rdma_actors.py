@@ -38,7 +38,7 @@ class Holder(Actor):
         return bytes(dst)
 
 
-class FakeGpuHolder(Actor):
+class FakeGpuHolder(Holder):
     """Owns a 1 MiB RDMABuffer of (fake) CUDA memory, in a proc whose CUDA is
     tests/cuda_fake.py: the buffer's calls to CUDA are counted there."""
 
@@ -74,14 +74,6 @@ class FakeGpuHolder(Actor):
         """This proc's CUDA calls since the last ``calls()`` (cleared)."""
         calls, self.fake.calls[:] = list(self.fake.calls), []
         return calls
-
-    @endpoint
-    def drop(self) -> None:
-        self.buffer.drop().get()
-
-    @endpoint
-    def pid(self) -> int:
-        return os.getpid()
 
     @endpoint
     def read(self, buffer: RDMABuffer) -> bytes:
