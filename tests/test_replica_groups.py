@@ -151,9 +151,18 @@ def test_group_loops_replace_a_killed_group_on_its_own_thread_while_the_others_s
     assert [rg.groups[0].procs.pids, rg.groups[2].procs.pids] == healthy_pids
     assert set(rg.status()[1]["recovery_phases_s"]) >= {"teardown", "procs", "actors", "join"}
     assert loops.stop(timeout=BOUND_S) and loops.running() == []
+    assert loops.failed == {0: 0, 1: 1, 2: 0}  # the killed group's step in flight, nothing of the others
     # stopped at a step's end: the replaced group resumed from a healthy group's count (on_join)
     counts = {i: vm.values()[0] for i, vm in rg.call("state").items()}
     assert counts[1] >= loops.steps[1]
+
+
+def test_steps_that_stopping_the_groups_ends_are_not_counted_as_failed(groups):
+    rg = groups()
+    loops = rg.run("step")
+    assert loops.wait(lambda: min(loops.steps.values()) >= 3, BOUND_S)
+    rg.stop()  # each loop's step in flight ends with its procs
+    assert loops.running() == [] and loops.failed == {0: 0, 1: 0, 2: 0}
 
 
 def test_a_warm_spare_replaces_a_failed_group_and_a_new_spare_is_started(groups):

@@ -181,6 +181,11 @@ class ReplicaGroups:
         with self._lock:  # the loop in a method of its own: see monarch_nb.wire.interrupts
             return self._in_state(GroupState.HEALTHY)
 
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called (steps failing since are the stop's doing)."""
+        return self._stopping
+
     def _in_state(self, state: GroupState) -> list[ReplicaGroup]:
         """The groups in ``state`` (the caller holds the lock)."""
         return [g for g in self.groups if g.state is state]

@@ -25,8 +25,10 @@ class StepLoops:
     """The loops of ``ReplicaGroups.run(endpoint, *args, **kwargs)``.
 
     ``steps``: ``{group index: steps that returned}`` (a replaced group's count goes on);
-    ``last``: ``{group index: ValueMesh}`` of each group's latest step. Both change under
-    the loops' threads; read them in :meth:`wait`'s condition, or copy them."""
+    ``failed``: ``{group index: steps that failed}`` (the step in flight when its group
+    failed: its work is lost; a step ended by :meth:`stop` or ``ReplicaGroups.stop()`` is
+    not counted); ``last``: ``{group index: ValueMesh}`` of each group's latest step. They
+    change under the loops' threads; read them in :meth:`wait`'s condition, or copy them."""
 
     def __init__(self, groups: ReplicaGroups, endpoint: str, args: tuple, kwargs: dict):
         self.endpoint = endpoint
@@ -34,6 +36,7 @@ class StepLoops:
         self._changed = threading.Condition()
         self._stopping = False
         self.steps: dict[int, int] = {g.index: 0 for g in groups.groups}
+        self.failed: dict[int, int] = {g.index: 0 for g in groups.groups}
         self.last: dict[int, ValueMesh] = {}
         self._threads = {g.index: threading.Thread(target=self._loop, args=(g,), daemon=True,
                                                    name=f"monarch-nb-steps-{endpoint}-{g.index}")
@@ -78,8 +81,11 @@ class StepLoops:
         if self._stopping or not group.is_healthy:
             return False
         result = self._groups.step_group(group, self.endpoint, self._args, self._kwargs)
-        if result is None:
-            self._notify()  # replaced (healthy again), failed for good, or stopping
+        if result is None:  # replaced (healthy again), failed for good, or stopping
+            with self._changed:
+                if not self._stopping and not self._groups.stopping:
+                    self.failed[group.index] += 1
+                self._changed.notify_all()
             return group.is_healthy
         self._record(group.index, result)
         return True
