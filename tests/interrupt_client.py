@@ -12,6 +12,7 @@ from the main thread while a second thread keeps calling them.
 
 from __future__ import annotations
 
+import faulthandler
 import itertools
 import json
 import signal
@@ -25,9 +26,13 @@ from monarch_nb.wire import frames, interrupts
 from interrupt_actors import Recorder
 
 CHECKED = 200
+HANG_S = 120  # tests/test_interrupts.py gives up on a client after this long (seconds)
 
 
 def main(mode: str) -> None:
+    # If this client hangs, the test kills it at HANG_S: every thread's stack reaches
+    # the test's captured stderr first, so the failure says where it waited.
+    faulthandler.dump_traceback_later(HANG_S - 10)
     cluster = Cluster.start_ephemeral()
     report: dict = {"path": str(cluster.path), "interrupts": 0, "other_errors": []}
     try:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from conftest import cluster_processes, wait_until
+from interrupt_client import HANG_S
 
 HERE = Path(__file__).parent
 INTERRUPTS = 1000
@@ -59,7 +60,7 @@ def _storm(mode: str, interrupts: int, seed: int) -> dict:
             time.sleep(rng.uniform(0.001, 0.015))  # the gaps between Ctrl-Cs, not synchronisation
             client.send_signal(signal.SIGINT)
         client.send_signal(signal.SIGUSR1)
-        return _finish(client, 120)
+        return _finish(client, HANG_S)
     finally:
         if client.poll() is None:
             client.kill()
@@ -82,10 +83,41 @@ def test_ctrl_c_under_the_users_own_sigint_handler_is_never_an_actors_error_and_
 
 
 def test_interrupting_busy_actors_over_and_over_leaves_them_answering():
-    report = _finish(_client("hammer", "300"), 120)
+    report = _finish(_client("hammer", "300"), HANG_S)
     _assert_healthy_after(report)
     assert not report["caller_hung"]
     assert report["interrupted"] > 0, "no interrupt reached a busy endpoint"
+
+
+SWALLOWED = """
+import os, signal, time
+from monarch_nb.wire import interrupts
+
+interrupts.guard_main_thread()
+
+class FreedUnderCtrlC:
+    # As pyzmq's Frame.__dealloc__ does, a finaliser where signal handlers run: the
+    # KeyboardInterrupt they raise there cannot propagate (Python prints "Exception
+    # ignored" and drops it).
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        signal.getsignal(signal.SIGINT)  # the handler runs at the latest after this call
+
+try:
+    FreedUnderCtrlC()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("lost")
+except KeyboardInterrupt:
+    print("delivered")
+"""
+
+
+def test_a_ctrl_c_raised_where_python_cannot_propagate_it_is_delivered_after_not_lost():
+    run = subprocess.run([sys.executable, "-c", SWALLOWED], capture_output=True, text=True, timeout=60)
+    assert run.stdout.strip() == "delivered", (run.stdout, run.stderr)
+    assert "Exception ignored" not in run.stderr, run.stderr
 
 
 SPINNER = """
