@@ -113,6 +113,39 @@ def test_a_proc_gone_fails_its_pending_ranks_as_dead_and_only_those():
     assert not casts.waiting
 
 
+class _FakeHub:
+    def __init__(self, hosts: dict[str, str]):
+        self.hosts, self.procs, self.asked = hosts, [], 0
+
+    def request(self, op, timeout):
+        self.asked += 1
+        return {"hosts": [{"host_id": h, router_ops.ROUTER_ADDRESS: r} for h, r in self.hosts.items()],
+                "proc_meshes": {"pm": {"procs": self.procs}},
+                "actor_meshes": {"am": {"proc_mesh": "pm", "proc_ranks": list(range(len(self.procs)))}}}
+
+
+class _FakeMesh:
+    def __init__(self, hub: _FakeHub, addresses: list[str]):
+        self._cluster_id, self._key, self._addresses, self._hub = "c", "am", addresses, lambda: hub
+
+
+def test_a_meshs_routes_are_learnt_once_and_replaced_not_piled_up_when_its_addresses_change(monkeypatch):
+    from monarch_nb.client.host_routes import HostRoutes
+
+    monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_ON)
+    hub = _FakeHub({"h0": "tcp://r0", "h1": "tcp://r1"})
+    hub.procs = [{"host_id": "h0", "proc_id": "p/0"}, {"host_id": "h1", "proc_id": "p/1"}]
+    routes = HostRoutes(local_planes={})
+    first = routes.routes(_FakeMesh(hub, ["tcp://a0", "tcp://a1"]))
+    assert first == {"tcp://a0": ("tcp://r0", 0, "p/0"), "tcp://a1": ("tcp://r1", 1, "p/1")}
+    assert routes.routes(_FakeMesh(hub, ["tcp://a0", "tcp://a1"])) == first and hub.asked == 1
+    for restart in range(3):  # a restart gives the mesh new addresses: asked again, the old table goes
+        hub.procs = [{"host_id": "h0", "proc_id": f"p/0.{restart}"}, {"host_id": "h1", "proc_id": "p/1"}]
+        table = routes.routes(_FakeMesh(hub, [f"tcp://b{restart}", "tcp://a1"]))
+        assert table[f"tcp://b{restart}"] == ("tcp://r0", 0, f"p/0.{restart}")
+    assert hub.asked == 4 and len(routes._tables) == 1
+
+
 # real procs over several host agents ---------------------------------------------------
 class Recorder(Actor):
     def __init__(self):

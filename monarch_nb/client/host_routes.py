@@ -52,8 +52,9 @@ class HostRoutes:
     def __init__(self, local_planes: dict):
         self._local_planes = local_planes  # the runtime's this_proc() planes: no hub, no routers
         self._lock = threading.Lock()
-        # (cluster id, mesh key, its addresses) -> address -> route; None: called directly
-        self._tables: dict[tuple, dict[str, Route] | None] = {}
+        # (cluster id, mesh key) -> (the addresses it was learnt for, address -> route;
+        # None: called directly). One entry per mesh: a restart's new addresses replace it.
+        self._tables: dict[tuple[str, str], tuple[tuple[str, ...], dict[str, Route] | None]] = {}
 
     def routes(self, mesh) -> dict[str, Route] | None:
         """The routes of ``mesh`` (an ``ActorMesh``: not imported, it imports this through
@@ -63,13 +64,14 @@ class HostRoutes:
         threshold = router_threshold()
         if threshold is None or len(mesh._addresses) < threshold or mesh._cluster_id in self._local_planes:
             return None
-        key = (mesh._cluster_id, mesh._key, tuple(mesh._addresses))
+        key, addresses = (mesh._cluster_id, mesh._key), tuple(mesh._addresses)
         with self._lock:
-            if key in self._tables:
-                return self._tables[key]
+            known = self._tables.get(key)
+        if known is not None and known[0] == addresses:
+            return known[1]
         table = self._learn(mesh)
         with self._lock:
-            self._tables[key] = table
+            self._tables[key] = (addresses, table)
         return table
 
     @staticmethod
