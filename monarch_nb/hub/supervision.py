@@ -13,14 +13,19 @@ that exited meanwhile are failed with their exit code.
 
 For each failure the hub
 
-1. tells every client which actor addresses died (``actors_gone``), so that calls
+1. queues it for the mesh's owner, if an actor spawned it, before anything else: the
+   owner's proc puts it before the next message that actor takes and says so at once,
+   busy or not (``supervise_actor``). Whoever calls the dead actors hears of it only
+   after that (step 2; and a dying actor's reply to its caller waits for the hub's
+   answer to its report: ``proc.actor_loop``), so the owner's ``__supervise__`` takes
+   the failure before any message sent to the owner once a caller saw the error;
+2. tells every client which actor addresses died (``actors_gone``), so that calls
    waiting on them fail at once with ``SupervisionError``;
-2. asks the mesh's owner, if an actor spawned it, to handle it: the owner's
-   ``__supervise__(failure)`` runs in its message loop; a truthy return handles it.
-   Unhandled, it kills the owner (as in Monarch), whose own failure goes on up the
-   same way, naming this one; an owner that survives it (``survive_unhandled_children``)
-   leaves it to step 3;
-3. otherwise announces it to clients as ``supervision`` (unhandled): a notebook shows
+3. awaits the owner's verdict: its ``__supervise__(failure)`` runs in its message
+   loop; a truthy return handles it. Unhandled, it kills the owner (as in Monarch),
+   whose own failure goes on up the same way, naming this one; an owner that survives
+   it (``survive_unhandled_children``) leaves it to step 4;
+4. otherwise announces it to clients as ``supervision`` (unhandled): a notebook shows
    it, and the next call on the affected mesh raises it (see ``client.supervision``).
 
 Meshes an actor spawned are stopped when that actor is gone (its proc died or was
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Awaitable
 
 from ..protocol import agent_ops, envelope, events, hub_ops, proc_ops
 from ..protocol.records import LOST_EXIT_CODE, exit_cause
@@ -45,6 +51,7 @@ from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord, ac
 from .registry import Registry
 
 SUPERVISE_TIMEOUT_S = 10.0  # an owner busy longer than this leaves the failure unhandled
+QUEUE_TIMEOUT_S = 2.0  # how long an owner's proc has to say it queued a failure (it answers at once)
 REJOIN_TIMEOUT_S = 3.0  # how long a lost host's agent, heard again, has to say which procs still run
 
 
@@ -184,9 +191,10 @@ class Supervision:
             failures.append(({"kind": FailureKind.PROC_FAILED, "proc_mesh": mesh.name, "rank": rank,
                               "meshes": sorted({r.name for r, _ in hit}), "ranks": sorted({i for _, i in hit}),
                               "why": why, "endpoint": None, "report": report}, mesh.owner))
+        verdicts = await asyncio.gather(*(self._tell_owner(failure, owner) for failure, owner in failures))
         gone = await self._meshes.actors_gone(dying, stopped=expected)
-        for failure, owner in failures:
-            asyncio.ensure_future(self.escalate(failure, owner))
+        for (failure, owner), verdict in zip(failures, verdicts):
+            asyncio.ensure_future(self._settle(failure, owner, verdict))
         self._meshes.stop_orphans(gone)
 
     def _death_cause(self, proc: ProcRecord, expected: bool, cause: str | None) -> str:
@@ -200,50 +208,86 @@ class Supervision:
 
     async def actor_failed(self, header, message):
         """An actor's ``broadcast`` endpoint raised (the actor lives on), or the actor
-        died (``ACTOR_DEAD``, for ``FAILED_CAUSE``)."""
+        died (``ACTOR_DEAD``, for ``FAILED_CAUSE``). A dying actor asks for an answer,
+        given once the owner has the failure queued and the clients were told: only
+        then does the actor answer its caller (see ``proc.actor_loop``)."""
         proc_mesh = header.get(proc_ops.PROC, "").rpartition("/")[0]  # proc ids are PROC_MESH/RANK
         record = self._registry.actor_meshes.get(actor_mesh_key(proc_mesh, header["mesh"]))
         if record is None:
-            return
+            return {}
         endpoint, rank = header[hub_ops.FAILED_ENDPOINT], header["rank"]
         if header.get(hub_ops.ACTOR_DEAD):
             await self.actor_died(record, rank, header[hub_ops.FAILED_CAUSE], endpoint,
                                   header.get(hub_ops.FAILED_TRACEBACK, ""))
-            return
+            return {}
         why = f"{header['mesh']} rank {rank}: broadcast {endpoint} raised {header['error']}"
         failure = {"kind": FailureKind.ENDPOINT_FAILED, "proc_mesh": record.proc_mesh, "meshes": [record.name],
                    "ranks": [rank], "why": why, "endpoint": endpoint,
                    "traceback": header.get(hub_ops.FAILED_TRACEBACK, "")}
         await self.escalate(failure, record.owner)
+        return {}
 
     async def actor_died(self, record: ActorMeshRecord, rank: int, cause: str, endpoint: str,
                          traceback: str) -> None:
         """Rank ``rank`` of actor mesh ``record`` died for ``cause`` (its proc lives on):
-        every client learns it (``actors_gone``: calls to it fail at once), the meshes it
-        owned are stopped, and the failure goes to the mesh's owner or, unhandled, to the
-        clients. Returns once the clients were told; the offer to an owner is not
-        awaited (the owner may be the actor waiting for this mesh's spawn)."""
+        the failure is queued for the mesh's owner, then every client learns it
+        (``actors_gone``: calls to it fail at once), the meshes it owned are stopped,
+        and, unhandled by the owner, the failure goes to the clients. Returns once the
+        clients were told; the owner's verdict is not awaited (the owner may be the
+        actor waiting for this mesh's spawn, or on a call to the dead actor)."""
         why = f"{record.name} rank {rank}: {cause}"
         address = record.addresses[rank]
         report = record.gone_report(rank, cause)
+        failure = {"kind": FailureKind.ACTOR_FAILED, "proc_mesh": record.proc_mesh, "meshes": [record.name],
+                   "ranks": [rank], "why": why, "endpoint": endpoint, "traceback": traceback, "report": report}
+        verdict = await self._tell_owner(failure, record.owner)
         await self._announcer.announce({envelope.OP: events.ACTORS_GONE,
                                         "actors": {address: (record.name, rank, report)}})
         self._meshes.stop_orphans({address})
-        failure = {"kind": FailureKind.ACTOR_FAILED, "proc_mesh": record.proc_mesh, "meshes": [record.name],
-                   "ranks": [rank], "why": why, "endpoint": endpoint, "traceback": traceback, "report": report}
         if record.owner is None:
-            await self.escalate(failure, None)
+            await self._settle(failure, None, None)
         else:
-            asyncio.ensure_future(self.escalate(failure, record.owner))
+            asyncio.ensure_future(self._settle(failure, record.owner, verdict))
 
     async def escalate(self, failure: dict, owner: dict | None) -> None:
         """Offer ``failure`` to ``owner`` (the actor that spawned the mesh); unhandled,
         it goes to the clients as ``supervision``."""
-        if owner is not None:
-            outcome = await self._offer_to_owner(failure, owner)
+        await self._settle(failure, owner, await self._tell_owner(failure, owner))
+
+    async def _tell_owner(self, failure: dict, owner: dict | None) -> Awaitable | None:
+        """Put ``failure`` before the next message ``owner`` takes; returns, once it is
+        there, the awaitable of the owner's verdict (``None`` without an owner), for
+        :meth:`_settle`. The owner's proc queues it for the actor and says so at once,
+        busy or not (``proc_ops.SUPERVISE_ACTOR``); an owner whose proc is unknown here
+        gets it in its inbox (``supervise``), returning once sent."""
+        if owner is None:
+            return None
+        found = self._registry.find_proc(owner.get("proc") or "")
+        if found is not None and found[2].exit_code is None:
+            port, verdict = self._net.expect(SUPERVISE_TIMEOUT_S)
+            try:
+                reply = await self._net.request(found[2].address, {
+                    envelope.OP: proc_ops.SUPERVISE_ACTOR, proc_ops.MESH: owner["mesh"], proc_ops.FAILURE: failure,
+                    proc_ops.VERDICT: [self._net.address, port]}, timeout=QUEUE_TIMEOUT_S)
+                if reply.header.get(proc_ops.QUEUED):
+                    return verdict
+            except asyncio.TimeoutError:
+                pass
+            verdict.close()
+            self._net.forget_port(port)
+        port, verdict = self._net.expect(SUPERVISE_TIMEOUT_S)
+        await self._net.send(owner["address"], {envelope.KIND: proc_ops.SUPERVISE, proc_ops.FAILURE: failure,
+                                                envelope.PORT: port, envelope.REPLY: self._net.address})
+        return verdict
+
+    async def _settle(self, failure: dict, owner: dict | None, verdict: Awaitable | None) -> None:
+        """Await ``owner``'s ``verdict`` on ``failure`` (see :meth:`_tell_owner`);
+        unhandled, announce it to the clients."""
+        if owner is not None and verdict is not None:
+            outcome = await self._outcome(verdict)
             if outcome.get("handled") or outcome.get("owner_died"):
-                verdict = "died of it" if outcome.get("owner_died") else "handled"
-                print(f"monarch_nb hub: {owner['mesh']} rank {owner['rank']} {verdict}: {failure['why']}",
+                verdict_text = "died of it" if outcome.get("owner_died") else "handled"
+                print(f"monarch_nb hub: {owner['mesh']} rank {owner['rank']} {verdict_text}: {failure['why']}",
                       file=sys.stderr)
                 return  # the owner's own failure (ACTOR_FAILED) carries this one on up
             why = failure["why"] + (f"; not handled by {owner['mesh']} rank {owner['rank']}"
@@ -251,11 +295,10 @@ class Supervision:
             failure = {**failure, "why": why, "owner": owner}
         await self._announcer.announce({envelope.OP: events.SUPERVISION, "failure": failure})
 
-    async def _offer_to_owner(self, failure: dict, owner: dict) -> dict:
+    @staticmethod
+    async def _outcome(verdict: Awaitable) -> dict:
         try:
-            reply = await self._net.request(owner["address"],
-                                            {envelope.KIND: proc_ops.SUPERVISE, proc_ops.FAILURE: failure},
-                                            timeout=SUPERVISE_TIMEOUT_S)
+            reply = await verdict
         except asyncio.TimeoutError:
             return {"handled": False, "error": f"the owner did not answer within {SUPERVISE_TIMEOUT_S} s"}
         return {"handled": bool(reply.header.get(proc_ops.HANDLED)), "error": reply.header.get(envelope.ERROR),

@@ -218,7 +218,7 @@ def owner_of_new_meshes() -> dict | None:
     if ctx is None or getattr(_current, "unowned", False):
         return None
     actor = ctx.actor_instance
-    return {"mesh": actor.mesh_name, "rank": actor.rank.rank, "address": actor.address}
+    return {"mesh": actor.mesh_name, "rank": actor.rank.rank, "address": actor.address, "proc": actor.proc_id}
 _current = threading.local()
 
 

@@ -23,13 +23,17 @@ called with ``broadcast`` raises (nobody to answer to), unless its class says
 mesh it owns, unless its class says ``survive_unhandled_children``; or, when the spawn
 asks for it (``INIT_FAULT``), when its ``__init__`` raises. A dead actor keeps its
 inbox until stopped and answers every call with a supervision failure, also a call
-that was running as it died; the hub is told (``ACTOR_FAILED`` with ``DEAD``) and
-tells the clients and the mesh's owner.
+that was running as it died; the hub is told first (``ACTOR_FAILED`` with ``DEAD``) and
+tells the mesh's owner and the clients. The actor answers its callers only once the hub
+has answered that report, i.e. once the owner's proc has queued the failure for the owner
+(``queue_failure``): the owner's ``__supervise__`` takes it before any message it takes
+after that, so before any call sent to it once a caller saw the error (Monarch's order).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import ctypes
 import dataclasses
 import inspect
@@ -57,6 +61,9 @@ from .stdio import end_of_call, set_call_origin
 
 
 CANCELLED_KEPT = 4096  # interrupted calls remembered per actor (a call comes at most once)
+# How long a dying actor waits for the hub to answer its report before answering its
+# callers (the hub answers in milliseconds; only a stalled or dead hub makes it wait).
+REPORT_WAIT_S = 2.0
 
 
 def send_reply(outbox: sockets.Outbox, cluster_id: str, reply_to: tuple[str, int] | None,
@@ -90,7 +97,10 @@ class ActorThread:
         self._on_endpoint_error = on_endpoint_error
         # message kind -> handler(instance, message, reply_to); one returning STOP ends the loop
         self._kinds: dict[str, Callable] = {
-            proc_ops.CALL: self._call, proc_ops.SUPERVISE: self._supervise_message, proc_ops.STOP: self._stop}
+            proc_ops.CALL: self._call, proc_ops.SUPERVISE: self._supervise_message, proc_ops.STOP: self._stop,
+            proc_ops.WAKE: lambda instance, message, reply_to: None}  # (the failures it is for are taken first)
+        # Failures of meshes it owns, queued by its proc (queue_failure): (failure, verdict route)
+        self.failures: collections.deque = collections.deque()
         self._spawn = spawn
         self._reply_to = reply_to
         self._instance_info = ActorInstance(mesh_name, point, proc_id, os.getpid())
@@ -293,6 +303,25 @@ class ActorThread:
             if self._loop is not None:
                 self._loop.close()
 
+    def queue_failure(self, failure: dict, verdict_to: tuple[str, int]) -> None:
+        """From the proc's control thread: ``failure`` of a mesh this actor owns goes
+        before the next message this actor takes (its ``__supervise__`` runs first, or
+        at once when it is idle or an ``async`` actor); its verdict is replied to
+        ``verdict_to``."""
+        self.failures.append((failure, verdict_to))
+        if self.address is not None:  # (before its socket is bound, its loop starts with them)
+            try:
+                self.outbox.send(self.address, wire_frames.encode(self.cluster_id, {envelope.KIND: proc_ops.WAKE}))
+            except Exception:  # noqa: BLE001 - without the wake it takes them before its next message anyway
+                pass
+
+    def take_failures(self, instance) -> None:
+        """Run ``__supervise__`` on the failures its proc queued (sync ``__supervise__``;
+        an ``async`` actor's loop takes them itself)."""
+        while self.failures:
+            failure, verdict_to = self.failures.popleft()
+            self._supervise(instance, failure, verdict_to)
+
     def _serve(self, inbox: zmq.Socket, instance) -> None:
         if instance is not None and any(endpoint_names(type(instance)).values()):
             self._async = AsyncServer(self, inbox, instance)
@@ -300,11 +329,14 @@ class ActorThread:
             return
         guard = wire_frames.ReplayGuard()
         while True:
+            self.take_failures(instance)  # queued before this message came: taken before it
             try:
                 message = wire_frames.decode(sockets.recv_frames(inbox), guard)
             except wire_frames.BadMessage:
                 continue
             try:
+                if self.failures:
+                    self.take_failures(instance)
                 if self._serve_one(instance, message) == proc_ops.STOP:
                     return
             except BaseException:  # noqa: BLE001 - a bad message must not end the actor
@@ -524,13 +556,13 @@ class ActorThread:
 
     def _fail(self, name: str, cause: str, tb: str, reply_to) -> None:
         """This actor dies for ``cause`` (a sentence naming ``name``, the endpoint or hook
-        it died in): its caller (if any) and every later call get a supervision failure;
-        the hub, the clients and the owner learn it."""
+        it died in): the hub, the owner and the clients learn it, then its caller (if
+        any) and every later call get a supervision failure."""
         self.dead = f"{self.mesh_name} rank {self.point.rank}: {cause}"
         print(f"{cause}; the actor is dead:\n{tb}", file=sys.stderr, end="")
+        self._report_failure(name, cause, tb, dead=True)  # the owner first (Monarch's order)
         send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
                    error=self._gone(), extra={proc_ops.DIED: True})
-        self._report_failure(name, cause, tb, dead=True)
 
     def _gone(self) -> SupervisionError:
         """What a call to this dead actor fails with: its failure report (see ``dead``)."""
@@ -539,13 +571,35 @@ class ActorThread:
 
     def _report_failure(self, name: str, cause: str, tb: str, dead: bool = False) -> None:
         """Tell the hub that endpoint ``name`` failed: ``cause`` is the exception
-        (``Type: text``) of a broadcast the actor survives, or why a ``dead`` actor died."""
-        if self.hub is not None:
+        (``Type: text``) of a broadcast the actor survives, or why a ``dead`` actor died.
+        A death's report waits for the hub's answer (at most ``REPORT_WAIT_S``): the
+        hub answers once the owner's proc has queued the failure for the owner, so the
+        replies this actor sends after it (its callers' errors) reach nobody before the
+        owner has it (see ``hub.supervision``)."""
+        if self.hub is None:
+            return
+        header = {envelope.OP: hub_ops.ACTOR_FAILED, proc_ops.MESH: self.mesh_name,
+                  proc_ops.PROC: self._instance_info.proc_id, envelope.RANK: self.point.rank,
+                  hub_ops.FAILED_ENDPOINT: name, hub_ops.FAILED_TRACEBACK: tb, hub_ops.ACTOR_DEAD: dead,
+                  **({hub_ops.FAILED_CAUSE: cause} if dead else {envelope.ERROR: cause})}
+        if not dead:
+            self.outbox.send(self.hub, wire_frames.encode(self.cluster_id, header))
+            return
+        answers, address = sockets.bind_inbox()  # once in an actor's life: it dies once
+        try:
             self.outbox.send(self.hub, wire_frames.encode(self.cluster_id, {
-                envelope.OP: hub_ops.ACTOR_FAILED, proc_ops.MESH: self.mesh_name,
-                proc_ops.PROC: self._instance_info.proc_id, envelope.RANK: self.point.rank,
-                hub_ops.FAILED_ENDPOINT: name, hub_ops.FAILED_TRACEBACK: tb, hub_ops.ACTOR_DEAD: dead,
-                **({hub_ops.FAILED_CAUSE: cause} if dead else {envelope.ERROR: cause})}))
+                **header, envelope.REPLY: address, envelope.PORT: 0}))
+            deadline = time.monotonic() + REPORT_WAIT_S
+            while answers.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+                try:
+                    wire_frames.decode(sockets.recv_frames(answers, zmq.NOBLOCK), None)
+                    return
+                except wire_frames.BadMessage:
+                    continue
+            print(f"monarch_nb: the hub did not answer {self.mesh_name}/{self.point.rank}'s failure report within "
+                  f"{REPORT_WAIT_S} s; answering its callers first", file=sys.stderr)
+        finally:
+            answers.close(0)
 
 
 def _refused() -> KeyboardInterrupt:

@@ -164,6 +164,7 @@ class AsyncServer:
     def _readable(self) -> None:
         """Take every message queued at the inbox (its descriptor is edge-triggered)."""
         inbox = self.inbox
+        self._take_failures()
         while not self._stopped.done() and inbox.getsockopt(_EVENTS) & _POLLIN:
             self._drained_at = time.monotonic()
             try:
@@ -171,6 +172,7 @@ class AsyncServer:
             except wire_frames.BadMessage:
                 continue
             try:
+                self._take_failures()  # queued by the proc before this message came
                 self._accept(message)
             except BaseException:  # noqa: BLE001 - a bad message must not end the actor
                 wire_frames.count_dropped()
@@ -188,16 +190,30 @@ class AsyncServer:
             self.queue.append((message, reply_to))
             self._queued.set()
         elif kind == proc_ops.SUPERVISE:  # now, even while a call awaits
-            if inspect.iscoroutinefunction(getattr(self.instance, "__supervise__", None)):
-                task = self._start(self._supervise(message.header[proc_ops.FAILURE], reply_to)).task
-                self._supervising.add(task)
-                task.add_done_callback(self._supervising.discard)
-            else:
-                self.actor._supervise_message(self.instance, message, reply_to)
+            self._supervise_now(header[proc_ops.FAILURE], reply_to)
+        elif kind == proc_ops.WAKE:
+            pass  # its failures were taken above
         elif kind == proc_ops.STOP:
             self._stopped.set_result(reply_to)
         else:
             raise ValueError(f"unknown message kind {kind!r}")
+
+    def _take_failures(self) -> None:
+        """The failures the proc queued for this actor (``ActorThread.queue_failure``)."""
+        failures = self.actor.failures
+        while failures:
+            failure, verdict_to = failures.popleft()
+            self._supervise_now(failure, verdict_to)
+
+    def _supervise_now(self, failure: dict, reply_to) -> None:
+        """``__supervise__(failure)``: a sync one runs now; an ``async`` one starts as a
+        task, which the calls taken after it wait for."""
+        if inspect.iscoroutinefunction(getattr(self.instance, "__supervise__", None)):
+            task = self._start(self._supervise(failure, reply_to)).task
+            self._supervising.add(task)
+            task.add_done_callback(self._supervising.discard)
+        else:
+            self.actor._supervise(self.instance, failure, reply_to)
 
     async def _serve_in_order(self) -> None:
         while True:
@@ -205,6 +221,7 @@ class AsyncServer:
                 self._queued.clear()
                 await self._queued.wait()
             message, reply_to = self.queue.popleft()
+            self._take_failures()  # queued while this call waited its turn
             if self._supervising:
                 # It starts after the __supervise__ calls begun before it have returned, as
                 # after a sync one: it sees what they recorded (Monarch's order).

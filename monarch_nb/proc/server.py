@@ -62,6 +62,7 @@ class ProcServer:
             proc_ops.TORCH_ENV_SET: self._torch_env,
             proc_ops.PING: self._ping,
             proc_ops.INJECT_FAULT: self._inject_fault,  # monarch_nb.ft.inject_fault
+            proc_ops.SUPERVISE_ACTOR: self._supervise_actor,  # hub.supervision
             proc_ops.SYNC_WORKSPACE: self._sync_workspace,  # ProcMesh.sync_workspace
             proc_ops.EXIT: lambda message: proc_ops.EXIT,
         }
@@ -266,6 +267,17 @@ class ProcServer:
         if targets:  # as an interrupt lands, tried again while the same call runs
             threading.Thread(target=self._interrupt_threads, args=(targets, faults.InjectedFault), daemon=True,
                              name="monarch-nb-fault").start()
+
+    def _supervise_actor(self, message: wire_frames.Message) -> None:
+        """A mesh an actor here owns failed: the failure goes before that actor's next
+        message, and the hub hears at once that it is queued (the callers' errors wait
+        for that: ``hub.supervision``), whether or not the actor is busy."""
+        header = message.header
+        actor = self.actors.get(header[proc_ops.MESH])
+        queued = actor is not None and not actor.finished.is_set()
+        if queued:
+            actor.queue_failure(header[proc_ops.FAILURE], tuple(header[proc_ops.VERDICT]))
+        self._reply(header, **{proc_ops.QUEUED: queued})
 
     def _status(self, message: wire_frames.Message) -> None:
         self._reply(message.header, **self.status())  # in the header: the hub never unpickles

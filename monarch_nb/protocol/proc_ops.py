@@ -19,6 +19,8 @@ PING = "ping"  # answered with the pid and the actors here
 SYNC_WORKSPACE = "sync_workspace"  # DIGESTS of the client's workspace: answered with NEED (the files this
 #   proc's copy lacks); with FILES too, write them, then (RELOAD) reload what changed: answered with RESULT
 INJECT_FAULT = "inject_fault"  # inflict FAULT (one of FAULT_KINDS) on this proc; never answered
+SUPERVISE_ACTOR = "supervise_actor"  # put FAILURE before the next message of mesh MESH's actor (its
+#   __supervise__ runs first); answered at once with QUEUED; the verdict goes to VERDICT as SUPERVISE's reply
 EXIT = "exit"  # end the control loop (the proc exits)
 
 # Header keys of control ops.
@@ -36,6 +38,8 @@ NEED = "need"  # SYNC_WORKSPACE's reply: the relative paths this proc's copy lac
 RESULT = "result"  # SYNC_WORKSPACE's reply: {"reloaded", "swapped", "problems"} (proc.workspace)
 FAULT = "fault"  # INJECT_FAULT: which fault
 AGENT_PID = "agent_pid"  # INJECT_FAULT of FAULT_HOST: the pid of the proc's host agent, to kill
+VERDICT = "verdict"  # SUPERVISE_ACTOR: the [address, port] the actor's verdict goes to
+QUEUED = "queued"  # SUPERVISE_ACTOR's reply: the actor is here and will take the failure next
 INIT_FAULT = "init_fault"  # SPAWN_ACTOR: an __init__ that raises leaves a dead actor answering calls (Monarch)
 
 # The faults INJECT_FAULT inflicts (monarch_nb.ft.inject_fault says what each does).
@@ -50,6 +54,7 @@ FAULT_KINDS = (FAULT_KILL, FAULT_SEGFAULT, FAULT_HANG, FAULT_EXCEPTION, FAULT_HO
 CALL = "call"  # call endpoint ENDPOINT; the body holds (args, kwargs)
 SUPERVISE = "supervise"  # a mesh this actor spawned failed (FAILURE): may __supervise__ handle it?
 STOP = "stop"  # end the actor's message loop (sent by its proc's STOP_ACTOR)
+WAKE = "wake"  # its proc queued a failure for it (SUPERVISE_ACTOR): take it now if idle
 
 # Header keys of actor messages.
 ENDPOINT = "ep"  # the endpoint a CALL is for

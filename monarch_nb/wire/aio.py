@@ -17,7 +17,7 @@ import asyncio
 import functools
 import itertools
 import time
-from typing import Any
+from typing import Any, Coroutine
 
 import zmq
 import zmq.asyncio
@@ -139,10 +139,28 @@ class AioEndpoint:
     async def request(self, address: str, header: dict, body: Any = None, buffers=(),
                       timeout: float | None = None) -> wire_frames.Message:
         """Send ``header`` with a reply port and await the reply (``asyncio.TimeoutError``)."""
-        port = next(self._ports)
-        future = self._pending[port] = asyncio.get_running_loop().create_future()
+        port, reply = self.expect(timeout)
         try:
             await self.send(address, {**header, envelope.PORT: port, envelope.REPLY: self.address}, body, buffers)
+        except BaseException:
+            reply.close()
+            self._pending.pop(port, None)
+            raise
+        return await reply
+
+    def expect(self, timeout: float | None = None) -> tuple[int, Coroutine[Any, Any, wire_frames.Message]]:
+        """A reply port of this endpoint (to put in a request, maybe one sent by someone
+        else), and a coroutine that awaits the one reply sent to it (``asyncio.TimeoutError``
+        after ``timeout`` seconds). Await the coroutine, or ``close()`` it and ``forget_port``."""
+        port = next(self._ports)
+        future = self._pending[port] = asyncio.get_running_loop().create_future()
+        return port, self._answer(port, future, timeout)
+
+    def forget_port(self, port: int) -> None:
+        self._pending.pop(port, None)
+
+    async def _answer(self, port: int, future: asyncio.Future, timeout: float | None) -> wire_frames.Message:
+        try:
             return await asyncio.wait_for(future, timeout)
         finally:
             self._pending.pop(port, None)
