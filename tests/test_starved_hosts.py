@@ -20,7 +20,8 @@ from monarch_nb import cluster_dir
 from monarch_nb.actor import Actor, ClusterError, endpoint
 from monarch_nb.client.cluster import Cluster
 from monarch_nb.client.launch import HUB_LOG, launch_hub
-from monarch_nb.hub.heartbeats import HOST_TIMEOUT_S, counted_silence, cpu_wait
+from monarch_nb.hub.heartbeats import HOST_TIMEOUT_S
+from monarch_nb.starvation import counted_silence, cpu_wait
 
 from conftest import cluster_processes, system_part_missing, wait_until
 
@@ -79,13 +80,13 @@ def test_a_spawn_whose_proc_dies_during_init_answers_with_the_cause(cluster):
 
 @pytest.fixture
 def retained():
-    """A retained cluster (hub.log in its directory), stopped afterwards."""
+    """``start(grace_s)``: a retained cluster (hub.log in its directory), stopped afterwards."""
     started: list[Cluster] = []
 
-    def start() -> Cluster:
+    def start(grace_s: float = 60.0) -> Cluster:
         name = f"starved-{os.getpid()}-{next(_names)}"
         path, _ = cluster_dir.create(name)
-        launch_hub(path, hosts=1, grace_s=60.0)
+        launch_hub(path, hosts=1, grace_s=grace_s)
         c = Cluster(name, path, cluster_dir.read_info(path))._attach()
         started.append(c)
         return c
@@ -163,6 +164,26 @@ def test_a_host_agent_starved_of_cpu_is_not_lost_and_its_procs_keep_working(reta
     assert not host["lost"] and host["silent_s"] > HOST_TIMEOUT_S, host
     assert mesh.pid.call().get(timeout=60).values() == pids  # its procs were never failed
     assert "its procs are lost" not in (c.path / HUB_LOG).read_text(errors="replace")
+
+
+def test_a_hub_starved_of_cpu_is_not_gone_for_its_agent_and_the_procs_live_on(retained, starve):
+    # A host agent stops every proc once the hub was silent for the grace period (2 s in
+    # an ephemeral cluster). On a starved machine a live hub goes unheard that long: its
+    # agent stopped every proc of a healthy cluster, and every call failed ("proc ... was
+    # stopped").
+    c = retained(grace_s=2.0)
+    hub_pid = c.info()["hub_pid"]
+    mesh = c.host_mesh().spawn_procs(per_host={"gpus": 2}, name="p").spawn("pid", Pid)
+    pids = mesh.pid.call().get(timeout=60).values()
+    starve(hub_pid)
+    try:
+        log = c.path / HUB_LOG
+        # Silent past the grace period, waiting for a CPU: starved, not gone.
+        assert wait_until(lambda: "the hub is not gone" in log.read_text(errors="replace"), 60), log.read_text()
+        assert mesh.pid.call().get(timeout=60).values() == pids  # calls go straight to the procs
+        assert "stopping every proc" not in log.read_text(errors="replace")
+    finally:
+        (CPU_CGROUP / "cgroup.procs").write_text(str(hub_pid))  # the fixture's stop needs the hub
 
 
 def test_spawning_on_a_host_lost_while_its_agent_is_stopped_says_it_may_come_back(retained):

@@ -9,7 +9,11 @@ procs along. What a proc starts ends with the proc
 
 The grace period counts only time this agent was itself running and reading its
 inbox: a hub stopped for less than the grace period (SIGSTOP, a suspended laptop)
-finds everything still running, and so does a hub after this agent was stalled.
+finds everything still running, and so does a hub after this agent was stalled. Nor
+does it count time a hub on this machine spent waiting for a CPU
+(``monarch_nb.starvation``): on a starved machine a live hub can go unheard for longer
+than an ephemeral cluster's 2 s grace period, and stopping every proc then failed every
+call of a healthy cluster.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 from typing import Awaitable, Callable
 
 from .. import fd_limit
+from ..starvation import Watched
 from ..proc import cell_files
 from ..proc.stdio import RECORD_FD_ENV
 from ..protocol import agent_ops, envelope, gpus, hub_ops, router_ops
@@ -55,8 +60,12 @@ class HostAgent:
         self.cluster_dir = cluster_dir
         self.hub = hub
         self.host_id = host_id
+        self.hostname = socket.gethostname()
         self.grace_s = grace_s
         self.hub_seen = time.monotonic()
+        self.hub_cpu = Watched()  # the hub's waits for a CPU, when it runs on this machine
+        self._hub_here: int | None = None  # the hub's pid, when its HUB_ALIVE says it runs on this machine
+        self._hub_starving = False  # its silence past the grace period is excused now (said once)
         self.procs: dict[str, ProcProcess] = {}
         self.launcher = ProcLauncher(f"host agent {host_id}", cluster_dir)
         self.ready: dict[str, asyncio.Future] = {}
@@ -99,7 +108,7 @@ class HostAgent:
         await self.net.send(self.hub, {envelope.OP: hub_ops.AGENT_READY, agent_ops.HOST_ID: self.host_id,
                                        "address": self.net.address, "pid": os.getpid(),
                                        router_ops.ROUTER_ADDRESS: self.router.address,
-                                       "hostname": socket.gethostname(), "node": self.node,
+                                       "hostname": self.hostname, "node": self.node,
                                        gpus.AGENT_GPUS: inventory})
         tasks = [asyncio.ensure_future(self._serve()), asyncio.ensure_future(self._heartbeat()),
                  asyncio.ensure_future(self.statuses.run())]
@@ -155,11 +164,19 @@ class HostAgent:
                 self._housekeep("sweeping shared memory", lambda: shm.sweep_dead(self.cluster_id))
             if now - due > STALL_S:  # this agent did not run: the hub was not silent, we were deaf
                 self.hub_seen = max(self.hub_seen, now)
-            if self.net.caught_up() - self.hub_seen > self.grace_s:
-                print(f"monarch_nb host agent {self.host_id}: hub silent for {self.grace_s} s; "
-                      "stopping every proc", file=sys.stderr)
-                self.done.set()
-                return
+            silent = self.net.caught_up() - self.hub_seen
+            if silent > self.grace_s:
+                counted = self.hub_cpu.counted(silent)
+                if counted > self.grace_s:
+                    print(f"monarch_nb host agent {self.host_id}: hub silent for {self.grace_s} s; "
+                          "stopping every proc", file=sys.stderr)
+                    self.done.set()
+                    return
+                if not self._hub_starving:  # a hub on this machine, runnable but not running
+                    self._hub_starving = True
+                    print(f"monarch_nb host agent {self.host_id}: hub (pid {self.hub_cpu.pid}) silent for "
+                          f"{silent:.1f} s, {silent - counted:.1f} s of it waiting for a CPU: this machine is "
+                          "starved, the hub is not gone", file=sys.stderr)
             await self.net.send(self.hub, {envelope.OP: hub_ops.AGENT_ALIVE, agent_ops.HOST_ID: self.host_id,
                                            "dropped": wire_frames.dropped(),
                                            hub_ops.AGENT_STATUSES: self.statuses.take()})
@@ -217,6 +234,11 @@ class HostAgent:
             raise ValueError(f"unknown op {op!r}")
         if op in agent_ops.FROM_HUB:
             self.hub_seen = time.monotonic()
+            if op == agent_ops.HUB_ALIVE:
+                here = header.get(agent_ops.HUB_HOSTNAME) == self.hostname
+                self._hub_here = header.get(agent_ops.HUB_PID) if here else None
+            self.hub_cpu.heard(self._hub_here)
+            self._hub_starving = False
         await handler(header)
 
     # the ops ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from ..errors import actor_gone_report, actor_name
 from ..protocol import services
 from ..protocol.records import proc_failure_status
+from ..starvation import Watched
 
 
 @dataclass
@@ -25,9 +26,8 @@ class HostRecord:
     cause: str = ""  # why it failed, when its allocation ended (a cancelled Slurm job)
     dropped_frames: int = 0  # frame sets its agent dropped (bad signature, replay, malformed), as it last said
     heartbeats: int = 0  # heartbeats heard from its agent by this hub
-    # An agent on this hub's machine: seconds its event loop had run on and waited for a
-    # CPU when it was last heard (see ``heartbeats``); None elsewhere. Not saved.
-    sched_at_seen: tuple[float, float] | None = None
+    # Its agent's waits for a CPU, when on this hub's machine (see ``heartbeats``). Not saved.
+    cpu: Watched = field(default_factory=Watched)
     starved: int = 0  # silences past the timeout excused because the agent was waiting for a CPU
     gpus: list = field(default_factory=list)  # its GPU inventory as it reported it (protocol.gpus records)
     router: str = ""  # its router's inbox (host.router); "" for an agent that runs none

@@ -23,3 +23,5 @@ PROC_ID = "proc_id"  # one proc, ``MESH/RANK``
 PROC_IDS = "proc_ids"  # the procs a spawn or stop concerns
 HUB = "hub"  # ADOPT: the address of the hub that takes the agent over
 WANT_STATUSES = "want_statuses"  # HUB_ALIVE: someone watches health: ask the procs, fold it into heartbeats
+HUB_PID = "hub_pid"  # HUB_ALIVE: the hub's process, which an agent on its machine watches for CPU waits
+HUB_HOSTNAME = "hub_hostname"  # HUB_ALIVE: the hub's machine (socket.gethostname())
