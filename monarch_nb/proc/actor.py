@@ -37,6 +37,13 @@ class Actor:
       defined) kills this actor too, so the failure goes on up to its own owner or the
       client. ``True``: this actor lives on; the failure goes to the client, and the
       next call on this actor's mesh raises it once.
+
+    ``__supervise__(failure)`` (``def`` or ``async def``) hears of each failure of a mesh
+    this actor spawned before anyone else: when a call fails because an actor of that
+    mesh died, the failure is queued ahead of this actor's next message before the
+    caller's ``SupervisionError`` is raised, so it runs before any call sent to this
+    actor after that error (an ``async`` actor runs it at once, also while an endpoint
+    awaits; a busy thread actor as soon as its current endpoint returns).
     """
 
     survive_broadcast_errors: bool = False
