@@ -51,7 +51,9 @@ from .records import ActorMeshRecord, HostRecord, ProcMeshRecord, ProcRecord, ac
 from .registry import Registry
 
 SUPERVISE_TIMEOUT_S = 10.0  # an owner busy longer than this leaves the failure unhandled
-QUEUE_TIMEOUT_S = 2.0  # how long an owner's proc has to say it queued a failure (it answers at once)
+# How long an owner's proc has to say it queued a failure (it answers at once); under
+# proc.actor_loop.REPORT_WAIT_S, so that a dying actor's callers still hear after the hub.
+QUEUE_TIMEOUT_S = 1.0
 REJOIN_TIMEOUT_S = 3.0  # how long a lost host's agent, heard again, has to say which procs still run
 
 
@@ -262,23 +264,33 @@ class Supervision:
         gets it in its inbox (``supervise``), returning once sent."""
         if owner is None:
             return None
-        found = self._registry.find_proc(owner.get("proc") or "")
-        if found is not None and found[2].exit_code is None:
-            port, verdict = self._net.expect(SUPERVISE_TIMEOUT_S)
-            try:
-                reply = await self._net.request(found[2].address, {
-                    envelope.OP: proc_ops.SUPERVISE_ACTOR, proc_ops.MESH: owner["mesh"], proc_ops.FAILURE: failure,
-                    proc_ops.VERDICT: [self._net.address, port]}, timeout=QUEUE_TIMEOUT_S)
+        try:
+            return await self._queue_for(failure, owner)
+        except Exception as e:  # (a bug, or the hub closing its sockets): the clients must still hear
+            print(f"monarch_nb hub: could not tell {owner['mesh']} rank {owner['rank']} of a failure: "
+                  f"{type(e).__name__}: {e}", file=sys.stderr)
+            return None
+
+    async def _queue_for(self, failure: dict, owner: dict) -> Awaitable:
+        port, verdict = self._net.expect(SUPERVISE_TIMEOUT_S)
+        try:
+            found = self._registry.find_proc(owner.get("proc") or "")
+            if found is not None and found[2].exit_code is None:
+                try:
+                    reply = await self._net.request(found[2].address, {
+                        envelope.OP: proc_ops.SUPERVISE_ACTOR, proc_ops.MESH: owner["mesh"],
+                        proc_ops.FAILURE: failure, proc_ops.VERDICT: [self._net.address, port]}, timeout=QUEUE_TIMEOUT_S)
+                except asyncio.TimeoutError:
+                    return verdict  # a stalled proc may queue it yet: not sent twice (the verdict may time out)
                 if reply.header.get(proc_ops.QUEUED):
                     return verdict
-            except asyncio.TimeoutError:
-                pass
+            await self._net.send(owner["address"], {envelope.KIND: proc_ops.SUPERVISE, proc_ops.FAILURE: failure,
+                                                    envelope.PORT: port, envelope.REPLY: self._net.address})
+            return verdict
+        except BaseException:
             verdict.close()
             self._net.forget_port(port)
-        port, verdict = self._net.expect(SUPERVISE_TIMEOUT_S)
-        await self._net.send(owner["address"], {envelope.KIND: proc_ops.SUPERVISE, proc_ops.FAILURE: failure,
-                                                envelope.PORT: port, envelope.REPLY: self._net.address})
-        return verdict
+            raise
 
     async def _settle(self, failure: dict, owner: dict | None, verdict: Awaitable | None) -> None:
         """Await ``owner``'s ``verdict`` on ``failure`` (see :meth:`_tell_owner`);
