@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from monarch_nb import Cluster
 from monarch_nb.actor import Actor, endpoint
 from monarch_nb.errors import ClusterError
 from monarch_nb.ft import GroupState, ReplicaGroups, inject_fault
-from conftest import pids_alive, wait_until
+from monarch_nb.ft.placement import hosts_of
+from conftest import cluster_processes, pids_alive, wait_until
 
 BOUND_S = 60
 
@@ -105,6 +107,8 @@ def test_bad_options_are_refused_before_anything_starts(cluster):
         ReplicaGroups(cluster.host_mesh(), "x", Counter, num_groups=0, per_group={"gpus": 1})
     with pytest.raises(ValueError, match="max_restarts=-1"):
         ReplicaGroups(cluster.host_mesh(), "x", Counter, num_groups=1, per_group={"gpus": 1}, max_restarts=-1)
+    with pytest.raises(ValueError, match="hosts_per_group=1 needs 2 hosts, one set per group; the host mesh has 1"):
+        ReplicaGroups(cluster.host_mesh(), "x", Counter, num_groups=2, per_group={"gpus": 1}, hosts_per_group=1)
     assert cluster.info()["proc_meshes"] == {} or all(
         not n.startswith("x_") for n in cluster.info()["proc_meshes"])
 
@@ -179,3 +183,47 @@ def test_a_warm_spare_replaces_a_failed_group_and_a_new_spare_is_started(groups)
     assert sorted(after) == [0, 1, 2] and after[1].values() == after[0].values()
     assert wait_until(lambda: rg.spare.ready_pids() is not None, BOUND_S)  # a new spare, once the group is back
     assert not set(rg.spare.ready_pids()) & set(spare_pids)
+
+
+@pytest.fixture
+def hosts4():
+    c = Cluster.start_ephemeral(hosts=4)
+    yield c
+    c.stop()
+    assert wait_until(lambda: not cluster_processes(c.path), 15), cluster_processes(c.path)
+
+
+def test_a_group_on_a_host_of_its_own_survives_that_host_lost_on_a_free_host(hosts4):
+    rg = ReplicaGroups(hosts4.host_mesh(), "ctr", Counter, num_groups=2, per_group={"gpus": 2},
+                       on_join=_copy_state, hosts_per_group=1)
+    try:
+        assert [hosts_of(g.procs) for g in rg.groups] == [["host0"], ["host1"]]
+        loops = rg.run("step")
+        assert loops.wait(lambda: min(loops.steps.values()) >= 3, BOUND_S)
+        healthy = rg.groups[0].procs.pids
+        inject_fault(rg.groups[1].procs, "host", ranks=[0])  # host1's agent, and with it the group's procs
+        assert loops.wait(lambda: rg.groups[1].restarts == 1 and rg.groups[1].is_healthy, BOUND_S), rg.status()
+        at = dict(loops.steps)
+        assert loops.wait(lambda: all(loops.steps[i] > at[i] + 2 for i in range(2)), BOUND_S)
+        assert hosts_of(rg.groups[1].procs) == ["host2"]  # the first free live host
+        assert rg.groups[0].procs.pids == healthy and loops.failed == {0: 0, 1: 1}
+    finally:
+        rg.stop()
+
+
+def test_a_warm_spare_on_a_free_host_replaces_a_group_whose_host_is_lost(hosts4):
+    rg = ReplicaGroups(hosts4.host_mesh(), "ctr", Counter, num_groups=2, per_group={"gpus": 2},
+                       on_join=_copy_state, hosts_per_group=1, spare=True)
+    try:
+        assert wait_until(lambda: rg.spare.ready_pids() is not None, BOUND_S)
+        assert rg.spare.host_ids() == ["host2"]
+        spare_pids = rg.spare.ready_pids()
+        loops = rg.run("step")
+        assert loops.wait(lambda: min(loops.steps.values()) >= 3, BOUND_S)
+        inject_fault(rg.groups[1].procs, "host", ranks=[0])
+        assert loops.wait(lambda: rg.groups[1].restarts == 1 and rg.groups[1].is_healthy, BOUND_S), rg.status()
+        assert rg.groups[1].procs.pids == spare_pids and hosts_of(rg.groups[1].procs) == ["host2"]
+        assert wait_until(lambda: rg.spare.ready_pids() is not None, BOUND_S)
+        assert rg.spare.host_ids() == ["host3"]  # host1 is lost: the new spare takes the one host left
+    finally:
+        rg.stop()

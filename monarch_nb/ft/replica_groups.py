@@ -26,6 +26,7 @@ from ..client.proc_mesh import ProcMesh
 from ..client.value_mesh import ValueMesh
 from ..client.runtime import runtime
 from ..errors import ActorError, ClusterError, SupervisionError
+from .placement import HostPlacement, hosts_of
 from .step_loops import StepLoops
 from .torchft_quorum import TorchFTLighthouse
 from .warm_spare import WarmSpare
@@ -77,7 +78,7 @@ class ReplicaGroup:
         return {"group": self.index, "state": self.state.value, "restarts": self.restarts,
                 "last_failure": self.last_failure, "recoveries_s": [round(s, 3) for s in self.recoveries_s],
                 "recovery_phases_s": {k: round(s, 3) for k, s in self.recovery_phases.items()},
-                "pids": self.procs.pids}
+                "pids": self.procs.pids, "hosts": hosts_of(self.procs)}
 
 
 class ReplicaGroups:
@@ -106,21 +107,32 @@ class ReplicaGroups:
     replaced on them, which saves a fresh interpreter's imports, and a new spare starts
     once the group steps again. It costs ``per_group`` idle procs.
 
+    ``hosts_per_group=k`` gives each group, and the spare, ``k`` hosts of ``hosts`` (a
+    mesh over ``{"hosts": N}``) no other group uses, so that a lost machine (a host
+    agent lost: ``inject_fault(..., "host")``) costs one group only: it is started again
+    on its own hosts while they are live, else on free live ones (give ``hosts`` more
+    than ``num_groups * k``). A step on a lost host fails when the hub counts the host
+    lost: at once when its agent's exit is seen, else 3 s after it fell silent.
+    ``None`` (the default): every group spans all of ``hosts``.
+
     Blocks until every group's actors are constructed. Raises ``ValueError`` for
-    ``num_groups < 1``, ``max_restarts < 0`` or an unknown ``quorum``, ``ImportError``
-    for ``quorum="torchft"`` without torchft."""
+    ``num_groups < 1``, ``max_restarts < 0``, an unknown ``quorum`` or fewer than
+    ``num_groups * hosts_per_group`` hosts, ``ImportError`` for ``quorum="torchft"``
+    without torchft."""
 
     def __init__(self, hosts: HostMesh, name: str, actor_class: type, *args: Any, num_groups: int,
                  per_group: dict[str, int], backend: str | None = None, max_restarts: int = 3,
                  on_join: Callable[[ReplicaGroup, ReplicaGroup | None], None] | None = None,
                  step_timeout: float | None = None, quorum: str = "controller", min_replicas: int = 1,
-                 spare: bool = False, **kwargs: Any):
+                 spare: bool = False, hosts_per_group: int | None = None, **kwargs: Any):
         if num_groups < 1:
             raise ValueError(f"ReplicaGroups: num_groups={num_groups}; give at least 1")
         if max_restarts < 0:
             raise ValueError(f"ReplicaGroups: max_restarts={max_restarts}; give 0 (never restart) or more")
         if quorum not in QUORUMS:
             raise ValueError(f"ReplicaGroups: quorum={quorum!r}; give {' or '.join(map(repr, QUORUMS))}")
+        self._placement = None if hosts_per_group is None else \
+            HostPlacement(hosts, hosts_per_group, num_groups * hosts_per_group)
         self._hosts, self._name, self._class = hosts, name, actor_class
         self._args, self._kwargs = args, kwargs
         self._per_group, self._backend = dict(per_group), backend
@@ -132,14 +144,20 @@ class ReplicaGroups:
         self._loops: StepLoops | None = None  # run()'s, once called
         self._num_groups = num_groups
         self.lighthouse = TorchFTLighthouse(hosts, name, min_replicas=min_replicas) if quorum == "torchft" else None
+        self.groups: list[ReplicaGroup] = []
+        self.spare: WarmSpare | None = None
         try:
-            self.groups = [self._start_group(i) for i in range(num_groups)]
+            for i in range(num_groups):
+                self.groups.append(self._start_group(i))
         except BaseException:
+            for group in self.groups:
+                group.procs.stop()
             if self.lighthouse is not None:
                 self.lighthouse.stop()
             raise
-        self.spare: WarmSpare | None = WarmSpare(hosts, name, per_group, SPARE_IMPORTS if backend else ()) \
-            if spare else None
+        if spare:
+            spare_hosts = hosts if self._placement is None else self._spare_hosts
+            self.spare = WarmSpare(spare_hosts, name, per_group, SPARE_IMPORTS if backend else ())
         if self.spare is not None:
             self.spare.refill()
 
@@ -173,7 +191,36 @@ class ReplicaGroups:
             self._spawned += 1
             mesh_name = f"{self._name}_{self._spawned}"
         bootstrap = None if self.lighthouse is None else self.lighthouse.bootstrap(index, self._num_groups)
-        return self._hosts.spawn_procs(per_host=self._per_group, name=mesh_name, bootstrap=bootstrap)
+        hosts = self._hosts
+        if self._placement is not None:
+            own = next((hosts_of(g.procs) for g in self.groups if g.index == index), [])
+            hosts = self._placement.choose(own, self._hosts_taken(but=index))
+        return hosts.spawn_procs(per_host=self._per_group, name=mesh_name, bootstrap=bootstrap)
+
+    def _hosts_taken(self, but: int | None) -> set[str]:
+        """The hosts the groups other than ``but`` run on, and the spare's."""
+        taken = {h for g in self.groups if g.index != but for h in hosts_of(g.procs)}
+        return taken | set(self.spare.host_ids() if self.spare is not None else ())
+
+    def _spare_hosts(self) -> HostMesh:
+        """Free hosts for the warm spare (``hosts_per_group``)."""
+        assert self._placement is not None
+        return self._placement.choose([], self._hosts_taken(but=None))
+
+    def _tear_down(self, procs: ProcMesh) -> None:
+        """Stop ``procs``, blocking (on a lost host: in the background, ``HostPlacement``)."""
+        if self._placement is None:
+            procs.stop()
+        else:
+            self._placement.tear_down(procs)
+
+    def _take_spare(self) -> ProcMesh | None:
+        """The warm spare's procs, unless there is none ready or it was lost with a host."""
+        spare = None if self.spare is None else self.spare.take()
+        if spare is not None and self._placement is not None and self._placement.lost() & set(hosts_of(spare)):
+            self._placement.tear_down(spare)
+            return None
+        return spare
 
     # -- what the training loop uses ---------------------------------------------------
     def healthy(self) -> list[ReplicaGroup]:
@@ -280,7 +327,7 @@ class ReplicaGroups:
             return not any(g.state is GroupState.RECOVERING for g in self.groups)
 
     def status(self) -> list[dict]:
-        """Each group's state, restarts, last failure, recovery times (s) and pids."""
+        """Each group's state, restarts, last failure, recovery times (s), pids and host ids."""
         with self._lock:  # the loop in a method of its own: see monarch_nb.wire.interrupts
             return self._summaries()
 
@@ -297,7 +344,7 @@ class ReplicaGroups:
         if self._loops is not None:
             self._loops.stop(wait=False)
         for group in self.groups:
-            group.procs.stop()
+            self._tear_down(group.procs)
         if self._loops is not None:
             self._loops.join()
         self.wait_healthy()
@@ -360,7 +407,7 @@ class ReplicaGroups:
                 group.state = GroupState.RECOVERING
         broken = group.procs
         if group.state is GroupState.FAILED:
-            broken.stop()
+            self._tear_down(broken)
             return None
         group.failed_at = time.monotonic()
         return broken
@@ -371,9 +418,9 @@ class ReplicaGroups:
         phases: dict[str, float] = {}
         try:
             started = time.monotonic()
-            broken.stop()  # a hung rank too: its agent kills what does not exit
+            self._tear_down(broken)  # a hung rank too: its agent kills what does not exit
             phases["teardown"] = time.monotonic() - started
-            procs, actors = self._spawn(group.index, phases, None if self.spare is None else self.spare.take())
+            procs, actors = self._spawn(group.index, phases, self._take_spare())
         except Exception as e:  # noqa: BLE001 - reported in status(), the other groups go on
             with self._lock:
                 group.state, group.last_failure = GroupState.FAILED, f"recovery failed: {type(e).__name__}: {e}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib import import_module
 
 from ..client.host_mesh import HostMesh
@@ -30,18 +30,21 @@ def import_modules(names: tuple[str, ...]) -> None:
 
 
 class WarmSpare:
-    """Spare procs of ``per_group`` on ``hosts``, named ``{name}_spare_N``, each having
-    imported ``modules``; started in the background. Nothing raises here: a spare that
-    fails to start is reported by :meth:`take` returning ``None`` (the group is then
-    spawned afresh) and kept in ``last_error``."""
+    """Spare procs of ``per_group`` on ``hosts`` (or on the hosts ``hosts()`` chooses
+    when each spare starts), named ``{name}_spare_N``, each having imported ``modules``;
+    started in the background. Nothing raises here: a spare that fails to start is
+    reported by :meth:`take` returning ``None`` (the group is then spawned afresh) and
+    kept in ``last_error``."""
 
-    def __init__(self, hosts: HostMesh, name: str, per_group: dict[str, int], modules: Iterable[str]):
+    def __init__(self, hosts: HostMesh | Callable[[], HostMesh], name: str, per_group: dict[str, int],
+                 modules: Iterable[str]):
         self._hosts, self._name, self._per_group = hosts, name, dict(per_group)
         self._bootstrap = functools.partial(import_modules, tuple(modules))
         self._lock = threading.Lock()
         self._ready: ProcMesh | None = None
         self._starting: threading.Thread | None = None
         self._made = 0
+        self._host_ids: list[str] = []  # the hosts of the spare starting or ready
         self._stopped = False
         self.last_error = ""
 
@@ -60,6 +63,11 @@ class WarmSpare:
         with self._lock:
             return None if self._ready is None else self._ready.pids
 
+    def host_ids(self) -> list[str]:
+        """The ids of the hosts the spare that is starting or ready runs on."""
+        with self._lock:
+            return list(self._host_ids)
+
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until the spare being started is up (``timeout`` seconds, ``None``: no
         limit); returns whether one is ready."""
@@ -74,6 +82,8 @@ class WarmSpare:
         once (one still starting is left to finish for the next failure)."""
         with self._lock:
             spare, self._ready = self._ready, None
+            if spare is not None:
+                self._host_ids = []
         return spare
 
     def stop(self) -> None:
@@ -89,8 +99,13 @@ class WarmSpare:
 
     def _start(self, mesh_name: str) -> None:
         try:
-            procs = self._hosts.spawn_procs(per_host=self._per_group, name=mesh_name, bootstrap=self._bootstrap)
+            hosts = self._hosts() if callable(self._hosts) else self._hosts
+            with self._lock:
+                self._host_ids = list(hosts._hosts)
+            procs = hosts.spawn_procs(per_host=self._per_group, name=mesh_name, bootstrap=self._bootstrap)
         except Exception as e:  # noqa: BLE001 - without a spare a failed group is spawned afresh
+            with self._lock:
+                self._host_ids = []
             self.last_error = f"{type(e).__name__}: {e}"
             return
         with self._lock:
