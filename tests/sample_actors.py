@@ -197,6 +197,34 @@ class NotAnActor:
         return "hi"
 
 
+class Sized(Actor):
+    """Endpoints named like ActorMesh attributes that Monarch also has: refused at spawn."""
+
+    @endpoint
+    def size(self) -> int:
+        return 1
+
+    @endpoint
+    def stop(self) -> None:
+        pass
+
+    @endpoint
+    def echo(self, x):
+        return x
+
+
+class Named(Actor):
+    """Endpoints named like ActorMesh attributes Monarch's ActorMesh lacks: they win."""
+
+    @endpoint
+    def name(self) -> str:
+        return f"named {current_rank().rank}"
+
+    @endpoint
+    def restart(self, why: str) -> str:
+        return f"restarted: {why}"
+
+
 class Printer(Actor):
     """Prints in the ways real code does: print, stderr, C-level writes, floods."""
 

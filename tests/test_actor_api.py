@@ -14,8 +14,8 @@ from monarch_nb.actor import (ActorError, Extent, MessageTooLarge, RemoteExcepti
 from conftest import pids_alive, wait_until
 from monarch_nb.wire.mailbox import Mailbox
 from monarch_nb.client.runtime import runtime
-from sample_actors import (AsyncActor, AsyncCaller, BadInit, Caller, Counter, CustomError, Failing, NotAnActor,
-                           Rendezvous)
+from sample_actors import (AsyncActor, AsyncCaller, BadInit, Caller, Counter, CustomError, Failing, Named,
+                           NotAnActor, Rendezvous, Sized)
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +192,25 @@ def test_calling_endpoint_directly_says_which_adverb_to_use(counters):
 def test_spawning_a_non_actor_class_raises_type_error(procs4):
     with pytest.raises(TypeError, match="NotAnActor is not an Actor subclass"):
         procs4.spawn("nope", NotAnActor)
+
+
+def test_endpoints_named_like_mesh_attributes_are_refused_before_anything_is_sent(procs4):
+    # Monarch refuses them too: mesh.size / mesh.stop would be the mesh's, not the endpoints
+    with pytest.raises(ValueError, match=r"(?s)Sized has endpoint\(s\) named like ActorMesh attributes: "
+                                         r"mesh.size would be ActorMesh.size, not the endpoint Sized.size; "
+                                         r"mesh.stop would be .*; rename the endpoint"):
+        procs4.spawn("sized", Sized)
+    assert procs4._control().actor_mesh_record("procs4", "sized") is None
+
+
+def test_endpoints_named_like_attributes_monarch_lacks_win(procs4):
+    named = procs4.spawn("named", Named)
+    try:
+        assert named.name.call().get(timeout=30).values() == [f"named {r}" for r in range(4)]
+        assert named.slice(gpus=2).restart.call_one("asked").get(timeout=30) == "restarted: asked"
+        assert repr(named) == "<ActorMesh 'named' sample_actors.Named {'gpus': 4}>"
+    finally:
+        named.stop()
 
 
 def test_unpicklable_argument_raises_in_client_and_cluster_stays_healthy(counters):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Any, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar, cast
 
 from ..errors import SupervisionError
 from ..mesh import Shape
@@ -18,6 +18,37 @@ from .mesh_handle import MeshHandle
 from .runtime import runtime
 
 A = TypeVar("A")
+F = TypeVar("F", bound=Callable[..., Any])
+
+# ActorMesh attributes that Monarch's ActorMesh lacks: an endpoint of the same name wins
+# over them, so a Monarch actor with an endpoint ``name`` or ``restart`` keeps working.
+# An endpoint named like any other attribute (size, stop, slice, ...) is refused at spawn,
+# as Monarch refuses it (see ``hidden_endpoints``).
+YIELDING_TO_ENDPOINTS = frozenset({"name", "restart"})
+
+
+def hidden_endpoints(endpoints: dict[str, bool]) -> list[str]:
+    """The endpoints of ``endpoints`` that an ``ActorMesh`` attribute would hide."""
+    return sorted(n for n in endpoints if hasattr(ActorMesh, n) and n not in YIELDING_TO_ENDPOINTS)
+
+
+class _YieldsToEndpoint:
+    """A method of ``ActorMesh`` that an endpoint of the same name replaces on meshes
+    whose actors have one (``YIELDING_TO_ENDPOINTS``)."""
+
+    def __init__(self, method: Callable[..., Any]):
+        self._method = method
+        self.__doc__ = method.__doc__
+        self.__name__ = method.__name__
+
+    def __get__(self, mesh: "ActorMesh | None", owner: type | None = None) -> Any:
+        if mesh is not None and self.__name__ in mesh._endpoints:
+            return Endpoint(mesh, self.__name__)
+        return self._method.__get__(mesh, owner)
+
+
+def _yields_to_endpoint(method: F) -> F:
+    return cast(F, _YieldsToEndpoint(method))
 
 
 class ActorMesh(MeshHandle, Generic[A]):
@@ -42,6 +73,14 @@ class ActorMesh(MeshHandle, Generic[A]):
     def __reduce__(self):
         return (ActorMesh, (self._cluster_id, self._hub_address, self._proc_mesh_name, self._name,
                             self._class_name, self._endpoints, self._methods, self._shape, self._addresses))
+
+    @property
+    def name(self) -> str:
+        """The mesh's name; on a mesh whose actors have an endpoint ``name``, that endpoint
+        (Monarch's ActorMesh has no ``name``)."""
+        if "name" in self._endpoints:
+            return cast(str, Endpoint(self, "name"))
+        return self._name
 
     # geometry ------------------------------------------------------------------------
     def slice(self, **dims) -> "ActorMesh":
@@ -140,6 +179,7 @@ class ActorMesh(MeshHandle, Generic[A]):
         return f"{self._proc_mesh_name}/{self._name}"
 
     # lifecycle -----------------------------------------------------------------------
+    @_yields_to_endpoint
     def restart(self, ranks: list[int] | None = None, timeout: float = 120.0) -> list[int]:
         """Restart the procs under ``ranks`` of this mesh (view ranks of this handle;
         default: every failed one) and re-create the actors that lived on them, of this
@@ -148,7 +188,8 @@ class ActorMesh(MeshHandle, Generic[A]):
         ``SupervisionError``); other ranks are untouched. Returns the restarted proc
         ranks. Blocks until the actors are constructed again; see
         ``ProcMesh.restart_failed`` for the errors (on ``this_proc()``:
-        :class:`InvalidRequest` at once)."""
+        :class:`InvalidRequest` at once). On a mesh whose actors have an endpoint
+        ``restart``, ``mesh.restart`` is that endpoint and ``ActorMesh.restart(mesh)`` this."""
         control = self._control()
         record = control.actor_mesh_record(self._proc_mesh_name, self._name)
         if record is None:

@@ -15,7 +15,7 @@ from ..proc.setup_actor import ProcSetup, set_root_log_level
 from ..protocol import hub_ops
 from ..wire import serialize, sockets
 from . import progress, torch_env, workspace_sync
-from .actor_mesh import ActorMesh
+from .actor_mesh import ActorMesh, hidden_endpoints
 from .control import abandon_spawn, init_error
 from .future import Future
 from .mesh_handle import MeshHandle
@@ -40,6 +40,12 @@ def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
         asynchronous = sorted(n for n, a in endpoints.items() if a)
         raise ValueError(f"{cls.__name__} mixes both async and sync endpoints: sync {', '.join(sync)}; async "
                          f"{', '.join(asynchronous)}; make them all `def` or all `async def` (as Monarch requires)")
+    hidden = hidden_endpoints(endpoints)
+    if hidden:  # Monarch refuses these too; better here than a mesh whose endpoint can't be reached
+        raise ValueError(f"{cls.__name__} has endpoint(s) named like ActorMesh attributes: "
+                         + "; ".join(f"mesh.{n} would be ActorMesh.{n}, not the endpoint {cls.__name__}.{n}"
+                                     for n in hidden)
+                         + "; rename the endpoint(s) (as Monarch requires)")
     methods = [n for n, v in inspect.getmembers(cls, callable) if not n.startswith("_") and n not in endpoints]
     return f"{cls.__module__}.{cls.__qualname__}", endpoints, methods
 

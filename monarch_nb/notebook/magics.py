@@ -355,7 +355,7 @@ class MonarchMagics(Magics):
         mesh_name = None
         if args.mesh is not None:
             mesh = self.shell.user_ns.get(args.mesh)
-            mesh_name = mesh.name if isinstance(mesh, (ProcMesh, ActorMesh)) else args.mesh
+            mesh_name = mesh._name if isinstance(mesh, (ProcMesh, ActorMesh)) else args.mesh
         ranks = parse_ranks(args.ranks) if args.ranks else None
         since = -args.since if args.since is not None else None
         found = cluster.logs(mesh=mesh_name, ranks=ranks, stream=args.stream, since=since, grep=args.grep,

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..client.actor_mesh import ActorMesh
 from ..client.host_mesh import HostMesh
 from ..client.runtime import runtime
 from ..protocol import envelope, events, services
@@ -61,7 +62,7 @@ class ReplicaLifecycle:
             return
         for mesh, replica in list(self._by_mesh.items()):
             actors = replica.actors
-            gone = actors.initialized.exception() if actors is not None and actors.name == mesh else None
+            gone = actors.initialized.exception() if actors is not None and actors._name == mesh else None
             if gone is not None:
                 self._failed_replica(replica, mesh, str(gone))
 
@@ -77,7 +78,7 @@ class ReplicaLifecycle:
         gone = actors.initialized.exception()
         if gone is None:
             return False
-        self._failed_replica(replica, actors.name, str(gone))
+        self._failed_replica(replica, actors._name, str(gone))
         return True
 
     def _failed_replica(self, replica: Replica, mesh: str, why: str) -> None:
@@ -143,7 +144,7 @@ class ReplicaLifecycle:
                 actors: Any = procs.spawn(mesh, self._class, *self._args, raise_init_errors=True, **self._kwargs)
                 with self._lock:
                     replica.serve_from(procs, actors)
-                    mesh = actors.name  # (the name asked for: the client owns it)
+                    mesh = actors._name  # (the name asked for: the client owns it)
                     self._by_mesh[mesh] = replica
                 if self._on_start is not None:
                     self._on_start(replica)
@@ -187,10 +188,10 @@ class ReplicaLifecycle:
                 replica.restarts += 1
                 replica.generation += 1
                 actors, procs = replica.actors, replica.procs
-                mesh = actors.name
+                mesh = actors._name
                 self._gone.discard(mesh)
             try:
-                actors.restart(list(range(len(actors))))  # every rank: a live one of a broken replica too
+                ActorMesh.restart(actors, list(range(len(actors))))  # every rank: a live one of a broken replica too
                 with self._lock:
                     replica.serve_from(procs, actors)
                     self._by_mesh[mesh] = replica
