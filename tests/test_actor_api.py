@@ -248,6 +248,15 @@ def test_future_get_times_out_and_can_be_retried(counters):
     assert fut.get(timeout=30) == "late"
 
 
+def test_a_timed_out_call_says_it_still_runs_and_how_to_stop_it(counters):
+    fut = counters.slice(gpus=3).slow_echo.call_one("late", 0.5)
+    with pytest.raises(TimeoutError, match=r"counters.slow_echo is still running on its actors, and their next calls "
+                                           r"wait behind it .*: to stop it, call procs.interrupt\(\) on its proc mesh "
+                                           r"\('procs4'; in a notebook %monarch interrupt counters\)"):
+        fut.get(timeout=0.05)
+    assert fut.get(timeout=30) == "late"
+
+
 def test_futures_are_awaitable(counters):
     async def main():
         vm = await counters.get.call()

@@ -20,7 +20,7 @@ from ..wire import frames as wire_frames
 from ..wire import serialize
 from ..wire.interrupts import guard_main_thread, protected
 from ..wire.mailbox import Gather
-from .endpoint import Endpoint, _paused_ranks_hint, _read_reply
+from .endpoint import Endpoint, _read_reply, _timeout_hint
 from .future import Future
 from .in_flight import Call
 from .runtime import runtime
@@ -104,7 +104,7 @@ def call_one_each(endpoints: list[Endpoint], args: tuple, kwargs: dict) -> list[
         future._cycle = e._cycle_error({addresses[i]: base})
         rt.in_flight.add(future, Call(mesh, e._name, rt.cell, (rt.mailbox.address, ports[i]),
                                       functools.partial(_outstanding, answered, i, base)))
-        future._why_slow = functools.partial(_paused_ranks_hint, mesh, {base: 0})
+        future._why_slow = functools.partial(_timeout_hint, mesh, e._name, {base: 0})
     return futures
 
 

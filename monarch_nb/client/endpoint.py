@@ -232,7 +232,7 @@ class Endpoint(Generic[P, R]):
                                       lambda: [b for b, i in by_base.items() if i not in answered],
                                       None if routes is None else lambda b: routes[addresses[b]][0]))
         future._ranks = len(view_ranks)
-        future._why_slow = lambda: _paused_ranks_hint(mesh, by_base)
+        future._why_slow = lambda: _timeout_hint(mesh, self._name, by_base)
         future._answered = lambda: len(view_ranks) - remaining[0]
         return future
 
@@ -515,6 +515,15 @@ def _unpickle_reply(message: wire_frames.Message, point) -> tuple[Any, RemoteFai
         raise
     except BaseException as e:  # noqa: BLE001 - a value we can't unpickle here (even SystemExit)
         return None, RemoteFailure(point, e, f"could not unpickle the reply: {e!r}\n")
+
+
+def _timeout_hint(mesh: "ActorMesh", endpoint: str, by_base: dict[int, int]) -> str:
+    """For a call that timed out: that it still runs (a timeout only stops the waiting),
+    how to stop it, and which of its actors are paused in the debugger."""
+    return (f"; {mesh._name}.{endpoint} is still running on its actors, and their next calls wait behind it "
+            f"(a later get() can still return its value): to stop it, call procs.interrupt() on its proc mesh "
+            f"({mesh._proc_mesh_name!r}; in a notebook %monarch interrupt {mesh._name}), or mesh.stop()"
+            + _paused_ranks_hint(mesh, by_base))
 
 
 def _paused_ranks_hint(mesh: "ActorMesh", by_base: dict[int, int]) -> str:
