@@ -213,6 +213,14 @@ def test_endpoints_named_like_attributes_monarch_lacks_win(procs4):
         named.stop()
 
 
+@pytest.mark.parametrize("init_timeout", [-5, 0])
+def test_an_init_timeout_not_above_zero_is_refused_before_anything_is_sent(procs4, init_timeout):
+    with pytest.raises(ValueError, match=rf"spawn\(init_timeout={init_timeout}\): give the seconds each __init__ "
+                                         r"may take, a number > 0, or None for no limit"):
+        procs4.spawn("untimed", Counter, init_timeout=init_timeout)
+    assert procs4._control().actor_mesh_record("procs4", "untimed") is None
+
+
 def test_unpicklable_argument_raises_in_client_and_cluster_stays_healthy(counters):
     with pytest.raises(SerializationError, match="an argument of counters.record could not be pickled"):
         counters.record.call(threading.Lock())

@@ -93,8 +93,8 @@ class ProcMesh(MeshHandle):
         ``__init__`` has returned, showing progress after a second (a bar in a notebook
         or terminal). ``init_timeout`` (seconds, ``None``: no limit): past it the
         constructors still running are interrupted, the mesh is stopped and
-        ``TimeoutError`` is raised. Ctrl-C while waiting does the same, raising
-        ``KeyboardInterrupt``.
+        ``TimeoutError`` is raised (``ValueError`` at once for an ``init_timeout`` that is
+        not > 0). Ctrl-C while waiting does the same, raising ``KeyboardInterrupt``.
 
         An ``__init__`` that raises is a supervision fault, as in Monarch: the mesh is
         returned, calls to the failed ranks raise :class:`SupervisionError`, and the
@@ -112,6 +112,9 @@ class ProcMesh(MeshHandle):
         """
         if not isinstance(name, str) or not name:
             raise TypeError(f"spawn(name, actor_class, ...) needs a mesh name string first, got {name!r}")
+        if init_timeout is not None and not init_timeout > 0:  # (NaN too)
+            raise ValueError(f"spawn(init_timeout={init_timeout!r}): give the seconds each __init__ may take, "
+                             "a number > 0, or None for no limit")
         class_name, endpoints, methods = _actor_class_info(actor_class)
         body, buffers = serialize.dumps((actor_class, args, kwargs),
                                         f"{actor_class.__name__} or its constructor arguments")
