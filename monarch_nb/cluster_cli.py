@@ -47,13 +47,24 @@ def add_logs_parser(sub) -> None:
     logs.add_argument("name", nargs="?", default="default", help="cluster name")
     logs.add_argument("mesh", nargs="?", help="an actor or proc mesh")
     logs.add_argument("--ranks", default=None, help="e.g. 0-3,5")
-    logs.add_argument("--tail", type=int, default=100)
+    logs.add_argument("--tail", type=_lines, default=100, help="the last N lines shown (default 100)")
     logs.add_argument("--grep", default=None, help="a regular expression")
     logs.add_argument("--stream", choices=("stdout", "stderr"), default=None)
     logs.add_argument("--fold", choices=("on", "off"), default="on",
                       help="fold identical lines across ranks (default on; as %%monarch logs --fold)")
     logs.add_argument("--no-fold", dest="fold", action="store_const", const="off", help="the same as --fold off")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines (Ctrl-C stops)")
+
+
+def _lines(text: str) -> int:
+    """``--tail``'s value: a number of lines >= 1."""
+    try:
+        lines = int(text)
+    except ValueError:
+        lines = 0
+    if lines < 1:
+        raise argparse.ArgumentTypeError(f"give a number of lines >= 1, not {text}")
+    return lines
 
 
 def _kept_logs(args: argparse.Namespace, why_not_running: str) -> int:
@@ -64,14 +75,18 @@ def _kept_logs(args: argparse.Namespace, why_not_running: str) -> int:
     from .mesh.ranks import parse_ranks
     from .protocol.records import LOG_FIELDS
 
-    try:
+    def fetch(tail: int) -> list[list]:
         records = kept_logs(args.name, mesh=args.mesh, ranks=parse_ranks(args.ranks) if args.ranks else None,
-                            stream=args.stream, grep=args.grep, tail=args.tail)
+                            stream=args.stream, grep=args.grep, tail=tail)
+        return [[r[f] for f in LOG_FIELDS] for r in records]
+
+    try:
+        lines = logs.tail_shown(fetch, args.tail, args.fold == "on")
     except MonarchNbError as e:
         print(f"monarch-nb logs: cluster {args.name!r} is not running ({why_not_running}) and {e}", file=sys.stderr)
         return 1
     print(f"monarch-nb logs: cluster {args.name!r} is stopped; the lines kept of it:", file=sys.stderr)
-    logs.print_sink(logs.fold_records([[r[f] for f in LOG_FIELDS] for r in records], args.fold == "on"))
+    logs.print_sink(lines)
     return 0
 
 
@@ -81,19 +96,32 @@ def run_logs(args: argparse.Namespace) -> int:
     from .client import logs
     from .client.hub_client import HubClient
     from .errors import MonarchNbError
-    from .mesh.ranks import parse_ranks
+    from .mesh.ranks import parse_ranks, parse_ranks_of
 
     found = discovery.probe(args.name)
     if found.state != DiscoveryState.RUNNING:
         return _kept_logs(args, found.reason or "it does not exist")
     hub = HubClient(found.info["cluster_id"], found.info["hub"])
     try:
-        query = {"mesh": args.mesh, "ranks": parse_ranks(args.ranks) if args.ranks else None,
-                 "stream": args.stream, "grep": args.grep}
-        records = hub.request(hub_ops.LOGS_QUERY, timeout=60.0, tail=args.tail, **query)["records"]
+        ranks = parse_ranks(args.ranks) if args.ranks else None
+        info = hub.request(hub_ops.INFO, timeout=30.0) if args.mesh is not None else None
+        extent = None if info is None else logs.mesh_extent(info, args.mesh)
+        if ranks is not None and extent is not None:  # as %%monarch exec --ranks checks them
+            try:
+                ranks = parse_ranks_of(args.ranks, args.mesh, extent)
+            except ValueError as e:
+                raise ValueError(f"mesh {args.mesh!r}: {e}") from None
+        query = {"mesh": args.mesh, "ranks": ranks, "stream": args.stream, "grep": args.grep}
+        records: list[list] = []
+
+        def fetch(tail: int) -> list[list]:
+            records[:] = hub.request(hub_ops.LOGS_QUERY, timeout=60.0, tail=tail, **query)["records"]
+            return records
+
+        lines = logs.tail_shown(fetch, args.tail, args.fold == "on")
         missing = None
-        if not records and args.mesh is not None:
-            missing = logs.no_such_mesh(hub.request(hub_ops.INFO, timeout=30.0), args.mesh)
+        if not records and info is not None:
+            missing = logs.no_such_mesh(info, args.mesh)
         if missing is not None and not args.follow:
             print(f"monarch-nb logs: cluster {args.name!r} has {missing}", file=sys.stderr)
             return 1
@@ -101,12 +129,13 @@ def run_logs(args: argparse.Namespace) -> int:
             print(f"monarch-nb logs: cluster {args.name!r} has {missing}; following its lines to come "
                   "(Ctrl-C stops)", file=sys.stderr)
         while True:
-            logs.print_sink(logs.fold_records(records, args.fold == "on"))
+            logs.print_sink(lines)
             if not args.follow:
                 return 0
             last = records[-1][logs.SEQ] if records else 0
             time.sleep(FOLLOW_POLL_S)  # polling the store until Ctrl-C
             records = hub.request(hub_ops.LOGS_QUERY, timeout=60.0, after_seq=last, **query)["records"]
+            lines = logs.fold_records(records, args.fold == "on")
     except KeyboardInterrupt:
         return 0
     except (MonarchNbError, ValueError) as e:

@@ -528,3 +528,22 @@ def test_recover_with_force_replaces_a_hub_that_does_not_answer(clusters):
             os.kill(hub_pid, signal.SIGCONT)
     assert not pids_alive([hub_pid]) and recovered._info["hub_pid"] != hub_pid
     assert _state(recovered.actor_meshes["counters"]) == [7, 7]
+
+
+def test_the_cli_refuses_a_negative_tail_and_ranks_the_mesh_lacks_and_tails_shown_lines(clusters):
+    # A new-user trial: `--tail -1` dropped a line, `--ranks 9` of a 2-rank mesh printed
+    # nothing with exit 0, and `--tail 2` showed rank 0's last line as if rank 1 never printed.
+    clusters.append("tails")
+    cluster = monarch_nb.Cluster.start("tails")
+    printers = this_host().spawn_procs(per_host={"gpus": 2}, name="two").spawn("printers", Printer)
+    printers.say.call(["line 1", "line 2"]).get()
+    assert wait_until(lambda: len(cluster.logs(mesh="printers")) == 4, 30)  # in the store
+    logs = [sys.executable, "-m", "monarch_nb.cli", "logs", "tails", "printers"]
+    negative = subprocess.run([*logs, "--tail", "-1"], capture_output=True, text=True, timeout=60)
+    assert negative.returncode == 2 and "argument --tail: give a number of lines >= 1, not -1" in negative.stderr
+    beyond = subprocess.run([*logs, "--ranks", "9"], capture_output=True, text=True, timeout=60)
+    assert beyond.returncode == 1 and beyond.stdout == "", beyond.stderr
+    assert "mesh 'printers': bad rank spec '9': rank 9 is out of range for 2 ranks (0-1)" in beyond.stderr
+    tail = subprocess.run([*logs, "--tail", "2"], capture_output=True, text=True, timeout=60)
+    assert tail.returncode == 0 and tail.stdout.splitlines() == ["[printers 0-1] line 1", "[printers 0-1] line 2"], \
+        tail.stderr

@@ -176,6 +176,32 @@ def fold_records(records: list[list], enabled: bool = True) -> list[Folded]:
     return folder.take()
 
 
+def tail_shown(fetch: Callable[[int], list[list]], tail: int, fold: bool = True) -> list[Folded]:
+    """The last ``tail`` lines to show of a store: ``fetch(n)`` gives its last ``n``
+    records (oldest first). Folded, a line stands for a record of each rank of its mesh,
+    so ``tail`` times the largest mesh size among the records are read (the last
+    ``tail`` records alone would show a line as if only the ranks that printed it last
+    had printed it)."""
+    wanted = tail
+    while True:
+        records = fetch(wanted)
+        if not fold:
+            return fold_records(records, False)
+        needed = tail * max((r[SIZE] or 1 for r in records), default=1)
+        if needed <= wanted or len(records) < wanted:
+            return fold_records(records, True)[-tail:]
+        wanted = needed
+
+
+def mesh_extent(info: dict, name: str) -> dict[str, int] | None:
+    """The extent of proc mesh or actor mesh (by its name) ``name`` of ``info``
+    (``Cluster.info()``); ``None`` when it has none of that name."""
+    if name in info["proc_meshes"]:
+        return info["proc_meshes"][name]["extent"]
+    return next((record["extent"] for key, record in info["actor_meshes"].items()
+                 if key.rpartition("/")[2] == name), None)
+
+
 def no_such_mesh(info: dict, name: str) -> str | None:
     """``None`` when ``name`` is a proc mesh or an actor mesh (by its name) of ``info``
     (``Cluster.info()``); else why a query of its lines found none, naming the meshes
