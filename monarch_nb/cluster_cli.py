@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         elif args.verb == "status":
             return _status(console, args)
     except (MonarchNbError, ValueError, TypeError) as e:
-        console.print(f"[red]monarch-nb cluster {args.verb}: {e}[/]")
+        console.print(f"[red]monarch-nb cluster {args.verb}: {escape(str(e))}[/]", soft_wrap=True)  # one line
         return 1
     return 0
 

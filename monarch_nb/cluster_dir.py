@@ -26,6 +26,25 @@ def clusters_root() -> Path:
     return home() / "clusters"
 
 
+def bad_home(error: OSError) -> ValueError:
+    """The error to raise for ``error``, met making or reading a folder or file of the
+    home: it names ``MONARCH_NB_HOME``, the path and the fix."""
+    env = os.environ.get("MONARCH_NB_HOME")
+    where = f"MONARCH_NB_HOME={env}" if env else f"monarch_nb's home {home()}"
+    return ValueError(f"{where} can't hold monarch_nb's files ({error.strerror}: {error.filename}); set "
+                      "MONARCH_NB_HOME to a directory you can write, or one that can be made")
+
+
+def make_folder(path: Path) -> None:
+    """``mkdir -p path`` (mode 0700) under the home; raises :func:`bad_home`'s error when
+    the home's path can't be a folder (a file in the way, a parent that can't be made
+    or written)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except (FileNotFoundError, NotADirectoryError, FileExistsError, PermissionError) as e:
+        raise bad_home(e) from None
+
+
 def kept_logs_path(name: str) -> Path:
     """Where the log store of the stopped cluster ``name`` is kept
     (``$MONARCH_NB_HOME/stopped/NAME.sqlite``; see ``hub.logstore.keep``)."""
@@ -61,7 +80,7 @@ def locked(name: str):
     The holder that finds no directory left as it lets go removes the file (a stopped
     cluster leaves nothing in the clusters folder)."""
     root = clusters_root()
-    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_folder(root)
     lock = root / f".{cluster_path(name).name}.lock"  # cluster_path validates the name
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
@@ -96,7 +115,7 @@ def create(name: str) -> tuple[Path, dict]:
 
     Returns ``(directory, info)``; raises ``FileExistsError`` if it exists."""
     path = cluster_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_folder(path.parent)
     path.mkdir(mode=0o700)
     os.chmod(path, 0o700)
     info = {"name": name, "cluster_id": secrets.token_hex(8), "key": secrets.token_hex(32)}

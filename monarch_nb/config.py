@@ -27,11 +27,14 @@ def path() -> Path:
 
 def table(name: str) -> dict[str, Any]:
     """The ``[name]`` table of the config file; ``{}`` without the file or the table.
-    Raises ``ValueError`` naming the file for TOML it can't read."""
+    Raises ``ValueError`` naming the file for TOML it can't read, or naming
+    ``MONARCH_NB_HOME`` when that is a file."""
     try:
         text = path().read_text()
     except FileNotFoundError:
         return {}
+    except NotADirectoryError as e:  # the home is a file
+        raise cluster_dir.bad_home(e) from None
     try:
         found = tomllib.loads(text).get(name, {})
     except tomllib.TOMLDecodeError as e:

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -547,3 +548,22 @@ def test_the_cli_refuses_a_negative_tail_and_ranks_the_mesh_lacks_and_tails_show
     tail = subprocess.run([*logs, "--tail", "2"], capture_output=True, text=True, timeout=60)
     assert tail.returncode == 0 and tail.stdout.splitlines() == ["[printers 0-1] line 1", "[printers 0-1] line 2"], \
         tail.stderr
+
+
+@pytest.mark.parametrize("kind", ["missing parent", "file"])
+def test_a_home_that_cannot_be_a_folder_is_named_with_the_fix(tmp_path, monkeypatch, kind):
+    # A new-user trial: MONARCH_NB_HOME=/proc/nope (or a file) printed a 20-36-line
+    # FileNotFoundError/NotADirectoryError traceback from pathlib.
+    home = Path("/proc/nope") if kind == "missing parent" else tmp_path / "a-file"
+    if kind == "file":
+        home.write_text("")
+    monkeypatch.setenv("MONARCH_NB_HOME", str(home))
+    said = rf"MONARCH_NB_HOME={re.escape(str(home))} can't hold monarch_nb's files \(.*\); set MONARCH_NB_HOME to"
+    with pytest.raises(ValueError, match=said):
+        monarch_nb.Cluster.start("x")
+    with pytest.raises(ValueError, match=said):
+        monarch_nb.Cluster.start_ephemeral()
+    out = subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "start", "x"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 1 and re.fullmatch(rf"monarch-nb cluster start: {said}[^\n]*\n", out.stdout), out
+    assert out.stderr == ""
