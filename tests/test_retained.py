@@ -24,7 +24,7 @@ import monarch_nb.actor
 from monarch_nb import cluster_dir
 from monarch_nb.actor import this_host
 from monarch_nb.client.runtime import runtime
-from monarch_nb.errors import ClusterNotFound, InvalidRequest
+from monarch_nb.errors import ClusterError, ClusterNotFound, InvalidRequest
 
 from conftest import cluster_processes, pids_alive, wait_until
 from kernels import TESTS, Kernel
@@ -490,6 +490,18 @@ def test_calls_on_a_cluster_another_client_stopped_say_the_cluster_was_stopped(c
     with pytest.raises(monarch_nb.actor.SupervisionError,
                        match="was stopped with its cluster 'stopped_elsewhere': start or connect"):
         counter.incr.call_one().get(timeout=30)
+
+
+def test_spawn_procs_on_the_hosts_of_a_cluster_stopped_before_says_to_start_or_connect(clusters):
+    # It said "cluster 'stopped_here' was stopped while this request waited", though the
+    # cluster was stopped before the request.
+    clusters.append("stopped_here")
+    cluster = monarch_nb.Cluster.start("stopped_here")
+    hosts = this_host()
+    cluster.stop()
+    with pytest.raises(ClusterError, match=r"^cluster 'stopped_here' was stopped \(by this client\): "
+                                           r"start or connect to a cluster$"):
+        hosts.spawn_procs(per_host={"gpus": 1})
 
 
 def test_connect_to_a_paused_hub_says_it_does_not_answer_and_recover_leaves_it_alive(clusters):

@@ -90,7 +90,9 @@ class Cluster:
         if not problem:
             return
         if self._stopped or not self.path.exists():  # stopped on purpose, here or by another client
-            raise ClusterError(f"cluster {self.name!r} was stopped while this request waited")
+            # (before the request, or while it waited: the same to the caller)
+            by = "by this client" if self._stopped else "by another client or `monarch-nb cluster stop`"
+            raise ClusterError(f"cluster {self.name!r} was stopped ({by}): start or connect to a cluster")
         try:  # recovered meanwhile, at the same address?
             current = cluster_dir.read_info(self.path)
             recovered = current.get("hub") == self._info["hub"] and not discovery.hub_process_problem(current)
