@@ -248,7 +248,8 @@ def test_logs_follow_shows_new_lines_until_interrupted_and_the_cli_reads_the_sto
 def test_the_cli_and_the_magic_take_the_same_fold_switch(kernel, talkers):
     # `monarch-nb logs ... --fold off` was refused ("unrecognized arguments").
     kernel.run("talkers.say_followed.call().get()")  # "followed" from every rank
-    folded = _cli("logs", "default", "talkers", "--grep", "^followed", "--tail", "4")
+    # --tail counts lines shown: the last one folds the four ranks' lines
+    folded = _cli("logs", "default", "talkers", "--grep", "^followed", "--tail", "1")
     unfolded = _cli("logs", "default", "talkers", "--grep", "^followed", "--tail", "4", "--fold", "off")
     assert folded.returncode == 0 and folded.stdout.strip() == "[talkers 0-3] followed", folded.stderr
     assert unfolded.returncode == 0, unfolded.stderr
