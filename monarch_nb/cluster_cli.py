@@ -177,6 +177,9 @@ def run(args: argparse.Namespace) -> int:
             if found.state == DiscoveryState.RUNNING:
                 cluster_mod.Cluster(args.name, found.path, found.info).stop()
             else:
+                # A cluster still starting: its starting client holds the lock until the
+                # hub is up, so the hub is stopped first (its start then fails at once).
+                discovery.stop_hub(found.info)
                 with cluster_dir.locked(args.name):
                     discovery.remove_stale(found.path)
             console.print(f"cluster [bold]{args.name}[/] stopped")

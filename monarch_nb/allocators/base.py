@@ -35,6 +35,10 @@ class Allocator(Protocol):
         """Acquire ``hosts`` hosts and start a host agent on each; returns their host ids
         in ``hosts``-dimension order (each agent reports ``agent_ready`` with its id)."""
 
+    def cancel_start(self) -> None:
+        """Called from another thread while :meth:`start` runs: return soon, starting
+        no more agents (the hub gave the start up; :meth:`stop` ends what was started)."""
+
     def adopt(self, pids: dict[str, int]) -> None:
         """Take charge of live host agents (host id -> pid) a previous hub started."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
+import threading
 
 import psutil
 
@@ -26,6 +27,7 @@ class LocalAllocator:
         self.grace_s = grace_s
         self.agents: dict[str, subprocess.Popen | psutil.Process] = {}
         self._ids = itertools.count()
+        self._cancelled = threading.Event()  # the hub gave the start up (cancel_start)
 
     def spec(self) -> dict:
         return {"kind": self.kind}
@@ -37,6 +39,8 @@ class LocalAllocator:
         """Start ``hosts`` host agents; returns their host ids (they report in to the hub)."""
         ids = []
         for i in range(hosts):
+            if self._cancelled.is_set():
+                break
             host_id = self._next_id()
             self.agents[host_id] = subprocess.Popen(
                 [*self._prefix(i), sys.executable, "-m", "monarch_nb.host", "--cluster-dir", self.cluster_dir,
@@ -44,6 +48,9 @@ class LocalAllocator:
                 stdin=subprocess.DEVNULL)
             ids.append(host_id)
         return ids
+
+    def cancel_start(self) -> None:
+        self._cancelled.set()
 
     def _prefix(self, index: int) -> list[str]:
         """What the ``index``-th agent's command line starts with (nothing: run it here)."""

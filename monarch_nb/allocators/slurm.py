@@ -171,6 +171,9 @@ class SlurmAllocator:
         except (ClusterError, OSError, IndexError, ValueError):
             return interfaces.route_source(socket.gethostname())
 
+    def cancel_start(self) -> None:
+        pass  # start() submits one job and returns: stop() cancels it
+
     def start(self, hub_address: str, hosts: int) -> list[str]:
         """Submit the job (returns at once; agents report when it runs). Raises
         :class:`ClusterError` with sbatch's message when Slurm refuses the job."""

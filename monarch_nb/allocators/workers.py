@@ -46,6 +46,8 @@ class WorkersAllocator(LocalAllocator):
         ids = []
         ctx: zmq.Context = zmq.Context.instance()
         for address in self.workers:
+            if self._cancelled.is_set():
+                break
             host_id = self._next_id()
             reply = _ask(ctx, dial_address(address), {
                 worker_ops.CLUSTER_DIR: self.cluster_dir, worker_ops.HUB: hub_address,

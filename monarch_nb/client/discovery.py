@@ -125,6 +125,18 @@ def end_hub(info: dict, wait_s: float = 0.0) -> None:
         pass
 
 
+def stop_hub(info: dict, timeout: float = 10.0) -> None:
+    """Stop the hub named by ``info`` if it is still that process on this machine: ask
+    it (SIGTERM: one still starting stops the host agents it started; a starting client
+    waiting on it gets its error), then kill it after ``timeout`` seconds."""
+    if hub_alive(info):
+        try:
+            os.kill(info["hub_pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            return
+    end_hub(info, wait_s=timeout)
+
+
 def wait_until_started(name: str) -> Probe:
     """Wait while another client starts the hub of ``name``; returns the final probe."""
     deadline = time.monotonic() + HUB_START_TIMEOUT_S
@@ -177,10 +189,11 @@ def leftover_agents(path: Path) -> list[psutil.Process]:
 
 
 def remove_stale(path: Path, timeout: float = 5.0) -> None:
-    """Stop what is left of a cluster whose hub is gone (host agents take their procs
-    with them) and delete its directory."""
+    """Stop what is left of a cluster whose hub is gone, still starting or not
+    answering (:func:`stop_hub`; host agents take their procs with them) and delete
+    its directory."""
     try:
-        end_hub(cluster_dir.read_info(path))
+        stop_hub(cluster_dir.read_info(path), timeout)
     except (OSError, ValueError):
         pass
     agents = leftover_agents(path)

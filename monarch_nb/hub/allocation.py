@@ -103,19 +103,29 @@ class Allocation:
                     self._meshes.forget_actor_mesh(actors)
                 del registry.proc_meshes[mesh.name]
 
-    async def acquire_hosts(self) -> bool:
+    async def acquire_hosts(self, starter_gone=lambda: False) -> bool:
         """Start host agents (unless re-adopted) and wait until all have reported.
         Returns False, after saying why on stderr, when they don't within the
-        allocator's ``start_timeout_s`` or its allocation ends first."""
+        allocator's ``start_timeout_s`` or its allocation ends first, or when the start
+        is abandoned: a stop was requested, the cluster directory was removed, or
+        ``starter_gone()`` (the client that started the cluster went away). An abandoned
+        start stops starting agents at once: at a few hundred local hosts, starting them
+        takes minutes."""
         registry = self._registry
         if registry.hosts:
             self._all_hosts_ready.set()
             return True
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
+        starting = loop.run_in_executor(None, self.allocator.start, self._net.address, self._n_hosts)
+        while not starting.done():
+            await asyncio.wait([starting], timeout=ALLOCATION_POLL_S)
+            if not starting.done() and self._abandoned(starter_gone):
+                self.allocator.cancel_start()
+                await asyncio.wait([starting])  # what it started is stopped with the rest
+                return False
         try:
-            registry.host_order = await loop.run_in_executor(None, self.allocator.start, self._net.address,
-                                                             self._n_hosts)
+            registry.host_order = starting.result()
         except Exception as e:  # sbatch refused the job, or the like
             print(f"monarch_nb hub: could not get hosts from the {self.allocator.kind} allocator: {e}",
                   file=sys.stderr)
@@ -130,9 +140,7 @@ class Allocation:
                 break
             except asyncio.TimeoutError:
                 pass
-            if self._stop_requested.is_set() or not self._path.is_dir():
-                print("monarch_nb hub: stopped (or the cluster directory was removed) while waiting "
-                      "for host agents", file=sys.stderr)
+            if self._abandoned(starter_gone):
                 return False
             os.utime(self._path)  # a long queue wait: clients see a starting cluster, not a stale one
             ended = await loop.run_in_executor(None, self.allocator.check)
@@ -144,6 +152,17 @@ class Allocation:
                       f"{' (the allocation ended)' if ended else f' (start timeout {timeout:.0f} s)'}"
                       f"{'; ' + why if why else ''}", file=sys.stderr)
                 return False
+        return True
+
+    def _abandoned(self, starter_gone) -> bool:
+        """Whether the start is given up (and why, on stderr)."""
+        if self._stop_requested.is_set() or not self._path.is_dir():
+            why = "stopped (or the cluster directory was removed)"
+        elif starter_gone():
+            why = "the client that started this cluster went away"
+        else:
+            return False
+        print(f"monarch_nb hub: {why} while waiting for host agents; stopping", file=sys.stderr)
         return True
 
     async def watch(self) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import shutil
 import signal
 import socket
@@ -164,16 +165,21 @@ class Hub:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_requested.set)
         serve = asyncio.ensure_future(self._serve())
+        # Who this hub is, before it has hosts: a start can be stopped (`monarch-nb cluster
+        # stop`), and its process told from a stale one, while hosts are still coming up.
+        identity = {"hub_pid": os.getpid(), "hub_create_time": psutil.Process().create_time(),
+                    "hostname": socket.gethostname()}
+        cluster_dir.write_json(self.path / "cluster.json",
+                               {**{k: v for k, v in self.info.items() if k != "hub"}, **identity})
         if self.saved is not None:
             await self.allocation.adopt(self.saved)
-        if not await self.allocation.acquire_hosts():
+        if not await self.allocation.acquire_hosts(lambda: ready_fd is not None and _reader_gone(ready_fd)):
             await self._shutdown_hosts()
             self.net.close()
             return  # the directory stays for the starting client to read hub.log
         self.registry.save()
         self.public_info = {
-            **self.info, "hub": self.net.address, "hub_pid": os.getpid(),
-            "hub_create_time": psutil.Process().create_time(), "hostname": socket.gethostname(),
+            **self.info, "hub": self.net.address, **identity,
             "ephemeral": self.ephemeral, "started": self.registry.started, "hosts": self.n_hosts,
             "grace_s": self.grace_s, "idle_timeout": self.idle_timeout, "allocator": self.allocator.spec(),
             "bind": os.environ.get("MONARCH_NB_BIND", "127.0.0.1")}
@@ -354,3 +360,11 @@ class Hub:
         """Stop everything; the reply goes out once all has stopped (see ``run``)."""
         self._shutdown_request = header
         self.stop_requested.set()
+
+
+def _reader_gone(write_fd: int) -> bool:
+    """Whether every reading end of the pipe ``write_fd`` writes to is closed: the
+    client that started this hub, waiting on it for "ready", gave up or died."""
+    poller = select.poll()
+    poller.register(write_fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
