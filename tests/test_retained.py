@@ -401,6 +401,7 @@ def test_clients_starting_one_name_at_once_share_one_cluster(clusters):
     ({"name": "ok", "hosts": 0}, "at least 1 host"),
     ({"name": "ok", "idle_timeout": -1}, "idle_timeout=-1"),
     ({"name": "ok", "grace_s": 0}, "grace_s=0"),
+    ({"name": "ok", "hosts": 10**6}, "hosts=1000000: local hosts are host agent processes on this machine"),
 ])
 def test_bad_start_arguments_are_refused_before_anything_starts(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+import psutil
+
 from .. import cluster_dir, fd_limit
 from ..hub import logstore
 from ..errors import ClusterError, ClusterNotFound, HubTimeout, InvalidRequest
@@ -55,6 +57,7 @@ DEFAULT_GRACE_S = 10.0  # retained: how long procs outlive a dead hub, waiting f
 # hub must not hold a script's exit for longer).
 EXIT_FLUSH_TIMEOUT_S = 5.0
 HUB_LOST_MARGIN_S = 1.0  # after the grace: the agents' own heartbeat that notices
+LOCAL_AGENT_BYTES = 45 << 20  # one idle local host agent's resident memory (bench_scale: 43 MiB)
 
 
 class Cluster:
@@ -173,6 +176,8 @@ class Cluster:
         name or argument and :class:`ClusterError` when the hub does not come up."""
         _check_start_args(name, hosts, grace_s, idle_timeout)
         spec = _allocator_spec(allocator, hosts)
+        if allocator is None and hosts is not None:
+            _check_local_hosts(hosts)
         hosts = allocator.hosts if allocator is not None else hosts
         with cluster_dir.locked(name):
             found = discovery.probe(name)
@@ -188,9 +193,10 @@ class Cluster:
                 return cls(name, found.path, found.info)._attach()
             if found.state in (DiscoveryState.STALE, DiscoveryState.STARTING):
                 if found.info.get("hub_pid") and not discovery.hub_process_problem(found.info):
-                    raise ClusterError(
-                        f"cluster {name!r}: its hub (pid {found.info['hub_pid']}) is running but does not "
-                        f"answer; try again, or end it with `monarch-nb cluster stop {name}`")
+                    doing = ("is still starting (a hub whose starting client went away stops within seconds)"
+                             if found.state == DiscoveryState.STARTING else "is running but does not answer")
+                    raise ClusterError(f"cluster {name!r}: its hub (pid {found.info['hub_pid']}) {doing}; try "
+                                       f"again, or end it with `monarch-nb cluster stop {name}`")
                 if discovery.leftover_agents(found.path) and (found.path / "state.json").exists():
                     return cls._recover(found)
                 discovery.remove_stale(found.path)
@@ -251,6 +257,8 @@ class Cluster:
         :meth:`start`; it decides how many). Raises :class:`ClusterError` if they don't
         come up."""
         spec = _allocator_spec(allocator, None) if allocator is not None else None
+        if allocator is None:
+            _check_local_hosts(hosts)
         _check_config()
         name = f"{discovery.EPHEMERAL_PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
         path, _ = cluster_dir.create(name)
@@ -499,6 +507,17 @@ def _check_start_args(name, hosts, grace_s, idle_timeout) -> None:
         raise ValueError(f"grace_s={grace_s!r}: give a number of seconds > 0")
     if idle_timeout is not None and not idle_timeout > 0:
         raise ValueError(f"idle_timeout={idle_timeout!r}: give a number of seconds > 0, or None for never")
+
+
+def _check_local_hosts(hosts: int) -> None:
+    """Local hosts are host agent processes on this machine: refuse more than its
+    available memory holds (1,000 of them took the machine down for minutes)."""
+    need, free = hosts * LOCAL_AGENT_BYTES, psutil.virtual_memory().available
+    if need > free:
+        raise ValueError(f"hosts={hosts}: local hosts are host agent processes on this machine, "
+                         f"~{LOCAL_AGENT_BYTES / 2**20:.0f} MiB each before any proc ({need / 2**30:.1f} GiB), and "
+                         f"{free / 2**30:.1f} GiB is available; ask for fewer, or take real hosts from an "
+                         "allocator (SlurmAllocator, CommandAllocator)")
 
 
 def kept_logs(name: str, **filters) -> list[dict]:
