@@ -51,8 +51,10 @@ class ProcLauncher:
         return procs
 
     async def stop(self, procs: list[ProcRecord]) -> None:
-        """Have the host agents stop ``procs`` (those of hosts the registry still holds)."""
-        hosts = self._registry.hosts
+        """Have the host agents stop ``procs`` (those of hosts the registry still holds;
+        none of a host that failed for good, its agent gone: asking it waited
+        ``STOP_TIMEOUT_S`` for nothing, and so did the user's ``ProcMesh.stop()``)."""
+        hosts = {h: record for h, record in self._registry.hosts.items() if not (record.lost and record.cause)}
         by_host: dict[str, list[str]] = {}
         for p in procs:
             by_host.setdefault(p.host_id, []).append(p.proc_id)
