@@ -7,6 +7,7 @@ dropped after STALE_S of its inbox reading or waiting for messages. End to end o
 
 from __future__ import annotations
 
+import collections
 import re
 import threading
 import time
@@ -263,9 +264,12 @@ def test_a_half_stream_of_an_async_actor_is_dropped_after_its_inbox_idled_stale_
     every IDLE_CHECK_S, once what waits in its inbox is read."""
     from monarch_nb.proc.async_actor import AsyncServer
 
+    class NoActor:  # the server's actor thread, as far as reading its inbox needs one
+        failures: collections.deque = collections.deque()
+
     inbox, address = sockets.bind_inbox()
     out = zmq.Context.instance().socket(zmq.PUSH)
-    server = AsyncServer(None, inbox, None)
+    server = AsyncServer(NoActor(), inbox, None)
     try:
         server._stopped = server.loop.create_future()
         zap.present(out, "streams")
