@@ -128,13 +128,15 @@ def run_logs(args: argparse.Namespace) -> int:
         if missing is not None:  # -f: its lines may come once a mesh of that name is made
             print(f"monarch-nb logs: cluster {args.name!r} has {missing}; following its lines to come "
                   "(Ctrl-C stops)", file=sys.stderr)
+        last = records[-1][logs.SEQ] if records else 0
         while True:
             logs.print_sink(lines)
             if not args.follow:
                 return 0
-            last = records[-1][logs.SEQ] if records else 0
             time.sleep(FOLLOW_POLL_S)  # polling the store until Ctrl-C
             records = hub.request(hub_ops.LOGS_QUERY, timeout=60.0, after_seq=last, **query)["records"]
+            if records:  # (a poll that found nothing keeps its place: asking after 0 printed everything again)
+                last = records[-1][logs.SEQ]
             lines = logs.fold_records(records, args.fold == "on")
     except KeyboardInterrupt:
         return 0
