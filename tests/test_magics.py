@@ -254,6 +254,10 @@ def test_the_cli_and_the_magic_take_the_same_fold_switch(kernel, talkers):
     assert folded.returncode == 0 and folded.stdout.strip() == "[talkers 0-3] followed", folded.stderr
     assert unfolded.returncode == 0, unfolded.stderr
     assert sorted(unfolded.stdout.splitlines()) == [f"[talkers {r}] followed" for r in range(4)]
+    # The magic's --tail counts lines shown too (it showed '[talkers 3] followed', as if
+    # only rank 3 had printed it).
+    out = kernel.run("%monarch logs talkers --grep '^followed' --tail 1")
+    assert [line for line in out.splitlines() if line.startswith("[")] == ["[talkers 0-3] followed"], out
 
 
 def test_spawn_arguments_are_python_call_arguments(kernel, talkers):

@@ -12,6 +12,7 @@ import io
 import shlex
 import sys
 import time
+from typing import Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -340,11 +341,13 @@ class MonarchMagics(Magics):
 
     def _logs(self, args, cell=None) -> None:
         stopped = runtime().cluster
+        if args.tail is not None and args.tail < 1:
+            raise UsageError(f"%monarch logs: --tail {args.tail}: give a number of lines >= 1")
         if stopped is not None and stopped._stopped:  # the lines kept of the cluster this kernel stopped
             since = -args.since if args.since is not None else None
-            self._show_records([[r[f] for f in LOG_FIELDS] for r in stopped.logs(
-                mesh=args.mesh, ranks=parse_ranks(args.ranks) if args.ranks else None, stream=args.stream,
-                since=since, grep=args.grep, tail=args.tail)])
+            ranks = parse_ranks(args.ranks) if args.ranks else None
+            self._show_last(lambda tail: stopped.logs(mesh=args.mesh, ranks=ranks, stream=args.stream, since=since,
+                                                      grep=args.grep, tail=tail), args.tail)
             return
         cluster = self._cluster()
         if args.fold is not None:
@@ -358,9 +361,8 @@ class MonarchMagics(Magics):
             mesh_name = mesh._name if isinstance(mesh, (ProcMesh, ActorMesh)) else args.mesh
         ranks = parse_ranks(args.ranks) if args.ranks else None
         since = -args.since if args.since is not None else None
-        found = cluster.logs(mesh=mesh_name, ranks=ranks, stream=args.stream, since=since, grep=args.grep,
-                             tail=args.tail)
-        self._show_records([[r[f] for f in LOG_FIELDS] for r in found])
+        found = self._show_last(lambda tail: cluster.logs(mesh=mesh_name, ranks=ranks, stream=args.stream,
+                                                          since=since, grep=args.grep, tail=tail), args.tail)
         if not found and not args.follow:
             missing = logs.no_such_mesh(cluster.info(), mesh_name) if mesh_name is not None else None
             if missing is not None:
@@ -381,6 +383,23 @@ class MonarchMagics(Magics):
     @staticmethod
     def _show_records(records: list[list]) -> None:
         logs.print_sink(logs.fold_records(records, runtime().lines.folder.enabled))
+
+    @staticmethod
+    def _show_last(query: Callable[[int | None], list[dict]], tail: int | None) -> list[dict]:
+        """Show the last ``tail`` lines (as shown: folded lines count once) of what
+        ``query(n)`` (``Cluster.logs`` with its filters, the last ``n`` records) finds;
+        returns the records it read last."""
+        found: list[dict] = []
+
+        def fetch(n: int | None) -> list[list]:
+            found[:] = query(n)
+            return [[r[f] for f in LOG_FIELDS] for r in found]
+
+        if tail is None:
+            logs.print_sink(logs.fold_records(fetch(None), runtime().lines.folder.enabled))
+        else:
+            logs.print_sink(logs.tail_shown(fetch, tail, runtime().lines.folder.enabled))
+        return found
 
     def _interrupt(self, args, cell=None) -> None:
         procs = self._procs_of(args.mesh)
