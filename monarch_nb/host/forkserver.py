@@ -237,4 +237,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the host agent is gone (its cluster stopped while this preloaded): nothing to serve, nothing to say
