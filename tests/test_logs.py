@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 import threading
 
 import pytest
 
+from monarch_nb import cluster_dir
 from monarch_nb.client import logs
 from monarch_nb.client.runtime import runtime
 from monarch_nb.errors import InvalidRequest
 from monarch_nb.mesh.ranks import parse_ranks
 
-from conftest import wait_until
+from conftest import cluster_processes, wait_until
 from kernels import TESTS
 from sample_actors import Printer
 
@@ -249,3 +251,71 @@ def test_stopping_procs_leaves_nothing_on_their_stderr(cluster, host):
     assert cluster.flush_logs()
     assert len(cluster.logs(mesh="printers", grep="before the stop")) == 2
     assert [r["text"] for r in cluster.logs(mesh="quiet", stream="stderr")] == []
+
+
+def test_a_flush_returns_only_once_the_lines_the_receiver_thread_took_are_shown():
+    # The receiver thread takes the lines that are due off the folder, then shows them:
+    # a flush (a script's exit, a cell's end) that found the folder empty in between
+    # returned while they were still unshown, and the script exited without them.
+    lines = logs.LogLines()
+    shown: list[str] = []
+    showing = threading.Event()
+
+    def slow_sink(batch):  # a terminal slower than the flush
+        showing.set()
+        threading.Event().wait(0.5)
+        shown.extend(str(line) for line in batch)
+
+    lines.sink = slow_sink
+    lines.add("c", 1, [[1, 0, "h", "p/0", "stdout", "m", 0, "me:", "last words", 1]])
+    receiver = threading.Thread(target=lines.emit_due, args=(float("inf"),))
+    receiver.start()
+    assert showing.wait(10)
+    assert lines.wait_for("c", 1, timeout=5)
+    assert shown == ["[m 0] last words"]
+    receiver.join()
+
+
+RETAINED_TALKER = textwrap.dedent("""
+    import sys
+    import monarch_nb
+    from monarch_nb.actor import Actor, endpoint
+
+    class Talker(Actor):
+        @endpoint
+        def talk(self, call, n):
+            for i in range(n):
+                print(f"call {call} line {i}")  # no flush: the proc's stdio flushes
+
+    cluster = monarch_nb.connect(sys.argv[1])
+    talkers = cluster.host_mesh().spawn_procs(per_host={"gpus": 2}, name="talk").spawn("talkers", Talker)
+    for call in range(3):
+        talkers.talk.call(call, 20).get()
+""")
+
+
+@pytest.fixture
+def retained_cluster():
+    """A retained cluster started by the command line; stopped afterwards, leaving nothing."""
+    name = "lostlines"
+    out = subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "start", name],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    yield name
+    path = cluster_dir.cluster_path(name)
+    subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", name], capture_output=True, timeout=120)
+    assert wait_until(lambda: not cluster_processes(path), 15), cluster_processes(path)
+
+
+def test_a_script_on_a_retained_cluster_shows_every_line_of_its_calls_before_it_exits(retained_cluster):
+    # A script that connects, calls and exits at once: its exit flush must show the lines
+    # of its last call that are still on their way. The race lost 1 run in 5-10, more
+    # under load: several runs make it show.
+    expected = sorted((rank, f"call {call} line {i}") for call in range(3) for i in range(20) for rank in (0, 1))
+    for run in range(8):
+        out = subprocess.run([sys.executable, "-c", RETAINED_TALKER, retained_cluster],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        shown = [line.partition("[talkers ")[2].partition("] ") for line in out.stdout.splitlines()]
+        got = sorted((rank, text) for ranks, _, text in shown for rank in parse_ranks(ranks))  # folded or not
+        assert got == expected, f"run {run}: {len(got)} of {len(expected)} lines:\n{out.stdout}"

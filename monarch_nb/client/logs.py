@@ -30,6 +30,9 @@ FOLD_WINDOW_S = 0.1
 FOLD_HOLD_S = 1.0
 # How far back (in pending lines) a late rank's line may still join a group.
 _MAX_REORDER = 512
+# How long wait_for waits at least for a sink showing lines on the event thread, also
+# once its own timeout is spent (a sink writes to a terminal or a cell: milliseconds).
+EMIT_WAIT_S = 1.0
 
 # Monarch's tag on an actor's log records (``proc.log_prefix``): the line's own
 # ``[mesh rank]`` says the same, and a tag naming the rank would keep ranks from folding.
@@ -230,6 +233,9 @@ class LogLines:
         self._seq: dict[str, int] = {}  # cluster id -> last batch number received
         self._lock = threading.Lock()  # guards folder and _seq
         self._waiters: set = set()  # wait_for's private locks, released when a batch arrives
+        # Held from taking lines off the folder until the sink has shown them: wait_for
+        # must not return (a script's exit, a cell's end) while the event thread holds
+        # lines it took and has not shown, and lines show in the order they were taken.
         self._emit_lock = threading.Lock()
 
     def add(self, cluster_id: str, seq: int, records: list[list]) -> None:
@@ -250,25 +256,27 @@ class LogLines:
         return self.folder.next_due()
 
     def emit_due(self, now: float) -> None:
-        with self._lock:
-            lines = self.folder.take(now)
-        self._emit(lines)
+        with self._emit_lock:
+            with self._lock:
+                lines = self.folder.take(now)
+            self._emit(lines)
 
     def _emit(self, lines: list[Folded]) -> None:
+        """Show ``lines``; the caller holds ``_emit_lock`` since it took them."""
         if lines:
-            with self._emit_lock:
-                try:
-                    self.sink(lines)
-                except Exception:  # a broken sink must not stop the thread
-                    import traceback
+            try:
+                self.sink(lines)
+            except Exception:  # a broken sink must not stop the thread
+                import traceback
 
-                    traceback.print_exc()
+                traceback.print_exc()
 
     @protected
     def wait_for(self, cluster_id: str, seq: int, timeout: float) -> bool:
         """Wait until batch ``seq`` of ``cluster_id`` has arrived, then show everything
-        pending (folded as far as it got). Returns False on timeout. Ctrl-C ends the
-        wait with nothing shown twice or lost (what is pending shows later)."""
+        pending (folded as far as it got), and wait for lines the event thread is
+        showing to be shown. Returns False on timeout. Ctrl-C ends the wait with
+        nothing shown twice or lost (what is pending shows later)."""
         deadline = time.monotonic() + timeout
         while True:
             waiter = _thread.allocate_lock()
@@ -277,12 +285,20 @@ class LogLines:
                 arrived = self._seq.get(cluster_id, 0) >= seq
                 left = deadline - time.monotonic()
                 if arrived or left <= 0:
-                    lines = self.folder.take()
                     break
                 self._waiters.add(waiter)
             try:
                 sleep_on(waiter, left)
             finally:
                 self._waiters.discard(waiter)
-        self._emit(lines)
+        # The event thread may hold lines of this batch it took as due and has not shown
+        # yet: returning before it has would let a script exit without them.
+        if not self._emit_lock.acquire(True, max(deadline - time.monotonic(), EMIT_WAIT_S)):
+            return False
+        try:
+            with self._lock:
+                lines = self.folder.take()
+            self._emit(lines)
+        finally:
+            self._emit_lock.release()
         return arrived
