@@ -139,8 +139,9 @@ def _describe_binding(bp: dict) -> str:
     files = sorted({b["file"] for b in bp["bound"]})
     if not files:
         whose = f"no actor of {bp['mesh']}" if bp["mesh"] else "no actor"
-        return (f"\nmonarch: it binds nowhere yet: {whose} runs this code (changed since they were spawned? "
-                "spawn them again with replace=True); actors spawned later with it stop there")
+        return (f"\nmonarch: it binds nowhere yet: {whose} runs this code as far as their classes show "
+                "(code they are handed later, e.g. as an argument, and actors spawned later stop there when "
+                "they run it; if the class changed since they were spawned, spawn them again with replace=True)")
     elsewhere = [f for f in files if f != bp["file"]]
     where = f" at {', '.join(elsewhere)}, the code the actors run" if elsewhere else ""
     return f", bound in {len(bp['bound'])} proc(s){where}"
