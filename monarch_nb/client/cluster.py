@@ -43,7 +43,7 @@ from .future import Future
 from .host_mesh import HostMesh
 from .hub_client import HubClient, watch_hub
 from .launch import HUB_START_TIMEOUT_S, launch_hub
-from .presence import Presence
+from .presence import Presence, join_hub
 from .proc_mesh import ProcMesh
 from .runtime import runtime
 
@@ -626,7 +626,7 @@ def default_cluster() -> Cluster:
                 path = Path(in_proc["cluster_dir"])
                 info = cluster_dir.read_info(path)
                 rt.cluster = Cluster(info["name"], path, info)
-                rt.cluster._presence = Presence(info["cluster_id"], info["hub"])
+                rt.cluster._presence = join_hub(info["cluster_id"], info["hub"])
         return rt.cluster
 
 

@@ -24,6 +24,8 @@ from ..wire.port import Port
 from ..wire.remote_error import unpack_exception
 from .future import Future
 from .in_flight import Call
+from .mesh_handle import is_this_proc
+from .presence import join_hub
 from .runtime import runtime
 from .value_mesh import ValueMesh
 
@@ -77,6 +79,10 @@ class Endpoint(Generic[P, R]):
         guard_main_thread()  # first: a cell's default SIGINT handler would not defer out of what follows
         mesh = self._mesh
         rt = runtime()
+        presence = rt.presences.get(mesh._cluster_id)
+        if (presence is None or presence.closed) and proc_actor.proc_identity() is not None \
+                and not is_this_proc(mesh._cluster_id):
+            join_hub(mesh._cluster_id, mesh._hub_address)  # an actor's call: it hears of deaths too
         if deaths is None:
             deaths = rt.supervision.deaths
         rt.supervision.raise_armed(mesh._cluster_id, mesh._name)

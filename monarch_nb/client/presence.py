@@ -79,3 +79,17 @@ class Presence:
         if not self._closed.is_set():
             self._closed.set()
             self._try_send({envelope.OP: hub_ops.CLIENT_BYE, "client_id": runtime().client_id})
+
+
+def join_hub(cluster_id: str, hub_address: str) -> Presence:
+    """This process's presence as a client of the hub of ``cluster_id``, made once (and
+    again after it was closed). For procs: an actor calling a mesh it was handed (an
+    argument), never having called ``this_host()``, was no client of its hub, heard of
+    no death, and its call on an actor whose proc died waited for good; the hub tells
+    its clients which actors died (``actors_gone``), and calls to them fail at once."""
+    rt = runtime()
+    with rt.presences_lock:
+        presence = rt.presences.get(cluster_id)
+        if presence is None or presence.closed:
+            presence = rt.presences[cluster_id] = Presence(cluster_id, hub_address)
+        return presence

@@ -65,6 +65,10 @@ class ClientRuntime:
         # module): what this_host() means.
         self.cluster: Any = None
         self.cluster_lock = threading.Lock()
+        # In a proc: cluster id -> this process's Presence as a client of that cluster's
+        # hub, made at its first call there (presence.join_hub). Guarded by presences_lock.
+        self.presences: dict[str, Any] = {}
+        self.presences_lock = threading.Lock()
         self.local_planes: dict[str, "ControlPlane"] = {}  # this_proc()'s, by its cluster id
         # The handles of each proc mesh, by (cluster id, name), so that a restart updates all of them.
         self.proc_mesh_handles: dict[tuple[str, str], weakref.WeakSet] = {}

@@ -10,6 +10,7 @@ import zmq
 from ..protocol import envelope, events
 from ..wire.aio import AioEndpoint
 from .clients import Clients
+from .records import ClientRecord
 
 EVENT_COALESCE_S = 0.1  # health_changed goes out at most this often
 
@@ -26,13 +27,16 @@ class Announcer:
 
     async def announce(self, event: dict) -> None:
         """Send ``event`` to every client's event inbox (its log receiver)."""
-        event = {**event, events.CLUSTER: self._cluster_id}
         for client in list(self._clients.table.values()):
-            if client.log_address:
-                try:
-                    await self._net.send(client.log_address, event)
-                except zmq.ZMQError:  # e.g. the hub closed its sockets (stopping) while this was due:
-                    continue  # events are best effort (a client asks the hub for what it missed)
+            await self.tell(client, event)
+
+    async def tell(self, client: ClientRecord, event: dict) -> None:
+        """Send ``event`` to ``client``'s event inbox, if it has one."""
+        if client.log_address:
+            try:
+                await self._net.send(client.log_address, {**event, events.CLUSTER: self._cluster_id})
+            except zmq.ZMQError:  # e.g. the hub closed its sockets (stopping) while this was due:
+                pass  # events are best effort (a client asks the hub for what it missed)
 
     def health_changed(self) -> None:
         """Announce ``health_changed`` once per ``EVENT_COALESCE_S``, however many changes."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import Awaitable, Callable
 
 import psutil
 
@@ -37,6 +38,8 @@ class Clients:
         self._net = net
         self.table: dict[str, ClientRecord] = {}
         self.idle_since = time.monotonic()  # when the last client left (meaningful while there is none)
+        # Awaited with each client that joins (or joins again after it was forgotten).
+        self.on_joined: Callable[[ClientRecord], Awaitable[None]] | None = None
 
     async def client_alive(self, header, message):
         client = self.table.get(header["client_id"])
@@ -44,6 +47,8 @@ class Clients:
             client = self.table[header["client_id"]] = ClientRecord(
                 header["client_id"], header["pid"], header["hostname"], header["label"], header.get("logs"),
                 wants_lines=header.get("lines", True))
+            if self.on_joined is not None:
+                await self.on_joined(client)
         client.last_seen = time.monotonic()
 
     async def client_bye(self, header, message):

@@ -317,6 +317,16 @@ class MeshOps:
                     proc_exit=proc.exit_code)
         return {**record.public(), "dead": dead}
 
+    def dead_actors(self) -> dict[str, tuple[str, int, str]]:
+        """Every actor of the actor meshes whose proc is gone, as ``actors_gone`` names
+        them (address -> mesh name, rank, report). An actor whose proc lives answers
+        every call itself, dead or not."""
+        gone = {}
+        for record in self._registry.actor_meshes.values():
+            for rank, report in self.actor_mesh_view(record)["dead"].items():
+                gone[record.addresses[int(rank)]] = (record.name, int(rank), report)
+        return gone
+
     async def stop_actor_mesh(self, record: ActorMeshRecord) -> list[dict]:
         """Stop the actors of ``record``; returns those that did not stop within the
         procs' wait (``rank``, ``running``: the endpoint they are still in)."""

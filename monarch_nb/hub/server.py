@@ -35,7 +35,7 @@ import psutil
 
 from .. import cluster_dir, notices
 from ..allocators import base as allocators
-from ..protocol import agent_ops, envelope, hub_ops
+from ..protocol import agent_ops, envelope, events, hub_ops
 from ..wire import frames as wire_frames
 from ..wire import zap
 from ..wire.aio import AioEndpoint
@@ -104,6 +104,7 @@ class Hub:
         self.debug = DebugRegistry(registry, net, self.announcer, recovered=self.saved is not None)
         launcher = ProcLauncher(registry, net)
         self.meshes = MeshOps(registry, net, self.announcer, launcher, self.debug)
+        self.clients.on_joined = self._tell_what_died
         self.supervision = Supervision(registry, net, self.announcer, self.logs.store, self.meshes)
         self.meshes.actor_died = self.supervision.actor_died
         self.restarts = Restarts(registry, net, launcher, self.supervision, self.meshes, self.debug)
@@ -158,6 +159,15 @@ class Hub:
             hub_ops.DEBUG_POST_MORTEM: self.debug.debug_post_mortem,
             hub_ops.DEBUG_RELAY_REFUSED: self.debug.debug_relay_refused,
         }
+
+    async def _tell_what_died(self, client) -> None:
+        """A client that joins hears which actors are gone already: their deaths were
+        told only to the clients of the time, and a call to an actor whose proc is gone
+        gets no answer (an actor handed a mesh, calling it for the first time, waited
+        for good)."""
+        gone = self.meshes.dead_actors()
+        if gone:
+            await self.announcer.tell(client, {envelope.OP: events.ACTORS_GONE, "actors": gone})
 
     # lifecycle ---------------------------------------------------------------------
     async def run(self, ready_fd: int | None) -> None:
