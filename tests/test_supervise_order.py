@@ -33,8 +33,9 @@ class Child(Actor):
         os._exit(1)  # the proc dies: the call fails through the hub's news of it
 
 
-class AsyncOwner(Actor):
-    """Monarch's shape: ``async`` endpoints, a child mesh spawned in ``__init__``."""
+class _ChildOwner:
+    """What the owners share: a child mesh on ``child_procs``, spawned anew each round,
+    and the failures their ``__supervise__`` took, in order."""
 
     def __init__(self, child_procs):
         self.child_procs = child_procs
@@ -45,6 +46,14 @@ class AsyncOwner(Actor):
     def _spawn(self):
         self.round += 1
         return self.child_procs.spawn(f"child{self.round}", Child)
+
+    def __supervise__(self, failure: MeshFailure) -> bool:
+        self.failures.append((failure.meshes[0], list(failure.ranks)))
+        return True
+
+
+class AsyncOwner(_ChildOwner, Actor):
+    """Monarch's shape: ``async`` endpoints, a child mesh spawned in ``__init__``."""
 
     @endpoint
     async def kill_children(self, how: str, *args) -> None:
@@ -63,10 +72,6 @@ class AsyncOwner(Actor):
     async def seen(self) -> list[tuple[str, list[int]]]:
         return self.failures
 
-    def __supervise__(self, failure: MeshFailure) -> bool:
-        self.failures.append((failure.meshes[0], list(failure.ranks)))
-        return True
-
 
 class AsyncSuperviseOwner(AsyncOwner):
     async def __supervise__(self, failure: MeshFailure) -> bool:
@@ -83,19 +88,9 @@ class ProcOwner(AsyncOwner):
         super().__init__(this_host().spawn_procs(per_host={"gpus": 1}, name="owned-procs"))
 
 
-class ThreadOwner(Actor):
+class ThreadOwner(_ChildOwner, Actor):
     """A thread actor (plain ``def`` endpoints): busy in the failing call, it handles the
     failure as soon as that call returns."""
-
-    def __init__(self, child_procs):
-        self.child_procs = child_procs
-        self.round = 0
-        self.children = self._spawn()
-        self.failures: list[tuple[str, list[int]]] = []
-
-    def _spawn(self):
-        self.round += 1
-        return self.child_procs.spawn(f"child{self.round}", Child)
 
     @endpoint
     def kill_children(self, how: str, *args) -> None:
@@ -125,10 +120,6 @@ class ThreadOwner(Actor):
         """Busy until the gate's port is sent something (it comes by the proc's mailbox,
         not this actor's inbox)."""
         self.opened.recv().get(timeout=60)
-
-    def __supervise__(self, failure: MeshFailure) -> bool:
-        self.failures.append((failure.meshes[0], list(failure.ranks)))
-        return True
 
 
 class CallingAsyncOwner(AsyncOwner):
