@@ -45,8 +45,9 @@ def groups(cluster):
     made = []
 
     def make(**options):
+        options.setdefault("on_join", _copy_state)
         made.append(ReplicaGroups(cluster.host_mesh(), "ctr", Counter, num_groups=3, per_group={"gpus": 2},
-                                  on_join=_copy_state, **options))
+                                  **options))
         return made[-1]
 
     yield make
@@ -225,5 +226,175 @@ def test_a_warm_spare_on_a_free_host_replaces_a_group_whose_host_is_lost(hosts4)
         assert rg.groups[1].procs.pids == spare_pids and hosts_of(rg.groups[1].procs) == ["host2"]
         assert wait_until(lambda: rg.spare.ready_pids() is not None, BOUND_S)
         assert rg.spare.host_ids() == ["host3"]  # host1 is lost: the new spare takes the one host left
+    finally:
+        rg.stop()
+
+
+def _fail_group_and_wait_for_its_replacement(rg, index):
+    """Kill a rank of group ``index``, see its step fail, and wait until its replacement
+    is spawned but has not rejoined (``JOINING``: it joins at the next call's start)."""
+    lost = rg.groups[index].procs.pids
+    inject_fault(rg.groups[index].procs, "kill", ranks=[0])
+    assert wait_until(lambda: index not in rg.call("step"), BOUND_S)
+    assert wait_until(lambda: rg.groups[index].state is GroupState.JOINING, BOUND_S), rg.status()
+    return lost
+
+
+def test_a_replacement_killed_before_it_rejoins_is_respawned_again_counting_toward_max_restarts(groups):
+    rg = groups(max_restarts=3)
+    rg.call("step")
+    healthy_pids = [rg.groups[0].procs.pids, rg.groups[2].procs.pids]
+    lost = _fail_group_and_wait_for_its_replacement(rg, 1)
+    replacement = rg.groups[1].procs.pids
+    inject_fault(rg.groups[1].procs, "kill", ranks=[1])  # the new group dies before it rejoins
+    assert wait_until(lambda: pids_alive([replacement[1]]) == [], BOUND_S)
+    assert sorted(rg.call("step")) == [0, 2]  # its on_join failed: respawned again; the others stepped
+    assert rg.status()[1]["last_failure"].startswith("on_join failed: SupervisionError")
+
+    def healthy_ones_step_until_it_is_back():
+        assert {0, 2} <= set(rg.call("step"))
+        return rg.groups[1].is_healthy
+
+    assert wait_until(healthy_ones_step_until_it_is_back, BOUND_S), rg.status()
+    after = rg.call("step")
+    assert sorted(after) == [0, 1, 2] and after[1].values() == after[0].values()
+    assert rg.groups[1].restarts == 2  # both respawns count toward max_restarts
+    assert [rg.groups[0].procs.pids, rg.groups[2].procs.pids] == healthy_pids
+    assert pids_alive(lost + replacement) == []  # no orphan of either dead group
+    assert not set(rg.groups[1].procs.pids) & set(lost + replacement)
+
+
+def test_a_replacement_killed_before_it_rejoins_past_max_restarts_stays_out_with_a_clear_error(groups):
+    rg = groups(max_restarts=1)
+    rg.call("step")
+    lost = _fail_group_and_wait_for_its_replacement(rg, 1)
+    replacement = rg.groups[1].procs.pids
+    inject_fault(rg.groups[1].procs, "kill", ranks=[0])
+    assert wait_until(lambda: pids_alive([replacement[0]]) == [], BOUND_S)
+    assert sorted(rg.call("step")) == [0, 2]
+    status = rg.status()[1]
+    assert status["state"] == "failed" and status["restarts"] == 1, status
+    assert status["last_failure"].startswith("on_join failed: SupervisionError"), status
+    assert rg.wait_healthy(BOUND_S) and sorted(rg.call("step")) == [0, 2]  # the others step on
+    assert pids_alive(lost + replacement) == []  # its surviving rank was stopped with it
+
+
+def test_a_replacement_killed_before_it_rejoins_under_group_loops_is_respawned_by_its_loop(groups):
+    killed: list[int] = []
+
+    def kill_first_replacement(group, donor):
+        if not killed:  # the first replacement dies between its spawn and its rejoining
+            killed.extend(group.procs.pids)
+            inject_fault(group.procs, "kill", ranks=[0])
+            assert wait_until(lambda: pids_alive(killed[:1]) == [], BOUND_S)
+        _copy_state(group, donor)
+
+    rg = groups(max_restarts=3, on_join=kill_first_replacement)
+    loops = rg.run("step")
+    assert loops.wait(lambda: min(loops.steps.values()) >= 3, BOUND_S)
+    healthy_pids = [rg.groups[0].procs.pids, rg.groups[2].procs.pids]
+    inject_fault(rg.groups[1].procs, "kill", ranks=[0])
+    assert loops.wait(lambda: rg.groups[1].restarts == 2 and rg.groups[1].is_healthy, BOUND_S), rg.status()
+    at = dict(loops.steps)
+    assert loops.wait(lambda: all(loops.steps[i] > at[i] + 2 for i in range(3)), BOUND_S)
+    assert [rg.groups[0].procs.pids, rg.groups[2].procs.pids] == healthy_pids
+    assert loops.stop(timeout=BOUND_S) and loops.failed == {0: 0, 1: 1, 2: 0}
+    assert pids_alive(killed) == []
+
+
+def test_every_group_failing_at_once_recovers_all_and_a_call_meanwhile_is_a_clear_error(groups):
+    rg = groups()
+    for _ in range(2):
+        rg.call("step")
+    lost = [pid for g in rg.groups for pid in g.procs.pids]
+    for group in rg.groups:
+        inject_fault(group.procs, "kill", ranks=[1])
+    assert wait_until(lambda: pids_alive(lost[1::2]) == [], BOUND_S)
+    assert rg.call("step") == {}  # every group's step failed: all are recovered
+    assert all(s["state"] in ("recovering", "joining") for s in rg.status())
+    try:
+        rg.call("step")  # unless all have already rejoined: none is healthy
+    except ClusterError as e:
+        assert "no healthy replica group" in str(e)
+    assert rg.wait_healthy(BOUND_S)
+    after = rg.call("step")
+    assert sorted(after) == [0, 1, 2]
+    assert all(s["restarts"] == 1 and "SupervisionError" in s["last_failure"] for s in rg.status())
+    assert pids_alive(lost) == []  # every dead group's surviving rank was torn down
+    # no healthy donor was left: the first to rejoin starts fresh (donor None), the others copy it
+    assert all(vm.values() == [1, 1] for vm in after.values())
+
+
+def test_every_group_failing_at_once_under_group_loops_recovers_all(groups):
+    rg = groups()
+    loops = rg.run("step")
+    assert loops.wait(lambda: min(loops.steps.values()) >= 2, BOUND_S)
+    lost = [pid for g in rg.groups for pid in g.procs.pids]
+    for group in rg.groups:
+        inject_fault(group.procs, "kill", ranks=[0])
+    assert loops.wait(lambda: all(g.restarts == 1 and g.is_healthy for g in rg.groups), BOUND_S), rg.status()
+    at = dict(loops.steps)
+    assert loops.wait(lambda: all(loops.steps[i] > at[i] + 2 for i in range(3)), BOUND_S)
+    assert loops.stop(timeout=BOUND_S) and loops.failed == {0: 1, 1: 1, 2: 1}
+    assert pids_alive(lost) == []
+
+
+class Weights(Actor):
+    """A stand-in trainer whose weights are a tensor it can expose as an RDMABuffer."""
+
+    def __init__(self):
+        import torch
+        self.weights = torch.zeros(4096, dtype=torch.float32)
+        self.buffer = None
+
+    @endpoint
+    def step(self) -> float:
+        import torch
+        self.weights.add_(torch.linspace(0.5, 1.5, self.weights.numel()))  # in place: the buffer stays valid
+        return float(self.weights.sum())
+
+    @endpoint
+    def expose(self):
+        import torch
+        from monarch_nb.rdma import RDMABuffer
+        if self.buffer is None:
+            self.buffer = RDMABuffer(self.weights.view(torch.uint8))
+        return self.buffer
+
+    @endpoint
+    def pull(self, buffer) -> None:
+        import torch
+        buffer.read_into(self.weights.view(torch.uint8)).get()
+
+    @endpoint
+    def values(self) -> list[float]:
+        return self.weights.tolist()
+
+
+def _pull_weights_over_rdma(group, donor):
+    """on_join: the donor's rank 0 exposes its weights; every rank of the joining group
+    reads them one-sided into its own tensor (no disk, no endpoint argument of the weights)."""
+    if donor is not None:
+        buffer = donor.actors.slice(gpus=0).expose.call_one().get(timeout=BOUND_S)
+        group.actors.pull.call(buffer).get(timeout=BOUND_S)
+
+
+def test_on_join_loads_a_healthy_groups_weights_over_rdma(cluster):
+    pytest.importorskip("torch", reason="torch is not installed")
+    rg = ReplicaGroups(cluster.host_mesh(), "rdma", Weights, num_groups=2, per_group={"gpus": 2},
+                       on_join=_pull_weights_over_rdma)
+    try:
+        for _ in range(3):
+            rg.call("step")
+        lost = rg.groups[1].procs.pids
+        inject_fault(rg.groups[1].procs, "kill", ranks=[0])
+        assert wait_until(lambda: 1 not in rg.call("step"), BOUND_S)
+        assert rg.wait_healthy(BOUND_S)  # rejoined: on_join pulled group 0's weights
+        donor = rg.groups[0].actors.slice(gpus=0).values.call_one().get(timeout=BOUND_S)
+        joined = rg.groups[1].actors.values.call().get(timeout=BOUND_S).values()
+        assert joined == [donor, donor] and donor[0] > 0  # the donor's 4 steps, not a fresh group's zeros
+        after = rg.call("step")
+        assert after[1].values() == after[0].values()  # and they step on alike
+        assert pids_alive(lost) == []
     finally:
         rg.stop()

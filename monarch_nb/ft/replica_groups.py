@@ -90,8 +90,11 @@ class ReplicaGroups:
     ``__init__`` may ``init_process_group``. ``on_join(group, donor)`` runs when a
     recovered group rejoins, at the start of a step (between the donor's steps), ``donor``
     a healthy group (``None`` when none is left): load the donor's weights into
-    ``group.actors`` there. ``max_restarts``: a group
-    that fails more often is left out (``GroupState.FAILED``). ``step_timeout`` (seconds,
+    ``group.actors`` there (e.g. read through an ``RDMABuffer`` the donor's actors
+    return). ``max_restarts``: a group
+    that fails more often is left out (``GroupState.FAILED``); a replacement that fails
+    before it rejoins (``on_join`` raises: its procs died, or the hook failed) counts as
+    a restart and is respawned again. ``step_timeout`` (seconds,
     ``None``: no limit): a group whose step takes longer is taken as hung and recovered.
 
     ``quorum="torchft"`` (torchft installed) starts TorchFT's lighthouse as an actor
@@ -311,20 +314,24 @@ class ReplicaGroups:
 
     def _replace(self, group: ReplicaGroup, broken: ProcMesh) -> None:
         """Recover ``group`` and admit it, on this thread."""
-        self._recover(group, broken)
-        if group.state is GroupState.JOINING:
-            self._admit(group)
+        while broken is not None:  # again while its replacement fails before it rejoins
+            self._recover(group, broken)
+            broken = self._admit(group) if group.state is GroupState.JOINING else None
 
     def wait_healthy(self, timeout: float | None = None) -> bool:
         """Block until no group is recovering (``timeout`` seconds, ``None``: no limit),
         then admit the recovered ones; returns whether every group that is not failed for
         good is healthy again."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for thread in list(self._recoveries):
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        self._admit_joining()
-        with self._lock:
-            return not any(g.state is GroupState.RECOVERING for g in self.groups)
+        while True:
+            for thread in list(self._recoveries):
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            self._admit_joining()  # a replacement whose on_join fails is recovered again
+            with self._lock:
+                recovering = any(g.state is GroupState.RECOVERING for g in self.groups)
+            if not recovering or (deadline is not None and time.monotonic() >= deadline) \
+                    or not any(t.is_alive() for t in self._recoveries):
+                return not recovering
 
     def status(self) -> list[dict]:
         """Each group's state, restarts, last failure, recovery times (s), pids and host ids."""
@@ -361,22 +368,32 @@ class ReplicaGroups:
         with self._lock:  # the loop in a method of its own: see monarch_nb.wire.interrupts
             joining = self._in_state(GroupState.JOINING)
         for group in joining:
-            self._admit(group)
+            broken = self._admit(group)
+            if broken is not None:
+                self._recover_in_background(group, broken)
 
-    def _admit(self, group: ReplicaGroup) -> None:
-        """``on_join`` for respawned ``group`` from a healthy donor, then ``HEALTHY``;
-        ``FAILED`` when ``on_join`` raises. Nothing while the groups stop."""
+    def _admit(self, group: ReplicaGroup) -> ProcMesh | None:
+        """``on_join`` for respawned ``group`` from a healthy donor, then ``HEALTHY``.
+        When ``on_join`` raises (the new procs died before the group rejoined, or the hook
+        failed), the respawn counts as a restart that failed: returns the procs to recover
+        again (``RECOVERING``) while within ``max_restarts``, else stops them
+        (``FAILED``). Nothing while the groups stop."""
         if self._stopping:
-            return
+            return None
         started = time.monotonic()
         try:
             if self._on_join is not None:
                 self._on_join(group, next(iter(self.healthy()), None))
-        except Exception as e:  # noqa: BLE001 - the group stays out; the others go on
-            group.procs.stop()
+        except Exception as e:  # noqa: BLE001 - the group is recovered again or stays out; the others go on
             with self._lock:
-                group.state, group.last_failure = GroupState.FAILED, f"on_join failed: {type(e).__name__}: {e}"
-            return
+                group.restarts += 1  # this respawn was a restart, though the group never stepped
+                group.last_failure = f"on_join failed: {type(e).__name__}: {e}"
+                retry = not self._stopping and group.restarts < self._max_restarts
+                group.state = GroupState.RECOVERING if retry else GroupState.FAILED
+            if retry:
+                return group.procs
+            self._tear_down(group.procs)
+            return None
         with self._lock:
             group.recovery_phases["join"] = time.monotonic() - started
             group.restarts += 1
@@ -384,11 +401,15 @@ class ReplicaGroups:
             group.state = GroupState.HEALTHY
         if self.spare is not None:
             self.spare.refill()  # now that the group is back: not competing with its recovery
+        return None
 
     def _failed(self, group: ReplicaGroup, why: str) -> None:
         broken = self._take_out(group, why)
-        if broken is None:
-            return
+        if broken is not None:
+            self._recover_in_background(group, broken)
+
+    def _recover_in_background(self, group: ReplicaGroup, broken: ProcMesh) -> None:
+        """:meth:`_recover` on a thread of its own (``wait_healthy`` joins it)."""
         thread = threading.Thread(target=self._recover, args=(group, broken), daemon=True,
                                   name=f"monarch-nb-recover-{self._name}-{group.index}")
         self._recoveries.append(thread)
