@@ -8,7 +8,7 @@ import logging
 import weakref
 from typing import Any, Callable, TypeVar, cast
 
-from ..errors import ActorError, HubTimeout
+from ..errors import ActorError, ClusterError, HubTimeout
 from ..mesh import Extent, Shape
 from ..proc.actor import Actor, endpoint_names, owner_of_new_meshes
 from ..proc.setup_actor import ProcSetup, set_root_log_level
@@ -138,6 +138,9 @@ class ProcMesh(MeshHandle):
             raise
         finally:
             bar.close(ran)
+        stopped = rt.supervision.stopped_why(self._cluster_id)
+        if stopped is not None:  # while the constructors ran: the hub's answer names actors that are gone
+            raise ClusterError(stopped)
         if "failures" in reply:
             raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
         rt.supervision.sync(self._cluster_id, reply["addresses"], reply["dead"], reply["name"])

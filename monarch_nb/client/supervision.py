@@ -278,6 +278,12 @@ class Supervision:
         every call still waiting on them fails now with ``why``, and later calls at once."""
         self._fail_cluster(cluster_id, why, hub_lost=False)
 
+    def stopped_why(self, cluster_id: str) -> str | None:
+        """Why the cluster is stopped for good (by this client: :meth:`cluster_stopped`),
+        or ``None``."""
+        with self._lock:
+            return None if cluster_id in self._lost_hubs else self._stopped.get(cluster_id)
+
     def _fail_cluster(self, cluster_id: str, why: str, hub_lost: bool) -> None:
         with self._lock:
             self._stopped[cluster_id] = why
