@@ -61,5 +61,8 @@ class Watched:
 
     def counted(self, silent_s: float) -> float:
         """The part of ``silent_s`` seconds of silence since it was last heard that counts."""
-        now = sched_times(self.pid) if self.pid is not None and self._at_heard is not None else None
-        return silent_s if now is None else counted_silence(silent_s, cpu_wait(silent_s, self._at_heard, now))
+        then = self._at_heard
+        now = sched_times(self.pid) if self.pid is not None and then is not None else None
+        if then is None or now is None:
+            return silent_s
+        return counted_silence(silent_s, cpu_wait(silent_s, then, now))

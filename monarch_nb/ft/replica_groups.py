@@ -314,9 +314,10 @@ class ReplicaGroups:
 
     def _replace(self, group: ReplicaGroup, broken: ProcMesh) -> None:
         """Recover ``group`` and admit it, on this thread."""
-        while broken is not None:  # again while its replacement fails before it rejoins
-            self._recover(group, broken)
-            broken = self._admit(group) if group.state is GroupState.JOINING else None
+        failed: ProcMesh | None = broken
+        while failed is not None:  # again while its replacement fails before it rejoins
+            self._recover(group, failed)
+            failed = self._admit(group) if group.state is GroupState.JOINING else None
 
     def wait_healthy(self, timeout: float | None = None) -> bool:
         """Block until no group is recovering (``timeout`` seconds, ``None``: no limit),
