@@ -89,37 +89,6 @@ def test_interrupting_busy_actors_over_and_over_leaves_them_answering():
     assert report["interrupted"] > 0, "no interrupt reached a busy endpoint"
 
 
-SWALLOWED = """
-import os, signal, time
-from monarch_nb.wire import interrupts
-
-interrupts.guard_main_thread()
-
-class FreedUnderCtrlC:
-    # As pyzmq's Frame.__dealloc__ does, a finaliser where signal handlers run: the
-    # KeyboardInterrupt they raise there cannot propagate (Python prints "Exception
-    # ignored" and drops it).
-    def __del__(self):
-        os.kill(os.getpid(), signal.SIGINT)
-        signal.getsignal(signal.SIGINT)  # the handler runs at the latest after this call
-
-try:
-    FreedUnderCtrlC()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        time.sleep(0.01)
-    print("lost")
-except KeyboardInterrupt:
-    print("delivered")
-"""
-
-
-def test_a_ctrl_c_raised_where_python_cannot_propagate_it_is_delivered_after_not_lost():
-    run = subprocess.run([sys.executable, "-c", SWALLOWED], capture_output=True, text=True, timeout=60)
-    assert run.stdout.strip() == "delivered", (run.stdout, run.stderr)
-    assert "Exception ignored" not in run.stderr, run.stderr
-
-
 SPINNER = """
 from monarch_nb.actor import Actor, endpoint, this_host
 import time

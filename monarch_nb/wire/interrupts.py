@@ -42,7 +42,6 @@ import _signal  # type: ignore[import-not-found]  # signal.py's C half: no stubs
 import _thread
 import os
 import signal
-import sys
 import threading
 import time
 import types
@@ -100,40 +99,17 @@ _redeliverer: threading.Thread | None = None
 
 @protected
 def _on_sigint(signum, frame) -> None:
-    if not allows(frame):
-        _defer()
-        return
     global _pending
+    if not allows(frame):
+        if not _pending:
+            _pending = True
+            try:
+                os.write(_wake_w, b"!")
+            except OSError:  # full (it is already awake) or closed
+                pass
+        return
     _pending = False
     raise KeyboardInterrupt
-
-
-def _defer() -> None:
-    """Have the re-delivering thread raise SIGINT on the main thread again soon."""
-    global _pending
-    if not _pending:
-        _pending = True
-        try:
-            os.write(_wake_w, b"!")
-        except OSError:  # full (it is already awake) or closed
-            pass
-
-
-@protected  # a second Ctrl-C while this runs is deferred too, not lost in here
-def _on_unraisable(unraisable) -> None:
-    """``sys.unraisablehook`` of a process whose main thread is guarded. Python runs
-    signal handlers also where an exception cannot propagate: pyzmq checks for signals
-    while it frees a message (``Frame.__dealloc__``), so a ``KeyboardInterrupt`` raised
-    there was printed as "Exception ignored" and that Ctrl-C lost. It is deferred
-    instead, and lands at the next place that allows it."""
-    if (issubclass(unraisable.exc_type, KeyboardInterrupt) and threading.get_ident() == _main_ident
-            and _signal.getsignal(_SIGINT) is _on_sigint):
-        _defer()
-        return
-    _next_unraisablehook(unraisable)
-
-
-_next_unraisablehook = sys.unraisablehook
 
 
 def _redeliver() -> None:
@@ -151,15 +127,13 @@ def _redeliver() -> None:
 
 
 def _start_redeliverer() -> None:
-    global _redeliverer, _wake_r, _wake_w, _next_unraisablehook
+    global _redeliverer, _wake_r, _wake_w
     if _redeliverer is None or _wake_pid != os.getpid():
         _set_pid()
         _wake_r, _wake_w = os.pipe()
         os.set_blocking(_wake_w, False)
         _redeliverer = threading.Thread(target=_redeliver, name="monarch-nb-interrupts", daemon=True)
         _redeliverer.start()
-        if sys.unraisablehook is not _on_unraisable:
-            _next_unraisablehook, sys.unraisablehook = sys.unraisablehook, _on_unraisable
 
 
 _wake_pid = -1
