@@ -123,6 +123,9 @@ class Allocation:
             if not starting.done() and self._abandoned(starter_gone):
                 self.allocator.cancel_start()
                 await asyncio.wait([starting])  # what it started is stopped with the rest
+                if starting.exception() is not None:  # (retrieved: given up anyway, not logged as lost)
+                    print(f"monarch_nb hub: the {self.allocator.kind} allocator failed while giving up: "
+                          f"{starting.exception()}", file=sys.stderr)
                 return False
         try:
             registry.host_order = starting.result()
