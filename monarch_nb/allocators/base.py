@@ -39,6 +39,8 @@ class Allocator(Protocol):
         """Called from another thread while :meth:`start` runs: return soon, starting
         no more agents (the hub gave the start up; :meth:`stop` ends what was started)."""
 
+    host_ids: list[str]  # the hosts of its allocation, in ``hosts``-dimension order, once started
+
     def adopt(self, pids: dict[str, int]) -> None:
         """Take charge of live host agents (host id -> pid) a previous hub started."""
 
@@ -55,20 +57,30 @@ class Allocator(Protocol):
         down, then end what is left (kill, or cancel the job) and wait for it."""
 
 
-def create(spec: dict | None, cluster_dir: str, grace_s: float) -> Allocator:
-    """The allocator ``spec`` describes (``None``: local). Raises ``ValueError`` for
-    an unknown kind."""
+# The kinds that can give a cluster more hosts once it runs (``Cluster.allocate``).
+ADDED_KINDS = ("local", "slurm", "command")
+
+
+def create(spec: dict | None, cluster_dir: str, grace_s: float, allocation: str = "") -> Allocator:
+    """The allocator ``spec`` describes (``None``: local). ``allocation``: the name of
+    an allocation added to a running cluster (``Cluster.allocate``; ``""``: the
+    cluster's own): its host ids are ``{allocation}-host{i}`` and a Slurm job of its own
+    is named after it. Raises ``ValueError`` for an unknown kind, or one that cannot be
+    added (not in ``ADDED_KINDS``)."""
     spec = dict(spec or {"kind": "local"})
     kind = spec.pop("kind", "local")
+    if allocation and kind not in ADDED_KINDS:
+        raise ValueError(f"an allocator of kind {kind!r} cannot add hosts to a running cluster; "
+                         f"use one of {', '.join(ADDED_KINDS)}")
     if kind == "local":
         from .local import LocalAllocator
-        return LocalAllocator(cluster_dir, grace_s)
+        return LocalAllocator(cluster_dir, grace_s, allocation)
     if kind == "slurm":
         from .slurm import SlurmAllocator
-        return SlurmAllocator.from_spec(spec, cluster_dir, grace_s)
+        return SlurmAllocator.from_spec(spec, cluster_dir, grace_s, allocation)
     if kind == "command":
         from .command import CommandAllocator
-        return CommandAllocator.from_spec(spec, cluster_dir, grace_s)
+        return CommandAllocator.from_spec(spec, cluster_dir, grace_s, allocation)
     if kind == "workers":
         from .workers import WorkersAllocator
         return WorkersAllocator.from_spec(spec, cluster_dir, grace_s)

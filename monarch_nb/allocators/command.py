@@ -18,11 +18,12 @@ from .local import LocalAllocator
 class CommandAllocator(LocalAllocator):
     kind = "command"
 
-    def __init__(self, prefixes: list[list[str]], bind: str, cluster_dir: str = "", grace_s: float = 10.0):
+    def __init__(self, prefixes: list[list[str]], bind: str, cluster_dir: str = "", grace_s: float = 10.0,
+                 allocation: str = ""):
         if not prefixes or any(not isinstance(p, (list, tuple)) for p in prefixes):
             raise ValueError("prefixes: give one command prefix (a list of words) per host, e.g. "
                              "[['ip', 'netns', 'exec', 'a'], ['ssh', 'node7']]; [] runs an agent here")
-        super().__init__(cluster_dir, grace_s)
+        super().__init__(cluster_dir, grace_s, allocation)
         self.prefixes = [[str(w) for w in p] for p in prefixes]
         self.bind = interfaces.check_bind_address(bind)
 
@@ -31,8 +32,8 @@ class CommandAllocator(LocalAllocator):
         return len(self.prefixes)
 
     @classmethod
-    def from_spec(cls, spec: dict, cluster_dir: str, grace_s: float) -> "CommandAllocator":
-        return cls(spec["prefixes"], spec["bind"], cluster_dir, grace_s)
+    def from_spec(cls, spec: dict, cluster_dir: str, grace_s: float, allocation: str = "") -> "CommandAllocator":
+        return cls(spec["prefixes"], spec["bind"], cluster_dir, grace_s, allocation)
 
     def spec(self) -> dict:
         return {"kind": self.kind, "prefixes": self.prefixes, "bind": self.bind}

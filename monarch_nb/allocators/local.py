@@ -17,15 +17,19 @@ class LocalAllocator:
     cluster started (see :mod:`.base` for the protocol).
 
     ``grace_s`` is how long an agent keeps its procs after the hub falls silent.
+    ``allocation``: the name of an allocation added to a running cluster (its host ids
+    are ``{allocation}-host{i}``), ``""`` for the cluster's own.
     """
 
     kind = "local"
     start_timeout_s = 60.0
 
-    def __init__(self, cluster_dir: str, grace_s: float):
+    def __init__(self, cluster_dir: str, grace_s: float, allocation: str = ""):
         self.cluster_dir = cluster_dir
         self.grace_s = grace_s
+        self.host_prefix = f"{allocation}-" if allocation else ""
         self.agents: dict[str, subprocess.Popen | psutil.Process] = {}
+        self.host_ids: list[str] = []
         self._ids = itertools.count()
         self._cancelled = threading.Event()  # the hub gave the start up (cancel_start)
 
@@ -47,6 +51,7 @@ class LocalAllocator:
                  "--hub", hub_address, "--host-id", host_id, "--grace", str(self.grace_s), *self._agent_args()],
                 stdin=subprocess.DEVNULL)
             ids.append(host_id)
+        self.host_ids += ids
         return ids
 
     def cancel_start(self) -> None:
@@ -80,6 +85,8 @@ class LocalAllocator:
     def adopt(self, pids: dict[str, int]) -> None:
         """Take charge of running host agents (host id -> pid) started by an earlier hub."""
         for host_id, pid in pids.items():
+            if host_id not in self.host_ids:
+                self.host_ids.append(host_id)
             try:
                 self.agents[host_id] = psutil.Process(pid)
             except psutil.NoSuchProcess:
@@ -104,7 +111,7 @@ class LocalAllocator:
 
     def _next_id(self) -> str:
         while True:  # skipping ids of adopted agents
-            host_id = f"host{next(self._ids)}"
+            host_id = f"{self.host_prefix}host{next(self._ids)}"
             if host_id not in self.agents:
                 return host_id
 

@@ -128,6 +128,7 @@ class SlurmAllocator:
         self.job_id: str | None = None
         self.host_ids: list[str] = []
         self.cluster_dir: str | None = None
+        self.allocation = ""  # set by the hub for an allocation added to a running cluster
         self.grace_s = 10.0
         self.submitted: float | None = None  # time.time() of sbatch, for the queue-wait figure
 
@@ -143,15 +144,20 @@ class SlurmAllocator:
                 "job_id": self.job_id, "host_ids": self.host_ids, "submitted": self.submitted}
 
     @classmethod
-    def from_spec(cls, spec: dict, cluster_dir: str, grace_s: float) -> "SlurmAllocator":
+    def from_spec(cls, spec: dict, cluster_dir: str, grace_s: float, allocation: str = "") -> "SlurmAllocator":
+        """The allocator of ``spec`` in the hub; ``allocation``: see ``allocators.create``."""
         spec = dict(spec)
         job_id, host_ids, submitted = spec.pop("job_id", None), spec.pop("host_ids", []), spec.pop("submitted", None)
         allocator = cls(**spec, defaults={})  # the spec is complete: the config file may have changed since
-        allocator.cluster_dir, allocator.grace_s = cluster_dir, grace_s
+        allocator.cluster_dir, allocator.grace_s, allocator.allocation = cluster_dir, grace_s, allocation
         allocator.job_id, allocator.host_ids, allocator.submitted = job_id, list(host_ids), submitted
         if allocator.job_name is None:
-            allocator.job_name = f"monarch_nb-{Path(cluster_dir).name}"
+            allocator.job_name = f"monarch_nb-{Path(cluster_dir).name}" + (f"-{allocation}" if allocation else "")
         return allocator
+
+    @property
+    def _host_prefix(self) -> str:
+        return f"{self.allocation}-" if self.allocation else ""
 
     def __repr__(self) -> str:
         opts = "".join(f", {k}={v!r}" for k, v in self.options.items() if v is not None)
@@ -180,13 +186,13 @@ class SlurmAllocator:
         if hosts != self.nodes:
             raise ClusterError(f"SlurmAllocator has nodes={self.nodes}, but {hosts} hosts were asked for")
         assert self.cluster_dir is not None, "the hub's allocator is made by from_spec, with its cluster directory"
-        script = Path(self.cluster_dir) / JOB_SCRIPT
+        script = Path(self.cluster_dir) / (f"{self._host_prefix}{JOB_SCRIPT}")
         script.write_text(self.job_script(hub_address=hub_address))
         script.chmod(0o700)
         self.submitted = time.time()
         out = _run(["sbatch", "--parsable", str(script)])
         self.job_id = slurm_parse.parse_sbatch(out)
-        self.host_ids = [f"host{i}" for i in range(self.nodes)]
+        self.host_ids = [f"{self._host_prefix}host{i}" for i in range(self.nodes)]
         options = " ".join(self._directives())
         print(f"monarch_nb hub: submitted Slurm job {self.job_id} ({options})", file=sys.stderr)
         return list(self.host_ids)
@@ -220,8 +226,8 @@ class SlurmAllocator:
         else:  # no --overlap here: an actor's srun that can't get CPUs fails after a while instead
             share = f"export SLURM_IMMEDIATE={STEP_WAIT_S}"
         agent = ('exec "$0" -m monarch_nb.host --cluster-dir "$1" --hub "$2" --grace "$3" --bind auto '
-                 '--host-id "host$SLURM_PROCID" --node "$SLURMD_NODENAME"')
-        args = [sys.executable, folder, hub_address or "HUB_ADDRESS", str(self.grace_s)]
+                 '--host-id "$4host$SLURM_PROCID" --node "$SLURMD_NODENAME"')
+        args = [sys.executable, folder, hub_address or "HUB_ADDRESS", str(self.grace_s), self._host_prefix]
         lines = ["#!/bin/bash", *(f"#SBATCH {shlex.quote(o)}" for o in self._directives(folder, job_name)),
                  f"# monarch_nb cluster {Path(folder).name}: one host agent per node, dialing the hub.",
                  'echo "monarch_nb: job $SLURM_JOB_ID running on $SLURM_JOB_NODELIST at $(date +%s.%N)"',

@@ -60,6 +60,7 @@ class WorkersAllocator(LocalAllocator):
                 except psutil.NoSuchProcess:
                     pass  # exited already: the hub finds out when it does not report
             ids.append(host_id)
+        self.host_ids += ids
         return ids
 
 

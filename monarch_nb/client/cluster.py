@@ -345,6 +345,36 @@ class Cluster:
         info = self.info()
         return HostMesh(self._info["cluster_id"], self._info["hub"], [h["host_id"] for h in info["hosts"]])
 
+    def allocate(self, name: str, hosts: int | None = None, allocator=None) -> HostMesh:
+        """More hosts for this running cluster, from an allocation of their own named
+        ``name``: ``hosts`` local host agents (default 1), or what ``allocator`` gives,
+        e.g. ``SlurmAllocator(nodes=2)`` (a Slurm job of its own, named
+        ``monarch_nb-CLUSTER-NAME``). Returns an owned :class:`HostMesh` over
+        ``{"hosts": N}`` once every new host agent has reported (a Slurm job's queue
+        wait included, up to its ``start_timeout``); its ``shutdown()`` gives the
+        allocation back: the procs on it stop, its agents exit and its job ends, while
+        the rest of the cluster runs on. Its hosts show in ``health()``; a job that ends
+        from outside fails them as the cluster's own. The allocation outlives this
+        client, as the cluster does (``allocations`` finds it again).
+
+        Allocating a name that exists with as many hosts returns it (a re-run cell).
+        Raises ``ValueError`` for a bad name, a name taken with another size, or a bad
+        ``hosts``; ``TypeError`` for something that is not an allocator;
+        :class:`ClusterError` with the allocator's account (the job's state and reason)
+        when the hosts don't come up."""
+        from .allocations import allocate
+
+        return allocate(self.hub, name, hosts, allocator)
+
+    @property
+    def allocations(self) -> dict[str, HostMesh]:
+        """The allocations added with :meth:`allocate`, by name: owned handles on their
+        hosts (``shutdown()`` gives one back)."""
+        from .allocations import allocated_mesh
+
+        return {name: allocated_mesh(self.hub, name, [h["host_id"] for h in added["hosts"]])
+                for name, added in self.info().get("allocations", {}).items()}
+
     def this_host(self) -> HostMesh:
         """What ``this_host()`` is while this cluster is the current one: its one host
         with no dimensions (extent ``{}``, as Monarch's ``this_host()``), so

@@ -208,6 +208,8 @@ def remove_stale(path: Path, timeout: float = 5.0) -> None:
             saved = json.load(f)
         if isinstance(saved, dict):
             allocators.release_leftovers(str(path), saved.get("allocator"))
+            for added in (saved.get("allocations") or {}).values():
+                allocators.release_leftovers(str(path), added.get("spec"))
     except (OSError, ValueError):  # no state, or a damaged one: nothing known to release
         pass
     if path.parent == cluster_dir.clusters_root() and os.path.isdir(path):

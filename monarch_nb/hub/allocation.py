@@ -50,16 +50,22 @@ class Allocation:
         self._supervision = supervision
         self._meshes = meshes
         self._stop_requested = stop_requested
-        self._all_hosts_ready = asyncio.Event()
+        self._reported = asyncio.Event()  # set whenever an agent reports (waiters clear it)
+        self.released: set[str] = set()  # host ids of allocations given back (Allocations.release)
 
     async def agent_ready(self, header, message):
         registry = self._registry
         host_id = header[agent_ops.HOST_ID]
+        if host_id in self.released:
+            return  # an agent of an allocation given back while it started: being stopped
         registry.hosts[host_id] = HostRecord(host_id, header["address"], header["pid"], header["hostname"],
                                              node=header.get("node", ""), gpus=header.get(gpus.AGENT_GPUS) or [],
                                              router=header.get(router_ops.ROUTER_ADDRESS, ""))
-        if registry.host_order and all(h in registry.hosts for h in registry.host_order):
-            self._all_hosts_ready.set()
+        self._reported.set()
+
+    def owner(self, host_id: str):
+        """The allocator that holds ``host_id``: an added allocation's, else the cluster's own."""
+        return next((a for a in self._registry.allocations.values() if host_id in a.host_ids), self.allocator)
 
     async def adopt(self, saved: dict) -> None:
         """Take over the host agents and meshes of a previous hub of this cluster.
@@ -88,7 +94,8 @@ class Allocation:
                     if proc.host_id == host.host_id and proc.proc_id not in live:
                         exited.setdefault(proc.proc_id, LOST_EXIT_CODE)
         registry.host_order = [h for h in saved["host_order"] if h in registry.hosts]
-        self.allocator.adopt({h.host_id: h.pid for h in registry.hosts.values()})
+        for allocator in [self.allocator, *registry.allocations.values()]:
+            allocator.adopt({h.host_id: h.pid for h in registry.hosts.values() if self.owner(h.host_id) is allocator})
         for mesh in registry.proc_meshes.values():
             for proc in mesh.procs:
                 if proc.host_id not in registry.hosts:
@@ -113,7 +120,6 @@ class Allocation:
         takes minutes."""
         registry = self._registry
         if registry.hosts:
-            self._all_hosts_ready.set()
             return True
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
@@ -133,29 +139,47 @@ class Allocation:
             print(f"monarch_nb hub: could not get hosts from the {self.allocator.kind} allocator: {e}",
                   file=sys.stderr)
             return False
-        if all(h in registry.hosts for h in registry.host_order):  # they reported while start() returned
-            self._all_hosts_ready.set()
         registry.save()  # the allocation (e.g. the job id) is in the state file from now on
-        timeout = self.allocator.start_timeout_s
-        while not self._all_hosts_ready.is_set():
+        why = await self.wait_for_agents(self.allocator, registry.host_order, t0, lambda: self._abandoned(starter_gone))
+        if why:
+            print(f"monarch_nb hub: {why}", file=sys.stderr)
+        return not why
+
+    async def wait_for_agents(self, allocator, host_ids: list[str], t0: float, abandoned) -> str:
+        """Wait until the agents of ``host_ids`` (from ``allocator``, started at
+        ``time.monotonic()`` ``t0``) have all reported: ``""``; else why not: the
+        allocation ended, ``allocator.start_timeout_s`` passed, or ``abandoned()``."""
+        loop = asyncio.get_running_loop()
+        timeout = allocator.start_timeout_s
+        while True:
+            self._reported.clear()
+            if all(h in self._registry.hosts for h in host_ids):
+                return ""
             try:
-                await asyncio.wait_for(self._all_hosts_ready.wait(), ALLOCATION_POLL_S)
-                break
+                await asyncio.wait_for(self._reported.wait(), ALLOCATION_POLL_S)
+                continue
             except asyncio.TimeoutError:
                 pass
-            if self._abandoned(starter_gone):
-                return False
+            if abandoned():
+                return "the start was given up"
             os.utime(self._path)  # a long queue wait: clients see a starting cluster, not a stale one
-            ended = await loop.run_in_executor(None, self.allocator.check)
+            ended = await loop.run_in_executor(None, allocator.check)
             waited = time.monotonic() - t0
             if ended or waited > timeout:
-                why = await loop.run_in_executor(None, self.allocator.waiting_for)
-                missing = [h for h in registry.host_order if h not in registry.hosts]
-                print(f"monarch_nb hub: host agents {', '.join(missing)} did not report within {waited:.0f} s"
-                      f"{' (the allocation ended)' if ended else f' (start timeout {timeout:.0f} s)'}"
-                      f"{'; ' + why if why else ''}", file=sys.stderr)
-                return False
-        return True
+                why = await loop.run_in_executor(None, allocator.waiting_for)
+                missing = [h for h in host_ids if h not in self._registry.hosts]
+                return (f"host agents {', '.join(missing)} did not report within {waited:.0f} s"
+                        f"{' (the allocation ended)' if ended else f' (start timeout {timeout:.0f} s)'}"
+                        f"{'; ' + why if why else ''}")
+
+    def stop(self, timeout: float) -> None:
+        """End every allocation, the cluster's own and the added ones (blocking: in a
+        worker thread); one that fails to end is said on stderr, the others still end."""
+        for allocator in [self.allocator, *self._registry.allocations.values()]:
+            try:
+                allocator.stop(timeout)
+            except Exception as e:  # e.g. a Slurm job that would not end: its id is in the message
+                print(f"monarch_nb hub: could not end the {allocator.kind} allocation: {e}", file=sys.stderr)
 
     def _abandoned(self, starter_gone) -> bool:
         """Whether the start is given up (and why, on stderr)."""
@@ -173,12 +197,13 @@ class Allocation:
         loop = asyncio.get_running_loop()
         while not self._stop_requested.is_set():
             await asyncio.sleep(ALLOCATION_POLL_S)
-            try:
-                ended = await loop.run_in_executor(None, self.allocator.check)
-            except Exception as e:  # squeue failing for a while: the heartbeats still watch every host
-                print(f"monarch_nb hub: could not ask the {self.allocator.kind} allocator about its hosts: {e}",
-                      file=sys.stderr)
-                continue
+            ended: dict[str, str] = {}
+            for allocator in [self.allocator, *self._registry.allocations.values()]:
+                try:
+                    ended.update(await loop.run_in_executor(None, allocator.check))
+                except Exception as e:  # squeue failing for a while: the heartbeats still watch every host
+                    print(f"monarch_nb hub: could not ask the {allocator.kind} allocator about its hosts: {e}",
+                          file=sys.stderr)
             if self._stop_requested.is_set():
                 return  # our own shutdown ends the allocation
             for host_id, why in ended.items():
@@ -196,7 +221,7 @@ class Allocation:
         host (and procs) before replying."""
         host = self._registry.hosts.get(header[agent_ops.HOST_ID])
         if host is not None and not host.cause and not self._stop_requested.is_set():
-            ended = await asyncio.get_running_loop().run_in_executor(None, self.allocator.check)
+            ended = await asyncio.get_running_loop().run_in_executor(None, self.owner(host.host_id).check)
             why = ended.get(host.host_id) or header.get("why", "its host agent is exiting")
             await self._supervision.host_failed(host, why)
         return {}  # the agent holds its procs' exit reports until this reply

@@ -248,7 +248,7 @@ class Health:
         registry = self._registry
         live = registry.live_procs()
         statuses = await self.statuses(live)
-        hosts = [registry.hosts[h] for h in registry.host_order if h in registry.hosts]
+        hosts = [registry.hosts[h] for h in registry.all_host_ids() if h in registry.hosts]
         found = tree(self._name, hosts, registry.proc_meshes, registry.actor_meshes, statuses,
                      self._meshes.starting())
         stats = {**self._hub_stats(), "status_probes": self.probes}

@@ -143,7 +143,7 @@ class MeshOps:
         try:
             per_proc = gpu_binding.parse_gpus_per_proc(header.get(gpus.GPUS_PER_PROC, 1))
             found = gpu_binding.shares([(h, registry.hosts[h].hostname, registry.hosts[h].gpus)
-                                        for h in registry.host_order if h in registry.hosts])
+                                        for h in registry.all_host_ids() if h in registry.hosts])
             busy = gpu_binding.bound([(m.name, p.host_id, m.rank_env.get(str(r)))
                                       for m in registry.proc_meshes.values() if m.name != name
                                       for r, p in enumerate(m.procs) if p.exit_code is None])

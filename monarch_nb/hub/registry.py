@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 from . import state
 from .announce import Announcer
@@ -45,7 +46,10 @@ class Registry:
         self._allocator = allocator
         self._announcer = announcer
         self.hosts: dict[str, HostRecord] = {}
-        self.host_order: list[str] = []
+        self.host_order: list[str] = []  # the hosts of the cluster's own allocation
+        # Allocations added while the cluster runs (Cluster.allocate), by name: each
+        # allocator (Allocator protocol) holds its host ids.
+        self.allocations: dict[str, Any] = {}
         self.proc_meshes: dict[str, ProcMeshRecord] = {}
         self.actor_meshes: dict[str, ActorMeshRecord] = {}  # by key: PROC_MESH/NAME
         self.started = saved["started"] if saved else time.time()
@@ -133,7 +137,9 @@ class Registry:
         if self._snapshot_wanted or self.writer.needs_snapshot or self._journal_bytes > self._compact_at:
             self._gen += 1
             text = state.snapshot(self.started, self.hosts, self.host_order, self.mesh_counter, self.proc_meshes,
-                                  self.actor_meshes, self._allocator.spec(), self._gen)
+                                  self.actor_meshes, self._allocator.spec(), self._gen,
+                                  {name: {"spec": a.spec(), "hosts": list(a.host_ids)}
+                                   for name, a in self.allocations.items()})
             self._snapshot_wanted = False
             self._lines = []  # the snapshot holds what they say
             self._journal_bytes = 0
@@ -181,6 +187,10 @@ class Registry:
         state.drop_payload(self.path, payload_id)
 
     # queries -----------------------------------------------------------------------------
+    def all_host_ids(self) -> list[str]:
+        """Every host of the cluster: its own allocation's in order, then each added one's."""
+        return self.host_order + [h for a in self.allocations.values() for h in a.host_ids]
+
     def live_procs(self) -> list[ProcRecord]:
         return [p for m in self.proc_meshes.values() for p in m.procs if p.exit_code is None]
 

@@ -40,6 +40,7 @@ from ..wire import frames as wire_frames
 from ..wire import zap
 from ..wire.aio import AioEndpoint
 from . import logstore, state
+from .added_allocations import AddedAllocations
 from .allocation import Allocation
 from .announce import Announcer
 from .clients import Clients
@@ -110,6 +111,8 @@ class Hub:
         self.restarts = Restarts(registry, net, launcher, self.supervision, self.meshes, self.debug)
         self.allocation = Allocation(self.allocator, hosts, path, registry, net, self.supervision, self.meshes,
                                      self.stop_requested)
+        self.added_allocations = AddedAllocations(path, grace_s, registry, net, self.allocation,
+                                                  self.meshes, self.stop_requested)
         self.heartbeats = Heartbeats(net, registry, self.clients, self.supervision)
         self.health = Health(info["name"], registry, net, self.meshes, self._stats)
         # The health tree kept from heartbeats and pushed: the registry's changes and an
@@ -143,6 +146,8 @@ class Hub:
             hub_ops.HEALTH_SUBSCRIBE: self.health_feed.subscribe,
             hub_ops.HEALTH_UNSUBSCRIBE: self.health_feed.unsubscribe,
             hub_ops.SHUTDOWN: self.shutdown,
+            hub_ops.ALLOCATE: self.added_allocations.allocate,
+            hub_ops.RELEASE: self.added_allocations.release,
             hub_ops.SPAWN_PROCS: self.meshes.spawn_procs,
             hub_ops.SPAWN_PROGRESS: self.meshes.spawn_progress,
             hub_ops.SPAWN_ACTORS: self.meshes.spawn_actors,
@@ -182,6 +187,7 @@ class Hub:
         cluster_dir.write_json(self.path / "cluster.json",
                                {**{k: v for k, v in self.info.items() if k != "hub"}, **identity})
         if self.saved is not None:
+            self.added_allocations.restore(self.saved)
             await self.allocation.adopt(self.saved)
         if not await self.allocation.acquire_hosts(lambda: ready_fd is not None and _reader_gone(ready_fd)):
             await self._shutdown_hosts()
@@ -231,7 +237,7 @@ class Hub:
         # hub's exit for the sockets' linger time; the allocator stops what is left.
         await asyncio.gather(*(self.net.send(h.address, {envelope.OP: agent_ops.SHUTDOWN})
                                for h in self.registry.hosts.values() if not h.lost), return_exceptions=True)
-        await asyncio.get_running_loop().run_in_executor(None, self.allocator.stop, 5.0)
+        await asyncio.get_running_loop().run_in_executor(None, self.allocation.stop, 5.0)
         # They have all exited: a heartbeat still queued for one must not hold this
         # hub's exit for the sockets' linger time.
         for address in [h.address for h in self.registry.hosts.values()] + [
@@ -349,6 +355,9 @@ class Hub:
                 "hub_pid": os.getpid(), "ephemeral": self.ephemeral, "grace_s": self.grace_s,
                 "idle_timeout": self.idle_timeout, "allocator": self.allocator.spec(),
                 "hosts": [registry.hosts[h].public() for h in registry.host_order],
+                "allocations": {name: {"allocator": a.spec(), "hosts": [registry.hosts[h].public()
+                                                                        for h in a.host_ids if h in registry.hosts]}
+                                for name, a in registry.allocations.items()},
                 "hub_stats": self._stats(),
                 "clients": [c.public() for c in self.clients.table.values()],
                 "proc_meshes": {n: m.public() for n, m in registry.proc_meshes.items()},

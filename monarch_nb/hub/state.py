@@ -47,13 +47,15 @@ def journal_name(gen: int) -> str:
 
 def snapshot(started: float, hosts: dict[str, HostRecord], host_order: list[str], counter: int,
              proc_meshes: dict[str, ProcMeshRecord], actor_meshes: dict[str, ActorMeshRecord],
-             allocator: dict | None, gen: int) -> bytes:
+             allocator: dict | None, gen: int, allocations: dict[str, dict] | None = None) -> bytes:
     """The whole registry as the text of ``state.json`` whose journal is generation
     ``gen``. ``allocator``: the allocator's spec, with its live allocation (e.g. a
-    Slurm job id). Costs time in proportion to the registry: taken now and then only."""
+    Slurm job id); ``allocations``: those added since the start, by name (each
+    ``{"spec": ..., "hosts": [host ids]}``). Costs time in proportion to the registry:
+    taken now and then only."""
     return json.dumps({
         "version": VERSION, "journal": gen, "started": started, "mesh_counter": counter,
-        "host_order": host_order, "allocator": allocator,
+        "host_order": host_order, "allocator": allocator, "allocations": allocations or {},
         "hosts": [h.saved() for h in hosts.values()],
         "proc_meshes": [m.saved() for m in proc_meshes.values()],
         "actor_meshes": [m.saved() for m in actor_meshes.values()]}).encode()
@@ -130,6 +132,7 @@ def load(path: Path) -> dict | None:
         "mesh_counter": counter,
         "host_order": data["host_order"],
         "allocator": data.get("allocator"),
+        "allocations": data.get("allocations", {}),
         "hosts": {h["host_id"]: HostRecord(**h) for h in data["hosts"]},
         "proc_meshes": {m["name"]: ProcMeshRecord(m["name"], m["extent"], [ProcRecord(**p) for p in m["procs"]],
                                                    m["created"], m.get("owner"), m.get("launch", {}),

@@ -37,6 +37,14 @@ CLIENT_BYE = "client_bye"  # one-way: a client disconnects
 INFO = "info"  # the cluster's configuration, hosts, clients and registry
 HEALTH = "health"  # the health tree (hosts -> procs -> actors, with states)
 SHUTDOWN = "shutdown"  # stop every proc and host agent, then the hub; replied to once all stopped
+ALLOCATE = "allocate"  # more hosts, from an allocation of their own (a Slurm job); replied once they report
+RELEASE = "release"  # stop an added allocation's procs and host agents, and end the allocation
+# Fields of ALLOCATE and RELEASE: the allocation's name, ALLOCATE's allocator spec and
+# host count; ALLOCATE's reply: the new hosts' ids (HOSTS), in ``hosts``-dimension order.
+ALLOCATION = "allocation"
+ALLOCATOR_SPEC = "allocator"
+HOST_COUNT = "host_count"
+HOSTS = "hosts"
 
 # from clients (and actors that spawn meshes): meshes -------------------------------------
 SPAWN_PROCS = "spawn_procs"  # start a proc mesh on the hosts
