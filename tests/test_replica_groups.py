@@ -398,3 +398,30 @@ def test_on_join_loads_a_healthy_groups_weights_over_rdma(cluster):
         assert pids_alive(lost) == []
     finally:
         rg.stop()
+
+
+def test_groups_on_allocations_of_their_own_get_a_new_one_when_a_host_is_lost(cluster):
+    from monarch_nb.allocators.local import LocalHosts
+
+    rg = ReplicaGroups(cluster.host_mesh(), "alloc", Counter, num_groups=2, per_group={"gpus": 2},
+                       on_join=_copy_state, allocator=LocalHosts(1))
+    try:
+        first = [hosts_of(g.procs) for g in rg.groups]
+        assert first == [["alloc_0_0-host0"], ["alloc_1_1-host0"]]
+        assert sorted(cluster.allocations) == ["alloc_0_0", "alloc_1_1"]
+        rg.call("step")
+        healthy = rg.groups[0].procs.pids
+        inject_fault(rg.groups[1].procs, "kill", ranks=[0])  # a process fault: the same hosts again
+        assert wait_until(lambda: 1 not in rg.call("step"), BOUND_S)
+        assert rg.wait_healthy(BOUND_S) and hosts_of(rg.groups[1].procs) == first[1], rg.status()
+        inject_fault(rg.groups[1].procs, "host", ranks=[0])  # its machine: a new allocation
+        assert wait_until(lambda: 1 not in rg.call("step"), BOUND_S)
+        assert rg.wait_healthy(BOUND_S), rg.status()
+        assert hosts_of(rg.groups[1].procs) == ["alloc_1_2-host0"]
+        assert sorted(cluster.allocations) == ["alloc_0_0", "alloc_1_2"]  # the lost one was given back
+        steps = rg.call("step")
+        assert steps[1].values() == steps[0].values()  # rejoined with the healthy group's state
+        assert rg.groups[0].procs.pids == healthy and rg.groups[1].restarts == 2
+    finally:
+        rg.stop()
+    assert cluster.allocations == {}

@@ -336,3 +336,57 @@ def test_setup_lines_run_before_the_agents_and_mem_reaches_the_job(started):
     readers = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}).spawn("readers", EnvReader)
     assert readers.env.call("MONARCH_NB_SETUP_RAN").get(timeout=60).values() == ["yes", "yes"]
     cluster.stop()
+
+
+class Stepper(Actor):
+    """A replica group's stand-in trainer, saying which job it runs in."""
+
+    def __init__(self):
+        self.steps = 0
+
+    @endpoint
+    def step(self) -> tuple:
+        self.steps += 1
+        return self.steps, os.environ.get("SLURM_JOB_ID")
+
+
+def test_replica_groups_run_in_a_slurm_job_each_and_a_cancelled_one_gets_a_new_job(started):
+    from monarch_nb.ft import ReplicaGroups
+
+    started.append("slurm-groups")
+    cluster = Cluster.start("slurm-groups", hosts=1)  # the controller's host; the groups get jobs
+    groups = ReplicaGroups(cluster.host_mesh(), "rg", Stepper, num_groups=2, per_group={"gpus": 1},
+                           allocator=SlurmAllocator(nodes=1, start_timeout=60))
+    try:
+        jobs = [job_of_allocation(cluster, name) for name in ("rg_0_0", "rg_1_1")]
+        assert [scontrol_job(j)["JobName"] for j in jobs] == ["monarch_nb-slurm-groups-rg_0_0",
+                                                              "monarch_nb-slurm-groups-rg_1_1"]
+        assert [groups.call("step")[i].values()[0][1] for i in range(2)] == jobs
+        subprocess.run(["scancel", jobs[1]], check=True, timeout=30)
+        assert wait_until(lambda: 1 not in groups.call("step"), 60), groups.status()
+        assert groups.wait_healthy(120), groups.status()
+        new_job = job_of_allocation(cluster, "rg_1_2")
+        assert new_job not in jobs and job_ended(jobs[1])
+        steps = groups.call("step")
+        assert steps[0].values()[0][1] == jobs[0] and steps[1].values()[0][1] == new_job
+        assert sorted(cluster.allocations) == ["rg_0_0", "rg_1_2"]
+    finally:
+        groups.stop()
+    assert cluster.allocations == {} and job_ended(jobs[0]) and job_ended(new_job)
+    cluster.stop()
+
+
+def job_of_allocation(cluster: Cluster, name: str) -> str:
+    return cluster.info()["allocations"][name]["allocator"]["job_id"]
+
+
+def test_stopping_a_cluster_whose_hub_died_cancels_the_jobs_of_its_added_allocations(started):
+    started.append("slurm-added-orphan")
+    cluster = Cluster.start("slurm-added-orphan", hosts=1)
+    cluster.allocate("more", allocator=SlurmAllocator(nodes=1, start_timeout=60))
+    job_id = job_of_allocation(cluster, "more")
+    os.kill(cluster._info["hub_pid"], signal.SIGKILL)
+    done = subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", "slurm-added-orphan"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert wait_until(lambda: job_ended(job_id), 30), scontrol_job(job_id)

@@ -121,3 +121,24 @@ def _running(process: psutil.Process) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+class LocalHosts:
+    """``hosts`` host agents on this machine, as an allocator given to
+    ``Cluster.allocate`` or ``ReplicaGroups(allocator=...)`` (each group then has local
+    agents of its own: on one machine, how a Slurm job per group is tried out). Raises
+    ``ValueError`` for ``hosts`` below 1."""
+
+    kind = "local"
+    start_timeout_s = LocalAllocator.start_timeout_s
+
+    def __init__(self, hosts: int = 1):
+        if not isinstance(hosts, int) or isinstance(hosts, bool) or hosts < 1:
+            raise ValueError(f"LocalHosts(hosts={hosts!r}): give 1 or more")
+        self.hosts = hosts
+
+    def spec(self) -> dict:
+        return {"kind": self.kind}
+
+    def __repr__(self) -> str:
+        return f"LocalHosts(hosts={self.hosts})"

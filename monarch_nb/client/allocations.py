@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..protocol import hub_ops
 from .host_mesh import HostMesh
 from .hub_client import HubClient
@@ -12,6 +14,11 @@ from .hub_client import HubClient
 # included) for the hub to answer.
 ANSWER_MARGIN_S = 30.0
 LOCAL_START_TIMEOUT_S = 60.0  # the local allocator's (allocators.local)
+
+
+def every_host(info: dict) -> list[dict]:
+    """Every host of a cluster's ``info()``: its own, then each added allocation's."""
+    return info["hosts"] + [h for added in info.get("allocations", {}).values() for h in added["hosts"]]
 
 
 def allocation_spec(allocator, hosts: int | None) -> tuple[dict, int]:
@@ -36,8 +43,8 @@ def allocate(hub: HubClient, name: str, hosts: int | None = None, allocator=None
     """See ``Cluster.allocate``."""
     spec, count = allocation_spec(allocator, hosts)
     timeout = getattr(allocator, "start_timeout_s", LOCAL_START_TIMEOUT_S) + ANSWER_MARGIN_S
-    reply = hub.request(hub_ops.ALLOCATE, timeout=timeout,
-                        **{hub_ops.ALLOCATION: name, hub_ops.ALLOCATOR_SPEC: spec, hub_ops.HOST_COUNT: count})
+    fields: dict[str, Any] = {hub_ops.ALLOCATION: name, hub_ops.ALLOCATOR_SPEC: spec, hub_ops.HOST_COUNT: count}
+    reply = hub.request(hub_ops.ALLOCATE, timeout=timeout, **fields)
     return allocated_mesh(hub, name, reply[hub_ops.HOSTS])
 
 
@@ -53,4 +60,5 @@ def release(hub: HubClient, name: str) -> None:
     """Give allocation ``name`` back: its procs and host agents stop and its allocation
     ends (its Slurm job is cancelled). Blocks until they have. Raises
     :class:`InvalidRequest` for an unknown name."""
-    hub.request(hub_ops.RELEASE, timeout=120.0, **{hub_ops.ALLOCATION: name})
+    fields: dict[str, Any] = {hub_ops.ALLOCATION: name}
+    hub.request(hub_ops.RELEASE, timeout=120.0, **fields)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..client.actor_mesh import ActorMesh
+from ..client.allocations import every_host
 from ..client.mesh_handle import is_this_proc
 from ..client.proc_mesh import ProcMesh
 from ..client.runtime import runtime
@@ -51,7 +52,7 @@ def inject_fault(mesh: ProcMesh | ActorMesh, kind: str, ranks: Iterable[int] | N
     header = {envelope.OP: proc_ops.INJECT_FAULT, proc_ops.FAULT: kind}
     rt = runtime()
     if kind == proc_ops.FAULT_HOST:
-        agents = {h["host_id"]: h["pid"] for h in mesh._hub().request(hub_ops.INFO, timeout=30.0)["hosts"]}
+        agents = {h["host_id"]: h["pid"] for h in every_host(mesh._hub().request(hub_ops.INFO, timeout=30.0))}
         procs = list({p["host_id"]: p for p in procs}.values())  # one proc per host is enough
     for proc in procs:
         fields = {proc_ops.AGENT_PID: agents[proc["host_id"]]} if kind == proc_ops.FAULT_HOST else {}

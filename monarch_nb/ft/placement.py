@@ -10,11 +10,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
+from ..client.allocations import every_host
 from ..client.host_mesh import HostMesh
 from ..client.proc_mesh import ProcMesh
 from ..errors import ClusterError
 from ..mesh import Extent
 from ..protocol import hub_ops
+
+
+SPARE = "spare"  # the warm spare's key, beside the groups' indices
+Key = int | str
 
 
 def hosts_of(procs: ProcMesh) -> list[str]:
@@ -35,24 +40,16 @@ class HostPlacement:
         self._hosts, self._per_group = hosts, per_group
 
     def lost(self) -> set[str]:
-        """The ids of the hosts whose agent the hub counts as lost (asks the hub)."""
-        info = self._hosts._hub().request(hub_ops.INFO, timeout=30.0)
-        return {h["host_id"] for h in info["hosts"] if h["lost"]}
+        return lost_hosts(self._hosts)
 
     def tear_down(self, procs: ProcMesh) -> None:
-        """Stop ``procs``, blocking; those on a lost host in the background instead: they
-        died with their host agent, and the hub's stop waits for that agent's answer (10 s)
-        while nothing there needs stopping."""
-        if not self.lost() & set(hosts_of(procs)):
-            procs.stop()
-            return
-        threading.Thread(target=_stop_quietly, args=(procs,), daemon=True,
-                         name=f"monarch-nb-stop-{procs._name}").start()
+        tear_down(procs, self.lost())
 
-    def choose(self, now: list[str], taken: Iterable[str]) -> HostMesh:
-        """``now`` (the hosts a group ran on) while none of them is lost, else the first
-        live hosts not in ``taken`` (the other groups' and the spare's). Blocking (one
-        request to the hub). Raises :class:`ClusterError` when too few are free."""
+    def hosts_for(self, key: Key, now: list[str], taken: Iterable[str]) -> HostMesh:
+        """Where group ``key`` (its index, or ``SPARE``) starts: ``now`` (the hosts it
+        ran on) while none of them is lost, else the first live hosts not in ``taken``
+        (the other groups' and the spare's). Blocking (one request to the hub). Raises
+        :class:`ClusterError` when too few are free."""
         lost = self.lost()
         if len(now) == self._per_group and not lost & set(now):
             return self._mesh(now)
@@ -63,6 +60,16 @@ class HostPlacement:
                                f"lost {sorted(lost)}, used by the others {sorted(busy)}; give the host mesh "
                                "spare hosts")
         return self._mesh(free[:self._per_group])
+
+    def took_spare(self, key: Key) -> None:
+        """Group ``key`` runs on the spare's hosts from now on (nothing to do: hosts are
+        the host mesh's, not the group's)."""
+
+    def release(self, key: Key) -> None:
+        """Group ``key`` is gone for good (nothing to give back here)."""
+
+    def stop(self) -> None:
+        """Every group has stopped (nothing to give back here)."""
 
     def _mesh(self, host_ids: list[str]) -> HostMesh:
         if self._per_group == 1:  # one host, no dimensions: the group's procs are over per_group only
@@ -76,3 +83,20 @@ def _stop_quietly(procs: ProcMesh) -> None:
         procs.stop()
     except Exception:  # noqa: BLE001 - its processes are gone; the cluster may be stopping too
         pass
+
+
+def lost_hosts(hosts: HostMesh) -> set[str]:
+    """The ids of the hosts of ``hosts``'s cluster, added allocations' included, whose
+    agent the hub counts as lost (asks the hub)."""
+    return {h["host_id"] for h in every_host(hosts._hub().request(hub_ops.INFO, timeout=30.0)) if h["lost"]}
+
+
+def tear_down(procs: ProcMesh, lost: set[str]) -> None:
+    """Stop ``procs``, blocking; those on a host in ``lost`` in the background instead:
+    they died with their host agent, and the hub's stop waits for that agent's answer
+    (10 s) while nothing there needs stopping."""
+    if not lost & set(hosts_of(procs)):
+        procs.stop()
+        return
+    threading.Thread(target=_stop_quietly, args=(procs,), daemon=True,
+                     name=f"monarch-nb-stop-{procs._name}").start()

@@ -26,7 +26,8 @@ from ..client.proc_mesh import ProcMesh
 from ..client.value_mesh import ValueMesh
 from ..client.runtime import runtime
 from ..errors import ActorError, ClusterError, SupervisionError
-from .placement import HostPlacement, hosts_of
+from .group_allocations import AllocationPlacement
+from .placement import SPARE, HostPlacement, hosts_of
 from .step_loops import StepLoops
 from .torchft_quorum import TorchFTLighthouse
 from .warm_spare import WarmSpare
@@ -118,24 +119,40 @@ class ReplicaGroups:
     lost: at once when its agent's exit is seen, else 3 s after it fell silent.
     ``None`` (the default): every group spans all of ``hosts``.
 
+    ``allocator`` (e.g. ``SlurmAllocator(nodes=2)``) instead gives each group, and the
+    spare, an allocation of its own from ``hosts``'s cluster (``Cluster.allocate``: a
+    Slurm job per group, as TorchFT's Monarch example runs them): a group that fails
+    with its hosts live starts again on them; one whose allocation lost a host (a
+    node failed, the job was cancelled or preempted) gives it back and gets a new one,
+    the other groups' jobs untouched. ``hosts`` is then where the lighthouse runs. A
+    group failed for good, and :meth:`stop`, give their allocations back.
+
     Blocks until every group's actors are constructed. Raises ``ValueError`` for
-    ``num_groups < 1``, ``max_restarts < 0``, an unknown ``quorum`` or fewer than
-    ``num_groups * hosts_per_group`` hosts, ``ImportError`` for ``quorum="torchft"``
-    without torchft."""
+    ``num_groups < 1``, ``max_restarts < 0``, an unknown ``quorum``, fewer than
+    ``num_groups * hosts_per_group`` hosts, or both ``hosts_per_group`` and
+    ``allocator``; ``TypeError`` for an ``allocator`` that is not one; ``ImportError``
+    for ``quorum="torchft"`` without torchft; :class:`ClusterError` when a group's
+    allocation does not come up."""
 
     def __init__(self, hosts: HostMesh, name: str, actor_class: type, *args: Any, num_groups: int,
                  per_group: dict[str, int], backend: str | None = None, max_restarts: int = 3,
                  on_join: Callable[[ReplicaGroup, ReplicaGroup | None], None] | None = None,
                  step_timeout: float | None = None, quorum: str = "controller", min_replicas: int = 1,
-                 spare: bool = False, hosts_per_group: int | None = None, **kwargs: Any):
+                 spare: bool = False, hosts_per_group: int | None = None, allocator=None, **kwargs: Any):
         if num_groups < 1:
             raise ValueError(f"ReplicaGroups: num_groups={num_groups}; give at least 1")
         if max_restarts < 0:
             raise ValueError(f"ReplicaGroups: max_restarts={max_restarts}; give 0 (never restart) or more")
         if quorum not in QUORUMS:
             raise ValueError(f"ReplicaGroups: quorum={quorum!r}; give {' or '.join(map(repr, QUORUMS))}")
-        self._placement = None if hosts_per_group is None else \
-            HostPlacement(hosts, hosts_per_group, num_groups * hosts_per_group)
+        if hosts_per_group is not None and allocator is not None:
+            raise ValueError("ReplicaGroups: give hosts_per_group (groups on hosts of the host mesh) or allocator "
+                             "(each group on an allocation of its own), not both")
+        self._placement: HostPlacement | AllocationPlacement | None = None
+        if hosts_per_group is not None:
+            self._placement = HostPlacement(hosts, hosts_per_group, num_groups * hosts_per_group)
+        elif allocator is not None:
+            self._placement = AllocationPlacement(hosts, name, allocator)
         self._hosts, self._name, self._class = hosts, name, actor_class
         self._args, self._kwargs = args, kwargs
         self._per_group, self._backend = dict(per_group), backend
@@ -157,6 +174,8 @@ class ReplicaGroups:
                 group.procs.stop()
             if self.lighthouse is not None:
                 self.lighthouse.stop()
+            if self._placement is not None:
+                self._placement.stop()
             raise
         if spare:
             spare_hosts = hosts if self._placement is None else self._spare_hosts
@@ -197,7 +216,7 @@ class ReplicaGroups:
         hosts = self._hosts
         if self._placement is not None:
             own = next((hosts_of(g.procs) for g in self.groups if g.index == index), [])
-            hosts = self._placement.choose(own, self._hosts_taken(but=index))
+            hosts = self._placement.hosts_for(index, own, self._hosts_taken(but=index))
         return hosts.spawn_procs(per_host=self._per_group, name=mesh_name, bootstrap=bootstrap)
 
     def _hosts_taken(self, but: int | None) -> set[str]:
@@ -208,7 +227,7 @@ class ReplicaGroups:
     def _spare_hosts(self) -> HostMesh:
         """Free hosts for the warm spare (``hosts_per_group``)."""
         assert self._placement is not None
-        return self._placement.choose([], self._hosts_taken(but=None))
+        return self._placement.hosts_for(SPARE, [], self._hosts_taken(but=None))
 
     def _tear_down(self, procs: ProcMesh) -> None:
         """Stop ``procs``, blocking (on a lost host: in the background, ``HostPlacement``)."""
@@ -217,12 +236,33 @@ class ReplicaGroups:
         else:
             self._placement.tear_down(procs)
 
-    def _take_spare(self) -> ProcMesh | None:
-        """The warm spare's procs, unless there is none ready or it was lost with a host."""
+    def _retire(self, group: ReplicaGroup) -> None:
+        """Stop ``group``, failed for good, and give its hosts' allocation back (if it has one)."""
+        self._tear_down(group.procs)
+        self._give_back(group)
+
+    def _give_back(self, group: ReplicaGroup) -> None:
+        """Give the allocation of ``group`` (failed for good) back, if it has one; a
+        failure to is told in ``status()`` (the cluster's stop ends it anyway)."""
+        if self._placement is None:
+            return
+        try:
+            self._placement.release(group.index)
+        except Exception as e:  # noqa: BLE001 - the other groups go on
+            with self._lock:
+                group.last_failure += f"; its allocation could not be given back: {type(e).__name__}: {e}"
+
+    def _take_spare(self, group_index: int) -> ProcMesh | None:
+        """The warm spare's procs for group ``group_index``, unless there is none ready or
+        it was lost with a host."""
         spare = None if self.spare is None else self.spare.take()
-        if spare is not None and self._placement is not None and self._placement.lost() & set(hosts_of(spare)):
+        if spare is None or self._placement is None:
+            return spare
+        if self._placement.lost() & set(hosts_of(spare)):
             self._placement.tear_down(spare)
+            self._placement.release(SPARE)
             return None
+        self._placement.took_spare(group_index)
         return spare
 
     # -- what the training loop uses ---------------------------------------------------
@@ -360,6 +400,8 @@ class ReplicaGroups:
             group.state = GroupState.STOPPED
         if self.spare is not None:
             self.spare.stop()
+        if self._placement is not None:
+            self._placement.stop()  # added allocations given back (their jobs end)
         if self.lighthouse is not None:
             self.lighthouse.stop()
 
@@ -393,7 +435,7 @@ class ReplicaGroups:
                 group.state = GroupState.RECOVERING if retry else GroupState.FAILED
             if retry:
                 return group.procs
-            self._tear_down(group.procs)
+            self._retire(group)
             return None
         with self._lock:
             group.recovery_phases["join"] = time.monotonic() - started
@@ -429,7 +471,7 @@ class ReplicaGroups:
                 group.state = GroupState.RECOVERING
         broken = group.procs
         if group.state is GroupState.FAILED:
-            self._tear_down(broken)
+            self._retire(group)
             return None
         group.failed_at = time.monotonic()
         return broken
@@ -442,10 +484,11 @@ class ReplicaGroups:
             started = time.monotonic()
             self._tear_down(broken)  # a hung rank too: its agent kills what does not exit
             phases["teardown"] = time.monotonic() - started
-            procs, actors = self._spawn(group.index, phases, self._take_spare())
+            procs, actors = self._spawn(group.index, phases, self._take_spare(group.index))
         except Exception as e:  # noqa: BLE001 - reported in status(), the other groups go on
             with self._lock:
                 group.state, group.last_failure = GroupState.FAILED, f"recovery failed: {type(e).__name__}: {e}"
+            self._give_back(group)
             return
         with self._lock:
             stopping = self._stopping
