@@ -80,6 +80,27 @@ def test_a_killed_rank_costs_its_group_only_and_the_group_rejoins_with_a_healthy
     assert len(status["recoveries_s"]) == 1
 
 
+def test_failures_the_groups_recover_reach_no_unhandled_failure_hook(groups):
+    from monarch_nb.actor import set_failure_hook
+
+    heard = []
+    set_failure_hook(lambda cluster_id, failure, owner: heard.append(failure))
+    try:
+        rg = groups(spare=True)
+        assert wait_until(lambda: rg.spare.ready_pids() is not None, BOUND_S)
+        inject_fault(rg.groups[1].procs, "kill", ranks=[0])
+        assert wait_until(lambda: 1 not in rg.call("step"), BOUND_S)
+        assert rg.wait_healthy(BOUND_S), rg.status()
+        assert wait_until(lambda: rg.spare.ready_pids() is not None, BOUND_S)  # a new spare, after the fault
+        inject_fault(rg.spare.take(), "kill")  # a spare's death too: the groups make a new one
+        rg.call("step")
+        # What the groups did not recover would have reached the hook by now: a call
+        # after the fault has heard of it (actors_gone comes before the reply).
+        assert heard == []
+    finally:
+        set_failure_hook(None)
+
+
 def test_a_hung_rank_past_the_step_timeout_is_recovered(groups):
     rg = groups(step_timeout=5.0)
     rg.call("step")

@@ -163,6 +163,11 @@ class ReplicaGroups:
         self._stopping = False  # stop() called: no group is respawned or admitted any more
         self._loops: StepLoops | None = None  # run()'s, once called
         self._num_groups = num_groups
+        # Failures of the groups' meshes are this object's to recover, not to print under
+        # the cell as unhandled (as a service's replicas): the actor mesh name all groups
+        # share, and each proc mesh's name as it is made (ends with stop()).
+        self._handled: list[str] = []
+        self._mark_handled(name)
         self.lighthouse = TorchFTLighthouse(hosts, name, min_replicas=min_replicas) if quorum == "torchft" else None
         self.groups: list[ReplicaGroup] = []
         self.spare: WarmSpare | None = None
@@ -179,7 +184,8 @@ class ReplicaGroups:
             raise
         if spare:
             spare_hosts = hosts if self._placement is None else self._spare_hosts
-            self.spare = WarmSpare(spare_hosts, name, per_group, SPARE_IMPORTS if backend else ())
+            self.spare = WarmSpare(spare_hosts, name, per_group, SPARE_IMPORTS if backend else (),
+                                   named=self._mark_handled)
         if self.spare is not None:
             self.spare.refill()
 
@@ -212,12 +218,19 @@ class ReplicaGroups:
         with self._lock:
             self._spawned += 1
             mesh_name = f"{self._name}_{self._spawned}"
+        self._mark_handled(mesh_name)
         bootstrap = None if self.lighthouse is None else self.lighthouse.bootstrap(index, self._num_groups)
         hosts = self._hosts
         if self._placement is not None:
             own = next((hosts_of(g.procs) for g in self.groups if g.index == index), [])
             hosts = self._placement.hosts_for(index, own, self._hosts_taken(but=index))
         return hosts.spawn_procs(per_host=self._per_group, name=mesh_name, bootstrap=bootstrap)
+
+    def _mark_handled(self, mesh: str) -> None:
+        """Failures of ``mesh`` are recovered here: no failure hook hears of them."""
+        with self._lock:
+            self._handled.append(mesh)
+        runtime().supervision.mark_handled(self._hosts._cluster_id, [mesh], f"replica groups {self._name!r}")
 
     def _hosts_taken(self, but: int | None) -> set[str]:
         """The hosts the groups other than ``but`` run on, and the spare's."""
@@ -404,6 +417,7 @@ class ReplicaGroups:
             self._placement.stop()  # added allocations given back (their jobs end)
         if self.lighthouse is not None:
             self.lighthouse.stop()
+        runtime().supervision.mark_handled(self._hosts._cluster_id, self._handled, None)
 
     # -- recovery ------------------------------------------------------------------------
     def _admit_joining(self) -> None:

@@ -34,11 +34,12 @@ class WarmSpare:
     when each spare starts), named ``{name}_spare_N``, each having imported ``modules``;
     started in the background. Nothing raises here: a spare that fails to start is
     reported by :meth:`take` returning ``None`` (the group is then spawned afresh) and
-    kept in ``last_error``."""
+    kept in ``last_error``. ``named(mesh)`` hears each spare's proc mesh name first."""
 
     def __init__(self, hosts: HostMesh | Callable[[], HostMesh], name: str, per_group: dict[str, int],
-                 modules: Iterable[str]):
+                 modules: Iterable[str], named: Callable[[str], None] = lambda mesh: None):
         self._hosts, self._name, self._per_group = hosts, name, dict(per_group)
+        self._named = named  # told each spare's proc mesh name before it is spawned
         self._bootstrap = functools.partial(import_modules, tuple(modules))
         self._lock = threading.Lock()
         self._ready: ProcMesh | None = None
@@ -98,6 +99,7 @@ class WarmSpare:
             spare.stop()
 
     def _start(self, mesh_name: str) -> None:
+        self._named(mesh_name)
         try:
             hosts = self._hosts() if callable(self._hosts) else self._hosts
             with self._lock:
