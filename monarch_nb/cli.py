@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(version("monarch_nb"))
         return 0
+    from .client import discovery
+
+    running = set(discovery.running_names())
     try:
         out = run_notebook(args.notebook, args.output, args.timeout)
     except ImportError as e:
@@ -104,9 +107,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as e:  # CellExecutionError carries the cell and the traceback
         print(f"monarch-nb: {args.notebook} failed:\n{e or repr(e)}", file=sys.stderr)
+        _tell_clusters_left(args.notebook, running)
         return 1
     print(f"executed {args.notebook} -> {out}")
+    _tell_clusters_left(args.notebook, running)
     return 0
+
+
+def _tell_clusters_left(notebook: str, running_before: set[str]) -> None:
+    """Name the retained clusters the notebook started and left running (a failed cell
+    skips the notebook's own stop): they outlive the run, as retained clusters do, for
+    inspection, until stopped."""
+    from .client import discovery
+
+    left = [name for name in discovery.running_names() if name not in running_before]
+    for name in left:
+        print(f"monarch-nb: {notebook} left retained cluster {name!r} running: inspect it with "
+              f"monarch_nb.connect({name!r}), end it with `monarch-nb cluster stop {name}`", file=sys.stderr)
 
 
 if __name__ == "__main__":

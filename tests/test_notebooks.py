@@ -86,6 +86,26 @@ def test_running_a_notebook_leaves_no_folder_behind(tmp_path, monkeypatch):
     assert not list((tmp_path / "tmp").iterdir())
 
 
+def test_a_failed_run_names_the_retained_cluster_it_left_running(tmp_path):
+    import subprocess
+    import sys
+
+    import monarch_nb
+
+    cells = ["import monarch_nb\ncluster = monarch_nb.Cluster.start('left-by-run')",
+             "raise RuntimeError('a cell failed')", "cluster.stop()"]
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]),
+                   tmp_path / "leaves.ipynb")
+    try:
+        done = subprocess.run([sys.executable, "-m", "monarch_nb.cli", "run", str(tmp_path / "leaves.ipynb")],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 1 and "a cell failed" in done.stderr, done.stderr
+        assert "left retained cluster 'left-by-run' running" in done.stderr, done.stderr
+        assert "monarch-nb cluster stop left-by-run" in done.stderr
+    finally:
+        monarch_nb.connect("left-by-run").stop()
+
+
 def test_a_cell_running_past_the_timeout_fails_the_run_in_time(tmp_path):
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import time; time.sleep(120)")])
     nbformat.write(notebook, tmp_path / "slow.ipynb")
