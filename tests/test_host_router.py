@@ -161,6 +161,12 @@ class Recorder(Actor):
         return [i for c, i in self.seen if c == caller]
 
     @endpoint
+    def bump(self, array) -> tuple:
+        """Add 1 to the array received: a value of its own, whoever else got the same call."""
+        array[1:] += 1
+        return int(array[1]), int(array.sum())
+
+    @endpoint
     def value(self, x: int) -> int:
         from monarch_nb.actor import current_rank
 
@@ -233,6 +239,21 @@ def test_routed_calls_give_what_direct_calls_give(routed, monkeypatch):
     direct = mesh.value.call(3).get(timeout=BOUND_S)
     assert through_routers.extent == direct.extent
     assert list(through_routers.values()) == list(direct.values()) == [300 + r for r in range(HOSTS * PER_HOST)]
+
+
+def test_a_large_argument_reaches_every_actor_of_a_host_as_a_value_of_its_own(routed):
+    # The router writes it to shared memory once for its host's actors (wire.shm.sharing),
+    # and each maps it private: one actor's writes are not another's.
+    import numpy as np
+
+    from monarch_nb.wire import shm
+
+    _, _, mesh = routed
+    array = np.zeros(2 * shm.MIN_BYTES // 8, np.int64)
+    got = mesh.bump.call(array).get(timeout=BOUND_S).values()
+    assert got == [(1, array.size - 1)] * (HOSTS * PER_HOST)
+    assert not array.any()  # the caller's own array is untouched too
+    assert wait_until(lambda: shm._segments(routed[0]._info["cluster_id"]) == [], 10)
 
 
 def test_a_sum_reducer_folds_at_each_router_one_message_per_host(routed):

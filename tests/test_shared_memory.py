@@ -247,3 +247,38 @@ def test_large_calls_racing_their_actors_stop_leave_no_segment(cluster, host):
                 f"trial {trial}: segments left after the stop"
     finally:
         procs.stop()
+
+
+@pytest.mark.parametrize("make", [lambda rng: rng.integers(0, 256, 2 << 20, np.uint8),
+                                  lambda rng: rng.bytes(2 << 20)], ids=["array", "bytes"])
+def test_one_frame_to_several_receivers_of_this_host_is_written_once_and_each_gets_its_own_value(
+        monkeypatch, make):
+    # What a router does with a call's large argument for its host's actors (shm.sharing).
+    from monarch_nb.wire import frames
+
+    monkeypatch.setattr(shm, "MIN_BYTES", 1 << 20)
+    frames.register_key("shm-shared", b"k" * 32)
+    value = make(np.random.default_rng(5))
+    encoded = frames.encode_value("shm-shared", {}, value, sign_at_send=True)
+    writes = []
+    real_put = shm._put
+    monkeypatch.setattr(shm, "_put", lambda *args: writes.append(1) or real_put(*args))
+
+    def no_stream(*args):
+        raise AssertionError("a frame of this size is not streamed")
+
+    with shm.sharing():
+        sent = [frames.route(f"tcp://127.0.0.1:{port}", encoded, no_stream) for port in (5, 6, 7)]
+        names = segments("shm-shared")
+        assert len(names) == 4  # a name for each receiver, and the template for more
+        assert len({os.stat(os.path.join(shm.SHM_DIR, n)).st_ino for n in names}) == 1  # one file
+    assert writes == [1] and len(segments("shm-shared")) == 3
+    assert all(b" lseg " in bytes(s[0]) for s in sent)
+    received = [frames.decode(list(s), frames.ReplayGuard()).value() for s in sent]
+    assert segments("shm-shared") == []
+    if isinstance(value, np.ndarray):
+        received[0][:] = 0  # a receiver writing into its array changes its own copy only
+        assert np.array_equal(received[1], value) and np.array_equal(received[2], value)
+        assert not received[0].any()
+    else:
+        assert received == [value] * 3  # none cut short by another's read

@@ -6,7 +6,8 @@ and inbox: never on the agent's event loop, whose heartbeats tell the hub this h
 alive. A ``CAST`` (``protocol.router_ops``), verified (signature and replay stamp) like
 every message, holds the call's header once and its arguments once; the router encodes
 the call once, signed again, with itself as reply-to and the client's route
-``(client address, port)`` as the port, and sends it to each local destination. The
+``(client address, port)`` as the port, and sends it to each local destination (a large
+argument written to shared memory once for all of them, ``wire.shm.sharing``). The
 actors verify it again, reply to the router, and the router sends what has arrived to
 each client in one batch each time its inbox is drained (:class:`Casts`): replies
 stream back as they complete, none held for the slowest. With a reducer the router
@@ -32,7 +33,7 @@ import zmq
 from ..errors import ClusterError, SupervisionError
 from ..protocol import envelope, proc_ops, router_ops
 from ..wire import frames as wire_frames
-from ..wire import serialize, sockets
+from ..wire import serialize, shm, sockets
 from ..wire.remote_error import pack_exception
 
 POLL_MS = 50  # how long the router's poll waits (and how often it looks for exited procs)
@@ -266,12 +267,13 @@ class Router:
             self.casts.open(route, {rank: proc for _, rank, proc in targets}, reducer)
         frames = wire_frames.encode(self.cluster_id, call, message.body, message.buffers, sign_at_send=True)
         self.casts_seen += 1
-        for address, rank, _ in targets:
-            try:
-                self.outbox.send(address, frames)
-            except ClusterError as e:
-                if route is not None:
-                    self.casts.fail_rank(route, rank, e, died=True)
+        with shm.sharing():  # large arguments written to shared memory once for the host's actors
+            for address, rank, _ in targets:
+                try:
+                    self.outbox.send(address, frames)
+                except ClusterError as e:
+                    if route is not None:
+                        self.casts.fail_rank(route, rank, e, died=True)
 
     def _reducer(self, header: dict) -> Callable | None:
         pickled = header.get(router_ops.REDUCE)

@@ -106,12 +106,13 @@ def prefault_at(address: int, nbytes: int) -> None:
         _madvise(first, end - first, _MADV_POPULATE_WRITE)
 
 
-def from_fd(fd: int, nbytes: int, kind: type) -> bytes | bytearray:
+def from_fd(fd: int, nbytes: int, kind: type, release: bool = True) -> bytes | bytearray:
     """The ``nbytes`` bytes of the regular file ``fd`` (an unlinked shared-memory segment
     of exactly that size) as a new ``kind`` (``bytes`` or ``bytearray``), read from the
-    end backwards and the file truncated behind each piece, so the file's pages are
-    freed as the value's are filled. Raises ``OSError`` (the file is left truncated
-    somewhere), ``EOFError`` when it is shorter than ``nbytes``."""
+    end backwards and (``release``) the file truncated behind each piece, so the file's
+    pages are freed as the value's are filled; ``release=False`` for a file other
+    readers share. Raises ``OSError`` (the file is left truncated somewhere),
+    ``EOFError`` when it is shorter than ``nbytes``."""
     fresh = fresh_bytes(nbytes) if kind is bytes else None
     if fresh is None and kind is bytes:  # unknown layout: one read makes the bytes
         return _read_all(fd, nbytes)
@@ -127,7 +128,8 @@ def from_fd(fd: int, nbytes: int, kind: type) -> bytes | bytearray:
             if n == 0:
                 raise EOFError(f"shared-memory segment ended before byte {got} of {nbytes}")
             got += n
-        os.ftruncate(fd, start)
+        if release:
+            os.ftruncate(fd, start)
         end = start
     view.release()
     return value

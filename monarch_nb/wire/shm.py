@@ -39,6 +39,15 @@ verified bytes (a value of another type is converted on unpickling,
 ``wire.serialize``). Sizes are checked against what arrived before anything is
 allocated.
 
+One frame to many receivers of this host (a router delivering a call to its host's
+actors, :func:`sharing`) is written once: the first receiver's segment is made as usual,
+and each other receiver gets a hard link to it under a name of its own (a template name,
+unlinked when the sends are done, keeps the file linkable while the first receivers
+take theirs). The descriptor marks such a segment linked (``lshm``, ``lseg``): its
+receiver still unlinks its own name first, but reads it without truncating it (other
+receivers read the same file) and maps it private (copy-on-write: a receiver that
+writes into its array changes its own copy only, as messages are values).
+
 Names are ``mnb-<cluster tag>-<sender pid>-<receiver's port>-<random>`` in ``/dev/shm``
 (the tag: a hash of the cluster id, so that no cluster's names are a prefix of another's),
 so that every segment is found and unlinked on every path:
@@ -92,6 +101,9 @@ _warned = False
 _sent: dict[str, collections.deque] = collections.defaultdict(collections.deque)  # address -> names
 _writing: set[str] = set()  # names noted as sent whose segment is still being written
 _sent_lock = threading.Lock()
+# This thread's sharing() context: frame id -> (the frame, kept alive so its id is not
+# reused, and the template segment's path), or None outside one.
+_sharing = threading.local()
 
 
 class SegmentError(Exception):
@@ -154,10 +166,54 @@ def _drop_taken(sent: collections.deque) -> None:
         sent.popleft()
 
 
+class sharing:
+    """A context (``with shm.sharing():``) in which the same frame object sent to several
+    receivers on this host is written to shared memory once, then hard-linked for each
+    other receiver (see the module docstring). For one thread's sends; the frames must
+    not change inside it (they are sent as they were at their first send)."""
+
+    def __enter__(self) -> "sharing":
+        self._outer = getattr(_sharing, "frames", None)
+        _sharing.frames = {}
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        templates, _sharing.frames = _sharing.frames, self._outer
+        for _, path in templates.values():
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+
+def _put_shared(cluster_id: str, frame, name: str) -> str | None:
+    """Inside :func:`sharing`: segment ``name`` holding ``frame``, a new link to the
+    file it was first written to, or written now (then linked to a template for the
+    next receivers). ``None`` (after a warning) if it can't be made."""
+    shared = _sharing.frames
+    known = shared.get(id(frame))
+    if known is not None:
+        try:
+            os.link(known[1], os.path.join(SHM_DIR, name))
+            return name
+        except OSError:  # e.g. the file system refuses links: written again
+            pass
+    made = _put(cluster_id, frame, name)
+    if made is not None and known is None:
+        template = os.path.join(SHM_DIR, _new_name(cluster_id, 0))
+        try:
+            os.link(os.path.join(SHM_DIR, made), template)
+            shared[id(frame)] = (frame, template)
+        except OSError:
+            pass
+    return made
+
+
 def _put_for(address: str, cluster_id: str, frame) -> str | None:
     """:func:`_put` of a segment for the receiver at ``address``, noted as sent to it
     (:func:`unlink_sent`) before it exists: a receiver found gone while the segment is
-    written (``Outbox.discard`` runs in another thread) still gets it unlinked."""
+    written (``Outbox.discard`` runs in another thread) still gets it unlinked. Inside
+    :func:`sharing`, a link to the file a previous receiver got."""
     name = _new_name(cluster_id, int(address.rpartition(":")[2]))
     with _sent_lock:  # the loop in a function of its own: see monarch_nb.wire.interrupts
         sent = _sent[address]
@@ -165,7 +221,10 @@ def _put_for(address: str, cluster_id: str, frame) -> str | None:
         sent.append(name)
         _writing.add(name)
     try:
-        made = _put(cluster_id, frame, name)
+        if getattr(_sharing, "frames", None) is not None:
+            made = _put_shared(cluster_id, frame, name)
+        else:
+            made = _put(cluster_id, frame, name)
     finally:
         with _sent_lock:
             _writing.discard(name)
@@ -197,6 +256,7 @@ def offload(address: str, cluster_id: str, frames: list, first: int, segments: d
     instead of hashing its contents (see the module docstring); it gets ``{index:
     segment name}`` for the frames moved to segments, which the descriptor marks so."""
     local = is_local(address)
+    linked = "l" if getattr(_sharing, "frames", None) is not None else ""  # its file may have other names
     lines = []
     out = list(frames)
     for i in range(first, len(frames)):
@@ -206,7 +266,8 @@ def offload(address: str, cluster_id: str, frames: list, first: int, segments: d
             if name is not None:
                 if segments is not None:
                     segments[i] = name
-                lines.append(f"{i} {size} {kind_of(frames[i])} {'seg' if segments is not None else 'shm'} {name}")
+                lines.append(f"{i} {size} {kind_of(frames[i])} {linked}{'seg' if segments is not None else 'shm'} "
+                             f"{name}")
                 out[i] = b""
                 continue
         if size >= stream.MIN_BYTES and streams is not None:
@@ -234,10 +295,10 @@ def restore(frames: list, cluster_ids, segments: dict, streams=None, digests: di
     try:
         for line in bytes(frames[0])[len(MARKER):].decode().split("\n"):
             at, nbytes, letter, how, what = line.split(" ")
-            if letter not in _KINDS or how not in ("shm", "seg", "stream"):
+            if letter not in _KINDS or how not in ("shm", "seg", "lshm", "lseg", "stream"):
                 raise ValueError(line)
             entries.append((int(at), int(nbytes), _KINDS[letter], how, what))
-            if how == "seg":
+            if how in ("seg", "lseg"):
                 segments[int(at)] = what
     except ValueError:  # UnicodeDecodeError too
         raise SegmentError("malformed shared-memory descriptor") from None
@@ -256,7 +317,7 @@ def restore(frames: list, cluster_ids, segments: dict, streams=None, digests: di
             elif not (_NAME.match(what) and what.startswith(prefixes)):
                 error = error or SegmentError(f"segment {what!r} is not one of this process's clusters")
             else:
-                out[index] = _take(what, size, kind)
+                out[index] = _take(what, size, kind, linked=how.startswith("l"))
         except (OSError, EOFError, ValueError, SegmentError, IndexError, stream.StreamError) as e:
             error = error or SegmentError(f"frame {index}: {e}")
     if error is not None:
@@ -267,8 +328,9 @@ def restore(frames: list, cluster_ids, segments: dict, streams=None, digests: di
 _KINDS = {"b": bytes, "a": bytearray, "m": memoryview}
 
 
-def _take(name: str, size: int, kind: type):
-    """Segment ``name``, unlinked, as a new ``kind`` or (``memoryview``) mapped."""
+def _take(name: str, size: int, kind: type, linked: bool = False):
+    """Segment ``name``, unlinked, as a new ``kind`` or (``memoryview``) mapped;
+    ``linked``: other receivers read the same file (kept whole, mapped private)."""
     path = os.path.join(SHM_DIR, name)
     fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
     try:
@@ -279,9 +341,10 @@ def _take(name: str, size: int, kind: type):
         if kind is not memoryview:
             # Read, not mapped: the value must own its memory, and the segment's pages
             # are freed as the read goes (wire.fill), so the value is held once.
-            return fill.from_fd(fd, size, kind)
+            return fill.from_fd(fd, size, kind, release=not linked)
         # Populated: faulting the pages in at once costs less than one by one on first use.
-        return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)))
+        flags = (mmap.MAP_PRIVATE if linked else mmap.MAP_SHARED) | getattr(mmap, "MAP_POPULATE", 0)
+        return memoryview(mmap.mmap(fd, size, flags=flags))
     finally:
         os.close(fd)
 
