@@ -342,9 +342,10 @@ def _take(name: str, size: int, kind: type, linked: bool = False):
             # Read, not mapped: the value must own its memory, and the segment's pages
             # are freed as the read goes (wire.fill), so the value is held once.
             return fill.from_fd(fd, size, kind, release=not linked)
+        if linked:  # private: not populated, which would copy every page (a write fault each)
+            return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE))
         # Populated: faulting the pages in at once costs less than one by one on first use.
-        flags = (mmap.MAP_PRIVATE if linked else mmap.MAP_SHARED) | getattr(mmap, "MAP_POPULATE", 0)
-        return memoryview(mmap.mmap(fd, size, flags=flags))
+        return memoryview(mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)))
     finally:
         os.close(fd)
 
