@@ -446,3 +446,24 @@ def test_groups_on_allocations_of_their_own_get_a_new_one_when_a_host_is_lost(cl
     finally:
         rg.stop()
     assert cluster.allocations == {}
+
+
+def test_a_warm_spare_on_an_allocation_of_its_own_takes_over_a_group_whose_host_is_lost(cluster):
+    from monarch_nb.allocators.local import LocalHosts
+
+    rg = ReplicaGroups(cluster.host_mesh(), "spa", Counter, num_groups=2, per_group={"gpus": 1},
+                       on_join=_copy_state, allocator=LocalHosts(1), spare=True)
+    try:
+        assert wait_until(lambda: rg.spare.ready_pids() is not None, BOUND_S)
+        spare_pids, spare_hosts = rg.spare.ready_pids(), rg.spare.host_ids()
+        assert spare_hosts == ["spa_spare_2-host0"]
+        rg.call("step")
+        inject_fault(rg.groups[1].procs, "host", ranks=[0])
+        assert wait_until(lambda: 1 not in rg.call("step"), BOUND_S)
+        assert rg.wait_healthy(BOUND_S), rg.status()
+        assert rg.groups[1].procs.pids == spare_pids and hosts_of(rg.groups[1].procs) == spare_hosts
+        assert wait_until(lambda: rg.spare.ready_pids() is not None, BOUND_S)  # a new spare, a new allocation
+        assert sorted(cluster.allocations) == ["spa_0_0", "spa_spare_2", "spa_spare_3"]  # group 1's lost one given back
+    finally:
+        rg.stop()
+    assert cluster.allocations == {}
