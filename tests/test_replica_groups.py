@@ -92,8 +92,10 @@ def test_failures_the_groups_recover_reach_no_unhandled_failure_hook(groups):
         assert wait_until(lambda: 1 not in rg.call("step"), BOUND_S)
         assert rg.wait_healthy(BOUND_S), rg.status()
         assert wait_until(lambda: rg.spare.ready_pids() is not None, BOUND_S)  # a new spare, after the fault
-        inject_fault(rg.spare.take(), "kill")  # a spare's death too: the groups make a new one
+        spare = rg.spare.take()
+        inject_fault(spare, "kill")  # a spare's death too
         rg.call("step")
+        spare.stop()
         # What the groups did not recover would have reached the hook by now: a call
         # after the fault has heard of it (actors_gone comes before the reply).
         assert heard == []
@@ -131,6 +133,26 @@ def test_bad_options_are_refused_before_anything_starts(cluster):
         ReplicaGroups(cluster.host_mesh(), "x", Counter, num_groups=1, per_group={"gpus": 1}, max_restarts=-1)
     with pytest.raises(ValueError, match="hosts_per_group=1 needs 2 hosts, one set per group; the host mesh has 1"):
         ReplicaGroups(cluster.host_mesh(), "x", Counter, num_groups=2, per_group={"gpus": 1}, hosts_per_group=1)
+    from monarch_nb.allocators.local import LocalHosts
+
+    with pytest.raises(ValueError, match="not both"):
+        ReplicaGroups(cluster.host_mesh(), "x", Counter, num_groups=1, per_group={"gpus": 1}, hosts_per_group=1,
+                      allocator=LocalHosts(1))
+    with pytest.raises(ValueError, match="reallocate_after=2: .*with hosts_per_group or allocator"):
+        ReplicaGroups(cluster.host_mesh(), "x", Counter, num_groups=1, per_group={"gpus": 1}, reallocate_after=2)
+    with pytest.raises(ValueError, match="reallocate_after=0"):
+        ReplicaGroups(cluster.host_mesh(), "x", Counter, num_groups=1, per_group={"gpus": 1}, reallocate_after=0,
+                      allocator=LocalHosts(1))
+    first = ReplicaGroups(cluster.host_mesh(), "twice", Counter, num_groups=1, per_group={"gpus": 1})
+    try:
+        with pytest.raises(ValueError, match="'twice': proc meshes of that name run already .*groups.stop"):
+            ReplicaGroups(cluster.host_mesh(), "twice", Counter, num_groups=1, per_group={"gpus": 1})
+        assert first.call("step")[0].values() == [1]  # the running groups untouched
+    finally:
+        first.stop()
+    with pytest.raises(TypeError, match="give an allocator such as"):
+        ReplicaGroups(cluster.host_mesh(), "x", Counter, num_groups=1, per_group={"gpus": 1}, allocator="slurm")
+    assert cluster.allocations == {}
     assert cluster.info()["proc_meshes"] == {} or all(
         not n.startswith("x_") for n in cluster.info()["proc_meshes"])
 
@@ -467,3 +489,34 @@ def test_a_warm_spare_on_an_allocation_of_its_own_takes_over_a_group_whose_host_
     finally:
         rg.stop()
     assert cluster.allocations == {}
+
+
+def test_a_group_that_fails_k_times_on_its_allocation_moves_to_a_new_one(cluster):
+    from monarch_nb.allocators.local import LocalHosts
+
+    rg = ReplicaGroups(cluster.host_mesh(), "flaky", Counter, num_groups=2, per_group={"gpus": 1},
+                       on_join=_copy_state, allocator=LocalHosts(1), reallocate_after=2)
+    try:
+        rg.call("step")
+        for kills, allocation in ((1, "flaky_1_1"), (2, "flaky_1_2"), (3, "flaky_1_2")):
+            inject_fault(rg.groups[1].procs, "kill", ranks=[0])  # a process fault each time, its host live
+            assert wait_until(lambda: 1 not in rg.call("step"), BOUND_S)
+            assert rg.wait_healthy(BOUND_S), rg.status()
+            assert hosts_of(rg.groups[1].procs) == [f"{allocation}-host0"], (kills, rg.status())
+        assert sorted(cluster.allocations) == ["flaky_0_0", "flaky_1_2"]
+        assert rg.status()[1]["strikes"] == 1 and rg.groups[0].restarts == 0
+    finally:
+        rg.stop()
+
+
+def test_a_group_that_fails_k_times_on_its_host_moves_to_a_free_one(hosts4):
+    rg = ReplicaGroups(hosts4.host_mesh(), "ctr", Counter, num_groups=2, per_group={"gpus": 1},
+                       on_join=_copy_state, hosts_per_group=1, reallocate_after=1)
+    try:
+        rg.call("step")
+        inject_fault(rg.groups[0].procs, "kill", ranks=[0])
+        assert wait_until(lambda: 0 not in rg.call("step"), BOUND_S)
+        assert rg.wait_healthy(BOUND_S), rg.status()
+        assert hosts_of(rg.groups[0].procs) == ["host2"]  # not host0 again, nor group 1's host1
+    finally:
+        rg.stop()

@@ -26,10 +26,11 @@ from ..client.proc_mesh import ProcMesh
 from ..client.value_mesh import ValueMesh
 from ..client.runtime import runtime
 from ..errors import ActorError, ClusterError, SupervisionError
+from ..protocol import hub_ops
 from .group_allocations import AllocationPlacement
 from .placement import SPARE, HostPlacement, hosts_of
 from .step_loops import StepLoops
-from .torchft_quorum import TorchFTLighthouse
+from .torchft_quorum import TorchFTLighthouse, require_torchft
 from .warm_spare import WarmSpare
 
 QUORUMS = ("controller", "torchft")
@@ -68,6 +69,7 @@ class ReplicaGroup:
     last_failure: str = ""
     recoveries_s: list[float] = field(default_factory=list)
     failed_at: float = 0.0  # time.monotonic() when its last failure was seen
+    strikes: int = 0  # failures on the hosts it runs on now (reallocate_after)
     # Where its last recovery's time went (s): teardown, procs, torch_distributed, actors, join.
     recovery_phases: dict[str, float] = field(default_factory=dict)
 
@@ -79,7 +81,7 @@ class ReplicaGroup:
         return {"group": self.index, "state": self.state.value, "restarts": self.restarts,
                 "last_failure": self.last_failure, "recoveries_s": [round(s, 3) for s in self.recoveries_s],
                 "recovery_phases_s": {k: round(s, 3) for k, s in self.recovery_phases.items()},
-                "pids": self.procs.pids, "hosts": hosts_of(self.procs)}
+                "pids": self.procs.pids, "hosts": hosts_of(self.procs), "strikes": self.strikes}
 
 
 class ReplicaGroups:
@@ -119,6 +121,12 @@ class ReplicaGroups:
     lost: at once when its agent's exit is seen, else 3 s after it fell silent.
     ``None`` (the default): every group spans all of ``hosts``.
 
+    ``reallocate_after=K`` (with ``hosts_per_group`` or ``allocator``): a group that
+    failed K times on the hosts it runs on (a flaky node, say) moves on its next
+    recovery, as after a lost host: to free hosts, or to a new allocation with its old
+    one given back (TorchFT's Monarch example gets a new job every few attempts).
+    ``status()[i]["strikes"]`` counts those failures.
+
     ``allocator`` (e.g. ``SlurmAllocator(nodes=2)``) instead gives each group, and the
     spare, an allocation of its own from ``hosts``'s cluster (``Cluster.allocate``: a
     Slurm job per group, as TorchFT's Monarch example runs them): a group that fails
@@ -129,8 +137,9 @@ class ReplicaGroups:
 
     Blocks until every group's actors are constructed. Raises ``ValueError`` for
     ``num_groups < 1``, ``max_restarts < 0``, an unknown ``quorum``, fewer than
-    ``num_groups * hosts_per_group`` hosts, or both ``hosts_per_group`` and
-    ``allocator``; ``TypeError`` for an ``allocator`` that is not one; ``ImportError``
+    ``num_groups * hosts_per_group`` hosts, both ``hosts_per_group`` and
+    ``allocator``, a ``reallocate_after`` below 1 or without either, or proc meshes of
+    ``name`` still running (groups of that name not stopped: a re-run cell); ``TypeError`` for an ``allocator`` that is not one; ``ImportError``
     for ``quorum="torchft"`` without torchft; :class:`ClusterError` when a group's
     allocation does not come up."""
 
@@ -138,13 +147,25 @@ class ReplicaGroups:
                  per_group: dict[str, int], backend: str | None = None, max_restarts: int = 3,
                  on_join: Callable[[ReplicaGroup, ReplicaGroup | None], None] | None = None,
                  step_timeout: float | None = None, quorum: str = "controller", min_replicas: int = 1,
-                 spare: bool = False, hosts_per_group: int | None = None, allocator=None, **kwargs: Any):
+                 spare: bool = False, hosts_per_group: int | None = None, allocator=None,
+                 reallocate_after: int | None = None, **kwargs: Any):
         if num_groups < 1:
             raise ValueError(f"ReplicaGroups: num_groups={num_groups}; give at least 1")
         if max_restarts < 0:
             raise ValueError(f"ReplicaGroups: max_restarts={max_restarts}; give 0 (never restart) or more")
         if quorum not in QUORUMS:
             raise ValueError(f"ReplicaGroups: quorum={quorum!r}; give {' or '.join(map(repr, QUORUMS))}")
+        if reallocate_after is not None and (hosts_per_group is None and allocator is None
+                                             or not isinstance(reallocate_after, int) or reallocate_after < 1):
+            raise ValueError(f"ReplicaGroups: reallocate_after={reallocate_after!r}: give a number of failures >= 1, "
+                             "with hosts_per_group or allocator (the groups need hosts of their own to move)")
+        if quorum == "torchft":
+            require_torchft()  # before anything is asked of the cluster
+        running = [m for m in hosts._hub().request(hub_ops.INFO, timeout=30.0)["proc_meshes"]
+                   if m.startswith(f"{name}_")]
+        if running:
+            raise ValueError(f"ReplicaGroups {name!r}: proc meshes of that name run already ({', '.join(running)}); "
+                             "stop the groups made before (groups.stop()) or give another name")
         if hosts_per_group is not None and allocator is not None:
             raise ValueError("ReplicaGroups: give hosts_per_group (groups on hosts of the host mesh) or allocator "
                              "(each group on an allocation of its own), not both")
@@ -157,6 +178,7 @@ class ReplicaGroups:
         self._args, self._kwargs = args, kwargs
         self._per_group, self._backend = dict(per_group), backend
         self._max_restarts, self._on_join, self._step_timeout = max_restarts, on_join, step_timeout
+        self._reallocate_after = reallocate_after
         self._lock = threading.Lock()
         self._recoveries: list[threading.Thread] = []
         self._spawned = 0  # proc meshes made so far: each gets a fresh name
@@ -222,8 +244,15 @@ class ReplicaGroups:
         bootstrap = None if self.lighthouse is None else self.lighthouse.bootstrap(index, self._num_groups)
         hosts = self._hosts
         if self._placement is not None:
-            own = next((hosts_of(g.procs) for g in self.groups if g.index == index), [])
-            hosts = self._placement.hosts_for(index, own, self._hosts_taken(but=index))
+            group = next((g for g in self.groups if g.index == index), None)
+            old = [] if group is None else hosts_of(group.procs)
+            taken = self._hosts_taken(but=index)
+            if group is not None and self._reallocate_after is not None and group.strikes >= self._reallocate_after:
+                # Failed that often where it runs: elsewhere, as after a lost host (an
+                # allocation of its own is given back for a new one, TorchFT's policy).
+                self._placement.release(index)
+                old, taken = [], taken | set(old)
+            hosts = self._placement.hosts_for(index, old, taken)
         return hosts.spawn_procs(per_host=self._per_group, name=mesh_name, bootstrap=bootstrap)
 
     def _mark_handled(self, mesh: str) -> None:
@@ -444,6 +473,7 @@ class ReplicaGroups:
         except Exception as e:  # noqa: BLE001 - the group is recovered again or stays out; the others go on
             with self._lock:
                 group.restarts += 1  # this respawn was a restart, though the group never stepped
+                group.strikes += 1
                 group.last_failure = f"on_join failed: {type(e).__name__}: {e}"
                 retry = not self._stopping and group.restarts < self._max_restarts
                 group.state = GroupState.RECOVERING if retry else GroupState.FAILED
@@ -479,6 +509,7 @@ class ReplicaGroups:
             if self._stopping or group.state is not GroupState.HEALTHY:
                 return None  # stopping: a step fails because its procs were stopped
             group.last_failure = why
+            group.strikes += 1
             if group.restarts >= self._max_restarts:
                 group.state = GroupState.FAILED
             else:
@@ -499,6 +530,8 @@ class ReplicaGroups:
             self._tear_down(broken)  # a hung rank too: its agent kills what does not exit
             phases["teardown"] = time.monotonic() - started
             procs, actors = self._spawn(group.index, phases, self._take_spare(group.index))
+            if hosts_of(procs) != hosts_of(broken):
+                group.strikes = 0  # on other hosts: it counts again from there
         except Exception as e:  # noqa: BLE001 - reported in status(), the other groups go on
             with self._lock:
                 group.state, group.last_failure = GroupState.FAILED, f"recovery failed: {type(e).__name__}: {e}"
