@@ -17,6 +17,7 @@ import pytest
 
 import monarch_nb
 from monarch_nb.actor import Actor, SupervisionError, endpoint
+from monarch_nb.allocators.local import LocalHosts
 from monarch_nb.client.cluster import Cluster
 from monarch_nb.client.runtime import runtime
 from monarch_nb.errors import ClusterNotFound
@@ -92,6 +93,8 @@ def test_bad_allocations_are_refused_and_leave_the_cluster_healthy(cluster):
         cluster.allocate("g2", hosts=0)
     with pytest.raises(TypeError, match="give an allocator"):
         cluster.allocate("g2", allocator="slurm")
+    with pytest.raises(TypeError, match="an instance, not the class"):
+        cluster.allocate("g2", allocator=LocalHosts)
     with pytest.raises(ValueError, match="no allocation named 'nope'"):
         from monarch_nb.client.allocations import release
         release(cluster.hub, "nope")

@@ -390,3 +390,63 @@ def test_stopping_a_cluster_whose_hub_died_cancels_the_jobs_of_its_added_allocat
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert wait_until(lambda: job_ended(job_id), 30), scontrol_job(job_id)
+
+
+def queued_job(name: str) -> str:
+    """The id of the Slurm job named ``name`` (waiting in the queue), or ``""``."""
+    return subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True,
+                          timeout=30).stdout.strip()
+
+
+def test_an_interrupted_allocate_gives_its_queued_job_back_and_frees_the_name(started):
+    import threading
+
+    started.append("slurm-added-ctrlc")
+    cluster = Cluster.start("slurm-added-ctrlc", hosts=1)
+    queued = SlurmAllocator(nodes=1, start_timeout=300, extra_sbatch_args=["--begin=now+3600"])
+    jobs: list[str] = []
+
+    def ctrl_c_once_queued():
+        if wait_until(lambda: jobs.append(queued_job("monarch_nb-slurm-added-ctrlc-q")) or jobs[-1], 60):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c_once_queued, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        cluster.allocate("q", allocator=queued)
+    assert job_ended(jobs[-1]), scontrol_job(jobs[-1])  # not left in the queue for its start timeout
+    assert cluster.allocations == {}
+    assert len(cluster.allocate("q", hosts=1).spawn_procs().spawn("g", Trainer).say_hello.call("x").get(
+        timeout=60)) == 1  # the name is free again
+    assert {h["state"] for h in cluster.health()["hosts"]} == {"healthy"}
+    cluster.stop()
+
+
+def test_a_recovered_hub_ends_an_allocation_that_was_still_in_the_queue(started):
+    import threading
+
+    from monarch_nb.client.runtime import runtime
+
+    started.append("slurm-added-queued")
+    cluster = Cluster.start("slurm-added-queued", hosts=1)
+    queued = SlurmAllocator(nodes=1, start_timeout=300, extra_sbatch_args=["--begin=now+3600"])
+    errors: list[BaseException] = []
+
+    def allocate():
+        try:
+            cluster.allocate("q", allocator=queued)
+        except ClusterError as e:
+            errors.append(e)
+
+    waiting = threading.Thread(target=allocate)
+    waiting.start()
+    assert wait_until(lambda: queued_job("monarch_nb-slurm-added-queued-q"), 60)
+    job_id = queued_job("monarch_nb-slurm-added-queued-q")
+    os.kill(cluster._info["hub_pid"], signal.SIGKILL)
+    waiting.join(60)
+    assert errors and "gone" in str(errors[0]), errors
+    runtime().cluster = None
+    recovered = Cluster.recover("slurm-added-queued")
+    assert wait_until(lambda: job_ended(job_id), 30), scontrol_job(job_id)  # else queued until the cluster stops
+    assert recovered.allocations == {}
+    assert {h["state"] for h in recovered.health()["hosts"]} == {"healthy"}
+    recovered.stop()

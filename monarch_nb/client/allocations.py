@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from ..protocol import hub_ops
@@ -14,6 +15,7 @@ from .hub_client import HubClient
 # included) for the hub to answer.
 ANSWER_MARGIN_S = 30.0
 LOCAL_START_TIMEOUT_S = 60.0  # the local allocator's (allocators.local)
+GIVE_UP_S = 60.0  # how long an interrupted allocate() waits for its start to be given up
 
 
 def every_host(info: dict) -> list[dict]:
@@ -30,9 +32,9 @@ def allocation_spec(allocator, hosts: int | None) -> tuple[dict, int]:
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ValueError(f"hosts={hosts!r}: give 1 or more")
         return {"kind": "local"}, count
-    if not callable(getattr(allocator, "spec", None)) or not hasattr(allocator, "hosts"):
+    if isinstance(allocator, type) or not callable(getattr(allocator, "spec", None)) or not hasattr(allocator, "hosts"):
         raise TypeError(f"allocator={allocator!r}: give an allocator such as "
-                        "monarch_nb.SlurmAllocator(nodes=2), or None for local hosts")
+                        "monarch_nb.SlurmAllocator(nodes=2) (an instance, not the class), or None for local hosts")
     if hosts is not None and hosts != allocator.hosts:
         raise ValueError(f"hosts={hosts} but the allocator gives {allocator.hosts}; leave hosts out "
                          "(the allocator decides, e.g. SlurmAllocator(nodes=...))")
@@ -44,8 +46,25 @@ def allocate(hub: HubClient, name: str, hosts: int | None = None, allocator=None
     spec, count = allocation_spec(allocator, hosts)
     timeout = getattr(allocator, "start_timeout_s", LOCAL_START_TIMEOUT_S) + ANSWER_MARGIN_S
     fields: dict[str, Any] = {hub_ops.ALLOCATION: name, hub_ops.ALLOCATOR_SPEC: spec, hub_ops.HOST_COUNT: count}
-    reply = hub.request(hub_ops.ALLOCATE, timeout=timeout, **fields)
+    try:
+        reply = hub.request(hub_ops.ALLOCATE, timeout=timeout, **fields)
+    except KeyboardInterrupt:
+        give_up_start(hub, name)
+        raise
     return allocated_mesh(hub, name, reply[hub_ops.HOSTS])
+
+
+def give_up_start(hub: HubClient, name: str) -> None:
+    """An interrupted ``allocate``'s: give allocation ``name`` back if it is still
+    starting (its Slurm job perhaps waiting in the queue), so that neither the job nor
+    the name stays taken until its start timeout; one that had started stays (a re-run
+    cell's). Blocks until it has ended; a second Ctrl-C leaves it to its start timeout."""
+    fields: dict[str, Any] = {hub_ops.ALLOCATION: name, hub_ops.STARTING_ONLY: True}
+    try:
+        hub.request(hub_ops.RELEASE, timeout=GIVE_UP_S, **fields)
+    except Exception as e:  # the hub gone, say: the start ends at its timeout, or with the cluster
+        print(f"monarch_nb: could not give back allocation {name!r} after the interrupt ({e}); "
+              "it ends at its start timeout, or with Cluster.stop()", file=sys.stderr)
 
 
 def allocated_mesh(hub: HubClient, name: str, host_ids: list[str]) -> HostMesh:

@@ -43,7 +43,9 @@ class AddedAllocations:
         self._registry, self._net = registry, net
         self._allocation, self._meshes = allocation, meshes
         self._stop_requested = stop_requested
-        self._starting: set[str] = set()
+        # name -> (give up its start, its start has ended) for allocations still starting
+        self._starting: dict[str, tuple[asyncio.Event, asyncio.Event]] = {}
+        self._unfinished: list[str] = []  # restored allocations that were still starting
 
     def restore(self, saved: dict) -> None:
         """A recovering hub's: the added allocations of its predecessor, whose agents
@@ -52,6 +54,19 @@ class AddedAllocations:
             allocator = allocators.create(added["spec"], str(self._path), self._grace_s, name)
             allocator.host_ids = list(added["hosts"])
             self._registry.allocations[name] = allocator
+            if not all(h in saved["hosts"] for h in allocator.host_ids):
+                self._unfinished.append(name)
+
+    async def end_unfinished(self) -> None:
+        """A recovering hub's, once it has adopted the agents: end the allocations that
+        were still starting when its predecessor died (a Slurm job in the queue, say).
+        Their ``allocate()`` failed with the hub, and nothing would end them before
+        ``Cluster.stop()``; allocating the name again starts anew."""
+        for name in self._unfinished:
+            print(f"monarch_nb hub: allocation {name!r} was still starting when the previous hub died; "
+                  "ending it (allocate it again)", file=sys.stderr)
+            await self._end(name, self._registry.allocations[name])
+        self._unfinished = []
 
     async def allocate(self, header, message):
         """Start allocation ``allocation`` of ``host_count`` hosts from the allocator
@@ -68,16 +83,19 @@ class AddedAllocations:
         if existing is not None:
             if name not in self._starting and len(existing.host_ids) == count:
                 return {hub_ops.HOSTS: list(existing.host_ids)}  # a re-run cell: the same hosts
-            raise HubError(f"an allocation named {name!r} exists ({len(existing.host_ids)} host(s)"
-                           f"{', starting' if name in self._starting else ''}); give it back first (shutdown() "
-                           "of its host mesh) or choose another name", "ValueError")
+            if name in self._starting:
+                raise HubError(f"an allocation named {name!r} is starting (another allocate() of it); allocate it "
+                               "again once that returns to get its hosts, or choose another name", "ValueError")
+            raise HubError(f"an allocation named {name!r} exists ({len(existing.host_ids)} host(s)); give it back "
+                           "first (shutdown() of its host mesh) or choose another name", "ValueError")
         try:
             allocator = allocators.create(spec, str(self._path), self._grace_s, name)
         except (ValueError, TypeError) as e:
             raise HubError(f"allocation {name!r}: {e}", "ValueError") from None
         # In the registry (and so the state file, and a stop) from now on.
         self._registry.allocations[name] = allocator
-        self._starting.add(name)
+        give_up, ended = asyncio.Event(), asyncio.Event()
+        self._starting[name] = (give_up, ended)
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         try:
@@ -87,11 +105,16 @@ class AddedAllocations:
                 why = f"could not get hosts from the {allocator.kind} allocator: {e}"
             else:
                 self._registry.save()  # its job id, before waiting in the queue
-                why = await self._allocation.wait_for_agents(allocator, host_ids, t0, self._stop_requested.is_set)
+                why = await self._allocation.wait_for_agents(
+                    allocator, host_ids, t0, lambda: self._stop_requested.is_set() or give_up.is_set())
+            if give_up.is_set():
+                why = "given back while it was starting (release, or its allocate() interrupted)"
+            if why:
+                await self._end(name, allocator)
         finally:
-            self._starting.discard(name)
+            del self._starting[name]
+            ended.set()
         if why:
-            await self._end(name, allocator)
             raise HubError(f"allocation {name!r}: {why}")
         print(f"monarch_nb hub: allocation {name!r}: hosts {', '.join(host_ids)} up in "
               f"{time.monotonic() - t0:.1f} s", file=sys.stderr)
@@ -100,15 +123,22 @@ class AddedAllocations:
 
     async def release(self, header, message):
         """Give allocation ``allocation`` back: stop the proc meshes on its hosts, shut
-        its agents down and end the allocation (cancel its job)."""
+        its agents down and end the allocation (cancel its job). One still starting has
+        its start given up (its ``allocate`` fails saying so); replied once it has ended.
+        With ``starting_only``, only one still starting."""
         name = header[hub_ops.ALLOCATION]
+        starting = self._starting.get(name) if isinstance(name, str) else None
+        if starting is not None:  # its allocate gives the start up and ends it
+            give_up, ended = starting
+            give_up.set()
+            await ended.wait()
+            return {}
+        if header.get(hub_ops.STARTING_ONLY):
+            return {}  # an interrupted allocate() of an allocation that had started: it stays
         allocator = self._registry.allocations.get(name) if isinstance(name, str) else None
         if allocator is None:
             raise HubError(f"no allocation named {name!r}; this cluster has "
                            f"{sorted(self._registry.allocations) or 'none'}", "ValueError")
-        if name in self._starting:
-            raise HubError(f"allocation {name!r} is still starting; give it back once allocate() returns",
-                           "ValueError")
         hosts = set(allocator.host_ids)
         for record in [m for m in self._registry.proc_meshes.values() if any(p.host_id in hosts for p in m.procs)]:
             await self._meshes.stop_proc_mesh(record)

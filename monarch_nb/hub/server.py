@@ -189,6 +189,7 @@ class Hub:
         if self.saved is not None:
             self.added_allocations.restore(self.saved)
             await self.allocation.adopt(self.saved)
+            await self.added_allocations.end_unfinished()
         if not await self.allocation.acquire_hosts(lambda: ready_fd is not None and _reader_gone(ready_fd)):
             await self._shutdown_hosts()
             self.net.close()

@@ -44,6 +44,9 @@ RELEASE = "release"  # stop an added allocation's procs and host agents, and end
 ALLOCATION = "allocation"
 ALLOCATOR_SPEC = "allocator"
 HOST_COUNT = "host_count"
+# RELEASE's: give the allocation back only if it is still starting (an interrupted
+# ALLOCATE's own); otherwise nothing happens.
+STARTING_ONLY = "starting_only"
 HOSTS = "hosts"
 
 # from clients (and actors that spawn meshes): meshes -------------------------------------
