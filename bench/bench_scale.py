@@ -23,7 +23,8 @@ allocator makes them). For each, a retained cluster is started, and:
   broadcast    median client-side cost of ``broadcast()`` to N actors, ms (it does not wait)
   health       first ``health()`` after the spawn, then the median of 10, ms
   hub CPU      the hub's CPU per ``health()``, ms (psutil over those 10)
-  fresh client a new interpreter: ``connect`` + ``actor_meshes[...]`` + first call, ms
+  fresh client a new interpreter: ``connect`` + ``actor_meshes[...]`` + first call, ms,
+               the import of the client's modules included; each phase printed apart
   fds / RSS    open files and resident MiB of the client, the hub, and the agents (sum)
   stop         ``procs.stop()`` seconds
 
@@ -57,6 +58,7 @@ import monarch_nb  # noqa: E402
 BENCH = Path(__file__).resolve().parent
 MiB = 1 << 20
 ROUNDS = 20
+BYTECODE_OFF = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))  # a fresh client compiles what it imports
 
 # A raw echo process of the call-all floor: one DEALER connected to the bench's ROUTER.
 RAW_ECHO = WATCH_PARENT + r"""
@@ -69,15 +71,27 @@ while True:
     sock.send(sock.recv())
 """
 
-# Runs in a fresh interpreter: connect -> handle -> first call on a retained mesh.
+# Runs in a fresh interpreter: connect -> handle -> first call on a retained mesh. Each
+# phase is timed apart: "import" is what ``monarch_nb.connect`` imports on first use (the
+# client's modules: compiled from source at every start where PYTHONDONTWRITEBYTECODE is
+# set, as on this project's machines), then connect, the handle, the first call (its
+# connections to every proc and theirs back), and a second call for comparison.
 FRESH_CLIENT = """
 import json, sys, time
 import monarch_nb
 t0 = time.perf_counter()
+import monarch_nb.client.cluster, monarch_nb.client.actor_mesh
+t1 = time.perf_counter()
 c = monarch_nb.connect(sys.argv[1])
+t2 = time.perf_counter()
 mesh = c.actor_meshes[sys.argv[2]]
+t3 = time.perf_counter()
 n = len(mesh.ping.call().get())
-print(json.dumps({"total": time.perf_counter() - t0, "n": n}))
+t4 = time.perf_counter()
+mesh.ping.call().get()
+t5 = time.perf_counter()
+print(json.dumps({"total": t4 - t0, "import": t1 - t0, "connect": t2 - t1, "handles": t3 - t2,
+                  "first_call": t4 - t3, "second_call": t5 - t4, "n": n}))
 """
 
 
@@ -243,7 +257,9 @@ def measure(name: str, hosts: int, per_host: int) -> dict:
                              text=True, cwd=BENCH, timeout=300)
         if out.returncode:
             raise RuntimeError(out.stderr)
-        row["fresh_client_ms"] = json.loads(out.stdout.strip().splitlines()[-1])["total"] * 1e3
+        fresh = json.loads(out.stdout.strip().splitlines()[-1])
+        for key in ("total", "import", "connect", "handles", "first_call", "second_call"):
+            row["fresh_client_ms" if key == "total" else f"fresh_{key}_ms"] = fresh[key] * 1e3
 
         started = time.perf_counter()
         procs.stop().get()
@@ -275,6 +291,10 @@ def table(title: str, rows: list[dict]) -> None:
     for row in rows:
         log(f"  {row['procs']} procs: spawn {row['spawn_s'] / row['bare_floor_s']:.2f}x bare interpreters, "
             f"call all {row['call_all_ms'] / row['raw_floor_ms']:.2f}x raw fan-out")
+        log(f"  {row['procs']} procs, fresh client {row['fresh_client_ms']:.0f} ms: import "
+            f"{row['fresh_import_ms']:.0f}{' (compiled: PYTHONDONTWRITEBYTECODE)' if BYTECODE_OFF else ''}, "
+            f"connect {row['fresh_connect_ms']:.0f}, handles {row['fresh_handles_ms']:.0f}, "
+            f"first call {row['fresh_first_call_ms']:.0f} (second {row['fresh_second_call_ms']:.0f})")
     routed = [row for row in rows if "routed_call_ms" in row]
     if routed:
         log(f"\n{title}: calls direct and through the host routers (same mesh, same run)")
