@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Callable
 import psutil
 
 from .. import cluster_dir, fd_limit
-from ..hub import logstore
 from ..errors import ClusterError, ClusterNotFound, HubTimeout, InvalidRequest
 from ..mesh import Extent, Shape
 from ..proc.actor import proc_identity
@@ -522,6 +521,8 @@ def _check_config() -> None:
     starts; a hub that meets one later (recovery) runs on with the defaults and says so
     in hub.log. Likewise for a ``MONARCH_NB_MAX_MESSAGE_BYTES`` the processes it starts
     would inherit and fail on at their first message."""
+    from ..hub import logstore  # sqlite: not for a client that only connects
+
     logstore.retention()
     wire_frames.max_message_bytes()
 

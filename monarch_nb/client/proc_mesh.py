@@ -14,7 +14,7 @@ from ..proc.actor import Actor, endpoint_names, owner_of_new_meshes
 from ..proc.setup_actor import ProcSetup, set_root_log_level
 from ..protocol import hub_ops
 from ..wire import serialize, sockets
-from . import progress, torch_env, workspace_sync
+from . import progress, workspace_sync
 from .actor_mesh import ActorMesh, hidden_endpoints
 from .control import abandon_spawn, init_error
 from .future import Future
@@ -208,6 +208,8 @@ class ProcMesh(MeshHandle):
         doesn't match (destroy it first) or a proc does not answer in 30 s. Then call
         ``init_process_group()`` in the actors: without a backend, torch takes NCCL for
         CUDA tensors and gloo for CPU ones."""
+        from . import torch_env  # (with its first use: a client that connects does not load it)
+
         return torch_env.setup(self, torch_env.check_backend(backend), master_addr, master_port)
 
     def restart_failed(self, timeout: float = 120.0) -> list[int]:

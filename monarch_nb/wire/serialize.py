@@ -44,9 +44,6 @@ from typing import Any
 import cloudpickle
 
 from ..errors import SerializationError
-from . import cuda as _cuda
-from . import cuda_ipc as _cuda_ipc
-from . import cuda_tensors as _cuda_tensors
 
 PROTOCOL = 5
 
@@ -86,6 +83,12 @@ def _as_array(data):
 def _reduce_tensor(tensor):
     if tensor.is_sparse or tensor.is_quantized:
         return NotImplemented
+    # Imported here, with the first tensor: a client that never sends one (or a fresh
+    # one, connecting) does not compile and load the CUDA paths.
+    from . import cuda as _cuda
+    from . import cuda_ipc as _cuda_ipc
+    from . import cuda_tensors as _cuda_tensors
+
     if _cuda.ops().is_cuda(tensor):  # staged through host memory, or by CUDA IPC when opted in
         return _cuda_ipc.reduce(tensor) if _cuda_ipc.enabled() else _cuda_tensors.reduce(tensor, _as_array)
     if tensor.device.type != "cpu":
