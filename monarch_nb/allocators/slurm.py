@@ -289,10 +289,11 @@ class SlurmAllocator:
     def stop(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the job to end by itself (agents told to
         shut down exit and the step ends), then ``scancel`` it and wait up to
-        ``CANCEL_WAIT_S`` more. Raises :class:`ClusterError` if it is still running."""
+        ``CANCEL_WAIT_S`` more; a job still in the queue (no agent to wait for) is
+        cancelled at once. Raises :class:`ClusterError` if it is still running."""
         if self.job_id is None:
             return
-        if self._wait_ended(timeout):
+        if self._wait_ended(0.0 if self._queued() else timeout):
             return
         try:
             _run(["scancel", self.job_id])
@@ -301,6 +302,13 @@ class SlurmAllocator:
         if not self._wait_ended(CANCEL_WAIT_S):
             raise ClusterError(f"Slurm job {self.job_id} did not end within {CANCEL_WAIT_S} s of scancel; "
                                f"check it with `scontrol show job {self.job_id}`")
+
+    def _queued(self) -> bool:
+        try:
+            record = self.job()
+        except ClusterError:
+            return False
+        return record is not None and slurm_parse.job_state(record)[0] == "PENDING"
 
     def _wait_ended(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
