@@ -18,6 +18,7 @@ import pytest
 import monarch_nb
 from monarch_nb.actor import Actor, SupervisionError, endpoint
 from monarch_nb.allocators.local import LocalHosts
+from monarch_nb.allocators.slurm import SlurmAllocator
 from monarch_nb.client.cluster import Cluster
 from monarch_nb.client.runtime import runtime
 from monarch_nb.errors import ClusterNotFound
@@ -87,6 +88,8 @@ def test_bad_allocations_are_refused_and_leave_the_cluster_healthy(cluster):
     cluster.allocate("g1")
     with pytest.raises(ValueError, match="'g1' exists .*1 host"):
         cluster.allocate("g1", hosts=2)
+    with pytest.raises(ValueError, match="'g1' exists .*from the local allocator"):  # not the local hosts
+        cluster.allocate("g1", allocator=SlurmAllocator(nodes=1, partition="none"))
     with pytest.raises(ValueError, match="letters, digits"):
         cluster.allocate("no spaces")
     with pytest.raises(ValueError, match="hosts=0"):

@@ -30,7 +30,7 @@ def allocation_spec(allocator, hosts: int | None) -> tuple[dict, int]:
     if allocator is None:
         count = 1 if hosts is None else hosts
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise ValueError(f"hosts={hosts!r}: give 1 or more")
+            raise ValueError(f"hosts={hosts!r}: give a whole number, 1 or more")
         return {"kind": "local"}, count
     if isinstance(allocator, type) or not callable(getattr(allocator, "spec", None)) or not hasattr(allocator, "hosts"):
         raise TypeError(f"allocator={allocator!r}: give an allocator such as "

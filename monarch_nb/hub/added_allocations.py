@@ -78,15 +78,17 @@ class AddedAllocations:
             raise HubError(f"allocation name {name!r}: give letters, digits and _ (at most 48, not starting "
                            "with _)", "ValueError")
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise HubError(f"hosts={count!r}: give 1 or more", "ValueError")
+            raise HubError(f"hosts={count!r}: give a whole number, 1 or more", "ValueError")
         existing = self._registry.allocations.get(name)
         if existing is not None:
-            if name not in self._starting and len(existing.host_ids) == count:
+            same_kind = isinstance(spec, dict) and existing.kind == spec.get("kind", "local")
+            if name not in self._starting and len(existing.host_ids) == count and same_kind:
                 return {hub_ops.HOSTS: list(existing.host_ids)}  # a re-run cell: the same hosts
             if name in self._starting:
                 raise HubError(f"an allocation named {name!r} is starting (another allocate() of it); allocate it "
                                "again once that returns to get its hosts, or choose another name", "ValueError")
-            raise HubError(f"an allocation named {name!r} exists ({len(existing.host_ids)} host(s)); give it back "
+            raise HubError(f"an allocation named {name!r} exists ({len(existing.host_ids)} host(s) from the "
+                           f"{existing.kind} allocator); give it back "
                            "first (shutdown() of its host mesh) or choose another name", "ValueError")
         try:
             allocator = allocators.create(spec, str(self._path), self._grace_s, name)
