@@ -213,6 +213,29 @@ def _spawn_counters(name: str, grace_s: float):
     return cluster, procs, counters
 
 
+def test_a_fresh_client_connects_to_the_live_actors_of_the_mesh_it_picks_before_calling(clusters):
+    clusters.append("ahead")
+    cluster, procs, counters = _spawn_counters("ahead", grace_s=30)
+    os.kill(procs.pids[1], signal.SIGKILL)
+    assert wait_until(lambda: cluster.info()["actor_meshes"]["p/counters"]["dead"], 15)
+    script = textwrap.dedent("""
+        import json, monarch_nb
+        from monarch_nb.client.runtime import runtime
+        c = monarch_nb.connect("ahead")
+        meshes = c.actor_meshes
+        sockets = runtime().mailbox.outbox._table().sockets
+        addresses = [mesh._addresses for mesh in meshes.values()][0]  # (not a lookup)
+        listed = [a in sockets for a in addresses]
+        meshes["counters"]
+        print(json.dumps([listed, [a in sockets for a in addresses]]))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=TESTS)
+    assert out.returncode == 0, out.stderr
+    listed, picked = json.loads(out.stdout.strip().splitlines()[-1])
+    assert listed == [False, False]  # listing the meshes connects to none
+    assert picked == [True, False]  # the one picked: its live actor, not the dead one
+
+
 def test_hub_killed_and_recovered_keeps_every_mesh_and_actor_state(clusters):
     clusters.append("phoenix")
     cluster, procs, counters = _spawn_counters("phoenix", grace_s=30)

@@ -8,7 +8,7 @@ bare name. :func:`resolve` accepts both, and :class:`ActorMeshes` is the mapping
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 V = TypeVar("V")
@@ -31,13 +31,24 @@ def resolve(keys: Iterable[str], name: str) -> str | None:
 class ActorMeshes(dict[str, V]):
     """Actor meshes by key (``"procs/counter"``), also found by their bare name
     (``"counter"``) when only one proc mesh has it; an ambiguous bare name raises
-    ``KeyError`` naming the keys. Iterating gives the keys."""
+    ``KeyError`` naming the keys. Iterating gives the keys. ``picked(key)``, when given,
+    is told of each mesh looked up (``[name]``, ``get``) before it is returned."""
 
-    def __missing__(self, name: str) -> V:
+    def __init__(self, meshes: dict[str, V], picked: Callable[[str], None] | None = None):
+        super().__init__(meshes)
+        self._picked = picked
+
+    def __getitem__(self, name: str) -> V:
+        key = name if dict.__contains__(self, name) else self._resolve(name)
+        if self._picked is not None:
+            self._picked(key)
+        return dict.__getitem__(self, key)
+
+    def _resolve(self, name: str) -> str:
         key = resolve(self.keys(), name) if isinstance(name, str) else None
         if key is None:
             raise KeyError(f"no actor mesh {name!r} (actor meshes: {', '.join(sorted(self)) or 'none'})")
-        return dict.__getitem__(self, key)
+        return key
 
     def __contains__(self, name) -> bool:
         if dict.__contains__(self, name):
