@@ -450,3 +450,12 @@ def test_a_recovered_hub_ends_an_allocation_that_was_still_in_the_queue(started)
     assert recovered.allocations == {}
     assert {h["state"] for h in recovered.health()["hosts"]} == {"healthy"}
     recovered.stop()
+
+
+def test_an_allocation_of_more_nodes_than_the_partition_has_is_refused_at_once(started):
+    started.append("slurm-added-too-big")
+    cluster = Cluster.start("slurm-added-too-big", hosts=1)
+    with pytest.raises(ClusterError, match=r"nodes=3\): the default partition has 2 node\(s\).*at most 2"):
+        cluster.allocate("big", allocator=SlurmAllocator(nodes=3, start_timeout=300))  # not queued for 300 s
+    assert not queued_job("monarch_nb-slurm-added-too-big-big") and cluster.allocations == {}
+    cluster.stop()

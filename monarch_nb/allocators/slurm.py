@@ -186,6 +186,7 @@ class SlurmAllocator:
         if hosts != self.nodes:
             raise ClusterError(f"SlurmAllocator has nodes={self.nodes}, but {hosts} hosts were asked for")
         assert self.cluster_dir is not None, "the hub's allocator is made by from_spec, with its cluster directory"
+        self._check_partition_size()
         script = Path(self.cluster_dir) / (f"{self._host_prefix}{JOB_SCRIPT}")
         script.write_text(self.job_script(hub_address=hub_address))
         script.chmod(0o700)
@@ -326,6 +327,19 @@ class SlurmAllocator:
     # Slurm's commands ------------------------------------------------------------------
     def _scontrol(self, *args: str) -> list[dict[str, str]]:
         return slurm_parse.parse_scontrol(_run(["scontrol", *args]))
+
+    def _check_partition_size(self) -> None:
+        """Raise :class:`ClusterError` for more nodes than the partition has: Slurm
+        (``EnforcePartLimits=NO``, its default) queues such a job for good (reason
+        ``PartitionConfig``), and the start would wait out its whole timeout."""
+        try:
+            nodes = self._partition_nodes()
+        except (ClusterError, IndexError, ValueError):  # a list of partitions, say: Slurm decides
+            return
+        if nodes and self.nodes > len(nodes):
+            where = f"partition {self.options['partition']!r}" if self.options["partition"] else "the default partition"
+            raise ClusterError(f"SlurmAllocator(nodes={self.nodes}): {where} has {len(nodes)} node(s) "
+                               f"({', '.join(nodes)}); ask for at most {len(nodes)}, or choose another partition")
 
     def _partition_nodes(self) -> list[str]:
         records = self._scontrol("show", "partition", "-o", *([self.options["partition"]]
