@@ -356,7 +356,8 @@ class Cluster:
         from outside fails them as the cluster's own. The allocation outlives this
         client, as the cluster does (``allocations`` finds it again).
 
-        Allocating a name that exists with as many hosts returns it (a re-run cell).
+        Allocating a name that exists with as many hosts, from the same kind of
+        allocator, returns it (a re-run cell); a Ctrl-C while it waits gives it back.
         Raises ``ValueError`` for a bad name, a name taken with another size, or a bad
         ``hosts``; ``TypeError`` for something that is not an allocator;
         :class:`ClusterError` with the allocator's account (the job's state and reason)
