@@ -19,10 +19,24 @@ ROUNDS = 3  # children killed per test: the order must hold every time, not by l
 class Child(Actor):
     @endpoint
     async def die(self, rank: int) -> None:
-        """Rank ``rank`` dies, the others answer. (A call fails as soon as one rank dies:
-        the owner can't have taken failures of ranks still running then.)"""
+        """Rank ``rank`` dies, the others answer."""
         if current_rank().rank == rank:
             raise SystemExit(3)  # a BaseException: the actor dies, its proc lives on
+
+    @endpoint
+    async def die_all(self) -> None:
+        """Every rank dies (Monarch's test_supervise_callback_with_mesh_ref)."""
+        raise SystemExit(3)
+
+    @endpoint
+    async def die_or_hold(self, rank: int, gate: str) -> int:
+        """Rank ``rank`` dies; the others run on until the file ``gate`` exists."""
+        me = current_rank().rank
+        if me == rank:
+            raise SystemExit(3)
+        while not os.path.exists(gate):
+            await asyncio.sleep(0.05)
+        return me
 
     @endpoint
     async def alive(self) -> int:
@@ -157,6 +171,12 @@ class Caller(Actor):
         with pytest.raises(SupervisionError):
             await mesh.die.call(rank)
 
+    @endpoint
+    async def kill_all(self, mesh) -> str:
+        with pytest.raises(SupervisionError) as info:
+            await mesh.die_all.call()
+        return str(info.value)
+
 
 @pytest.fixture
 def meshes(host):
@@ -226,4 +246,38 @@ def test_a_supervise_that_calls_the_failed_mesh_runs_in_order_without_deadlock(m
     owner = meshes("owner", 1).spawn("owner", owner_class, meshes("children", 2))
     owner.kill_children.call_one("die", 0).get(timeout=60)
     assert owner.seen.call_one().get(timeout=30) == [("child1", [0], 1)]
+    assert not faults
+
+
+def test_a_call_whose_ranks_all_die_names_them_all_and_the_owner_has_every_failure(meshes, faults):
+    """Every rank of a mesh dies in one call made by another actor: the call's error
+    comes once each rank has answered or died, so it names all four, and the owner, asked
+    right after, has taken all four failures (Monarch's
+    test_supervise_callback_with_mesh_ref; before, the call failed at the first death and
+    the owner could be asked before a later rank's failure reached it)."""
+    owner = meshes("owner", 1).spawn("owner", ThreadOwner, meshes("children", 4))
+    caller = meshes("caller", 1).spawn("caller", Caller)
+    for i in range(1, ROUNDS + 1):
+        children = owner.renew.call_one().get(timeout=30)
+        message = caller.kill_all.call_one(children).get(timeout=60)
+        assert "(4 of 4 ranks)" in message and all(f"child{i + 1} rank {r}:" in message for r in range(4)), message
+        seen = owner.seen.call_one().get(timeout=30)  # asked at once: no wait, no retry
+        assert sorted(seen[4 * (i - 1):]) == [(f"child{i + 1}", [r]) for r in range(4)], seen
+    assert not faults
+
+
+def test_a_call_with_a_dead_rank_does_not_wait_for_ranks_that_run_on(meshes, faults, tmp_path):
+    """The wait for the other ranks after a death is bounded: ranks still running
+    (here until a file exists, which only this test makes, after the call failed) do not
+    hold the caller's error, which names the dead rank alone; they finish their call."""
+    owner = meshes("owner", 1).spawn("owner", ThreadOwner, meshes("children", 2))
+    children = owner.renew.call_one().get(timeout=30)
+    gate = str(tmp_path / "gate")
+    with pytest.raises(SupervisionError) as info:
+        children.die_or_hold.call(0, gate).get(timeout=60)
+    assert "child2 rank 0:" in str(info.value) and "(1 of 2 ranks)" in str(info.value), str(info.value)
+    assert not os.path.exists(gate)  # the error came while rank 1 still ran
+    open(gate, "w").close()
+    assert children.slice(gpus=1).alive.call_one().get(timeout=30) == 1  # rank 1 finished and serves on
+    assert owner.seen.call_one().get(timeout=30) == [("child2", [0])]
     assert not faults

@@ -36,6 +36,10 @@ from .value_mesh import ValueMesh
 # In a call's results: a rank whose value a host router folded into another rank's (reduce()).
 FOLDED_AWAY = object()
 
+# Once an actor of a call died (its proc living on), how long (seconds) the call still waits for its other
+# ranks to answer or die before it raises (see ``Endpoint._gather``).
+DEATH_GRACE_S = 0.5
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -173,9 +177,24 @@ class Endpoint(Generic[P, R]):
         answered: set[int] = set()
         dead_ranks: set[int] = set()  # failed by supervision (not an endpoint that raised)
         targets = {addresses[b]: b for b in bases}
+        grace: list = []  # the timer that ends the wait on the ranks still out once one died
+
+        def settle() -> None:
+            remaining[0] = 0
+            for timer in grace:
+                timer.cancel()
+            gather.close()
+            supervision.unwatch(port, targets)
+            value, error = finish(results, [failures[k] for k in sorted(failures)],
+                                  [failures[k] for k in sorted(dead_ranks)])
+            future._resolve(value, error)
 
         @protected
         def on_reply(_key, message: wire_frames.Message) -> None:
+            if message.header.get(proc_ops.GRACE_OVER):
+                if remaining[0]:
+                    settle()
+                return
             i = by_base.get(message.header["rank"])
             if i is None or i in answered:  # a reply and a supervision failure may both come
                 return
@@ -195,7 +214,7 @@ class Endpoint(Generic[P, R]):
                 for j in also:
                     failures[j] = RemoteFailure(mesh.extent.point(view_ranks[j]), failure.exception, failure.traceback)
             remaining[0] -= 1 + len(also)
-            died = i in failures and message.header.get("supervision", False)
+            died = i in failures and message.header.get(proc_ops.DIED, False)
             if died:
                 dead_ranks.add(i)
                 # Ranks that died with it (a stopped mesh, a lost host) are named too.
@@ -204,15 +223,22 @@ class Endpoint(Generic[P, R]):
                                                                           mesh._name, base)
                     if why is not None:
                         answered.add(j)
+                        remaining[0] -= 1
                         failures[j] = RemoteFailure(mesh.extent.point(view_ranks[j]), SupervisionError(why), "")
                         dead_ranks.add(j)
-            if remaining[0] == 0 or died:  # a dead rank fails the call now, not after the others
-                remaining[0] = 0
-                gather.close()
-                supervision.unwatch(port, targets)
-                value, error = finish(results, [failures[k] for k in sorted(failures)],
-                                      [failures[k] for k in sorted(dead_ranks)])
-                future._resolve(value, error)
+            if remaining[0] <= 0 or (died and not message.header.get(proc_ops.ALONE)):
+                settle()
+            elif died and not grace:
+                # An actor died (its proc lives on: an endpoint raised a BaseException):
+                # the ranks still out, running the same code, may be dying of the same cause (every rank of a mesh raising in one
+                # call). Wait for them a little, so that the error names every rank that
+                # died and each of their failures is with the mesh's owner before it is
+                # raised (each dying rank answers only once the owner has its failure:
+                # hub.supervision); a rank running a long endpoint (in a collective the
+                # dead rank never joins) holds the error no longer than this. A proc's
+                # death (a signal, the OOM killer) comes from outside the call: it fails
+                # the call at once, as it did.
+                grace.append(supervision.end_grace_later(mesh._cluster_id, port, DEATH_GRACE_S))
             if interrupted is not None:
                 raise interrupted  # the client's own Ctrl-C, now that the reply is accounted for
 
@@ -279,7 +305,11 @@ class Endpoint(Generic[P, R]):
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call every actor of the mesh; the future's value is a :class:`ValueMesh` over
         the mesh's extent. If any rank raised, ``get()`` raises one
-        :class:`ActorError` listing every failed rank. Non-blocking."""
+        :class:`ActorError` listing every failed rank. If a rank's actor died (its proc
+        living on), it raises :class:`SupervisionError` once every rank has answered or died, or
+        ``DEATH_GRACE_S`` seconds after that death, whichever comes first: it names every
+        rank that died by then, and the mesh's owner has each of those failures queued
+        before it is raised. A proc's death fails it at once. Non-blocking."""
         mesh = self._mesh
         ranks = list(range(len(mesh)))
 

@@ -28,7 +28,7 @@ from collections import OrderedDict
 from typing import Callable
 
 from ..errors import MeshFailure, SupervisionError
-from ..protocol import envelope, events
+from ..protocol import envelope, events, proc_ops
 from ..protocol.states import FailureKind
 from ..wire import frames as wire_frames
 from ..wire import sockets
@@ -168,12 +168,32 @@ class Supervision:
                     self._dead[address] = (cluster_id, why)
                     self._names[address] = (cluster_id, mesh, rank)
 
-    def fail(self, cluster_id: str, port: int, base_rank: int, why: str) -> None:
-        """Send the waiting call at ``port`` a failure reply for ``base_rank``."""
+    def fail(self, cluster_id: str, port: int, base_rank: int, why: str, alone: bool = False) -> None:
+        """Send the waiting call at ``port`` a failure reply for ``base_rank`` (``alone``:
+        the actor died, its proc lives on)."""
         mailbox = self._mailbox()
-        header = {envelope.PORT: port, envelope.RANK: base_rank, envelope.OK: False, "supervision": True}
+        header = {envelope.PORT: port, envelope.RANK: base_rank, envelope.OK: False, proc_ops.DIED: True,
+                  proc_ops.ALONE: alone}
         mailbox.send(mailbox.address, wire_frames.encode_value(cluster_id, header,
                                                                  pack_exception(SupervisionError(why))))
+
+    def end_grace_later(self, cluster_id: str, port: int, seconds: float) -> threading.Timer:
+        """In ``seconds``, tell the call waiting at ``port`` (one of whose ranks died) to
+        wait no longer on its ranks still out (``GRACE_OVER``, sent to this process's own
+        mailbox, so it is dispatched like a reply, never concurrently with one). Returns
+        the timer: cancel it when the call ends first."""
+        def end() -> None:
+            mailbox = self._mailbox()
+            try:
+                mailbox.send(mailbox.address, wire_frames.encode(cluster_id, {envelope.PORT: port,
+                                                                              proc_ops.GRACE_OVER: True}))
+            finally:
+                mailbox.outbox.close_thread_sockets()  # this thread ends here
+
+        timer = threading.Timer(seconds, end)
+        timer.daemon = True
+        timer.start()
+        return timer
 
     def why_dead(self, cluster_id: str, address: str, mesh: str | None = None, rank: int | None = None) -> str | None:
         """Why the actor of ``cluster_id`` at ``address`` (rank ``rank`` of actor mesh
@@ -239,8 +259,9 @@ class Supervision:
             pending = self._note_gone(cluster, event["actors"])
         for address in event["actors"]:  # no socket of any thread keeps reconnecting to them
             sockets.Outbox.discard(address)
+        alone = bool(event.get(proc_ops.ALONE))  # an actor's death, not its proc's
         for port, cluster_id, base_rank, reason in pending:
-            self.fail(cluster_id, port, base_rank, reason)
+            self.fail(cluster_id, port, base_rank, reason, alone)
 
     def _note_gone(self, cluster: str, actors: dict) -> list[tuple[int, str, int, str]]:
         """Record ``actors`` (address -> (mesh, rank, why)) of ``cluster`` as dead; the

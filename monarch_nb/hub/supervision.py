@@ -243,7 +243,7 @@ class Supervision:
         failure = {"kind": FailureKind.ACTOR_FAILED, "proc_mesh": record.proc_mesh, "meshes": [record.name],
                    "ranks": [rank], "why": why, "endpoint": endpoint, "traceback": traceback, "report": report}
         verdict = await self._tell_owner(failure, record.owner)
-        await self._announcer.announce({envelope.OP: events.ACTORS_GONE,
+        await self._announcer.announce({envelope.OP: events.ACTORS_GONE, proc_ops.ALONE: True,
                                         "actors": {address: (record.name, rank, report)}})
         self._meshes.stop_orphans({address})
         if record.owner is None:

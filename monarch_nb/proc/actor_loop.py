@@ -562,7 +562,7 @@ class ActorThread:
         print(f"{cause}; the actor is dead:\n{tb}", file=sys.stderr, end="")
         self._report_failure(name, cause, tb, dead=True)  # the owner first (Monarch's order)
         send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
-                   error=self._gone(), extra={proc_ops.DIED: True})
+                   error=self._gone(), extra={proc_ops.DIED: True, proc_ops.ALONE: True})
 
     def _gone(self) -> SupervisionError:
         """What a call to this dead actor fails with: its failure report (see ``dead``)."""

@@ -66,3 +66,5 @@ OWNER_DIED = "owner_died"  # SUPERVISE's reply: unhandled, it killed the owner, 
 ADDRESS = "address"  # SPAWN_ACTOR's reply: the actor's inbox
 TRACEBACK = "traceback"  # SPAWN_ACTOR's failed reply: the remote traceback (with ERROR)
 DIED = "supervision"  # a CALL's failed reply: the actor is dead (the client raises SupervisionError)
+ALONE = "alone"  # with DIED, and in ACTORS_GONE: the actor died, its proc lives on (an endpoint raised a BaseException)
+GRACE_OVER = "grace_over"  # to a call's own reply port, from its caller: stop waiting on the ranks still out after one died
