@@ -12,7 +12,7 @@ from ..errors import ActorError, ClusterError, HubTimeout
 from ..mesh import Extent, Shape
 from ..proc.actor import Actor, endpoint_names, owner_of_new_meshes
 from ..proc.setup_actor import ProcSetup, set_root_log_level
-from ..protocol import hub_ops
+from ..protocol import hub_ops, proc_ops
 from ..wire import serialize, sockets
 from . import progress, workspace_sync
 from .actor_mesh import ActorMesh, hidden_endpoints
@@ -124,6 +124,7 @@ class ProcMesh(MeshHandle):
         fields = dict(extent=dict(self.extent), class_name=class_name, endpoints=endpoints, methods=methods,
                       replace=replace, raise_init_errors=raise_init_errors, o=rt.origin(),
                       main_thread=getattr(actor_class, "_monarch_main_thread", False), owner=owner_of_new_meshes())
+        fields[proc_ops.CALLER] = rt.mailbox.address  # the first call's replies: connected while __init__ runs
         ran = None  # constructors that returned (or raised): every one once the hub replies
         try:
             reply = control.spawn_actors(self._name, self._shape.base_ranks(), name, fields, body,

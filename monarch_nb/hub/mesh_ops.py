@@ -194,7 +194,7 @@ class MeshOps:
                     envelope.OP: proc_ops.SPAWN_ACTOR, proc_ops.MESH: name, envelope.RANK: i,
                     proc_ops.EXTENT: header["extent"], proc_ops.ORIGIN: header.get(proc_ops.ORIGIN),
                     proc_ops.MAIN_THREAD: header.get(proc_ops.MAIN_THREAD, False),
-                    proc_ops.INIT_FAULT: not raise_init_errors,
+                    proc_ops.INIT_FAULT: not raise_init_errors, proc_ops.CALLER: header.get(proc_ops.CALLER),
                     "owner": header.get("owner"), **self._debug.spawn_fields()},
                     body, buffers)
                 for i, r in enumerate(header["proc_ranks"])))

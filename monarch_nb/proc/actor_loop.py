@@ -254,6 +254,12 @@ class ActorThread:
     def _construct_and_serve(self) -> None:
         # A restarted actor takes its predecessor's address when free: handles keep working.
         inbox, self.address = sockets.bind_inbox(prefer=self._spawn.header.get(proc_ops.PREFER))
+        caller = self._spawn.header.get(proc_ops.CALLER)
+        if isinstance(caller, str):  # this thread's connection to the spawner, made while __init__ runs
+            try:  # (else the first call's replies wait for its handshake, every proc's at once)
+                self.outbox.connect([caller], self.cluster_id.encode())
+            except Exception:  # noqa: BLE001 - a bad address: the first reply connects (and says so) itself
+                pass
         self._instance_info = dataclasses.replace(self._instance_info, address=self.address)
         _set_current(self._context())
         set_call_origin(self._spawn.header.get(proc_ops.ORIGIN))  # what __init__ prints goes to the spawner
