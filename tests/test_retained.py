@@ -29,7 +29,7 @@ from monarch_nb.errors import ClusterError, ClusterNotFound, InvalidRequest
 from conftest import cluster_processes, pids_alive, wait_until
 from kernels import TESTS, Kernel
 from monarch_nb.client.launch import launch_hub
-from sample_actors import Counter, Printer
+from sample_actors import AsyncActor, Counter, Printer
 
 COUNTER_CELL = textwrap.dedent("""
     import monarch_nb
@@ -216,6 +216,7 @@ def _spawn_counters(name: str, grace_s: float):
 def test_a_fresh_client_connects_to_the_live_actors_of_the_mesh_it_picks_before_calling(clusters):
     clusters.append("ahead")
     cluster, procs, counters = _spawn_counters("ahead", grace_s=30)
+    procs.spawn("steps", AsyncActor)
     os.kill(procs.pids[1], signal.SIGKILL)
     assert wait_until(lambda: cluster.info()["actor_meshes"]["p/counters"]["dead"], 15)
     script = textwrap.dedent("""
@@ -224,16 +225,21 @@ def test_a_fresh_client_connects_to_the_live_actors_of_the_mesh_it_picks_before_
         c = monarch_nb.connect("ahead")
         meshes = c.actor_meshes
         sockets = runtime().mailbox.outbox._table().sockets
-        addresses = [mesh._addresses for mesh in meshes.values()][0]  # (not a lookup)
-        listed = [a in sockets for a in addresses]
+        addresses = {key: mesh._addresses for key, mesh in meshes.items()}  # (not lookups)
+        listed = [a in sockets for a in addresses["p/counters"]]
         meshes["counters"]
-        print(json.dumps([listed, [a in sockets for a in addresses]]))
+        picked = [a in sockets for a in addresses["p/counters"]]
+        steps = meshes["steps"].slice(gpus=0)  # async actors, asked to connect back as well
+        print(json.dumps([listed, picked, list(steps.step.call(5, 0).get().values())]))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=TESTS)
     assert out.returncode == 0, out.stderr
-    listed, picked = json.loads(out.stdout.strip().splitlines()[-1])
+    listed, picked, stepped = json.loads(out.stdout.strip().splitlines()[-1])
     assert listed == [False, False]  # listing the meshes connects to none
     assert picked == [True, False]  # the one picked: its live actor, not the dead one
+    assert stepped == [5]
+    assert cluster.flush_logs()
+    assert not cluster.logs(grep="could not handle|unknown message kind")  # every actor took the connect
 
 
 def test_hub_killed_and_recovered_keeps_every_mesh_and_actor_state(clusters):

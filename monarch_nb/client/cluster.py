@@ -31,7 +31,7 @@ from .. import cluster_dir, fd_limit
 from ..errors import ClusterError, ClusterNotFound, HubTimeout, InvalidRequest
 from ..mesh import Extent, Shape
 from ..proc.actor import proc_identity
-from ..protocol import hub_ops
+from ..protocol import envelope, hub_ops, proc_ops
 from ..protocol.states import DiscoveryState
 from ..wire import frames as wire_frames
 from ..protocol.records import LOG_FIELDS
@@ -405,13 +405,18 @@ class Cluster:
 
     def _connect_ahead(self, record: dict) -> None:
         """Open this thread's connections to the live actors of the mesh ``record`` (one a
-        user picked from ``actor_meshes``), as a spawn does: their handshakes then run
-        while the user moves on, not under the first call (at 128 procs on one host, ~20
-        of its ~70 ms; the rest is mostly the procs' connections back, made as they reply)."""
-        dead = record["dead"]
-        runtime().mailbox.outbox.connect(
-            [a for rank, a in enumerate(record["addresses"]) if str(rank) not in dead and rank not in dead],
-            self._info["cluster_id"].encode())
+        user picked from ``actor_meshes``), and ask each to connect back to this client's
+        inbox (``proc_ops.CONNECT``), as a spawned mesh's actors do: the handshakes both
+        ways then run while the user moves on, not all at once under the first call."""
+        dead, mailbox = record["dead"], runtime().mailbox
+        frames = wire_frames.encode(self._info["cluster_id"],
+                                    {envelope.KIND: proc_ops.CONNECT, proc_ops.CALLER: mailbox.address})
+        for rank, address in enumerate(record["addresses"]):
+            if str(rank) not in dead and rank not in dead:
+                try:
+                    mailbox.send(address, frames)
+                except ClusterError:  # (refused: the first call says so)
+                    pass
 
     def _actor_mesh(self, record: dict) -> ActorMesh:
         """A handle from the registry; calls to actors whose proc has exited fail at once."""

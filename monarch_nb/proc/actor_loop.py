@@ -98,7 +98,8 @@ class ActorThread:
         # message kind -> handler(instance, message, reply_to); one returning STOP ends the loop
         self._kinds: dict[str, Callable] = {
             proc_ops.CALL: self._call, proc_ops.SUPERVISE: self._supervise_message, proc_ops.STOP: self._stop,
-            proc_ops.WAKE: lambda instance, message, reply_to: None}  # (the failures it is for are taken first)
+            proc_ops.WAKE: lambda instance, message, reply_to: None,  # (the failures it is for are taken first)
+            proc_ops.CONNECT: lambda instance, message, reply_to: self.connect_to(message.header.get(proc_ops.CALLER))}
         # Failures of meshes it owns, queued by its proc (queue_failure): (failure, verdict route)
         self.failures: collections.deque = collections.deque()
         self._spawn = spawn
@@ -254,12 +255,7 @@ class ActorThread:
     def _construct_and_serve(self) -> None:
         # A restarted actor takes its predecessor's address when free: handles keep working.
         inbox, self.address = sockets.bind_inbox(prefer=self._spawn.header.get(proc_ops.PREFER))
-        caller = self._spawn.header.get(proc_ops.CALLER)
-        if isinstance(caller, str):  # this thread's connection to the spawner, made while __init__ runs
-            try:  # (else the first call's replies wait for its handshake, every proc's at once)
-                self.outbox.connect([caller], self.cluster_id.encode())
-            except Exception:  # noqa: BLE001 - a bad address: the first reply connects (and says so) itself
-                pass
+        self.connect_to(self._spawn.header.get(proc_ops.CALLER))  # the spawner, while __init__ runs
         self._instance_info = dataclasses.replace(self._instance_info, address=self.address)
         _set_current(self._context())
         set_call_origin(self._spawn.header.get(proc_ops.ORIGIN))  # what __init__ prints goes to the spawner
@@ -308,6 +304,16 @@ class ActorThread:
             inbox.close(0)
             if self._loop is not None:
                 self._loop.close()
+
+    def connect_to(self, caller) -> None:
+        """Open this thread's connection to ``caller``'s inbox (the spawner's, or a client's
+        that picked this mesh: ``proc_ops.CONNECT``) ahead of its calls, so that their first
+        replies do not wait for its handshake, every proc's at once. Never waits."""
+        if isinstance(caller, str):
+            try:
+                self.outbox.connect([caller], self.cluster_id.encode())
+            except Exception:  # noqa: BLE001 - a bad address: the first reply connects (and says so) itself
+                pass
 
     def queue_failure(self, failure: dict, verdict_to: tuple[str, int]) -> None:
         """From the proc's control thread: ``failure`` of a mesh this actor owns goes

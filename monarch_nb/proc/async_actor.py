@@ -193,6 +193,8 @@ class AsyncServer:
             self._supervise_now(header[proc_ops.FAILURE], reply_to)
         elif kind == proc_ops.WAKE:
             pass  # its failures were taken above
+        elif kind == proc_ops.CONNECT:
+            self.actor.connect_to(header.get(proc_ops.CALLER))
         elif kind == proc_ops.STOP:
             self._stopped.set_result(reply_to)
         else:

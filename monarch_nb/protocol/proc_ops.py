@@ -30,7 +30,7 @@ PROC = "proc"  # ACTOR_FAILED: the proc id (PROC_MESH/RANK): names an actor mesh
 EXTENT = "extent"  # the actor mesh's extent, in SPAWN_ACTOR
 MAIN_THREAD = "main_thread"  # SPAWN_ACTOR: run the actor on the proc's main thread (%%monarch exec)
 PREFER = "prefer"  # SPAWN_ACTOR: the address a restarted actor takes back when free
-CALLER = "caller"  # SPAWN_ACTOR: the spawner's inbox, which the actor connects to while constructed (its calls' replies)
+CALLER = "caller"  # SPAWN_ACTOR, CONNECT: a caller's inbox, which the actor connects to ahead of its replies
 DEBUG_CONFIG = "debug"  # SPAWN_ACTOR: the cluster's breakpoints, applied before the actor starts
 DIGESTS = "digests"  # SYNC_WORKSPACE: {path relative to the workspace: sha256 hex} of its .py files
 FILES = "files"  # SYNC_WORKSPACE: {relative path: contents} of the files a proc said it needs
@@ -56,6 +56,7 @@ CALL = "call"  # call endpoint ENDPOINT; the body holds (args, kwargs)
 SUPERVISE = "supervise"  # a mesh this actor spawned failed (FAILURE): may __supervise__ handle it?
 STOP = "stop"  # end the actor's message loop (sent by its proc's STOP_ACTOR)
 WAKE = "wake"  # its proc queued a failure for it (SUPERVISE_ACTOR): take it now if idle
+CONNECT = "connect"  # connect to CALLER (a client that picked its mesh), where its calls' replies go; never answered
 
 # Header keys of actor messages.
 ENDPOINT = "ep"  # the endpoint a CALL is for
