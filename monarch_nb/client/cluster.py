@@ -369,11 +369,12 @@ class Cluster:
     @property
     def allocations(self) -> dict[str, HostMesh]:
         """The allocations added with :meth:`allocate`, by name: owned handles on their
-        hosts (``shutdown()`` gives one back)."""
+        hosts (``shutdown()`` gives one back); one still starting is not listed yet."""
         from .allocations import allocated_mesh
 
         return {name: allocated_mesh(self.hub, name, [h["host_id"] for h in added["hosts"]])
-                for name, added in self.info().get("allocations", {}).items()}
+                for name, added in self.info().get("allocations", {}).items()
+                if added["hosts"]}  # one still starting (its hosts not up yet) is not a mesh yet
 
     def this_host(self) -> HostMesh:
         """What ``this_host()`` is while this cluster is the current one: its one host
