@@ -143,7 +143,9 @@ def test_bad_options_are_refused_before_anything_starts(cluster):
     with pytest.raises(ValueError, match="reallocate_after=0"):
         ReplicaGroups(cluster.host_mesh(), "x", Counter, num_groups=1, per_group={"gpus": 1}, reallocate_after=0,
                       allocator=LocalHosts(1))
+    unrelated = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}, name="twice_data")  # not a group's name
     first = ReplicaGroups(cluster.host_mesh(), "twice", Counter, num_groups=1, per_group={"gpus": 1})
+    unrelated.stop()
     try:
         with pytest.raises(ValueError, match="'twice': proc meshes of that name run already .*groups.stop"):
             ReplicaGroups(cluster.host_mesh(), "twice", Counter, num_groups=1, per_group={"gpus": 1})

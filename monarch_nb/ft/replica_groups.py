@@ -14,6 +14,7 @@ does one).
 from __future__ import annotations
 
 import enum
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -139,8 +140,9 @@ class ReplicaGroups:
     ``num_groups < 1``, ``max_restarts < 0``, an unknown ``quorum``, fewer than
     ``num_groups * hosts_per_group`` hosts, both ``hosts_per_group`` and
     ``allocator``, a ``reallocate_after`` below 1 or without either, or proc meshes of
-    ``name`` still running (groups of that name not stopped: a re-run cell); ``TypeError`` for an ``allocator`` that is not one; ``ImportError``
-    for ``quorum="torchft"`` without torchft; :class:`ClusterError` when a group's
+    ``name``'s groups still running (groups of that name not stopped: a re-run cell);
+    ``TypeError`` for an ``allocator`` that is not one; ``ImportError`` for
+    ``quorum="torchft"`` without torchft; :class:`ClusterError` when a group's
     allocation does not come up."""
 
     def __init__(self, hosts: HostMesh, name: str, actor_class: type, *args: Any, num_groups: int,
@@ -161,8 +163,8 @@ class ReplicaGroups:
                              "with hosts_per_group or allocator (the groups need hosts of their own to move)")
         if quorum == "torchft":
             require_torchft()  # before anything is asked of the cluster
-        running = [m for m in hosts._hub().request(hub_ops.INFO, timeout=30.0)["proc_meshes"]
-                   if m.startswith(f"{name}_")]
+        ours = re.compile(rf"{re.escape(name)}_(\d+|spare_\d+|lighthouse)")  # the names its meshes get
+        running = [m for m in hosts._hub().request(hub_ops.INFO, timeout=30.0)["proc_meshes"] if ours.fullmatch(m)]
         if running:
             raise ValueError(f"ReplicaGroups {name!r}: proc meshes of that name run already ({', '.join(running)}); "
                              "stop the groups made before (groups.stop()) or give another name")
@@ -190,10 +192,12 @@ class ReplicaGroups:
         # share, and each proc mesh's name as it is made (ends with stop()).
         self._handled: list[str] = []
         self._mark_handled(name)
-        self.lighthouse = TorchFTLighthouse(hosts, name, min_replicas=min_replicas) if quorum == "torchft" else None
+        self.lighthouse: TorchFTLighthouse | None = None
         self.groups: list[ReplicaGroup] = []
         self.spare: WarmSpare | None = None
         try:
+            if quorum == "torchft":
+                self.lighthouse = TorchFTLighthouse(hosts, name, min_replicas=min_replicas)
             for i in range(num_groups):
                 self.groups.append(self._start_group(i))
         except BaseException:
@@ -203,6 +207,7 @@ class ReplicaGroups:
                 self.lighthouse.stop()
             if self._placement is not None:
                 self._placement.stop()
+            runtime().supervision.mark_handled(hosts._cluster_id, self._handled, None)  # no owner after all
             raise
         if spare:
             spare_hosts = hosts if self._placement is None else self._spare_hosts
