@@ -91,6 +91,15 @@ def cuda_gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def pid_gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie, or reaped: also between looking and reading)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] == "Z"
+    except OSError:  # FileNotFoundError, or ProcessLookupError while it is being reaped
+        return True
+
+
 def pids_alive(pids) -> list[int]:
     alive = []
     for pid in pids:

@@ -17,7 +17,7 @@ from monarch_nb.wire import cuda
 
 torch = pytest.importorskip("torch")  # noqa: E402
 
-from conftest import cuda_gpu_count, wait_until  # noqa: E402
+from conftest import pid_gone, cuda_gpu_count, wait_until  # noqa: E402
 from cuda_fake import FakeCuda  # noqa: E402
 from rdma_actors import CudaHolder, FakeGpuHolder, Holder  # noqa: E402
 
@@ -233,8 +233,7 @@ def test_reading_a_cuda_buffer_of_a_dead_owner_raises_supervision_error(host, fa
         buffer = owner.create.call_one().get()
         pid = owner.pid.call_one().get()
         os.kill(pid, signal.SIGKILL)
-        assert wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
-                          open(f"/proc/{pid}/stat").read().split()[2] == "Z", 10)
+        assert wait_until(lambda: pid_gone(pid), 10)
         with pytest.raises(SupervisionError):
             buffer.read_into(cuda_zeros(fake)).get(timeout=30)
     finally:

@@ -11,7 +11,7 @@ import torch
 from monarch_nb import rdma
 from monarch_nb.errors import SupervisionError
 from monarch_nb.rdma import RDMAAction, RDMABuffer
-from conftest import wait_until
+from conftest import pid_gone, wait_until
 from rdma_actors import Holder
 
 _EXPECTED = bytes(bytearray(range(256)) * 4096)
@@ -111,8 +111,7 @@ def test_reading_from_a_dead_owner_raises_supervision_error(host):
     buffer = owner.create.call_one().get()
     pid = owner.pid.call_one().get()
     os.kill(pid, signal.SIGKILL)
-    assert wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
-                      open(f"/proc/{pid}/stat").read().split()[2] == "Z", 10)
+    assert wait_until(lambda: pid_gone(pid), 10)
     with pytest.raises(SupervisionError):
         buffer.read_into(memoryview(bytearray(buffer.size()))).get(timeout=30)
     procs.stop()
