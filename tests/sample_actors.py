@@ -129,6 +129,13 @@ class Arrays(Actor):
         return data * factor
 
     @endpoint
+    def sum_then_zero(self, data) -> int:
+        """The sum of array ``data``, which this actor then overwrites with zeros."""
+        total = int(data.sum())
+        data[:] = 0
+        return total
+
+    @endpoint
     def wire_stats(self) -> int:
         from monarch_nb.wire import frames
 

@@ -282,3 +282,22 @@ def test_one_frame_to_several_receivers_of_this_host_is_written_once_and_each_ge
         assert not received[0].any()
     else:
         assert received == [value] * 3  # none cut short by another's read
+
+
+def test_a_large_argument_to_a_mesh_of_this_host_is_written_once_and_each_actor_gets_its_own_value(
+        cluster, host, monkeypatch):
+    # A call straight from the client (no router) to several actors of one host.
+    procs = host.spawn_procs(per_host={"gpus": 3}, name="shm_once")
+    try:
+        mesh = procs.spawn("arrays", Arrays)
+        array = np.arange(2 * shm.MIN_BYTES // 8, dtype=np.int64)
+        writes = []
+        real_put = shm._put
+        monkeypatch.setattr(shm, "_put", lambda *args: writes.append(1) or real_put(*args))
+        sums = mesh.sum_then_zero.call(array).get(timeout=60).values()
+        assert sums == [int(array.sum())] * 3  # no actor saw another's zeros
+        assert writes == [1]
+        assert array[1] == 1  # the caller's own array is untouched
+        assert wait_until(lambda: segments(cluster._info["cluster_id"]) == [], 10)
+    finally:
+        procs.stop()

@@ -17,7 +17,7 @@ from ..proc import actor as proc_actor
 from ..proc import call_chain
 from ..protocol import envelope, proc_ops, router_ops
 from ..wire import frames as wire_frames
-from ..wire import serialize, sockets
+from ..wire import serialize, shm, sockets
 from ..wire.interrupts import guard_main_thread, protected
 from ..wire.mailbox import Gather
 from ..wire.port import Port
@@ -116,9 +116,10 @@ class Endpoint(Generic[P, R]):
         def dead(address: str) -> bool:
             return rt.supervision.why_dead(mesh._cluster_id, address, mesh._name, rank_of.get(address)) is not None
 
-        for address in addresses:
-            if not dead(address):
-                gather.send([address], frames)
+        with shm.sharing():  # a large argument written to shared memory once for this host's actors
+            for address in addresses:
+                if not dead(address):
+                    gather.send([address], frames)
         # Large buffers may wait in shared-memory segments: an actor whose death was reported
         # while this was being sent would never take its segment (actors_gone dropped the
         # segments before it existed).
