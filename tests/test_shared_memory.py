@@ -301,3 +301,15 @@ def test_a_large_argument_to_a_mesh_of_this_host_is_written_once_and_each_actor_
         assert wait_until(lambda: segments(cluster._info["cluster_id"]) == [], 10)
     finally:
         procs.stop()
+
+
+def test_a_peer_is_local_on_loopback_or_on_an_address_of_this_network_namespace():
+    # The procs of a Slurm node bind on its routable address: they still share its memory.
+    import psutil
+
+    own = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+           if a.family.name == "AF_INET" and not a.address.startswith("127.")]
+    assert shm.is_local("tcp://127.0.0.1:4000") and shm.is_local("tcp://127.0.3.9:4000")
+    for address in own:
+        assert shm.is_local(f"tcp://{address}:4000")
+    assert not shm.is_local("tcp://198.51.100.77:4000")  # TEST-NET-2: no interface of ours has it

@@ -111,9 +111,27 @@ class SegmentError(Exception):
 
 
 def is_local(address: str) -> bool:
-    """Whether ``address`` (``tcp://HOST:PORT``) is a loopback address of this host."""
+    """Whether ``address`` (``tcp://HOST:PORT``) is a process of this host: a loopback
+    address, or an address of one of this network namespace's own interfaces (the procs
+    of a node bind on its routable address when the cluster spans hosts, as with Slurm).
+    A peer of another network namespace has an address of its own, not ours."""
     host = address.rpartition("//")[2].rpartition(":")[0]
-    return host.startswith("127.") or host in ("localhost", "[::1]")
+    if host.startswith("127.") or host in ("localhost", "[::1]"):
+        return True
+    known = _local_hosts.get(host)
+    if known is None:
+        known = _local_hosts[host] = host.strip("[]") in _own_interface_addresses()
+    return known
+
+
+_local_hosts: dict[str, bool] = {}  # host -> is_local; peers' addresses do not change meaning
+
+
+def _own_interface_addresses() -> set[str]:
+    try:
+        return {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    except OSError:
+        return set()
 
 
 def _prefix(cluster_id: str) -> str:
