@@ -177,6 +177,10 @@ class Recorder(Actor):
         return 1
 
     @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
     def fail_on(self, rank: int) -> int:
         from monarch_nb.actor import current_rank
 
@@ -230,6 +234,26 @@ class _Received:
 
     def __exit__(self, *exc):
         del self._mailbox._dispatch
+
+
+def test_the_actors_of_a_routed_mesh_do_not_connect_to_the_client(routed):
+    # Their replies come through the routers: the client holds a connection per host,
+    # not one per actor (spawned here, and picked again from actor_meshes).
+    import psutil
+
+    cluster, _, _ = routed
+    procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 2}, name="routed_fds")
+    try:
+        mesh = procs.spawn("rec", Recorder)
+        assert mesh.one.call().get(timeout=BOUND_S).values() == [1] * (HOSTS * 2)
+        picked = cluster.actor_meshes["routed_fds/rec"]
+        assert picked.one.call().get(timeout=BOUND_S).values() == [1] * (HOSTS * 2)
+        inbox_port = int(runtime().mailbox.address.rpartition(":")[2])
+        for pid in mesh.pid.call().get(timeout=BOUND_S).values():
+            assert not [c for c in psutil.Process(pid).net_connections("tcp")
+                        if c.raddr and c.raddr.port == inbox_port], f"actor pid {pid} connected to the client"
+    finally:
+        procs.stop()
 
 
 def test_routed_calls_give_what_direct_calls_give(routed, monkeypatch):

@@ -46,6 +46,15 @@ def router_threshold() -> int | None:
     return threshold
 
 
+def may_route(actors: int) -> bool:
+    """Whether calls to a mesh of ``actors`` actors may go through the host routers
+    (``MONARCH_NB_ROUTER`` lets a mesh that large through, should it span hosts). Such a
+    mesh's actors are not asked to connect straight back to the client: its replies come
+    through the routers, and a connection per actor is what routing saves the client."""
+    threshold = router_threshold()
+    return threshold is not None and actors >= threshold
+
+
 class HostRoutes:
     """This client's tables of routed meshes (one per runtime)."""
 

@@ -18,6 +18,7 @@ from . import progress, workspace_sync
 from .actor_mesh import ActorMesh, hidden_endpoints
 from .control import abandon_spawn, init_error
 from .future import Future
+from .host_routes import may_route
 from .mesh_handle import MeshHandle
 from .runtime import runtime
 from .value_mesh import ValueMesh
@@ -124,7 +125,8 @@ class ProcMesh(MeshHandle):
         fields = dict(extent=dict(self.extent), class_name=class_name, endpoints=endpoints, methods=methods,
                       replace=replace, raise_init_errors=raise_init_errors, o=rt.origin(),
                       main_thread=getattr(actor_class, "_monarch_main_thread", False), owner=owner_of_new_meshes())
-        fields[proc_ops.CALLER] = rt.mailbox.address  # the first call's replies: connected while __init__ runs
+        if not may_route(len(self)):  # the first call's replies: connected while __init__ runs
+            fields[proc_ops.CALLER] = rt.mailbox.address
         ran = None  # constructors that returned (or raised): every one once the hub replies
         try:
             reply = control.spawn_actors(self._name, self._shape.base_ranks(), name, fields, body,
