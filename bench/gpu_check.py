@@ -15,12 +15,15 @@ prints one JSON object on stdout (progress on stderr):
     staged through the owner's pinned memory (``MONARCH_NB_RDMA_CUDA_IPC=0`` in the
     reader); ``rdma_read_into_{size}_ipc_vs_d2d_clone``: the IPC figure over this run's
     same-process device clone (issue 25's target: at least 0.3 at 1 GiB);
-  - ``actor_to_actor_{64MiB,1GiB}_{staged,ipc}``: a CUDA tensor passed by one actor to
+  - ``actor_to_actor_{64MiB,1GiB}_{auto,staged}``: a CUDA tensor passed by one actor to
     another's endpoint on one host (the receiver synchronizes its device before
-    replying), ``ipc`` with ``MONARCH_NB_CUDA_IPC=1`` in the sender;
+    replying): ``auto``, the default (``MONARCH_NB_CUDA_IPC`` unset: by CUDA IPC, every
+    receiver being on this host; issue 25's target: at least 100 GB/s at 1 GiB, under
+    ``targets``), ``staged`` with ``MONARCH_NB_CUDA_IPC=0`` in the sender;
   - ``actor_to_actor_{64MiB,1GiB}_cpu``: the same bytes as a CPU tensor (the CPU path);
   - ``ipc_keeper``: the sender's CUDA IPC claims, and how many fell back to bytes (should
-    be 0: the receiver opened the handle);
+    be 0: the receiver opened the handle); ``actor_checks``: the same for each ``auto``
+    figure (an ``auto`` figure whose tensors did not go by IPC is an error);
   - floors in this process: ``d2d_clone`` (same-process device clone), ``pinned_h2d``,
     ``pinned_d2h``, ``pageable_d2h``; ``torch_ipc_clone``: torch's own CUDA IPC, a
     tensor opened and cloned by a second process (torch.multiprocessing);
@@ -30,8 +33,8 @@ Without CUDA (or without torch) it says so on stderr and in the JSON's ``no_gpu`
 nothing and exits 0, importing neither monarch_nb nor torch's CUDA; ``--without-gpu``
 runs the tests and the CPU path anyway (a check of the script's plumbing).
 
-Exit status 1 when a test failed or a figure errored (an IPC figure that was in fact
-staged, an RDMA read that returned wrong bytes). Runs in its own MONARCH_NB_HOME
+Exit status 1 when a test failed or a figure errored (an IPC or ``auto`` figure that was
+in fact staged, an RDMA read that returned wrong bytes). Runs in its own MONARCH_NB_HOME
 (a temporary folder, removed at exit, unless one is set).
 """
 
@@ -59,6 +62,7 @@ MiB, GiB = 1 << 20, 1 << 30
 GPU_TESTS = ["tests/test_gpu_binding_cuda.py", "tests/test_cuda_messages.py", "tests/test_cuda_rdma.py"]
 RDMA_IPC_ENV = "MONARCH_NB_RDMA_CUDA_IPC"
 RDMA_TARGET = 0.3  # issue 25: read_into of 1 GiB CUDA on one host >= 0.3x a same-process device clone
+ACTOR_TARGET_GBPS = 100.0  # issue 25: a 1 GiB CUDA tensor actor -> actor on one host, by default
 
 
 def log(msg: str) -> None:
@@ -142,11 +146,12 @@ def actor_classes() -> tuple[type, type]:
             return {"claims": cuda_ipc.keeper().claims, "fell_back_to_bytes": cuda_ipc.keeper().staged}
 
         @endpoint
-        def send(self, receiver, nbytes: int, device: str, ipc: bool, reps: int) -> list[float]:
-            """Seconds per call of ``receiver.take(tensor)``, ``tensor`` of ``nbytes`` on ``device``."""
+        def send(self, receiver, nbytes: int, device: str, ipc: str, reps: int) -> list[float]:
+            """Seconds per call of ``receiver.take(tensor)``, ``tensor`` of ``nbytes`` on
+            ``device``, with ``MONARCH_NB_CUDA_IPC=ipc`` in this proc."""
             import torch
 
-            os.environ[IPC_ENV] = "1" if ipc else "0"
+            os.environ[IPC_ENV] = ipc
             tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
             assert receiver.take.call_one(tensor).get(timeout=120) == nbytes  # warm-up (pinned pool, shm)
             times = []
@@ -289,8 +294,18 @@ def rdma_errors(checks: dict) -> list[str]:
     return errors
 
 
+def actor_errors(actor_checks: dict) -> list[str]:
+    """What went wrong in the ``auto`` figures: tensors that went staged, not by CUDA IPC."""
+    errors = []
+    for name, check in actor_checks.items():
+        if not check["claims"] or check["fell_back_to_bytes"]:
+            errors.append(f"{name}: not (only) by CUDA IPC, as the default should be on one host "
+                          f"(the sender's keeper in that figure: {check})")
+    return errors
+
+
 def actor_figures(sizes: dict, cuda: bool, reps: int, deadline: float, out: dict, missing: list,
-                  checks: dict) -> None:
+                  checks: dict, actor_checks: dict) -> None:
     from monarch_nb.client.cluster import Cluster
 
     Receiver, Sender = actor_classes()
@@ -302,7 +317,8 @@ def actor_figures(sizes: dict, cuda: bool, reps: int, deadline: float, out: dict
             log("RDMABuffer read_into")
             rdma_figures(sender, receiver, sizes, reps, deadline, out, missing, checks)
         log("actor -> actor")
-        modes = [("cpu", "cpu", False)] + ([("staged", "cuda", False), ("ipc", "cuda", True)] if cuda else [])
+        # (figure, device, MONARCH_NB_CUDA_IPC in the sender): the default, and staging forced
+        modes = [("cpu", "cpu", "auto")] + ([("staged", "cuda", "0"), ("auto", "cuda", "auto")] if cuda else [])
         for label, n in sizes.items():
             for mode, device, ipc in modes:
                 name = f"actor_to_actor_{label}_{mode}"
@@ -310,9 +326,13 @@ def actor_figures(sizes: dict, cuda: bool, reps: int, deadline: float, out: dict
                     missing.append(f"{name}: out of time (--budget-s)")
                     continue
                 try:
+                    before = sender.ipc_counts.call_one().get(timeout=60) if device == "cuda" else None
                     times = sender.send.call_one(receiver, n, device, ipc, reps).get(timeout=300)
                     out[name] = gbps(n, times)
                     log(f"{name}: {out[name]} GB/s")
+                    if before is not None and mode == "auto":
+                        after = sender.ipc_counts.call_one().get(timeout=60)
+                        actor_checks[name] = {k: after[k] - before[k] for k in after}
                 except Exception as e:  # noqa: BLE001 (reported, and the run goes on)
                     out[name] = None
                     missing.append(f"{name}: {type(e).__name__}: {str(e)[:300]}")
@@ -347,12 +367,13 @@ def main() -> int:
     missing: list[str] = []
     figures: dict = {}
     checks: dict = {}
+    actor_checks: dict = {}
     log("running the GPU tests")
     result["tests"] = run_tests(timeout_s=min(120.0, args.budget_s * 0.5))
     failed = bool(result["tests"].get("failed") or result["tests"].get("error") or result["tests"]["returncode"] not in (0, 5))
     if not cuda:
         result["no_gpu"] = why
-        missing.append(f"every CUDA figure (rdma_read_into, staged, ipc, d2d_clone, pinned_h2d/d2h, torch_ipc_clone): {why}")
+        missing.append(f"every CUDA figure (rdma_read_into, actor_to_actor staged and auto, d2d_clone, pinned_h2d/d2h, torch_ipc_clone): {why}")
     else:
         log("floors")
         figures.update(floors(sizes, reps))
@@ -363,15 +384,20 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001
                     missing.append(f"torch_ipc_clone_{label}: {type(e).__name__}: {e}")
     if torch is not None:
-        actor_figures(sizes, cuda, reps, deadline, figures, missing, checks)
+        actor_figures(sizes, cuda, reps, deadline, figures, missing, checks, actor_checks)
     else:
         missing.append("actor_to_actor_*: torch is not installed")
     result["figures"] = figures
     result["rdma_checks"] = checks
+    result["actor_checks"] = actor_checks
     ratio = figures.get("rdma_read_into_1GiB_ipc_vs_d2d_clone")
     result["targets"] = {"rdma_read_into_1GiB_ipc_vs_d2d_clone": {"value": ratio, "at_least": RDMA_TARGET,
                                                                   "met": None if ratio is None else ratio >= RDMA_TARGET}}
-    errors = rdma_errors(checks)
+    actor_gbps = figures.get("actor_to_actor_1GiB_auto")
+    result["targets"]["actor_to_actor_1GiB_auto"] = {
+        "value": actor_gbps, "at_least_gbps": ACTOR_TARGET_GBPS,
+        "met": None if actor_gbps is None else actor_gbps >= ACTOR_TARGET_GBPS}
+    errors = rdma_errors(checks) + actor_errors(actor_checks)
     result["not_measured"] = missing + errors
     result["seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(result, indent=1))

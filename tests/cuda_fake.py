@@ -8,7 +8,10 @@ releases) without a GPU.
 :meth:`FakeCuda.shared` makes a "CUDA tensor" that another process of this host can map,
 as CUDA IPC maps device memory: its memory is a memfd, and its IPC handle names the
 owner's pid and fd (opened through ``/proc/PID/fd``, which needs what ``RDMABuffer``'s
-``"shm"`` backend needs already). Writes through a mapping land in the owner's tensor.
+``"shm"`` backend needs already). Writes through a mapping land in the owner's tensor;
+``ipc_open`` of its handle in another process copies it, as a receiver of a CUDA tensor
+sent by CUDA IPC does. Any other fake CUDA tensor opens only in its own process (another
+process gets ``RuntimeError``, as from a GPU it can't map).
 """
 
 from __future__ import annotations
@@ -103,8 +106,14 @@ class FakeCuda:
             raise RuntimeError("fake: this process can't open CUDA IPC handles")
         self.opening.set()
         self.may_copy.wait()
+        if isinstance(handle, tuple) and handle[0] == _MEMFD:  # another process's shared(): map and copy
+            mapped = self.ipc_map(handle)
+            return self.tensor(mapped.detach().clone(), self.device_index(mapped))
         with self._lock:
-            source = self._shared[handle]()
+            known = self._shared.get(handle)
+        if known is None:  # a tensor of another process not made by shared(): as an unmappable GPU
+            raise RuntimeError("fake: only a tensor made by FakeCuda.shared can be opened by another process")
+        source = known()
         if source is None:
             raise AssertionError("fake: the shared tensor was freed before the receiver copied it")
         return self.tensor(source.detach().clone(), self._index(source) or 0)

@@ -1,7 +1,8 @@
 """CUDA tensors in messages (issue 25 item 2). On a CPU machine the CUDA calls are a fake
 (tests/cuda_fake.py, put in use with ``wire.cuda.use``) and these tests check where a
-tensor goes, what is kept and what is released; the tests at the end run on a real GPU
-and skip without one."""
+tensor goes (staged, or by CUDA IPC: by default when every receiver is of this host),
+what is kept and what is released; the tests at the end run on a real GPU and skip
+without one."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 
 from monarch_nb.actor import Actor, endpoint
 from monarch_nb.wire import cuda, cuda_ipc, cuda_tensors, serialize
+from monarch_nb.wire import frames as wire_frames
+from monarch_nb.wire import port as wire_port
 
 torch = pytest.importorskip("torch")  # noqa: E402 (procs import this module: torch is installed there too)
 
@@ -23,10 +26,15 @@ from conftest import cuda_gpu_count, wait_until  # noqa: E402
 from cuda_fake import FakeCuda  # noqa: E402
 
 
+LOCAL, REMOTE = "tcp://127.0.0.1:1", "tcp://198.51.100.7:1"  # a receiver of this host; of another (TEST-NET)
+
+
 @pytest.fixture
 def fake(monkeypatch):
-    """A fake CUDA with 2 devices in this process; the once-per-process warning re-armed."""
+    """A fake CUDA with 2 devices in this process; the once-per-process warning re-armed;
+    ``MONARCH_NB_CUDA_IPC`` unset (the default)."""
     monkeypatch.setattr(cuda_tensors, "_warned", False)
+    monkeypatch.delenv(cuda_ipc.ENV, raising=False)
     fake = FakeCuda(devices=2)
     old = cuda.use(fake)
     yield fake
@@ -95,14 +103,88 @@ def test_the_same_cuda_tensor_twice_in_a_message_is_staged_once(fake):
 
 
 @pytest.fixture
-def keeper(monkeypatch, fake):
-    """Tensors sent by CUDA IPC (MONARCH_NB_CUDA_IPC=1), kept by a keeper of this test
-    that releases as soon as a claim ends (no linger)."""
-    monkeypatch.setenv(cuda_ipc.ENV, "1")
+def own_keeper(monkeypatch, fake):
+    """This process's keeper for the test, releasing as soon as a claim ends (no linger)."""
     k = cuda_ipc.Keeper(linger_s=0, unclaimed_s=60)
     monkeypatch.setattr(cuda_ipc, "_keeper", k)
     yield k
     k.close()
+
+
+@pytest.fixture
+def keeper(monkeypatch, own_keeper):
+    """Tensors always sent by CUDA IPC (MONARCH_NB_CUDA_IPC=1), whatever their receivers,
+    kept by :func:`own_keeper`."""
+    monkeypatch.setenv(cuda_ipc.ENV, "1")
+    return own_keeper
+
+
+def test_by_default_a_message_for_this_host_sends_cuda_tensors_by_ipc(fake, own_keeper):
+    sent = fake.tensor(torch.ones(1 << 15), 0)
+    stream, buffers = serialize.dumps(sent, destinations=[LOCAL, LOCAL.replace(":1", ":2")])
+    assert buffers == [] and fake.calls == [] and own_keeper.kept() == 1  # a token, no staging
+    assert torch.equal(serialize.loads(stream, []), sent)
+
+
+def test_by_default_a_message_for_another_host_stages_its_cuda_tensors(fake, own_keeper):
+    sent = fake.tensor(torch.ones(1 << 15), 0)
+    for destinations in ([REMOTE], [LOCAL, REMOTE]):  # every receiver must be of this host
+        _, buffers = serialize.dumps(sent, destinations=destinations)
+        assert len(buffers) == 1 and own_keeper.kept() == 0
+    assert fake.calls == [("to_host", True)] * 2
+
+
+def test_a_message_without_known_receivers_stages_its_cuda_tensors(fake, own_keeper, monkeypatch):
+    for value in (None, "auto"):
+        if value is not None:
+            monkeypatch.setenv(cuda_ipc.ENV, value)
+        _, buffers = serialize.dumps(fake.tensor(torch.ones(1 << 15), 0))
+        assert len(buffers) == 1 and own_keeper.kept() == 0
+
+
+def test_cuda_ipc_0_stages_even_for_this_host(fake, own_keeper, monkeypatch):
+    monkeypatch.setenv(cuda_ipc.ENV, "0")
+    _, buffers = serialize.dumps(fake.tensor(torch.ones(1 << 15), 0), destinations=[LOCAL])
+    assert len(buffers) == 1 and own_keeper.kept() == 0 and fake.calls == [("to_host", True)]
+
+
+def test_a_bad_cuda_ipc_value_is_a_clear_error(fake, monkeypatch):
+    monkeypatch.setenv(cuda_ipc.ENV, "yes")
+    with pytest.raises(ValueError, match=r"MONARCH_NB_CUDA_IPC='yes' .*'auto'.*'1'.*'0'"):
+        serialize.dumps(fake.tensor(torch.ones(4), 0), destinations=[LOCAL])
+
+
+class _Outbox:
+    """What an actor's replies were sent as (``wire.port.deliver``'s outbox)."""
+
+    def __init__(self):
+        self.sent: list = []
+
+    def send(self, address, frames) -> None:
+        self.sent.append((address, frames))
+
+
+def test_a_cuda_reply_goes_by_ipc_straight_to_this_host_and_staged_through_a_router(fake, own_keeper):
+    wire_frames.register_key("cuda-reply-test", b"c" * 64)
+    outbox, sent = _Outbox(), fake.tensor(torch.ones(1 << 15), 0)
+    wire_port.deliver(outbox, "cuda-reply-test", LOCAL, 7, 0, value=sent)  # to a client of this host
+    # To this host's router, with the client's route as the port: the router may fold the
+    # value or forward it to a client on another host, so it is staged.
+    wire_port.deliver(outbox, "cuda-reply-test", LOCAL, (REMOTE, 7), 0, value=sent)
+    (_, direct), (_, routed) = outbox.sent
+    assert len(direct) <= wire_frames.FIXED_FRAMES < len(routed)  # a token; the tensor's bytes out of band
+    assert own_keeper.kept() == 1 and fake.calls == [("to_host", True)]
+
+
+def test_by_ipc_a_tensor_for_two_receivers_is_kept_until_both_copied(fake, own_keeper):
+    sent = fake.tensor(torch.arange(64, dtype=torch.float32), 0)
+    stream, _ = serialize.dumps(sent, destinations=[LOCAL, LOCAL.replace(":1", ":2")])
+    first = serialize.loads(stream, [])
+    assert wait_until(lambda: own_keeper.claims == 1 and own_keeper.claims_open() == 0, 5)
+    assert own_keeper.kept() == 1  # no linger here: kept because the second receiver has not claimed it yet
+    second = serialize.loads(stream, [])
+    assert torch.equal(first, sent) and torch.equal(second, sent)
+    assert wait_until(lambda: own_keeper.kept() == 0, 5)
 
 
 def test_by_ipc_the_sender_keeps_the_tensor_until_the_receiver_copied_it(fake, keeper):
@@ -176,7 +258,7 @@ def test_by_ipc_a_tensor_released_unclaimed_is_a_clear_error(fake, keeper):
     keeper.unclaimed_s = 0  # its message was lost, as far as the keeper can tell
     stream, _ = serialize.dumps(fake.tensor(torch.ones(8), 0))
     assert wait_until(lambda: keeper.kept() == 0, 5)
-    with pytest.raises(cuda_ipc.CudaIpcUnavailable, match="released by its sender .* MONARCH_NB_CUDA_IPC unset"):
+    with pytest.raises(cuda_ipc.CudaIpcUnavailable, match="released by its sender .* MONARCH_NB_CUDA_IPC=0"):
         serialize.loads(stream, [])
 
 
@@ -204,8 +286,28 @@ class FakeGpuActor(Actor):
         return self.fake.tensor(torch.arange(n, dtype=torch.float64), index)
 
     @endpoint
+    def make_shared(self, n: int, index: int):
+        """A tensor another process of this host can open by (fake) CUDA IPC."""
+        import torch
+
+        return self.fake.shared(torch.arange(n, dtype=torch.float64), index)
+
+    @endpoint
     def where(self, tensor) -> tuple:
         return self.fake.is_cuda(tensor), self.fake.device_index(tensor), tensor.sum().item()
+
+    @endpoint
+    def opened(self) -> list:
+        """The handles this proc opened by (fake) CUDA IPC."""
+        return [call[1] for call in self.fake.calls if call[0] == "ipc_open"]
+
+    @endpoint
+    def keeper_counts(self) -> tuple:
+        """This proc's CUDA IPC keeper: (claims served, of them answered with bytes, tensors kept now)."""
+        from monarch_nb.wire import cuda_ipc
+
+        keeper = cuda_ipc.keeper()
+        return keeper.claims, keeper.staged, keeper.kept()
 
 
 def test_an_actor_result_reaches_a_client_without_cuda_as_values(host, fake):
@@ -220,13 +322,47 @@ def test_an_actor_result_reaches_a_client_without_cuda_as_values(host, fake):
         procs.stop()
 
 
-def test_a_cuda_argument_is_rebuilt_on_the_actors_own_device(host, fake):
+def test_with_cuda_ipc_0_a_cuda_argument_is_staged_and_rebuilt_on_the_actors_own_device(host, fake,
+                                                                                          monkeypatch):
+    monkeypatch.setenv(cuda_ipc.ENV, "0")
     procs = host.spawn_procs(per_host={"procs": 1}, name="cuda_fake_arg")
     try:
         actor = procs.spawn("gpu", FakeGpuActor, 1)  # bound: one device, cuda:0
         sent = fake.tensor(torch.ones(1 << 17, dtype=torch.float64), 1)
         assert actor.where.call_one(sent).get(timeout=60) == (True, 0, float(1 << 17))
-        assert ("to_host", True) in fake.calls
+        assert fake.calls == [("to_host", True)]  # staged: no IPC share
+        assert actor.opened.call_one().get(timeout=60) == []
+    finally:
+        procs.stop()
+
+
+def test_by_default_a_cuda_argument_goes_to_an_actor_of_this_host_by_ipc(host, fake, monkeypatch):
+    keeper = cuda_ipc.Keeper(linger_s=3600)  # released at once all the same: it knows its one receiver
+    monkeypatch.setattr(cuda_ipc, "_keeper", keeper)
+    procs = host.spawn_procs(per_host={"procs": 1}, name="cuda_fake_ipc_arg")
+    try:
+        actor = procs.spawn("gpu", FakeGpuActor, 1)  # bound: one device, cuda:0
+        sent = fake.shared(torch.ones(1 << 17, dtype=torch.float64), 1)
+        assert actor.where.call_one(sent).get(timeout=60) == (True, 0, float(1 << 17))
+        assert [c[0] for c in fake.calls] == ["ipc_share"]  # no staging in the sender
+        assert len(actor.opened.call_one().get(timeout=60)) == 1  # the actor opened the handle
+        assert (keeper.claims, keeper.staged) == (1, 0)
+        assert wait_until(lambda: keeper.kept() == 0, 30)
+    finally:
+        procs.stop()
+        keeper.close()
+
+
+def test_by_default_an_actors_cuda_result_comes_back_to_a_client_of_its_host_by_ipc(host, fake):
+    procs = host.spawn_procs(per_host={"procs": 1}, name="cuda_fake_ipc_result")
+    try:
+        actor = procs.spawn("gpu", FakeGpuActor, 1)
+        got = actor.make_shared.call_one(1 << 17, 0).get(timeout=60)
+        assert torch.equal(got, torch.arange(1 << 17, dtype=torch.float64)) and fake.device_index(got) == 0
+        assert [c[0] for c in fake.calls] == ["ipc_open", "ipc_map"]  # opened here, not staged
+        claims, staged, _ = actor.keeper_counts.call_one().get(timeout=60)
+        assert (claims, staged) == (1, 0)
+        assert wait_until(lambda: actor.keeper_counts.call_one().get(timeout=60)[2] == 0, 30)
     finally:
         procs.stop()
 
@@ -253,7 +389,8 @@ class CudaEcho(Actor):
         return torch.full((nbytes // 4,), 7.0, device="cuda")
 
 
-def test_a_real_cuda_tensor_goes_to_an_actor_and_back_on_the_gpu(gpu, host):
+def test_a_real_cuda_tensor_goes_staged_to_an_actor_and_back_on_the_gpu(gpu, host, monkeypatch):
+    monkeypatch.setenv(cuda_ipc.ENV, "0")  # the path across hosts (the actor's reply goes by IPC: its default)
     procs = host.spawn_procs(per_host={"gpus": 1}, name="cuda_real")
     try:
         actor = procs.spawn("echo", CudaEcho)
@@ -271,8 +408,8 @@ def test_real_staging_uses_pinned_memory(gpu):
     assert host.device.type == "cpu" and host.is_pinned() and host.sum().item() == 1024
 
 
-def test_a_real_cuda_tensor_goes_by_ipc_to_an_actor_of_this_host(gpu, host, monkeypatch):
-    monkeypatch.setenv(cuda_ipc.ENV, "1")
+def test_by_default_a_real_cuda_tensor_goes_by_ipc_to_an_actor_of_this_host(gpu, host, monkeypatch):
+    monkeypatch.delenv(cuda_ipc.ENV, raising=False)
     procs = host.spawn_procs(per_host={"gpus": 1}, name="cuda_real_ipc")
     try:
         actor = procs.spawn("echo", CudaEcho)

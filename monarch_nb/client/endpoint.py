@@ -101,7 +101,8 @@ class Endpoint(Generic[P, R]):
             self._cast(routes, addresses, header, args, kwargs, reducer)
             return
         frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
-                                          what=f"an argument of {mesh._name}.{self._name}", sign_at_send=True)
+                                          what=f"an argument of {mesh._name}.{self._name}", sign_at_send=True,
+                                          destinations=addresses)  # CUDA tensors by IPC when all on this host
         gather = gather or Gather(rt.mailbox)
         if len(frames) <= wire_frames.FIXED_FRAMES:  # no out-of-band buffers: the usual case
             gather.send(addresses, frames)

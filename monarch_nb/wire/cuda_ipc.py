@@ -1,11 +1,23 @@
-"""CUDA tensors in messages by CUDA IPC, between processes of one host (opt-in).
+"""CUDA tensors in messages by CUDA IPC, between processes of one host.
 
-With ``MONARCH_NB_CUDA_IPC=1`` in the sender, a CUDA tensor in a message is not copied
-to host memory: the message carries a token, and the sender's :class:`Keeper` keeps the
-tensor alive for it. The receiver's unpickler connects to the keeper (a Unix socket of
-the host; the side channel of ``protocol.cuda_ipc``), gets the IPC handle, copies the
-tensor into its own allocation on its own device (``CudaOps.ipc_open``; messages are
-values) and says so; the keeper then drops its reference. Who keeps what:
+Which path a CUDA tensor in a message takes is the sender's choice, made when the
+message is pickled (:func:`by_ipc`), by ``MONARCH_NB_CUDA_IPC`` in the sender:
+
+- unset, or ``auto`` (the default): by CUDA IPC when every receiver of the message is a
+  process of this host's network namespace (``wire.shm.is_local`` of each address), else
+  staged through host memory (``wire.cuda_tensors``). A message pickled without known
+  receivers (``serialize.dumps`` without ``destinations``: a call through the host
+  routers, a spawn's arguments) is staged;
+- ``1``: always by CUDA IPC (a receiver on another host then fails with
+  :class:`CudaIpcUnavailable`);
+- ``0``: always staged.
+
+By IPC, a CUDA tensor in a message is not copied to host memory: the message carries a
+token, and the sender's :class:`Keeper` keeps the tensor alive for it. The receiver's
+unpickler connects to the keeper (a Unix socket of the host; the side channel of
+``protocol.cuda_ipc``), gets the IPC handle, copies the tensor into its own allocation on
+its own device (``CudaOps.ipc_open``; messages are values) and says so; the keeper then
+drops its reference. Who keeps what:
 
 - the keeper holds a reference to the tensor from pickling until its receivers copied
   it (the sender's own variable may be gone long before);
@@ -16,15 +28,18 @@ values) and says so; the keeper then drops its reference. Who keeps what:
   leaves the block in the sender until the sender exits (torch documents this);
 - a receiver that dies (or whose connection ends) before it said it copied releases
   its claim, as the kernel closes its socket;
+- when the sender knows how many receivers the message has (its destinations), the
+  keeper releases the tensor once that many claims ended; a receiver still to claim (an
+  actor busy with an earlier call) has ``UNCLAIMED_S`` seconds from the last claim's end;
 - a token claimed by no receiver for ``UNCLAIMED_S`` seconds (its message was lost) is
-  released; after a claim, the keeper waits ``LINGER_S`` seconds for more claims (the
-  same message sent to every actor of a mesh) before it releases.
+  released; without a known count of receivers, after a claim the keeper waits
+  ``LINGER_S`` seconds for more claims before it releases.
 
 A receiver that can't open the handle (no CUDA, another GPU it can't map, a container
 without IPC) asks the keeper for the bytes instead and rebuilds the tensor as the staged
 path does (``wire.cuda_tensors.place``). A receiver on another host (or another network
-namespace) can't reach the keeper at all and raises :class:`CudaIpcUnavailable`: the
-opt-in is for single-host clusters.
+namespace) can't reach the keeper at all and raises :class:`CudaIpcUnavailable`; the
+default never sends it a token.
 
 Not verified on a GPU yet (every test runs a fake ``CudaOps``).
 """
@@ -38,12 +53,14 @@ import socket
 import struct
 import threading
 import time
-from typing import Any
+from typing import Any, Collection
 
 from ..protocol import cuda_ipc as channel
-from . import cuda, cuda_tensors
+from . import cuda, cuda_tensors, shm
 
 ENV = "MONARCH_NB_CUDA_IPC"
+AUTO, ALWAYS, NEVER = "auto", "1", "0"  # its values (see mode())
+_MODES = (AUTO, ALWAYS, NEVER)
 LINGER_S = 1.0
 UNCLAIMED_S = 120.0
 RECEIVE_TIMEOUT_S = 120.0  # a receiver's wait for each answer of its sender's keeper
@@ -55,16 +72,37 @@ class CudaIpcUnavailable(RuntimeError):
     host, gone, or released it)."""
 
 
-def enabled() -> bool:
-    """Whether this process sends CUDA tensors by IPC (``MONARCH_NB_CUDA_IPC=1``)."""
-    return os.environ.get(ENV) == "1"
+def mode() -> str:
+    """This process's choice for the CUDA tensors it sends: ``MONARCH_NB_CUDA_IPC``, one
+    of ``AUTO`` (unset or empty too), ``ALWAYS`` or ``NEVER`` (see the module docstring).
+    Raises ``ValueError`` naming the variable and its values for anything else."""
+    value = os.environ.get(ENV) or AUTO
+    if value not in _MODES:
+        raise ValueError(
+            f"{ENV}={value!r} is not one of its values: unset or {AUTO!r} (by CUDA IPC when every "
+            f"receiver is a process of this host, else staged through host memory), {ALWAYS!r} "
+            f"(always by CUDA IPC: single-host clusters only) or {NEVER!r} (always staged)")
+    return value
+
+
+def by_ipc(destinations: Collection[str] | None) -> bool:
+    """Whether the CUDA tensors of a message for ``destinations`` (its receivers'
+    addresses, ``tcp://HOST:PORT``; ``None`` when not known) go by CUDA IPC: see
+    :func:`mode`. Raises ``ValueError`` for a bad ``MONARCH_NB_CUDA_IPC``."""
+    chosen = mode()
+    if chosen != AUTO:
+        return chosen == ALWAYS
+    if not destinations:
+        return False
+    return all(shm.is_local(address) for address in destinations)
 
 
 class _Kept:
-    __slots__ = ("tensor", "since", "open", "done")
+    __slots__ = ("tensor", "receivers", "since", "open", "done")
 
-    def __init__(self, tensor: Any):
+    def __init__(self, tensor: Any, receivers: int | None):
         self.tensor = tensor
+        self.receivers = receivers  # how many claims to expect; None: not known
         self.since = time.monotonic()  # kept since; then: the last claim's end
         self.open = 0  # claims in progress
         self.done = 0  # claims ended (copied, staged, or the receiver gone)
@@ -90,11 +128,12 @@ class Keeper:
         self._sock.settimeout(0.2)  # how often unclaimed and lingering tensors are released
         threading.Thread(target=self._accept, name="monarch-nb-cuda-ipc", daemon=True).start()
 
-    def keep(self, tensor: Any) -> bytes:
-        """Keep ``tensor`` for its receivers; returns its token."""
+    def keep(self, tensor: Any, receivers: int | None = None) -> bytes:
+        """Keep ``tensor`` for its receivers (``receivers`` of them, when known: it is
+        released once that many claims ended); returns its token."""
         token = secrets.token_bytes(channel.TOKEN_BYTES)
         with self._lock:
-            self._kept[token] = _Kept(tensor)
+            self._kept[token] = _Kept(tensor, receivers)
         return token
 
     def kept(self) -> int:
@@ -121,10 +160,14 @@ class Keeper:
 
     def _drop_due(self, now: float) -> None:
         """Release the tensors no claim holds whose time is up. The caller holds the lock."""
-        due = [t for t, k in self._kept.items() if not k.open and now - k.since >= (
-            self.linger_s if k.done else self.unclaimed_s)]
+        due = [t for t, k in self._kept.items() if not k.open and self._due(k, now)]
         for token in due:
             del self._kept[token]
+
+    def _due(self, kept: _Kept, now: float) -> bool:
+        if kept.receivers is not None:  # every receiver copied it, or those still out are late
+            return kept.done >= kept.receivers or now - kept.since >= self.unclaimed_s
+        return now - kept.since >= (self.linger_s if kept.done else self.unclaimed_s)
 
     def _accept(self) -> None:
         while not self._closed:
@@ -175,7 +218,8 @@ class Keeper:
                     kept.open -= 1
                     kept.done += 1
                     kept.since = time.monotonic()
-                if self.linger_s <= 0:
+                    all_claimed = kept.receivers is not None and kept.done >= kept.receivers
+                if self.linger_s <= 0 or all_claimed:
                     self._release_due()
 
 
@@ -209,11 +253,12 @@ def keeper() -> Keeper:
         return _keeper
 
 
-def reduce(tensor: Any) -> Any:
+def reduce(tensor: Any, receivers: int | None = None) -> Any:
     """The pickle reduction of CUDA tensor ``tensor`` by IPC: a token of this process's
-    keeper, which keeps it until its receivers copied it."""
+    keeper, which keeps it until its receivers (``receivers`` of them, when known) copied
+    it."""
     k = keeper()
-    token = k.keep(tensor)
+    token = k.keep(tensor, receivers)
     ops = cuda.ops()
     return rebuild, (k.address, k.pid, token, tensor.dtype, tuple(tensor.shape),
                      tensor.requires_grad, ops.device_index(tensor))
@@ -232,9 +277,10 @@ def rebuild(address: str, pid: int, token: bytes, dtype: Any, shape: tuple, requ
             peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
         except OSError as e:
             raise CudaIpcUnavailable(
-                f"a CUDA tensor sent by CUDA IPC ({ENV}=1) could not be received: its sender "
-                f"(pid {pid}) is not reachable from here ({e}); it is on another host or in another "
-                f"network namespace, or has exited. Leave {ENV} unset for multi-host clusters") from None
+                f"a CUDA tensor sent by CUDA IPC could not be received: its sender (pid {pid}) is not "
+                f"reachable from here ({e}); it is on another host or in another network namespace, or "
+                f"has exited. Set {ENV}={NEVER} in the sender to stage CUDA tensors through host "
+                f"memory (unset, it picks CUDA IPC only for receivers of its own host)") from None
         if peer != pid:
             raise CudaIpcUnavailable(f"the CUDA IPC keeper at this address is pid {peer}, not the sender {pid}")
         try:
@@ -255,14 +301,17 @@ def _claim(conn: socket.socket, pid: int, token: bytes, dtype: Any, shape: tuple
     n = _LENGTH.unpack(_recv_exact(conn, _LENGTH.size))[0]
     if n == 0:
         raise CudaIpcUnavailable(
-            f"a CUDA tensor sent by CUDA IPC ({ENV}=1) was released by its sender (pid {pid}) "
-            f"before this process received it (kept {UNCLAIMED_S:.0f} s unclaimed, {LINGER_S:.0f} s after "
-            f"the last receiver's copy); leave {ENV} unset for messages received late")
+            f"a CUDA tensor sent by CUDA IPC was released by its sender (pid {pid}) before this "
+            f"process received it (kept {UNCLAIMED_S:.0f} s unclaimed or after its other receivers' "
+            f"copies, {LINGER_S:.0f} s after a copy when the sender did not know its receivers); set "
+            f"{ENV}={NEVER} in the sender for messages received late (staged through host memory)")
     handle = pickle.loads(_recv_exact(conn, n))  # from the sender itself (its pid checked)
     ops = cuda.ops()
     try:
         if handle is None:
             raise RuntimeError("the sender could not share it")
+        if ops.device_count() == 0:  # no need to try: a CPU-only torch raises AssertionError there
+            raise RuntimeError("no CUDA here")
         tensor = ops.ipc_open(handle)
     except (RuntimeError, OSError):
         conn.sendall(channel.STAGE)

@@ -47,7 +47,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import blake3
 
@@ -307,9 +307,11 @@ def encode(cluster_id: str, header: dict, body: bytes | None = None, buffers=(),
     return [MAGIC + _mac(_keys[cid], stamp, parts) + stamp + cid, *parts]
 
 
-def encode_value(cluster_id: str, header: dict, value: Any, what: str = "value", sign_at_send: bool = False) -> list:
-    """Pickle ``value`` (out-of-band buffers included) and :func:`encode` it."""
-    body, buffers = serialize.dumps(value, what)
+def encode_value(cluster_id: str, header: dict, value: Any, what: str = "value", sign_at_send: bool = False,
+                 destinations: Collection[str] | None = None) -> list:
+    """Pickle ``value`` (out-of-band buffers included) and :func:`encode` it.
+    ``destinations``: the addresses it will be sent to, when known (``serialize.dumps``)."""
+    body, buffers = serialize.dumps(value, what, destinations)
     return encode(cluster_id, header, body, [b.raw() for b in buffers], sign_at_send)
 
 

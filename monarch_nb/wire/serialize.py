@@ -20,8 +20,10 @@ without copying. What the receiver gets, for arguments and return values alike:
 Smaller bytes-like values stay in the pickle stream, where they cost less than a frame.
 
 torch is never imported here; tensors get the out-of-band path only when torch is
-already imported by the caller (``"torch" in sys.modules``). CUDA tensors are staged
-through host memory and rebuilt on the receiver's GPU (``wire.cuda_tensors``).
+already imported by the caller (``"torch" in sys.modules``). A CUDA tensor goes by CUDA
+IPC when every receiver is a process of this host (``wire.cuda_ipc``; :func:`dumps`'
+``destinations``), else it is staged through host memory and rebuilt on the receiver's
+GPU (``wire.cuda_tensors``).
 
 A class defined here (a notebook's ``class Cfg``) is pickled by value, and a value of
 it coming back names the same class: cloudpickle then finds this process's own class
@@ -39,7 +41,7 @@ import pickle
 import sys
 import types
 import weakref
-from typing import Any
+from typing import Any, Collection
 
 import cloudpickle
 
@@ -80,17 +82,15 @@ def _as_array(data):
         return None if as_int is None else data.view(as_int).numpy()
 
 
-def _reduce_tensor(tensor):
+def _reduce_tensor(tensor, reduce_cuda):
     if tensor.is_sparse or tensor.is_quantized:
         return NotImplemented
     # Imported here, with the first tensor: a client that never sends one (or a fresh
     # one, connecting) does not compile and load the CUDA paths.
     from . import cuda as _cuda
-    from . import cuda_ipc as _cuda_ipc
-    from . import cuda_tensors as _cuda_tensors
 
-    if _cuda.ops().is_cuda(tensor):  # staged through host memory, or by CUDA IPC when opted in
-        return _cuda_ipc.reduce(tensor) if _cuda_ipc.enabled() else _cuda_tensors.reduce(tensor, _as_array)
+    if _cuda.ops().is_cuda(tensor):
+        return reduce_cuda(tensor)
     if tensor.device.type != "cpu":
         return NotImplemented
     data = tensor.detach()
@@ -138,9 +138,23 @@ class _Pickler(cloudpickle.Pickler):
     # bytes and bytearray never reach reducer_override (the C pickler saves them
     # first), but persistent_id sees every object: a bytes-like value becomes an id
     # holding a PickleBuffer, which pickle sends out of band (see _Unpickler).
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, destinations: Collection[str] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._ids: dict[int, tuple] = {}  # id(obj) -> (persistent id, obj: kept so the id stays its)
+        self._destinations = destinations
+        self._cuda_by_ipc: bool | None = None  # decided at the message's first CUDA tensor
+
+    def _reduce_cuda(self, tensor):
+        """CUDA ``tensor`` by CUDA IPC or staged through host memory, as
+        ``wire.cuda_ipc.by_ipc`` decides for this message's destinations."""
+        from . import cuda_ipc as _cuda_ipc
+        from . import cuda_tensors as _cuda_tensors
+
+        if self._cuda_by_ipc is None:
+            self._cuda_by_ipc = _cuda_ipc.by_ipc(self._destinations)
+        if self._cuda_by_ipc:
+            return _cuda_ipc.reduce(tensor, None if self._destinations is None else len(self._destinations))
+        return _cuda_tensors.reduce(tensor, _as_array)
 
     def persistent_id(self, obj):
         kind = type(obj)
@@ -166,7 +180,7 @@ class _Pickler(cloudpickle.Pickler):
             return _reduce_code(obj)
         torch = sys.modules.get("torch")
         if torch is not None and type(obj) is torch.Tensor:
-            return _reduce_tensor(obj)
+            return _reduce_tensor(obj, self._reduce_cuda)
         return super().reducer_override(obj)
 
 
@@ -204,20 +218,25 @@ def _plain(obj: Any) -> bool:
     return True
 
 
-def dumps(obj: Any, what: str = "value") -> tuple[bytes, list[pickle.PickleBuffer]]:
-    """Pickle ``obj``; returns ``(stream, out_of_band_buffers)``.
+def dumps(obj: Any, what: str = "value",
+          destinations: Collection[str] | None = None) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Pickle ``obj``; returns ``(stream, out_of_band_buffers)``. ``destinations``: the
+    addresses of the processes the stream goes to, when the caller knows them (a CUDA
+    tensor then goes by CUDA IPC if all are of this host: ``wire.cuda_ipc.by_ipc``;
+    without them it is staged, unless ``MONARCH_NB_CUDA_IPC=1``).
 
     Raises :class:`SerializationError` naming ``what`` when pickle refuses ``obj`` (a
     lock, a file, a generator...). What an object's own ``__getstate__`` or
     ``__reduce__`` raises is that code's error: it propagates as it is (as in Monarch),
-    with a note naming ``what``.
+    with a note naming ``what``; so does the ``ValueError`` of a bad ``MONARCH_NB_CUDA_IPC``
+    (raised only for a value holding a CUDA tensor).
     """
     if _plain(obj):
         return pickle.dumps(obj, protocol=PROTOCOL), []
     buffers: list[pickle.PickleBuffer] = []
     stream = io.BytesIO()
     try:
-        _Pickler(stream, protocol=PROTOCOL, buffer_callback=buffers.append).dump(obj)
+        _Pickler(stream, protocol=PROTOCOL, buffer_callback=buffers.append, destinations=destinations).dump(obj)
     except (TypeError, AttributeError, RecursionError, pickle.PicklingError) as e:
         raise SerializationError(
             f"{what} could not be pickled ({type(e).__name__}: {e}); pass only picklable "
