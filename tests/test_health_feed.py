@@ -22,7 +22,7 @@ import pytest
 from monarch_nb.actor import Actor, endpoint
 from monarch_nb.client.health_watch import HealthWatch
 from monarch_nb.hub.health import STATUS_FRESH_S, Health
-from monarch_nb.protocol import health_tree
+from monarch_nb.protocol import agent_ops, envelope, health_tree, hub_ops
 from monarch_nb.protocol.states import HealthState
 
 from conftest import wait_until
@@ -101,14 +101,18 @@ class _CountingNet:
         return SimpleNamespace(header={"actors": {}, "asked": True})
 
 
-def _live(n: int) -> list:
-    return [SimpleNamespace(proc_id=f"m/{i}", address=f"tcp://p{i}", exit_code=None) for i in range(n)]
+def _live(n: int, host_id: str = "h0") -> list:
+    return [SimpleNamespace(proc_id=f"m/{i}", address=f"tcp://p{i}", exit_code=None, host_id=host_id)
+            for i in range(n)]
+
+
+_NO_AGENTS = SimpleNamespace(hosts={})  # a registry whose hosts' agents are unknown: procs are asked directly
 
 
 def test_fresh_heartbeat_statuses_answer_without_asking_any_proc():
     live = _live(128)
     net = _CountingNet()
-    health = Health("c", registry=None, net=net, meshes=None, hub_stats=dict)
+    health = Health("c", registry=_NO_AGENTS, net=net, meshes=None, hub_stats=dict)
     health.heard({p.proc_id: [0.2, {"actors": {}, "rss_bytes": 1}, p.address] for p in live}, time.monotonic())
     statuses = asyncio.run(health.statuses(live))
     assert net.asked == [] and health.probes == 0
@@ -118,7 +122,7 @@ def test_fresh_heartbeat_statuses_answer_without_asking_any_proc():
 def test_a_stale_status_is_asked_again_and_a_silent_proc_has_none():
     live = _live(3)
     net = _CountingNet(silent={"tcp://p2"})
-    health = Health("c", registry=None, net=net, meshes=None, hub_stats=dict)
+    health = Health("c", registry=_NO_AGENTS, net=net, meshes=None, hub_stats=dict)
     now = time.monotonic()
     health.heard({"m/0": [0.0, {"actors": {}}, "tcp://p0"],
                   "m/1": [STATUS_FRESH_S + 1, {"actors": {}}, "tcp://p1"],  # heard too long ago
@@ -128,10 +132,48 @@ def test_a_stale_status_is_asked_again_and_a_silent_proc_has_none():
     assert statuses["m/0"] == {"actors": {}} and statuses["m/1"]["asked"] and statuses["m/2"] is None
 
 
+class _AgentNet(_CountingNet):
+    """Also plays host agents: ``agents`` maps an agent's address to the proc ids it
+    answers ``ask_statuses`` for (``None``: it refuses the op, as an older agent does)."""
+
+    def __init__(self, agents: dict):
+        super().__init__()
+        self.agents = agents
+
+    async def request(self, address, header, timeout=None):
+        if address not in self.agents:
+            return await super().request(address, header, timeout)
+        self.asked.append(address)
+        answers = self.agents[address]
+        if answers is None:
+            return SimpleNamespace(header={envelope.OK: False, "error": "unknown op"})
+        assert header[envelope.OP] == agent_ops.ASK_STATUSES
+        statuses = {p: [0.0, {"actors": {}, "by_agent": True}, f"tcp://p{p[2:]}"]
+                    for p in header[agent_ops.PROC_IDS] if p in answers}
+        return SimpleNamespace(header={envelope.OK: True, hub_ops.AGENT_STATUSES: statuses})
+
+
+def test_stale_statuses_are_asked_of_each_host_agent_once_and_what_it_lacks_of_the_procs():
+    live = _live(3, "h0") + [SimpleNamespace(proc_id="m/9", address="tcp://p9", exit_code=None, host_id="h1")]
+    agents = {"tcp://agent0": {"m/0", "m/1"}, "tcp://agent1": None}  # m/2 unknown to h0's; h1's too old
+    registry = SimpleNamespace(hosts={"h0": SimpleNamespace(address="tcp://agent0", lost=False),
+                                      "h1": SimpleNamespace(address="tcp://agent1", lost=False)})
+    net = _AgentNet(agents)
+    health = Health("c", registry=registry, net=net, meshes=None, hub_stats=dict)
+    statuses = asyncio.run(health.statuses(live))
+    assert sorted(net.asked) == ["tcp://agent0", "tcp://agent1", "tcp://p2", "tcp://p9"]
+    assert health.probes == 2  # the procs this hub asked itself
+    assert statuses["m/0"]["by_agent"] and statuses["m/1"]["by_agent"]
+    assert statuses["m/2"]["asked"] and statuses["m/9"]["asked"]
+    net.asked.clear()
+    asyncio.run(health.statuses(live))
+    assert net.asked == []  # fresh now, from either source
+
+
 def test_a_proc_that_did_not_answer_its_agent_is_unresponsive_without_asking_it_again():
     live = _live(1)
     net = _CountingNet()
-    health = Health("c", registry=None, net=net, meshes=None, hub_stats=dict)
+    health = Health("c", registry=_NO_AGENTS, net=net, meshes=None, hub_stats=dict)
     health.heard({"m/0": [0.1, None, "tcp://p0"]}, time.monotonic())
     assert asyncio.run(health.statuses(live)) == {"m/0": None} and net.asked == []
 
@@ -139,13 +181,13 @@ def test_a_proc_that_did_not_answer_its_agent_is_unresponsive_without_asking_it_
 def test_a_status_of_an_earlier_proc_of_the_same_id_is_not_used():
     live = _live(1)
     net = _CountingNet()
-    health = Health("c", registry=None, net=net, meshes=None, hub_stats=dict)
+    health = Health("c", registry=_NO_AGENTS, net=net, meshes=None, hub_stats=dict)
     health.heard({"m/0": [0.0, {"actors": {}}, "tcp://the-proc-before-a-restart"]}, time.monotonic())
     assert asyncio.run(health.statuses(live))["m/0"]["asked"] and net.asked == ["tcp://p0"]
 
 
 def test_an_activity_change_wakes_the_feed_and_a_usage_change_does_not():
-    health = Health("c", registry=None, net=_CountingNet(), meshes=None, hub_stats=dict)
+    health = Health("c", registry=_NO_AGENTS, net=_CountingNet(), meshes=None, hub_stats=dict)
     woken = []
     health.on_activity = lambda: woken.append(1)
     idle = {"actors": {"a": {"state": "idle"}}, "rss_bytes": 1}
@@ -193,6 +235,19 @@ def test_health_asks_no_proc_while_heartbeats_are_fresh(cluster, feed_procs):
         tree = cluster.health()
     assert tree["hub"]["status_probes"] == probes, "health() asked procs although heartbeats were fresh"
     assert all("rss_bytes" in p and "uptime_s" in p for p in _procs_of(tree, "feed").values())
+
+
+def test_procs_never_heard_of_are_asked_through_their_host_agent(cluster, host):
+    # The first health() after a spawn: one request per host agent, none to a proc.
+    probes = cluster.health()["hub"]["status_probes"]
+    procs = host.spawn_procs(per_host={"gpus": 3}, name="fresh_statuses")
+    try:
+        tree = cluster.health()
+        fresh = _procs_of(tree, "fresh_statuses")
+        assert len(fresh) == 3 and all(p["state"] == "healthy" and "rss_bytes" in p for p in fresh.values())
+        assert tree["hub"]["status_probes"] == probes
+    finally:
+        procs.stop()
 
 
 class _Feed:
@@ -285,8 +340,42 @@ def test_an_agent_asks_its_procs_only_while_someone_watches():
     assert net.asked == ["tcp://p0"] and list(poll.take()) == ["m/0"]
 
 
+def test_statuses_an_agent_hears_while_its_heartbeat_takes_the_last_ones_are_kept_for_the_next():
+    from monarch_nb.host.status_poll import StatusPoll
+
+    class _HeldNet:
+        def __init__(self):
+            self.release = asyncio.Event()
+
+        async def request(self, address, header, timeout=None):
+            await self.release.wait()
+            return SimpleNamespace(header={"actors": {}, "asked": True})
+
+    async def run():
+        net = _HeldNet()
+        poll = StatusPoll(net, {"m/0": "tcp://p0"})
+        asking = asyncio.ensure_future(poll.ask_all())
+        await asyncio.sleep(0)
+        assert poll.take() == {}  # a heartbeat while the procs are asked
+        net.release.set()
+        await asking
+        return poll.take()
+
+    assert asyncio.run(run())["m/0"][1]["asked"]
+
+
+def test_an_agent_answers_the_hubs_ask_for_some_procs_leaving_out_those_gone():
+    from monarch_nb.host.status_poll import StatusPoll
+
+    net = _CountingNet()
+    poll = StatusPoll(net, {"m/0": "tcp://p0", "m/1": "tcp://p1"})
+    got = asyncio.run(poll.ask_now(["m/1", "m/7"]))  # m/7: exited before the ask came
+    assert net.asked == ["tcp://p1"] and list(got) == ["m/1"] and got["m/1"][1]["asked"]
+    assert poll.take() == {}  # answered to the hub, not again in a heartbeat
+
+
 def test_health_keeps_statuses_wanted_for_a_while():
-    health = Health("c", registry=None, net=_CountingNet(), meshes=None, hub_stats=dict)
+    health = Health("c", registry=_NO_AGENTS, net=_CountingNet(), meshes=None, hub_stats=dict)
     assert not health.wanted()
     health.want(60)
     assert health.wanted()

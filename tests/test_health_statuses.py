@@ -20,12 +20,12 @@ class _Net:
 
 
 def _proc(name):
-    return SimpleNamespace(proc_id=name, address=f"tcp://{name}", exit_code=None)
+    return SimpleNamespace(proc_id=name, address=f"tcp://{name}", exit_code=None, host_id="h0")
 
 
 def test_a_proc_reported_exited_while_awaited_is_let_go_and_the_rest_answer():
     up, exiting, silent = _proc("up"), _proc("exiting"), _proc("silent")
-    health = Health("c", registry=None, net=_Net({up.address}), meshes=None, hub_stats=dict)
+    health = Health("c", registry=SimpleNamespace(hosts={}), net=_Net({up.address}), meshes=None, hub_stats=dict)
 
     async def run():
         loop = asyncio.get_running_loop()
@@ -41,7 +41,7 @@ def test_a_proc_reported_exited_while_awaited_is_let_go_and_the_rest_answer():
 
 def test_every_proc_exiting_while_awaited_ends_the_wait_without_error():
     procs = [_proc(f"p{i}") for i in range(5)]
-    health = Health("c", registry=None, net=_Net(set()), meshes=None, hub_stats=dict)
+    health = Health("c", registry=SimpleNamespace(hosts={}), net=_Net(set()), meshes=None, hub_stats=dict)
 
     async def run():
         for p in procs:

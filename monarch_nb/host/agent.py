@@ -93,6 +93,7 @@ class HostAgent:
             agent_ops.STOP_PROCS: self._stop_procs_op,
             agent_ops.SHUTDOWN: self._shutdown,
             agent_ops.DRAIN_LOGS: self._drain_logs,
+            agent_ops.ASK_STATUSES: self._ask_statuses,
         }
 
     async def run(self) -> None:
@@ -246,6 +247,17 @@ class HostAgent:
         """Hearing from the hub is the point (see ``_dispatch``); it also says whether
         anyone watches health (procs are asked for their status only then)."""
         self.statuses.wanted = bool(header.get(agent_ops.WANT_STATUSES))
+
+    async def _ask_statuses(self, header: dict) -> None:
+        """The hub needs fresh statuses of some of this host's procs (its ``health()``
+        found theirs stale): ask them at once, and answer with what they said. The hub
+        then sends one request per host, not one per proc, and the hosts ask their procs
+        in parallel. Runs in a task of its own: the receive loop does not wait for procs."""
+        asyncio.ensure_future(self._contained(self._answer_statuses(header), header))
+
+    async def _answer_statuses(self, header: dict) -> None:
+        proc_ids = [str(p) for p in header.get(agent_ops.PROC_IDS) or []]
+        await self.net.reply(header, ok=True, **{hub_ops.AGENT_STATUSES: await self.statuses.ask_now(proc_ids)})
 
     async def _adopt(self, header: dict) -> None:
         # A restarted hub takes over (perhaps at a new address).

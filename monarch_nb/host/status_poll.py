@@ -28,6 +28,7 @@ from .gpu_usage import NvmlUsage, with_usage
 
 POLL_S = 1.0  # how often each proc is asked
 STATUS_TIMEOUT_S = 1.0  # a proc's answer later than this is not waited for
+EXIT_CHECK_S = 0.02  # while waiting for answers, how often procs that exited are let go
 
 
 class StatusPoll:
@@ -59,14 +60,35 @@ class StatusPoll:
             await asyncio.sleep(max(0.0, POLL_S - (time.monotonic() - started)))
 
     async def ask_all(self) -> None:
-        """Ask every proc at once; returns when all answered or timed out."""
-        targets = list(self._addresses.items())
+        """Ask every proc at once, for the next heartbeat; returns when all answered or
+        timed out."""
+        heard = await self.ask(list(self._addresses))
+        self._heard.update(heard)  # after the wait: a heartbeat may have taken the dict meanwhile
+
+    async def ask_now(self, proc_ids: list[str]) -> dict[str, list]:
+        """Ask the procs ``proc_ids`` of this host at once (those that have exited are
+        left out); their statuses as :meth:`take` gives them, for the hub that asked."""
+        return self._aged(await self.ask(proc_ids))
+
+    async def ask(self, proc_ids: list[str]) -> dict[str, tuple[float, dict | None, str]]:
+        """Ask ``proc_ids`` for their status at once: proc id -> ``(monotonic when
+        answered, status or None (no answer within ``STATUS_TIMEOUT_S``), the address
+        asked)``, for those that have not exited by then."""
+        found: dict[str, tuple[float, dict | None, str]] = {}
+        targets = [(proc_id, self._addresses[proc_id]) for proc_id in proc_ids if proc_id in self._addresses]
         if not targets:
-            return
+            return found
         self.asked += len(targets)
-        replies = await asyncio.gather(*(self._net.request(address, {envelope.OP: proc_ops.STATUS},
-                                                           timeout=STATUS_TIMEOUT_S) for _, address in targets),
-                                       return_exceptions=True)
+        requests = [asyncio.ensure_future(self._net.request(address, {envelope.OP: proc_ops.STATUS},
+                                                            timeout=STATUS_TIMEOUT_S)) for _, address in targets]
+        pending = set(requests)
+        while pending:  # a proc that exits meanwhile is not waited for
+            _, pending = await asyncio.wait(pending, timeout=EXIT_CHECK_S)
+            for (proc_id, _), request in zip(targets, requests):
+                if request in pending and proc_id not in self._addresses:
+                    request.cancel()
+                    pending.discard(request)
+        replies = [asyncio.CancelledError() if r.cancelled() else r.exception() or r.result() for r in requests]
         pid_of = self._pids() if self._pids is not None and self._gpu_usage.available() else {}
         gpu_used = await asyncio.to_thread(self._gpu_usage.used_by, set(pid_of.values())) if pid_of else {}
         now = time.monotonic()
@@ -75,17 +97,22 @@ class StatusPoll:
                 continue
             if isinstance(reply, BaseException):
                 self.unanswered += 1
-                self._heard[proc_id] = (now, None, address)
+                found[proc_id] = (now, None, address)
             else:
                 header = {k: v for k, v in reply.header.items() if k not in (envelope.PORT, envelope.OK)}
-                self._heard[proc_id] = (now, with_usage(header, gpu_used.get(pid_of.get(proc_id, -1))), address)
+                found[proc_id] = (now, with_usage(header, gpu_used.get(pid_of.get(proc_id, -1))), address)
+        return found
 
     def take(self) -> dict[str, list]:
         """What was heard since the last ``take``: proc id -> ``[seconds since it
         answered, status (``None``: no answer within ``STATUS_TIMEOUT_S``), the address
         asked]``; each is given once."""
-        now = time.monotonic()
         heard, self._heard = self._heard, {}
+        return self._aged(heard)
+
+    @staticmethod
+    def _aged(heard: dict[str, tuple[float, dict | None, str]]) -> dict[str, list]:
+        now = time.monotonic()
         return {proc_id: [round(now - at, 3), status, address] for proc_id, (at, status, address) in heard.items()}
 
     def forget(self, proc_id: str) -> None:

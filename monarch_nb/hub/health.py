@@ -32,7 +32,7 @@ import asyncio
 import time
 from typing import Callable
 
-from ..protocol import envelope, proc_ops, services
+from ..protocol import agent_ops, envelope, hub_ops, proc_ops, services
 from ..protocol import gpus as gpus_proto
 from ..protocol.states import AT_WORK, DOWN, PROC_ORDER, STATE, Activity, HealthState
 from ..protocol.records import LOST_EXIT_CODE, exit_cause
@@ -51,6 +51,7 @@ STATUS_FRESH_S = 2.5
 # health(), and while a subscriber is open (hub.health_feed keeps it wanted).
 WANTED_AFTER_HEALTH_S = 30.0
 EXIT_CHECK_S = 0.02  # while waiting for status replies, how often procs reported exited are let go
+AGENT_ANSWER_MARGIN_S = 0.5  # an agent answers ASK_STATUSES within STATUS_TIMEOUT_S, plus its own delays
 
 
 def _actor_node(record: ActorMeshRecord, rank: int, proc_state: str, status: dict | None, now: float) -> dict:
@@ -274,8 +275,7 @@ class Health:
             alive = {p.proc_id for p in live}
             self._heard = {k: v for k, v in self._heard.items() if k in alive}
         if stale:
-            self.probes += len(stale)
-            asked = await self._statuses(stale)
+            asked = await self._ask_hosts(stale)
             answered = time.monotonic()
             for proc in stale:
                 status = asked.get(proc.proc_id)
@@ -283,6 +283,41 @@ class Health:
                     self._heard[proc.proc_id] = (answered, status, proc.address)
             found.update(asked)
         return found
+
+    async def _ask_hosts(self, stale: list[ProcRecord]) -> dict[str, dict | None]:
+        """Fresh statuses of ``stale`` procs, by proc id: one ``ASK_STATUSES`` to each
+        host agent for its own procs (so this loop sends a message per host, not per
+        proc, and the hosts ask theirs in parallel); the procs an agent did not answer
+        for (an older agent, one that failed, a proc it does not know) are asked by
+        this hub itself. A proc reported exited meanwhile is left out."""
+        by_host: dict[str, list[ProcRecord]] = {}
+        for proc in stale:
+            by_host.setdefault(proc.host_id, []).append(proc)
+        hosts = self._registry.hosts
+        requests = {host_id: asyncio.ensure_future(self._net.request(
+                        hosts[host_id].address,
+                        {envelope.OP: agent_ops.ASK_STATUSES, agent_ops.PROC_IDS: [p.proc_id for p in procs]},
+                        timeout=STATUS_TIMEOUT_S + AGENT_ANSWER_MARGIN_S))
+                    for host_id, procs in by_host.items()
+                    if host_id in hosts and not hosts[host_id].lost and hosts[host_id].address}
+        pending = set(requests.values())
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=EXIT_CHECK_S)
+            for host_id, request in requests.items():
+                if not request.done() and all(p.exit_code is not None for p in by_host[host_id]):
+                    request.cancel()
+                    pending.discard(request)
+        found: dict[str, dict | None] = {}
+        for host_id, request in requests.items():
+            if request.done() and not request.cancelled() and request.exception() is None \
+                    and request.result().header.get(envelope.OK):
+                for proc_id, (_, status, _) in (request.result().header.get(hub_ops.AGENT_STATUSES) or {}).items():
+                    found[proc_id] = status
+        unanswered = [p for p in stale if p.proc_id not in found and p.exit_code is None]
+        if unanswered:
+            self.probes += len(unanswered)
+            found.update(await self._statuses(unanswered))
+        return {p.proc_id: found[p.proc_id] for p in stale if p.proc_id in found and p.exit_code is None}
 
     async def _statuses(self, live: list[ProcRecord]) -> dict[str, dict | None]:
         """Each live proc's answer to ``status`` by proc id; ``None`` if it did not answer

@@ -13,9 +13,12 @@ STOP_PROCS = "stop_procs"  # SIGTERM, then SIGKILL, procs PROC_IDS; answered whe
 SHUTDOWN = "shutdown"  # stop every proc and exit
 DRAIN_LOGS = "drain_logs"  # answered once every line written before it went to the hub
 PROC_READY = "proc_ready"  # from a proc it started: bound, with its address and pid
+# Ask procs PROC_IDS of this host for their status now; answered with them under
+# hub_ops.AGENT_STATUSES, as a heartbeat carries them (health() with statuses gone stale)
+ASK_STATUSES = "ask_statuses"
 
 # Ops that come from the hub: each shows it is alive.
-FROM_HUB = (HUB_ALIVE, ADOPT, SPAWN_PROCS, STOP_PROCS, SHUTDOWN, DRAIN_LOGS)
+FROM_HUB = (HUB_ALIVE, ADOPT, SPAWN_PROCS, STOP_PROCS, SHUTDOWN, DRAIN_LOGS, ASK_STATUSES)
 
 # Header keys of these ops.
 HOST_ID = "host_id"  # the agent's index in the hosts dimension, as the hub named it
