@@ -19,9 +19,11 @@ allocator makes them). For each, a retained cluster is started, and:
                call (ms: its process's user+system time, which also counts its zmq I/O
                thread and ~15 ms/s of background threads; and the calling thread's alone,
                which encodes, sends, receives and decodes) and the messages its mailbox
-               receives per call (a router's batch counts once)
+               receives per call (a router's batch counts once); and the open files of a
+               fresh client that picked the mesh and called it twice, routers off / on
   broadcast    median client-side cost of ``broadcast()`` to N actors, ms (it does not wait)
-  health       first ``health()`` after the spawn, then the median of 10, ms
+  health       first ``health()`` after the spawn (and the hub's CPU for it), then the
+               median of 10, ms
   hub CPU      the hub's CPU per ``health()``, ms (psutil over those 10)
   fresh client a new interpreter: ``connect`` + ``actor_meshes[...]`` + first call, ms,
                the import of the client's modules included; each phase printed apart
@@ -54,6 +56,7 @@ import psutil  # noqa: E402
 import zmq  # noqa: E402
 
 import monarch_nb  # noqa: E402
+from monarch_nb.protocol import router_ops  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 MiB = 1 << 20
@@ -78,6 +81,7 @@ while True:
 # connections to every proc and theirs back), and a second call for comparison.
 FRESH_CLIENT = """
 import json, sys, time
+import psutil
 import monarch_nb
 t0 = time.perf_counter()
 import monarch_nb.client.cluster, monarch_nb.client.actor_mesh
@@ -91,7 +95,7 @@ t4 = time.perf_counter()
 mesh.ping.call().get()
 t5 = time.perf_counter()
 print(json.dumps({"total": t4 - t0, "import": t1 - t0, "connect": t2 - t1, "handles": t3 - t2,
-                  "first_call": t4 - t3, "second_call": t5 - t4, "n": n}))
+                  "first_call": t4 - t3, "second_call": t5 - t4, "n": n, "fds": psutil.Process().num_fds()}))
 """
 
 
@@ -153,8 +157,6 @@ class Received:
 def call_figures(mesh, n: int, routed: bool) -> dict:
     """Median wall ms, client CPU ms and messages received per call over all ``n``
     actors of ``mesh``, and per ``reduce(operator.add)``; through the host routers or not."""
-    from monarch_nb.protocol import router_ops
-
     os.environ[router_ops.ROUTER_ENV] = router_ops.ROUTER_ON if routed else router_ops.ROUTER_OFF
     try:
         assert len(mesh.ping.call().get()) == n  # the route table is learnt here (one hub request)
@@ -217,9 +219,13 @@ def measure(name: str, hosts: int, per_host: int) -> dict:
         started = time.perf_counter()
         assert len(mesh.ping.call().get()) == n
         row["first_call_ms"] = (time.perf_counter() - started) * 1e3
+        found = cluster_processes(str(cluster.path))
+        hub = found["hub"][0]
+        cpu_before = sum(hub.cpu_times()[:2])
         started = time.perf_counter()
         cluster.health()
         row["first_health_ms"] = (time.perf_counter() - started) * 1e3
+        row["first_health_hub_cpu_ms"] = (sum(hub.cpu_times()[:2]) - cpu_before) * 1e3
 
         calls = []
         for _ in range(ROUNDS):
@@ -240,7 +246,6 @@ def measure(name: str, hosts: int, per_host: int) -> dict:
         row["broadcast_ms"] = statistics.median(sends) * 1e3
 
         found = cluster_processes(str(cluster.path))
-        hub = found["hub"][0]
         cpu_before = sum(hub.cpu_times()[:2])
         healths = []
         for _ in range(10):
@@ -253,13 +258,12 @@ def measure(name: str, hosts: int, per_host: int) -> dict:
         for who, processes in (("client", [psutil.Process()]), ("hub", found["hub"]), ("agents", found["agent"])):
             row[f"{who}_fds"], row[f"{who}_rss_mib"] = footprint(processes)
 
-        out = subprocess.run([sys.executable, "-c", FRESH_CLIENT, name, "echo"], capture_output=True,
-                             text=True, cwd=BENCH, timeout=300)
-        if out.returncode:
-            raise RuntimeError(out.stderr)
-        fresh = json.loads(out.stdout.strip().splitlines()[-1])
+        fresh = fresh_client(name)
         for key in ("total", "import", "connect", "handles", "first_call", "second_call"):
             row["fresh_client_ms" if key == "total" else f"fresh_{key}_ms"] = fresh[key] * 1e3
+        if hosts > 1:  # a client whose calls go through the routers holds sockets per host
+            row["direct_client_fds"] = fresh["fds"]
+            row["routed_client_fds"] = fresh_client(name, {router_ops.ROUTER_ENV: router_ops.ROUTER_ON})["fds"]
 
         started = time.perf_counter()
         procs.stop().get()
@@ -269,9 +273,19 @@ def measure(name: str, hosts: int, per_host: int) -> dict:
     return row
 
 
+def fresh_client(name: str, env: dict | None = None) -> dict:
+    """:data:`FRESH_CLIENT`'s figures (seconds; ``fds``: its open files at the end)."""
+    out = subprocess.run([sys.executable, "-c", FRESH_CLIENT, name, "echo"], capture_output=True, text=True,
+                         cwd=BENCH, timeout=300, env={**os.environ, **(env or {})})
+    if out.returncode:
+        raise RuntimeError(out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 COLUMNS = [("procs", "{:d}"), ("spawn_s", "{:.2f}"), ("bare_floor_s", "{:.2f}"), ("actors_s", "{:.2f}"),
            ("first_call_ms", "{:.0f}"), ("call_all_ms", "{:.2f}"), ("raw_floor_ms", "{:.2f}"),
-           ("broadcast_ms", "{:.2f}"), ("first_health_ms", "{:.0f}"), ("health_ms", "{:.1f}"),
+           ("broadcast_ms", "{:.2f}"), ("first_health_ms", "{:.0f}"), ("first_health_hub_cpu_ms", "{:.0f}"),
+           ("health_ms", "{:.1f}"),
            ("hub_cpu_per_health_ms", "{:.1f}"), ("fresh_client_ms", "{:.0f}"), ("client_fds", "{:d}"),
            ("hub_fds", "{:d}"), ("agents_fds", "{:d}"), ("client_rss_mib", "{:.0f}"),
            ("hub_rss_mib", "{:.0f}"), ("agents_rss_mib", "{:.0f}"), ("stop_s", "{:.2f}")]
@@ -280,7 +294,7 @@ COLUMNS = [("procs", "{:d}"), ("spawn_s", "{:.2f}"), ("bare_floor_s", "{:.2f}"),
 ROUTED_COLUMNS = [("hosts", "{:d}"), ("procs", "{:d}"), ("raw_floor_ms", "{:.2f}")] + [
     (f"{how}_{key}", fmt) for how in ("direct", "routed")
     for key, fmt in (("call_ms", "{:.2f}"), ("cpu_ms", "{:.2f}"), ("thread_cpu_ms", "{:.2f}"), ("msgs", "{:.1f}"),
-                     ("reduce_ms", "{:.2f}"), ("reduce_msgs", "{:.1f}"))]
+                     ("reduce_ms", "{:.2f}"), ("reduce_msgs", "{:.1f}"), ("client_fds", "{:d}"))]
 
 
 def table(title: str, rows: list[dict]) -> None:
