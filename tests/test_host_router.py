@@ -236,8 +236,8 @@ class _Received:
         del self._mailbox._dispatch
 
 
-def test_the_actors_of_a_routed_mesh_do_not_connect_to_the_client(routed):
-    # Their replies come through the routers: the client holds a connection per host,
+def test_the_client_and_the_actors_of_a_routed_mesh_do_not_connect_to_each_other(routed):
+    # Calls and replies go through the routers: the client holds a connection per host,
     # not one per actor (spawned here, and picked again from actor_meshes).
     import psutil
 
@@ -249,6 +249,8 @@ def test_the_actors_of_a_routed_mesh_do_not_connect_to_the_client(routed):
         picked = cluster.actor_meshes["routed_fds/rec"]
         assert picked.one.call().get(timeout=BOUND_S).values() == [1] * (HOSTS * 2)
         inbox_port = int(runtime().mailbox.address.rpartition(":")[2])
+        actor_ports = {int(a.rpartition(":")[2]) for a in mesh._addresses}
+        assert not [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port in actor_ports]
         for pid in mesh.pid.call().get(timeout=BOUND_S).values():
             assert not [c for c in psutil.Process(pid).net_connections("tcp")
                         if c.raddr and c.raddr.port == inbox_port], f"actor pid {pid} connected to the client"

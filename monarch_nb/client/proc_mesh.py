@@ -147,9 +147,9 @@ class ProcMesh(MeshHandle):
         if "failures" in reply:
             raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
         rt.supervision.sync(self._cluster_id, reply["addresses"], reply["dead"], reply["name"])
-        # The first call's connections, made while this returns and the caller moves on.
-        rt.mailbox.outbox.connect([a for rank, a in enumerate(reply["addresses"]) if str(rank) not in reply["dead"]],
-                                  self._cluster_id.encode())
+        if not may_route(len(self)):  # the first call's connections, made while the caller moves on
+            rt.mailbox.outbox.connect([a for rank, a in enumerate(reply["addresses"]) if str(rank) not in reply["dead"]],
+                                      self._cluster_id.encode())
         if reply.get(hub_ops.INIT_FAILED) and fields["owner"] is None:  # said by the failure hooks before returning
             rt.supervision.wait_heard(self._cluster_id, reply["name"], INIT_FAILURE_HEARD_S)
         # (an actor spawning a name another owner's mesh has gets its own, under its own name)
