@@ -90,6 +90,34 @@ def test_stopping_procs_fails_calls_still_waiting_on_them(host):
         pending.get(timeout=30)
 
 
+def test_procs_killed_at_once_fail_every_waiting_call_naming_its_ranks(host):
+    # A burst (a node's OOM kill, a preempted job): one exit report per proc reaches the
+    # hub, one event per death the client. Every call waits: none may be left hanging.
+    n = 32
+    procs = host.spawn_procs(per_host={"gpus": n}, name="burst")
+    try:
+        mesh = procs.spawn("burst", Fragile)
+        pids = mesh.pid.call().get(timeout=60).values()
+        whole = mesh.wait.call(60)
+        singles = [mesh.slice(gpus=r).wait.call_one(60) for r in range(n)]  # queued behind it
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        for r, call in enumerate(singles):
+            with pytest.raises(SupervisionError) as info:
+                call.get(timeout=30)
+            assert f"burst rank {r}: " in str(info.value) and f"proc burst/{r} (pid {pids[r]} " in str(info.value)
+        with pytest.raises(SupervisionError) as info:
+            whole.get(timeout=30)
+        named = [r for r in range(n) if f"burst rank {r}: " in str(info.value)]
+        assert named and all(f"proc burst/{r} (pid {pids[r]} " in str(info.value) for r in named)
+        # Every death was heard: a call now fails without being sent, naming every rank.
+        with pytest.raises(SupervisionError) as info:
+            mesh.pid.call().get(timeout=30)
+        assert f"({n} of {n} ranks)" in str(info.value)
+    finally:
+        procs.stop()
+
+
 def test_a_large_call_skips_a_target_that_died_while_it_was_sending_to_the_others(host, monkeypatch):
     # A large argument goes to one actor after the other, each send waiting until it has
     # left. An actor that died meanwhile was sent to all the same: a new socket to its
