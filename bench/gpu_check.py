@@ -21,20 +21,33 @@ prints one JSON object on stdout (progress on stderr):
     receiver being on this host; issue 25's target: at least 100 GB/s at 1 GiB, under
     ``targets``), ``staged`` with ``MONARCH_NB_CUDA_IPC=0`` in the sender;
   - ``actor_to_actor_{64MiB,1GiB}_cpu``: the same bytes as a CPU tensor (the CPU path);
+  - ``actor_to_actor_{64MiB,1GiB}_across_netns_{cuda,cpu}``: the same between two network
+    namespaces of this machine (tests/netns.py's, a host agent in each through
+    ``CommandAllocator`` as in bench/bench_multihost.py), run by a process of this script
+    of its own, in at most 60 s of the budget: a CUDA tensor by the default path (staged
+    through pinned host memory, the receiver being on another host; a CUDA IPC claim there
+    is an error) and the same bytes as a CPU tensor, in alternating blocks;
+    ``..._cuda_vs_cpu``: their ratio (issue 25's target: at least 0.8, under ``targets``);
+    ``across_netns``: the namespaces, the sender's IPC claims, the part's seconds. Needs
+    root and iproute2 (``bash .ci/setup.d/10-netns.sh``); without them, or with the budget
+    short, under ``not_measured``;
   - ``ipc_keeper``: the sender's CUDA IPC claims, and how many fell back to bytes (should
     be 0: the receiver opened the handle); ``actor_checks``: the same for each ``auto``
     figure (an ``auto`` figure whose tensors did not go by IPC is an error);
   - floors in this process: ``d2d_clone`` (same-process device clone), ``pinned_h2d``,
-    ``pinned_d2h``, ``pageable_d2h``; ``torch_ipc_clone``: torch's own CUDA IPC, a
-    tensor opened and cloned by a second process (torch.multiprocessing);
+    ``pinned_d2h``, ``pageable_d2h``, ``pageable_h2d`` (the staged receiver's copy, from
+    the frames it received); ``torch_ipc_clone``: torch's own CUDA IPC, a tensor opened
+    and cloned by a second process (torch.multiprocessing);
 - ``not_measured``: what this machine could not measure, and why.
 
 Without CUDA (or without torch) it says so on stderr and in the JSON's ``no_gpu``, runs
 nothing and exits 0, importing neither monarch_nb nor torch's CUDA; ``--without-gpu``
-runs the tests and the CPU path anyway (a check of the script's plumbing).
+runs the tests and the CPU path anyway, across namespaces too where they can be made (a
+check of the script's plumbing).
 
 Exit status 1 when a test failed or a figure errored (an IPC or ``auto`` figure that was
-in fact staged, an RDMA read that returned wrong bytes). Runs in its own MONARCH_NB_HOME
+in fact staged, a figure across namespaces that went by IPC, an RDMA read that returned
+wrong bytes, a namespace or process left behind). Runs in its own MONARCH_NB_HOME
 (a temporary folder, removed at exit, unless one is set).
 """
 
@@ -46,6 +59,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -63,6 +77,11 @@ GPU_TESTS = ["tests/test_gpu_binding_cuda.py", "tests/test_cuda_messages.py", "t
 RDMA_IPC_ENV = "MONARCH_NB_RDMA_CUDA_IPC"
 RDMA_TARGET = 0.3  # issue 25: read_into of 1 GiB CUDA on one host >= 0.3x a same-process device clone
 ACTOR_TARGET_GBPS = 100.0  # issue 25: a 1 GiB CUDA tensor actor -> actor on one host, by default
+NETNS_TARGET = 0.8  # issue 25: across two network namespaces of one machine, >= 0.8x the CPU path
+NETNS_SHARE_S = 60.0  # the across-namespaces figures' share of --budget-s, kept from the one-host ones
+NETNS_MIN_S = 20.0  # less left than this: those figures are not started
+ONE_HOST_MIN_S = 40.0  # the least the one-host actor figures keep when a share goes to the namespaces
+NETNS_SUBNET = 215  # 10.215.N.0/24 (tests/test_multihost.py has 213, bench_multihost.py 214)
 
 
 def log(msg: str) -> None:
@@ -146,14 +165,16 @@ def actor_classes() -> tuple[type, type]:
             return {"claims": cuda_ipc.keeper().claims, "fell_back_to_bytes": cuda_ipc.keeper().staged}
 
         @endpoint
-        def send(self, receiver, nbytes: int, device: str, ipc: str, reps: int) -> list[float]:
+        def send(self, receiver, nbytes: int, device: str, ipc: str, reps: int, warmup: bool = True) -> list[float]:
             """Seconds per call of ``receiver.take(tensor)``, ``tensor`` of ``nbytes`` on
-            ``device``, with ``MONARCH_NB_CUDA_IPC=ipc`` in this proc."""
+            ``device``, with ``MONARCH_NB_CUDA_IPC=ipc`` in this proc (after one untimed
+            call when ``warmup``)."""
             import torch
 
             os.environ[IPC_ENV] = ipc
             tensor = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-            assert receiver.take.call_one(tensor).get(timeout=120) == nbytes  # warm-up (pinned pool, shm)
+            if warmup:  # pinned pool, shm, connections
+                assert receiver.take.call_one(tensor).get(timeout=120) == nbytes
             times = []
             for _ in range(reps):
                 t0 = time.perf_counter()
@@ -210,7 +231,9 @@ def floors(sizes: dict, reps: int) -> dict:
         out[f"pinned_d2h_{label}"] = gbps(n, timed(lambda: (pinned.copy_(dev, non_blocking=True), sync()), reps))
         out[f"pinned_h2d_{label}"] = gbps(n, timed(lambda: (dev.copy_(pinned, non_blocking=True), sync()), reps))
         out[f"pageable_d2h_{label}"] = gbps(n, timed(lambda: (pageable.copy_(dev), sync()), reps))
-        del dev, pinned, pageable
+        # the staged path's receiver copies from the frames it received: pageable memory
+        out[f"pageable_h2d_{label}"] = gbps(n, timed(lambda: (dev.copy_(pageable), sync()), reps))
+        dev = pinned = pageable = None  # freed before the next size (the lambdas' cells hold them)
         torch.cuda.empty_cache()
     return out
 
@@ -343,17 +366,176 @@ def actor_figures(sizes: dict, cuda: bool, reps: int, deadline: float, out: dict
         cluster.stop()
 
 
+def netns_unavailable() -> str:
+    """Why two network namespaces can't be made here (empty when they may be): checked
+    before the one-host figures, so that no share of the budget is kept for nothing."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "network namespaces need iproute2's `ip` (bash .ci/setup.d/10-netns.sh)"
+    return ""
+
+
+def _left_running(marker: str, wait_s: float = 5.0) -> list[int]:
+    """Pids of processes (not this one) whose command line mentions ``marker`` (a cluster's
+    directory), after giving them up to ``wait_s`` to go."""
+    import psutil
+
+    give_up = time.monotonic() + wait_s
+    while True:
+        left = [p.pid for p in psutil.process_iter(["cmdline"])
+                if p.pid != os.getpid() and marker in " ".join(p.info["cmdline"] or [])
+                and p.status() != psutil.STATUS_ZOMBIE]
+        if not left or time.monotonic() > give_up:
+            return left
+        time.sleep(0.1)
+
+
+def across_netns_figures(sizes: dict, cuda: bool, reps: int, deadline: float, out: dict, missing: list,
+                         errors: list, report: dict) -> None:
+    """``actor_to_actor_{size}_across_netns_{cuda,cpu}``: a tensor passed by an actor in one
+    network namespace to an actor's endpoint in another (two hosts of one machine, as
+    bench/bench_multihost.py makes them: tests/netns.py's namespaces, a host agent in each
+    through ``CommandAllocator``), CUDA (the default path: staged, the receiver being on
+    another host) and CPU in alternating blocks, and their ratio. Namespaces that can't be
+    made go to ``missing``; a network or process left behind, or a CUDA tensor that went by
+    IPC, to ``errors``."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from netns import NamespacesUnavailable, bridged_namespaces
+
+    try:
+        with bridged_namespaces(NETNS_SUBNET, "mnbg") as (root, ips, spaces):
+            report.update(namespaces=spaces, addresses=ips)
+            _across_netns(root, spaces, sizes, cuda, reps, deadline, out, missing, errors, report)
+    except NamespacesUnavailable as e:
+        missing.append(f"actor_to_actor_*_across_netns_*: no network namespaces here: {e}")
+    except (subprocess.SubprocessError, OSError) as e:  # made in part, and removed again
+        missing.append(f"actor_to_actor_*_across_netns_*: making the namespaces failed: "
+                       f"{getattr(e, 'stderr', '') or e}")
+    except RuntimeError as e:  # only bridged_namespaces' own check: _across_netns reports its errors
+        errors.append(f"across_netns: {e}")
+
+
+def _across_netns(root: str, spaces: list[str], sizes: dict, cuda: bool, reps: int, deadline: float,
+                  out: dict, missing: list, errors: list, report: dict) -> None:
+    from monarch_nb.allocators.command import CommandAllocator
+    from monarch_nb.client.cluster import Cluster
+
+    modes = ["cpu", "cuda"] if cuda else ["cpu"]
+    per_block = max(1, (reps + 1) // 2)  # two blocks a mode, orders alternating
+    try:
+        cluster = Cluster.start_ephemeral(allocator=CommandAllocator(
+            [["ip", "netns", "exec", ns] for ns in spaces], bind=root))
+    except Exception as e:  # noqa: BLE001 (reported, and the run goes on)
+        missing.append(f"actor_to_actor_*_across_netns_*: the cluster across namespaces did not start: "
+                       f"{type(e).__name__}: {str(e)[:300]}")
+        return
+    try:
+        Receiver, Sender = actor_classes()
+        try:
+            # "procs", not "gpus": unbound, each proc sees every GPU (two hosts of one machine would share its one GPU)
+            procs = cluster.host_mesh().spawn_procs(per_host={"procs": 1}, name="gpu_check_netns")
+            sender = procs.spawn("sender", Sender).slice(hosts=0)
+            receiver = procs.spawn("receiver", Receiver).slice(hosts=1)
+        except Exception as e:  # noqa: BLE001
+            out.update({f"actor_to_actor_{label}_across_netns_{mode}": None for label in sizes for mode in modes})
+            missing.append(f"actor_to_actor_*_across_netns_*: spawning across namespaces failed: "
+                           f"{type(e).__name__}: {str(e)[:300]}")
+            return
+        seconds_per_byte = 0.0  # of the last size measured: how long the next one should take
+        for label, n in sizes.items():
+            names = {mode: f"actor_to_actor_{label}_across_netns_{mode}" for mode in modes}
+            expected = seconds_per_byte * n * len(modes) * (2 * per_block + 1)
+            if time.monotonic() + expected > deadline:
+                missing.append(f"{', '.join(names.values())}: out of time (their share of --budget-s; "
+                               f"~{expected:.0f} s expected)")
+                continue
+            try:
+                before = sender.ipc_counts.call_one().get(timeout=60) if cuda else None
+                times: dict[str, list[float]] = {mode: [] for mode in modes}
+                for block in range(2):
+                    for mode in (modes if block == 0 else modes[::-1]):
+                        times[mode] += sender.send.call_one(receiver, n, mode, "auto", per_block,
+                                                            warmup=block == 0).get(timeout=300)
+            except Exception as e:  # noqa: BLE001
+                out.update({name: None for name in names.values()})
+                missing.append(f"{label} across namespaces: {type(e).__name__}: {str(e)[:300]}")
+                continue
+            for mode, name in names.items():
+                out[name] = gbps(n, times[mode])
+                log(f"{name}: {out[name]} GB/s")
+            seconds_per_byte = max(statistics.median(t) for t in times.values()) / n
+            if cuda:
+                after = sender.ipc_counts.call_one().get(timeout=60)
+                counts = report[f"{label}_sender_ipc"] = {k: after[k] - before[k] for k in after}
+                if counts["claims"]:
+                    errors.append(f"{names['cuda']}: went by CUDA IPC ({counts}), not staged as to another "
+                                  f"host: not the path across hosts")
+                ratio = out[names["cuda"]] / out[names["cpu"]]
+                out[f"actor_to_actor_{label}_across_netns_cuda_vs_cpu"] = round(ratio, 3)
+        procs.stop()
+    finally:
+        cluster.stop()
+        left = _left_running(str(cluster.path))
+        if left:
+            errors.append(f"across_netns: processes of its cluster left running: {left}")
+
+
+def across_netns_in_child(budget_s: float, quick: bool) -> dict:
+    """:func:`across_netns_figures` in a fresh process of this script (this one's inbox
+    already listens on loopback, where procs in other namespaces can't reach it), given
+    ``budget_s`` seconds; its JSON (``figures``, ``not_measured``, ``errors``,
+    ``across_netns``). Past its time it gets SIGTERM, so that it removes its namespaces
+    and cluster, and SIGKILL 30 s later."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--only-across-netns", "--budget-s", f"{budget_s:.0f}"]
+    child = subprocess.Popen(cmd + (["--quick"] if quick else []), cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        stdout, _ = child.communicate(timeout=budget_s + 30)
+    except BaseException as e:  # its time is up, or this one is stopped (SIGTERM, Ctrl-C): it cleans up first
+        child.terminate()
+        try:
+            child.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+        if not isinstance(e, subprocess.TimeoutExpired):
+            raise
+        tag = f"mnbg{child.pid % 10_000_000}"  # tests/netns.py's names
+        left = [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if n.startswith(tag)]
+        return {"errors": [f"across_netns: its process ran past {budget_s + 30:.0f} s and was stopped "
+                           f"(exit status {child.returncode}); namespaces left: {left or 'none'}"]}
+    try:
+        return json.loads(stdout)
+    except ValueError:
+        return {"errors": [f"across_netns: its process ended with status {child.returncode} and no JSON: "
+                           f"{stdout[-300:]!r}"]}
+
+
+def _sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # through every finally: the namespaces and clusters go too
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _sigterm)
     parser = argparse.ArgumentParser()
     parser.add_argument("--budget-s", type=float, default=220.0)
     parser.add_argument("--quick", action="store_true", help="64 MiB only, 2 repetitions")
     parser.add_argument("--without-gpu", action="store_true",
                         help="without CUDA, run the tests and the CPU path anyway (the script's plumbing)")
+    parser.add_argument("--only-across-netns", action="store_true",
+                        help="(run by this script) only the figures across network namespaces, as JSON")
     args = parser.parse_args()
     started = time.monotonic()
     deadline = started + args.budget_s
     reps = 2 if args.quick else 5
     sizes = {"64MiB": 64 * MiB} if args.quick else {"64MiB": 64 * MiB, "1GiB": GiB}
+    if args.only_across_netns:
+        part: dict = {"figures": {}, "not_measured": [], "errors": [], "across_netns": {}}
+        across_netns_figures(sizes, cuda_here()[0], reps, deadline, part["figures"], part["not_measured"],
+                             part["errors"], part["across_netns"])
+        print(json.dumps(part))
+        return 0
     result: dict = {"host": platform.node(), "python": platform.python_version()}
     cuda, why = cuda_here()
     torch = sys.modules.get("torch")
@@ -383,13 +565,38 @@ def main() -> int:
                     figures[f"torch_ipc_clone_{label}"] = torch_ipc_floor(n, reps)
                 except Exception as e:  # noqa: BLE001
                     missing.append(f"torch_ipc_clone_{label}: {type(e).__name__}: {e}")
+    # The figures across namespaces get their share of what is left when the one-host
+    # figures still have ONE_HOST_MIN_S beside it; else those go first and these are not measured.
+    no_netns = "torch is not installed" if torch is None else netns_unavailable()
+    if not no_netns and deadline - time.monotonic() < NETNS_SHARE_S + ONE_HOST_MIN_S:
+        no_netns = (f"out of time (under {NETNS_SHARE_S + ONE_HOST_MIN_S:.0f} s of --budget-s left "
+                    f"for the actor figures)")
+    across: dict = {}
+    errors: list[str] = []
     if torch is not None:
-        actor_figures(sizes, cuda, reps, deadline, figures, missing, checks, actor_checks)
+        actor_figures(sizes, cuda, reps, deadline - (0 if no_netns else NETNS_SHARE_S), figures, missing,
+                      checks, actor_checks)
     else:
         missing.append("actor_to_actor_*: torch is not installed")
+    if not cuda:
+        missing.append(f"actor_to_actor_*_across_netns_cuda: {why}")
+    if no_netns:
+        missing.append(f"actor_to_actor_*_across_netns_*: {no_netns}")
+    elif deadline - time.monotonic() < NETNS_MIN_S:
+        missing.append(f"actor_to_actor_*_across_netns_*: out of time (under {NETNS_MIN_S:.0f} s of --budget-s left)")
+    else:
+        log("actor -> actor across two network namespaces")
+        netns_started = time.monotonic()
+        netns_part = across_netns_in_child(min(NETNS_SHARE_S, deadline - time.monotonic()), args.quick)
+        across["seconds"] = round(time.monotonic() - netns_started, 1)
+        figures.update(netns_part.get("figures", {}))
+        missing += netns_part.get("not_measured", [])
+        errors += netns_part.get("errors", [])
+        across.update(netns_part.get("across_netns", {}))
     result["figures"] = figures
     result["rdma_checks"] = checks
     result["actor_checks"] = actor_checks
+    result["across_netns"] = across
     ratio = figures.get("rdma_read_into_1GiB_ipc_vs_d2d_clone")
     result["targets"] = {"rdma_read_into_1GiB_ipc_vs_d2d_clone": {"value": ratio, "at_least": RDMA_TARGET,
                                                                   "met": None if ratio is None else ratio >= RDMA_TARGET}}
@@ -397,7 +604,12 @@ def main() -> int:
     result["targets"]["actor_to_actor_1GiB_auto"] = {
         "value": actor_gbps, "at_least_gbps": ACTOR_TARGET_GBPS,
         "met": None if actor_gbps is None else actor_gbps >= ACTOR_TARGET_GBPS}
-    errors = rdma_errors(checks) + actor_errors(actor_checks)
+    for label in sizes:
+        name = f"actor_to_actor_{label}_across_netns_cuda_vs_cpu"
+        value = figures.get(name)
+        result["targets"][name] = {"value": value, "at_least": NETNS_TARGET,
+                                   "met": None if value is None else value >= NETNS_TARGET}
+    errors += rdma_errors(checks) + actor_errors(actor_checks)
     result["not_measured"] = missing + errors
     result["seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(result, indent=1))
