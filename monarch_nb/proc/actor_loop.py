@@ -400,9 +400,10 @@ class ActorThread:
             send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
                        error=self._gone(), extra={proc_ops.DIED: True})
             return
-        if self.stopping:
+        if self.stopping:  # as a call the hub's news of the stop failed first would: the actor is gone
             send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
-                       error=RuntimeError(f"actor mesh {self.mesh_name} was stopped before this call ran"))
+                       error=self._gone(f"{self.mesh_name} rank {self.point.rank}: its actor mesh was stopped "
+                                        "before this call ran", stopped=True), extra={proc_ops.DIED: True})
             return
         set_call_origin(message.header.get(proc_ops.ORIGIN))
         call_chain.set_chain(self.chain(message, holds=True))
@@ -576,10 +577,11 @@ class ActorThread:
         send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
                    error=self._gone(), extra={proc_ops.DIED: True, proc_ops.ALONE: True})
 
-    def _gone(self) -> SupervisionError:
-        """What a call to this dead actor fails with: its failure report (see ``dead``)."""
+    def _gone(self, why: str | None = None, stopped: bool = False) -> SupervisionError:
+        """What a call to this actor fails with once it is dead (its failure report: see
+        ``dead``), or ``stopped`` (for ``why``)."""
         name = actor_name(self._instance_info.class_name, self.mesh_name, dict(self.point.extent), self.point.rank)
-        return SupervisionError(actor_gone_report(name, self.dead or "it died"))
+        return SupervisionError(actor_gone_report(name, why or self.dead or "it died", stopped))
 
     def _report_failure(self, name: str, cause: str, tb: str, dead: bool = False) -> None:
         """Tell the hub that endpoint ``name`` failed: ``cause`` is the exception
