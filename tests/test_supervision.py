@@ -179,6 +179,37 @@ def test_a_host_whose_agent_dies_is_lost_with_its_procs_within_the_heartbeat_bou
     assert wait_until(lambda: not cluster_processes(cluster.path), 15)
 
 
+def test_a_spawn_whose_host_is_lost_meanwhile_fails_at_once_naming_it():
+    # It waited for the dead agent's answer for the spawn timeout (120 s).
+    import threading
+
+    cluster = Cluster.start_ephemeral(hosts=2, grace_s=60)
+    try:
+        agent = next(h["pid"] for h in cluster.info()["hosts"] if h["host_id"] == "host1")
+        os.kill(agent, signal.SIGSTOP)  # it takes the spawn request and never answers
+        outcome: list = []
+
+        def spawn():
+            try:
+                cluster.host_mesh().spawn_procs(per_host={"gpus": 1}, name="midway")
+                outcome.append("spawned")
+            except Exception as e:  # noqa: BLE001 - what the spawn raised is the point
+                outcome.append(e)
+
+        spawning = threading.Thread(target=spawn)
+        spawning.start()
+        assert wait_until(lambda: "midway" in cluster.health()["summary"] or outcome, 30)
+        os.kill(agent, signal.SIGKILL)
+        spawning.join(60)
+        assert not spawning.is_alive(), "the spawn still waits for the dead agent"
+        assert isinstance(outcome[0], ClusterError) and "host host1 was lost while its procs started" in str(outcome[0])
+        assert "midway" not in cluster.info()["proc_meshes"]
+        cluster.host_mesh().slice(hosts=0).spawn_procs(per_host={"gpus": 1}, name="after").stop().get(timeout=30)
+    finally:
+        cluster.stop()
+    assert wait_until(lambda: not cluster_processes(cluster.path), 15)
+
+
 def test_choose_picks_only_live_actors_and_says_when_none_is_left(cluster, fragile):
     procs, mesh, pids = fragile
     os.kill(pids[2], signal.SIGKILL)

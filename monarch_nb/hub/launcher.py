@@ -13,6 +13,7 @@ from .registry import Registry
 
 SPAWN_TIMEOUT_S = 120.0  # an agent answers within its own 60 s proc start timeout, or is gone
 STOP_TIMEOUT_S = 10.0  # how long stopping procs waits for each host agent
+LOST_CHECK_S = 0.1  # while a spawn waits for its agents, how often hosts lost meanwhile are given up
 
 
 class ProcLauncher:
@@ -33,22 +34,44 @@ class ProcLauncher:
         if problem:
             raise HubError(problem)
         hosts = list(ids_by_host)
-        replies = await asyncio.gather(*(
-            self._net.request(self._registry.hosts[h].address, {
-                envelope.OP: agent_ops.SPAWN_PROCS, agent_ops.PROC_IDS: ids_by_host[h], "env": launch.get("env") or {},
-                "cwd": launch.get("cwd"), "python": launch.get("python"),
-                "env_by_proc": {p: env_by_proc[p] for p in ids_by_host[h] if p in (env_by_proc or {})}},
-                timeout=SPAWN_TIMEOUT_S)
-            for h in hosts), return_exceptions=True)
-        errors = [f"host agent {h} did not answer within {SPAWN_TIMEOUT_S:.0f} s" if isinstance(r, BaseException)
-                  else r.header[envelope.ERROR] for h, r in zip(hosts, replies)
-                  if isinstance(r, BaseException) or not r.header[envelope.OK]]
-        procs = [ProcRecord(**p) for r in replies if not isinstance(r, BaseException) and r.header[envelope.OK]
-                 for p in r.header["procs"]]
+        requests = [asyncio.ensure_future(self._net.request(self._registry.hosts[h].address, {
+                        envelope.OP: agent_ops.SPAWN_PROCS, agent_ops.PROC_IDS: ids_by_host[h],
+                        "env": launch.get("env") or {}, "cwd": launch.get("cwd"), "python": launch.get("python"),
+                        "env_by_proc": {p: env_by_proc[p] for p in ids_by_host[h] if p in (env_by_proc or {})}},
+                        timeout=SPAWN_TIMEOUT_S))
+                    for h in hosts]
+        lost = await self._wait_unless_lost(hosts, requests)
+        errors, procs = [], []
+        for host_id, request in zip(hosts, requests):
+            if host_id in lost:
+                errors.append(lost[host_id])
+            elif request.exception() is not None:
+                errors.append(f"host agent {host_id} did not answer within {SPAWN_TIMEOUT_S:.0f} s")
+            elif not request.result().header[envelope.OK]:
+                errors.append(request.result().header[envelope.ERROR])
+            else:
+                procs += [ProcRecord(**p) for p in request.result().header["procs"]]
         if errors:
             await self.stop(procs)
             raise HubError("; ".join(errors))
         return procs
+
+    async def _wait_unless_lost(self, hosts: list[str], requests: list) -> dict[str, str]:
+        """Wait for every request (one per host of ``hosts``); one whose host is lost or
+        failed meanwhile (its agent gone: no answer will come) is given up at once.
+        Returns host id -> why, for those given up."""
+        lost: dict[str, str] = {}
+        pending = set(requests)
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=LOST_CHECK_S)
+            for host_id, request in zip(hosts, requests):
+                record = self._registry.hosts.get(host_id)
+                if request in pending and (record is None or record.lost):
+                    request.cancel()
+                    pending.discard(request)
+                    lost[host_id] = (f"host {host_id} was lost while its procs started"
+                                     + (f": {record.cause}" if record is not None and record.cause else ""))
+        return lost
 
     async def stop(self, procs: list[ProcRecord]) -> None:
         """Have the host agents stop ``procs`` (those of hosts the registry still holds;
