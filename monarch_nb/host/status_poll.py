@@ -8,7 +8,9 @@ hub's heartbeats: a subscriber is open, or ``health()`` was asked lately): with 
 watching, procs are not woken every second for nothing. The asking runs in its own task: a proc slow to answer delays nothing of the
 heartbeat, which only reads what was last heard (``take``). A proc that does not answer
 within ``STATUS_TIMEOUT_S`` is reported with no status: the hub calls it unresponsive,
-as it would had it asked the proc itself.
+as it would had it asked the proc itself. The hub may also ask for some procs' statuses
+at once (``ask_statuses``: its ``health()`` found them stale), answered with them
+(:meth:`StatusPoll.ask_now`).
 
 Where NVML is at hand (``host.gpu_usage``), each answer gets the GPU memory its proc
 uses (``protocol.gpus.GPU_USED_BYTES``), counted by the agent for the pids ``pids()``

@@ -20,8 +20,9 @@ States, worst first:
 Memory, CPU time and uptime of each proc come from the proc itself (psutil), so they
 are known on every host. Each host agent asks its procs for their ``status`` and folds
 the answers into its heartbeat (``host.status_poll``); ``Health`` keeps the latest of
-each proc and answers the ``health`` op from them, asking a proc itself only when its
-status is older than ``STATUS_FRESH_S`` (a proc that then does not answer within
+each proc and answers the ``health`` op from them; a status older than
+``STATUS_FRESH_S`` is asked for again, of the proc's host agent (``ask_statuses``), or of
+the proc itself where the agent can't answer (a proc that then does not answer within
 ``STATUS_TIMEOUT_S`` is ``unresponsive``). It builds the tree with :func:`tree`;
 ``hub.health_feed`` pushes its changes to subscribers.
 """
@@ -196,7 +197,7 @@ def _doing(status: dict | None) -> dict | None:
 class Health:
     """Answers ``health`` for the cluster ``name``: the meshes of ``registry`` (those
     being spawned from ``meshes``), from the statuses the host agents' heartbeats carry
-    (``heard``), asking a live proc itself only when its status is stale; ``hub_stats``
+    (``heard``), asking for a live proc's status only when it is stale; ``hub_stats``
     gives the hub's own counters. ``on_activity`` (if set) is called when a heard status
     says an actor's activity changed (busy, paused, idle)."""
 
@@ -237,10 +238,10 @@ class Health:
 
     async def health(self, header, message):
         """The health tree (see ``tree``), from the statuses heartbeats brought; a live
-        proc whose status is older than ``STATUS_FRESH_S`` is asked, in parallel with
-        the others, waiting at most ``STATUS_TIMEOUT_S``. The agents keep statuses fresh
-        for ``WANTED_AFTER_HEALTH_S`` after it: the first health() after a quiet spell
-        asks every proc, those that follow ask none."""
+        proc whose status is older than ``STATUS_FRESH_S`` is asked for, in parallel with
+        the others (``_ask_hosts``), waiting at most ``STATUS_TIMEOUT_S`` for the procs.
+        The agents keep statuses fresh for ``WANTED_AFTER_HEALTH_S`` after it: the first
+        health() after a quiet spell asks for every proc's, those that follow for none."""
         self.want(WANTED_AFTER_HEALTH_S)
         return await self.build()
 
@@ -260,8 +261,7 @@ class Health:
     async def statuses(self, live: list[ProcRecord]) -> dict[str, dict | None]:
         """Each live proc's status by proc id: the one its agent's heartbeat brought while
         younger than ``STATUS_FRESH_S`` (``None`` when the proc did not answer its agent),
-        else its answer to a ``status`` request of this hub (``None``: none in time; see
-        ``_statuses``)."""
+        else a fresh one (``None``: none in time; see ``_ask_hosts``)."""
         now = time.monotonic()
         found: dict[str, dict | None] = {}
         stale = []
