@@ -114,13 +114,13 @@ class Endpoint(Generic[P, R]):
         # would wait for a peer that never reads, up to Outbox's drain timeout.
         rank_of = {a: base for base, a in enumerate(mesh._addresses)}
 
-        def dead(address: str) -> bool:
-            return rt.supervision.why_dead(mesh._cluster_id, address, mesh._name, rank_of.get(address)) is not None
+        def send_to_live() -> None:  # (its loop in a function of its own: see monarch_nb.wire.interrupts)
+            for address in addresses:
+                if rt.supervision.why_dead(mesh._cluster_id, address, mesh._name, rank_of.get(address)) is None:
+                    gather.send([address], frames)
 
         with shm.sharing():  # a large argument written to shared memory once for this host's actors
-            for address in addresses:
-                if not dead(address):
-                    gather.send([address], frames)
+            send_to_live()
         # Large buffers may wait in shared-memory segments: an actor whose death was reported
         # while this was being sent would never take its segment (actors_gone dropped the
         # segments before it existed).
