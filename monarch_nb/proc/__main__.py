@@ -74,6 +74,7 @@ def main() -> None:
             continue  # an interrupt that came between two messages
     # Actor threads may be busy in user code; exit without waiting for them, but with
     # what finalization does for user code (atexit, module globals' __del__).
+    server.ending()
     finalize.finalize_user_code()
     stdio.flush_all()
     os._exit(0)
@@ -101,6 +102,7 @@ def _terminate(server: ProcServer) -> None:
     def cancel_then_die() -> None:
         try:
             server.stop_actors_before_exit(CANCEL_ON_TERM_S)
+            server.ending()
             finalize.finalize_user_code()
             stdio.flush_all()
         finally:

@@ -121,6 +121,10 @@ class ActorThread:
         # such a call is refused when it comes. Bounded: the oldest are forgotten.
         self._cancelled: dict[tuple[str, int], None] = {}
         self.stopping = False  # set by the proc's stop: calls still queued are refused, not run
+        # Set as this proc ends, before the user's modules are finalized: a call still
+        # running then is not answered (its caller hears of the proc's end, as of a
+        # SIGKILL), rather than with what the finalized globals made it raise.
+        self.proc_ending = False
         self.finished = threading.Event()  # its loop has ended (the thread is done with user code)
         # Held by the actor's thread except while user code runs: see the module docstring.
         self._gate = threading.Lock()
@@ -503,6 +507,8 @@ class ActorThread:
 
     def finish(self, name: str, result, error: BaseException | None, reply_to, explicit: bool) -> None:
         """Reply a finished call's ``result`` or ``error``; an error may kill the actor."""
+        if self.proc_ending:
+            return
         if self.dead is not None:  # it died while this call ran (e.g. of a failure it did not handle)
             send_reply(self.outbox, self.cluster_id, reply_to, self.point.rank,
                        error=self._gone(), extra={proc_ops.DIED: True})

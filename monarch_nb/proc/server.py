@@ -138,6 +138,12 @@ class ProcServer:
         for actor in busy:
             actor.finished.wait(max(0.0, deadline - time.monotonic()))
 
+    def ending(self) -> None:
+        """This proc is about to finalize the user's modules and exit: calls still
+        running in its actors are answered by nobody (see ``ActorThread.proc_ending``)."""
+        for actor in list(self.actors.values()):
+            actor.proc_ending = True
+
     @staticmethod
     def _interrupt_threads(targets: list, exception: type[BaseException] = KeyboardInterrupt) -> None:
         deadline = time.monotonic() + INTERRUPT_FOR_S
