@@ -193,12 +193,20 @@ class Allocation:
         return True
 
     async def watch(self) -> None:
-        """Fail the hosts whose allocation ended while the cluster runs."""
+        """Fail the hosts whose allocation ended while the cluster runs. Each allocator
+        is asked every ``check_every_s`` seconds (its own, where it has one: a local
+        allocator's check is a ``waitpid`` per agent), else every ``ALLOCATION_POLL_S``."""
         loop = asyncio.get_running_loop()
+        next_check: dict[int, float] = {}  # id(allocator) -> when (monotonic) to ask it again
         while not self._stop_requested.is_set():
-            await asyncio.sleep(ALLOCATION_POLL_S)
+            allocators = [self.allocator, *self._registry.allocations.values()]
+            await asyncio.sleep(min(_check_every_s(a) for a in allocators))
             ended: dict[str, str] = {}
-            for allocator in [self.allocator, *self._registry.allocations.values()]:
+            for allocator in allocators:
+                now = time.monotonic()
+                if now < next_check.get(id(allocator), 0.0):
+                    continue
+                next_check[id(allocator)] = now + _check_every_s(allocator)
                 try:
                     ended.update(await loop.run_in_executor(None, allocator.check))
                 except Exception as e:  # squeue failing for a while: the heartbeats still watch every host
@@ -225,3 +233,8 @@ class Allocation:
             why = ended.get(host.host_id) or header.get("why", "its host agent is exiting")
             await self._supervision.host_failed(host, why)
         return {}  # the agent holds its procs' exit reports until this reply
+
+
+def _check_every_s(allocator) -> float:
+    """How often ``allocator`` is asked whether its allocation ended (seconds)."""
+    return getattr(allocator, "check_every_s", ALLOCATION_POLL_S)
