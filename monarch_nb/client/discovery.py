@@ -188,6 +188,15 @@ def leftover_agents(path: Path) -> list[psutil.Process]:
     return agents
 
 
+def _signal_all(processes: list[psutil.Process], sig: int) -> None:
+    """Send ``sig`` to each of ``processes``; one that has exited already is skipped."""
+    for process in processes:
+        try:
+            process.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
 def remove_stale(path: Path, timeout: float = 5.0) -> None:
     """Stop what is left of a cluster whose hub is gone, still starting or not
     answering (:func:`stop_hub`; host agents take their procs with them) and delete
@@ -197,11 +206,9 @@ def remove_stale(path: Path, timeout: float = 5.0) -> None:
     except (OSError, ValueError):
         pass
     agents = leftover_agents(path)
-    for agent in agents:
-        agent.send_signal(signal.SIGTERM)
+    _signal_all(agents, signal.SIGTERM)  # (an agent may end on its own meanwhile: the hub is gone)
     _, alive = psutil.wait_procs(agents, timeout=timeout)
-    for agent in alive:
-        agent.kill()
+    _signal_all(alive, signal.SIGKILL)
     psutil.wait_procs(alive, timeout=timeout)
     try:  # an allocation elsewhere (a Slurm job) ends too
         with open(path / "state.json") as f:
