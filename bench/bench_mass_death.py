@@ -55,9 +55,11 @@ import time  # noqa: E402
 
 import psutil  # noqa: E402
 
-from monarch_nb.actor import Actor, SupervisionError, endpoint  # noqa: E402
+from monarch_nb.actor import SupervisionError  # noqa: E402
 from monarch_nb.client import cluster as cluster_mod  # noqa: E402
 from monarch_nb.client.runtime import runtime  # noqa: E402
+
+from bench_echo import Busy  # noqa: E402
 
 WAIT_S = 60.0  # how long the waiting endpoint sleeps: far past any figure here
 IDLE_CPU_S = 0.01  # the hub is idle again once it uses less than this ...
@@ -65,16 +67,6 @@ IDLE_WINDOW_S = 0.5  # ... in this long
 # How long host agents wait for a silent hub before they stop their procs: the spawn of
 # 256 procs on 32 local agents can stall a 2-core machine's hub past the ephemeral 2 s.
 AGENT_GRACE_S = 30.0
-
-
-class Busy(Actor):
-    @endpoint
-    def pid(self) -> int:
-        return os.getpid()
-
-    @endpoint
-    def wait(self, seconds: float) -> None:
-        time.sleep(seconds)
 
 
 def _one(mesh, rank: int):

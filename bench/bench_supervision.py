@@ -33,19 +33,11 @@ import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
-from monarch_nb.actor import Actor, SupervisionError, endpoint, this_host  # noqa: E402
+from monarch_nb.actor import SupervisionError, this_host  # noqa: E402
 from monarch_nb.client import cluster as cluster_mod  # noqa: E402
 from monarch_nb.client.runtime import runtime  # noqa: E402
 
-
-class Busy(Actor):
-    @endpoint
-    def pid(self) -> int:
-        return os.getpid()
-
-    @endpoint
-    def wait(self, seconds: float) -> None:
-        time.sleep(seconds)
+from bench_echo import Busy  # noqa: E402
 
 
 def _host_loss(reps: int) -> list[float]:
