@@ -237,15 +237,21 @@ def test_health_asks_no_proc_while_heartbeats_are_fresh(cluster, feed_procs):
     assert all("rss_bytes" in p and "uptime_s" in p for p in _procs_of(tree, "feed").values())
 
 
-def test_procs_never_heard_of_are_asked_through_their_host_agent(cluster, host):
-    # The first health() after a spawn: one request per host agent, none to a proc.
-    probes = cluster.health()["hub"]["status_probes"]
+def test_the_first_health_after_a_spawn_asks_no_proc_and_no_agent(cluster, host):
+    # What the procs said as they started, and again once their actors were constructed,
+    # is fresh: the first health() after a spawn sends no status request at all.
+    before = cluster.health()["hub"]
     procs = host.spawn_procs(per_host={"gpus": 3}, name="fresh_statuses")
     try:
         tree = cluster.health()
         fresh = _procs_of(tree, "fresh_statuses")
         assert len(fresh) == 3 and all(p["state"] == "healthy" and "rss_bytes" in p for p in fresh.values())
-        assert tree["hub"]["status_probes"] == probes
+        procs.spawn("sleepers", Sleeper)
+        tree = cluster.health()
+        actors = [a for p in _procs_of(tree, "fresh_statuses").values() for a in p["actors"]]
+        assert [a["state"] for a in actors] == ["healthy"] * 3
+        assert (tree["hub"]["status_probes"], tree["hub"]["status_asks"]) == \
+            (before["status_probes"], before["status_asks"]), "health() asked for statuses just reported"
     finally:
         procs.stop()
 

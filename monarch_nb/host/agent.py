@@ -268,7 +268,7 @@ class HostAgent:
         proc_id = header[agent_ops.PROC_ID]
         future = self.ready.get(proc_id)
         if future is not None and not future.done():
-            future.set_result(header)
+            future.set_result((time.monotonic(), header))  # (when: its status's age in the spawn's reply)
             self.addresses[proc_id] = header["address"]
             await self.net.send(self.hub, {envelope.OP: hub_ops.PROC_UP, agent_ops.PROC_ID: proc_id})  # progress
 
@@ -328,10 +328,13 @@ class HostAgent:
         finally:
             for p in proc_ids:
                 self.ready.pop(p, None)
+        now = time.monotonic()
         await self.net.reply(request, ok=True, procs=[
             {agent_ops.PROC_ID: r[agent_ops.PROC_ID], "address": r["address"], "pid": r["pid"],
              agent_ops.HOST_ID: self.host_id}
-            for r in reports])
+            for _, r in reports], **{hub_ops.AGENT_STATUSES: {
+                r[agent_ops.PROC_ID]: [round(now - at, 3), r[agent_ops.PROC_STATUS], r["address"]]
+                for at, r in reports if r.get(agent_ops.PROC_STATUS) is not None}})
 
     def _spawn_failure(self, error: Exception, proc_ids: list[str]) -> str:
         """What went wrong starting ``proc_ids`` (a timeout's own text is empty)."""

@@ -211,6 +211,7 @@ class Health:
         # proc id -> (monotonic when it answered, its status, the address that answered)
         self._heard: dict[str, tuple[float, dict, str]] = {}
         self.probes = 0  # status requests this hub sent to procs itself (stale or never heard)
+        self.agent_asks = 0  # ASK_STATUSES this hub sent to host agents (statuses stale or never heard)
         self.on_activity: Callable[[], None] | None = None
         self._wanted_until = 0.0  # monotonic: until then, agents are told to ask their procs
 
@@ -253,7 +254,7 @@ class Health:
         hosts = [registry.hosts[h] for h in registry.all_host_ids() if h in registry.hosts]
         found = tree(self._name, hosts, registry.proc_meshes, registry.actor_meshes, statuses,
                      self._meshes.starting())
-        stats = {**self._hub_stats(), "status_probes": self.probes}
+        stats = {**self._hub_stats(), "status_probes": self.probes, "status_asks": self.agent_asks}
         if stats.get("relay_refused"):  # another user tried a debugger relay: the owner should know
             found["summary"] += f" · {stats['relay_refused']} debugger connection(s) refused"
         return {**found, "hub": stats}
@@ -300,6 +301,7 @@ class Health:
                         timeout=STATUS_TIMEOUT_S + AGENT_ANSWER_MARGIN_S))
                     for host_id, procs in by_host.items()
                     if host_id in hosts and not hosts[host_id].lost and hosts[host_id].address}
+        self.agent_asks += len(requests)
         pending = set(requests.values())
         while pending:
             _, pending = await asyncio.wait(pending, timeout=EXIT_CHECK_S)

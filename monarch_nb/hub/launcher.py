@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Callable
 
 from .. import fd_limit
-from ..protocol import agent_ops, envelope
+from ..protocol import agent_ops, envelope, hub_ops
 from ..wire.aio import AioEndpoint
 from .errors import HubError
 from .records import ProcRecord
@@ -22,6 +24,9 @@ class ProcLauncher:
     def __init__(self, registry: Registry, net: AioEndpoint):
         self._registry = registry
         self._net = net
+        # Given the statuses the new procs reported as they started (as a heartbeat brings
+        # them: hub_ops.AGENT_STATUSES) and when they came (monotonic); set by the hub.
+        self.on_statuses: Callable[[dict, float], None] | None = None
 
     async def start(self, ids_by_host: dict[str, list[str]], launch: dict,
                     env_by_proc: dict[str, dict] | None = None) -> list[ProcRecord]:
@@ -51,6 +56,9 @@ class ProcLauncher:
                 errors.append(request.result().header[envelope.ERROR])
             else:
                 procs += [ProcRecord(**p) for p in request.result().header["procs"]]
+                statuses = request.result().header.get(hub_ops.AGENT_STATUSES)
+                if statuses and self.on_statuses is not None:
+                    self.on_statuses(statuses, time.monotonic())
         if errors:
             await self.stop(procs)
             raise HubError("; ".join(errors))

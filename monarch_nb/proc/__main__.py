@@ -55,7 +55,7 @@ def main() -> None:
     os.register_at_fork(after_in_child=_default_signals)
     server.outbox.send(args.agent, wire_frames.encode(
         cluster_id, {envelope.OP: agent_ops.PROC_READY, agent_ops.PROC_ID: args.proc_id, "address": server.address,
-                     "pid": os.getpid()}))
+                     "pid": os.getpid(), agent_ops.PROC_STATUS: server.status()}))
 
     def control() -> None:
         try:
