@@ -19,7 +19,7 @@ from monarch_nb.actor import Actor, endpoint
 from monarch_nb.client.cluster import Cluster
 from monarch_nb.client.runtime import runtime
 from monarch_nb.errors import ActorError, SupervisionError
-from monarch_nb.host.router import Casts, batch_frames
+from monarch_nb.host.router import Casts, Relays, batch_frames
 from monarch_nb.protocol import envelope, proc_ops, router_ops
 from monarch_nb.wire import frames as wire_frames
 from monarch_nb.wire import serialize
@@ -111,6 +111,21 @@ def test_a_proc_gone_fails_its_pending_ranks_as_dead_and_only_those():
     casts.reply(("me", 5), *_reply(1, "too late"))  # answered already: passed on, the client drops it
     casts.reply(("me", 5), *_reply(0, "ok"))
     assert not casts.waiting
+
+
+def test_an_interrupt_passed_on_is_answered_once_all_procs_answered_naming_those_that_did_not():
+    relays = Relays()
+    number = relays.open(("client", 7), ["tcp://p0", "tcp://p1", "tcp://p2"], wait_s=5.0, now=0.0)
+    relays.answered(number, 0)
+    relays.answered(number, 2, reached=False)  # its send failed
+    assert relays.due(1.0) == []  # p1 has not answered, and there is time left
+    relays.answered(number, 1)
+    assert relays.due(1.0) == [(("client", 7), ["tcp://p2"])]
+    assert not relays.waiting and relays.due(1.0) == []  # answered once
+    late = relays.open(("client", 8), ["tcp://p0", "tcp://p1"], wait_s=5.0, now=0.0)
+    relays.answered(late, 1)
+    relays.answered(number, 0)  # an answer to a relay already answered: nothing
+    assert relays.due(4.9) == [] and relays.due(5.0) == [(("client", 8), ["tcp://p0"])]
 
 
 class _FakeHub:
@@ -391,9 +406,11 @@ def test_frames_to_a_router_that_are_badly_signed_or_replayed_are_dropped(routed
 
 def test_ctrl_c_interrupts_a_routed_call_where_it_runs_and_refuses_the_queued_one(routed, tmp_path):
     # What Ctrl-C in a notebook does to the cell's calls (client.in_flight), through routers.
+    import psutil
+
     from monarch_nb.client import in_flight
 
-    _, _, mesh = routed
+    _, procs, mesh = routed
     rt = runtime()
     gate = tmp_path / "gate"
     gate.touch()  # never removed: only the interrupt ends the running call
@@ -406,6 +423,9 @@ def test_ctrl_c_interrupts_a_routed_call_where_it_runs_and_refuses_the_queued_on
                 call.get(timeout=BOUND_S)
     finally:
         rt.cell = before
+    # The interrupt went to each host's router, which passed it on: no connection to a proc.
+    control_ports = {int(p["address"].rpartition(":")[2]) for p in procs._procs}
+    assert not [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port in control_ports]
     assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == HOSTS * PER_HOST  # they carry on
 
 

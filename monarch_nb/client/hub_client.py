@@ -7,7 +7,7 @@ from typing import Callable
 
 from ..errors import ClusterError, HubTimeout, InvalidRequest
 from ..mesh import Extent
-from ..protocol import envelope, hub_ops, proc_ops
+from ..protocol import envelope, hub_ops, proc_ops, router_ops
 from ..wire import sockets
 from ..wire.mailbox import Gather
 from .control import ControlPlane, init_error
@@ -118,12 +118,24 @@ class HubControl(ControlPlane):
         record, procs = info["actor_meshes"].get(f"{proc_mesh}/{name}"), info["proc_meshes"].get(proc_mesh)
         if record is None or procs is None:
             return  # stopped meanwhile: nothing runs there any more
+        direct: dict[str, list] = {}  # proc control address -> routes of its calls
+        by_router: dict[str, dict[str, list]] = {}  # router -> the same, for calls sent through routers
+        for rank, calls in routes.items():
+            address = procs["procs"][record["proc_ranks"][rank]]["address"]
+            for route in calls:
+                if isinstance(route[1], (tuple, list)):  # (router, the route it gave the call): host.router
+                    by_router.setdefault(route[0], {}).setdefault(address, []).append(route)
+                else:
+                    direct.setdefault(address, []).append(route)
         with Gather(runtime().mailbox) as gather:
-            for rank, calls in routes.items():
-                address = procs["procs"][record["proc_ranks"][rank]]["address"]
+            for address, calls in direct.items():
                 header = {envelope.OP: proc_ops.INTERRUPT, proc_ops.MESH: name, proc_ops.ROUTES: calls}
-                gather.request(address, self.cluster_id, header, key=rank)
-            gather.wait(len(routes), timeout)
+                gather.request(address, self.cluster_id, header, key=address)
+            for router, by_proc in by_router.items():  # one message per host: its router passes it on
+                header = {envelope.OP: router_ops.INTERRUPT, proc_ops.MESH: name, router_ops.TIMEOUT: timeout,
+                          router_ops.PROCS: [[address, calls] for address, calls in by_proc.items()]}
+                gather.request(router, self.cluster_id, header, key=router)
+            gather.wait(len(direct) + len(by_router), timeout)
 
     def paused(self, timeout: float) -> list[dict]:
         return self.hub.request(hub_ops.DEBUG_PAUSED, timeout=timeout)["stops"]

@@ -15,6 +15,9 @@ folds the values that succeeded into one reply per host.
 
 Order: every call of a client to an actor of a routed mesh goes through this one
 router, on one socket each way, so a caller's calls reach an actor in the order sent.
+A Ctrl-C over a routed mesh comes as one ``INTERRUPT`` per host too: the router passes
+it on to each local proc and answers once for them all (:class:`Relays`).
+
 A local proc that exits fails its pending calls here at once (a supervision failure),
 without a round trip through the hub. A router that dies takes its agent's process
 along (it is a thread of it): the hub loses the host, and supervision fails the calls.
@@ -22,6 +25,7 @@ along (it is a thread of it): the hub loses the host, and supervision fails the 
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import time
@@ -145,6 +149,56 @@ class Casts:
         self._ready.setdefault(client, []).append(entry)
 
 
+@dataclass
+class _Relay:
+    """An interrupt passed on to this host's procs, until each answered or ``deadline``."""
+
+    client: tuple[str, Hashable]  # where the answer goes: (address, port)
+    waiting: dict[int, str]  # index -> control address, of the procs yet to answer
+    deadline: float  # monotonic
+    missed: list[str] = field(default_factory=list)  # control addresses that could not be reached
+
+
+class Relays:
+    """The interrupts this router passed on to its procs, answered once for them all
+    (pure logic, no sockets: the router's thread only). A proc's answer comes back to
+    the router on port ``number`` naming its index as its rank."""
+
+    def __init__(self):
+        self._open: dict[int, _Relay] = {}
+        self._numbers = itertools.count(1)
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._open)
+
+    def open(self, client: tuple[str, Hashable], addresses: list[str], wait_s: float, now: float) -> int:
+        """Expect an answer from each of ``addresses``; returns the relay's number (the port
+        the procs answer on)."""
+        number = next(self._numbers)
+        self._open[number] = _Relay(client, dict(enumerate(addresses)), now + wait_s)
+        return number
+
+    def answered(self, number: int, index: int, reached: bool = True) -> None:
+        """The proc of ``index`` answered relay ``number`` (``reached`` False: it can't be
+        reached, and is named in the answer)."""
+        relay = self._open.get(number)
+        if relay is not None and index in relay.waiting:
+            address = relay.waiting.pop(index)
+            if not reached:
+                relay.missed.append(address)
+
+    def due(self, now: float) -> list[tuple[tuple[str, Hashable], list[str]]]:
+        """The relays done (every proc answered) or past their deadline: (client, the
+        control addresses that did not answer), each given once."""
+        done = []
+        for number, relay in list(self._open.items()):
+            if not relay.waiting or now >= relay.deadline:
+                del self._open[number]
+                done.append((relay.client, sorted([*relay.missed, *relay.waiting.values()])))
+        return done
+
+
 def _failure(port: Hashable, rank: int, error: BaseException, died: bool = False) -> Entry:
     header = {envelope.PORT: port, envelope.RANK: rank, envelope.OK: False}
     if died:
@@ -187,6 +241,7 @@ class Router:
         self.guard = wire_frames.ReplayGuard()
         self.casts = Casts()
         self.casts_seen = 0  # CASTs delivered (for tests and benches)
+        self.relays = Relays()
         self._reducers: dict[bytes, Callable] = {}
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="monarch-nb-router", daemon=True)
@@ -210,6 +265,8 @@ class Router:
                 if self.casts.waiting:
                     self.casts.proc_gone(self._proc_exit)
                     self._flush()
+                if self.relays.waiting:
+                    self._answer_relays()
         finally:
             self.outbox.close_thread_sockets()
             self.inbox.close(0)
@@ -241,10 +298,17 @@ class Router:
         except wire_frames.BadMessage:
             return  # unsigned, replayed, a chunk of a stream: dropped (and counted) by decode
         header = message.header
-        if header.get(envelope.OP) == router_ops.CAST:
+        op = header.get(envelope.OP)
+        if op == router_ops.CAST:
             self._cast(message)
             return
+        if op == router_ops.INTERRUPT:
+            self._interrupt(header)
+            return
         route = header.get(envelope.PORT)
+        if isinstance(route, int):  # a proc's answer to an interrupt passed on (or a late one)
+            self.relays.answered(route, header.get(envelope.RANK, -1))
+            return
         if not (isinstance(route, tuple) and len(route) == 2):
             raise ValueError(f"a message that is neither a cast nor a reply (header keys {sorted(header)})")
         self.casts.reply(route, header, message.body if message.body is not None else b"", message.buffers)
@@ -274,6 +338,28 @@ class Router:
                 except ClusterError as e:
                     if route is not None:
                         self.casts.fail_rank(route, rank, e, died=True)
+
+    def _interrupt(self, header: dict) -> None:
+        """Pass a client's interrupt on to each proc it names; answered by ``_answer_relays``."""
+        procs = header[router_ops.PROCS]
+        wait_s = min(float(header.get(router_ops.TIMEOUT, router_ops.INTERRUPT_WAIT_MAX_S)),
+                     router_ops.INTERRUPT_WAIT_MAX_S)
+        number = self.relays.open((header[envelope.REPLY], header[envelope.PORT]),
+                                  [address for address, _ in procs], wait_s, time.monotonic())
+        for index, (address, routes) in enumerate(procs):
+            request = {envelope.OP: proc_ops.INTERRUPT, proc_ops.MESH: header[proc_ops.MESH],
+                       proc_ops.ROUTES: routes, envelope.REPLY: self.address, envelope.PORT: number,
+                       envelope.RANK: index}
+            try:
+                self.outbox.send(address, wire_frames.encode(self.cluster_id, request))
+            except ClusterError:
+                self.relays.answered(number, index, reached=False)
+        self._answer_relays()
+
+    def _answer_relays(self) -> None:
+        for (client, port), missed in self.relays.due(time.monotonic()):
+            self._send(client, wire_frames.encode(self.cluster_id, {envelope.PORT: port, envelope.RANK: 0,
+                                                                    envelope.OK: True, router_ops.MISSED: missed}))
 
     def _reducer(self, header: dict) -> Callable | None:
         pickled = header.get(router_ops.REDUCE)

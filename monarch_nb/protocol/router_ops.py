@@ -15,6 +15,10 @@ from __future__ import annotations
 
 # Ops a router answers (header key ``envelope.OP``).
 CAST = "cast"  # deliver CALL to the actors TARGETS of this host; never answered itself
+# Pass proc_ops.INTERRUPT (MESH, and each proc's ROUTES) on to the procs PROCS of this
+# host at once; answered once every one answered, or after TIMEOUT s, naming those that
+# did not (MISSED): a Ctrl-C over a routed mesh costs the client one message per host
+INTERRUPT = "interrupt"
 
 # hub_ops.AGENT_READY field: the address of the host's router (HostRecord.router).
 ROUTER_ADDRESS = "router"
@@ -23,6 +27,12 @@ ROUTER_ADDRESS = "router"
 TARGETS = "targets"  # [[actor address, base rank, proc id], ...]: the destinations on this host
 CALL = "call"  # the call's header as an actor takes it (kind, endpoint, origin, reply, port)
 REDUCE = "reduce"  # a pickled associative function (a, b) -> value: fold the values here
+
+# Header keys of INTERRUPT, and of its answer.
+PROCS = "procs"  # [[a proc's control address, [the routes of its calls to interrupt]], ...]
+TIMEOUT = "timeout"  # seconds the router waits for the procs' answers (at most INTERRUPT_WAIT_MAX_S)
+MISSED = "missed"  # the answer: the control addresses of the procs that did not answer in time
+INTERRUPT_WAIT_MAX_S = 10.0
 
 # Header keys of a batch of replies (sent to the client's mailbox, with envelope.PORT).
 BATCH = "batch"  # [reply header, ...]: each as the actor sent it, less the port
