@@ -129,7 +129,7 @@ class HubControl(ControlPlane):
                     direct.setdefault(address, []).append(route)
         with Gather(runtime().mailbox) as gather:
             for address, calls in direct.items():
-                header = {envelope.OP: proc_ops.INTERRUPT, proc_ops.MESH: name, proc_ops.ROUTES: calls}
+                header: dict = {envelope.OP: proc_ops.INTERRUPT, proc_ops.MESH: name, proc_ops.ROUTES: calls}
                 gather.request(address, self.cluster_id, header, key=address)
             for router, by_proc in by_router.items():  # one message per host: its router passes it on
                 header = {envelope.OP: router_ops.INTERRUPT, proc_ops.MESH: name, router_ops.TIMEOUT: timeout,
