@@ -192,6 +192,13 @@ class Recorder(Actor):
         return 1
 
     @endpoint
+    def stream(self, port, n: int) -> None:
+        from monarch_nb.actor import current_rank
+
+        for i in range(n):
+            port.send((current_rank().rank, i))
+
+    @endpoint
     def pid(self) -> int:
         return os.getpid()
 
@@ -266,6 +273,33 @@ def test_the_client_and_the_actors_of_a_routed_mesh_do_not_connect_to_each_other
         inbox_port = int(runtime().mailbox.address.rpartition(":")[2])
         actor_ports = {int(a.rpartition(":")[2]) for a in mesh._addresses}
         assert not [c for c in psutil.Process().net_connections("tcp") if c.raddr and c.raddr.port in actor_ports]
+        for pid in mesh.pid.call().get(timeout=BOUND_S).values():
+            assert not [c for c in psutil.Process(pid).net_connections("tcp")
+                        if c.raddr and c.raddr.port == inbox_port], f"actor pid {pid} connected to the client"
+    finally:
+        procs.stop()
+
+
+def test_a_clients_port_passed_to_routed_actors_sends_back_through_the_routers(routed):
+    # A Channel's port in a routed call's or broadcast's arguments: the actors send its
+    # values to their router, which forwards them; no actor connects to the client.
+    import psutil
+
+    from monarch_nb.actor import Channel
+
+    cluster, _, _ = routed
+    procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 2}, name="routed_ports")
+    try:
+        mesh = procs.spawn("rec", Recorder)
+        n, actors = 20, HOSTS * 2
+        for send in (lambda port: mesh.stream.broadcast(port, n),
+                     lambda port: mesh.stream.call(port, n).get(timeout=BOUND_S)):
+            port, receiver = Channel.open()
+            send(port)
+            got = [receiver.recv().get(timeout=BOUND_S) for _ in range(n * actors)]
+            for rank in range(actors):
+                assert [i for r, i in got if r == rank] == list(range(n)), f"rank {rank}'s values out of order"
+        inbox_port = int(runtime().mailbox.address.rpartition(":")[2])
         for pid in mesh.pid.call().get(timeout=BOUND_S).values():
             assert not [c for c in psutil.Process(pid).net_connections("tcp")
                         if c.raddr and c.raddr.port == inbox_port], f"actor pid {pid} connected to the client"

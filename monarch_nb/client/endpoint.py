@@ -138,10 +138,10 @@ class Endpoint(Generic[P, R]):
         for address in addresses:
             router, base, proc_id = routes[address]
             by_router.setdefault(router, []).append((address, base, proc_id))
-        cast: dict = {envelope.OP: router_ops.CAST, router_ops.CALL: header}
+        mailbox = runtime().mailbox
+        cast: dict = {envelope.OP: router_ops.CAST, router_ops.CALL: header, router_ops.CLIENT: mailbox.address}
         if reducer is not None:
             cast[router_ops.REDUCE] = serialize.dumps(reducer, "the reducer")[0]
-        mailbox = runtime().mailbox
         for router, targets in by_router.items():
             cast[router_ops.TARGETS] = targets
             mailbox.send(router, wire_frames.encode(mesh._cluster_id, cast, body, raw, sign_at_send=True))

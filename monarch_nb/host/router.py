@@ -15,6 +15,8 @@ folds the values that succeeded into one reply per host.
 
 Order: every call of a client to an actor of a routed mesh goes through this one
 router, on one socket each way, so a caller's calls reach an actor in the order sent.
+A client's port among a cast's arguments sends through this router too (the call
+names it as ``VIA``; ``wire.port``): its values reach the client with the batches.
 A Ctrl-C over a routed mesh comes as one ``INTERRUPT`` per host too: the router passes
 it on to each local proc and answers once for them all (:class:`Relays`).
 
@@ -317,6 +319,8 @@ class Router:
         header = message.header
         call = dict(header[router_ops.CALL])
         targets = header[router_ops.TARGETS]
+        if header.get(router_ops.CLIENT):
+            call[proc_ops.VIA] = [self.address, header[router_ops.CLIENT]]
         route = None
         if envelope.PORT in call:
             route = (call[envelope.REPLY], call[envelope.PORT])

@@ -488,7 +488,12 @@ class ActorThread:
         if not is_endpoint(method):
             return AttributeError(f"{type(instance).__name__}.{name} is not an endpoint")
         try:
-            args, kwargs = message.value()
+            via = message.header.get(proc_ops.VIA)
+            if via:  # through a host router: the client's ports in the arguments go back through it
+                with wire_port.unpickling_routed(*via):
+                    args, kwargs = message.value()
+            else:
+                args, kwargs = message.value()
         except BaseException as e:  # noqa: BLE001 - e.g. an argument's class is not importable here
             return e
         explicit = takes_port(method)

@@ -44,6 +44,9 @@ QUEUED = "queued"  # SUPERVISE_ACTOR's reply: the actor is here and will take th
 # SPAWN_ACTOR's reply: the proc's status once the actor is constructed (STATUS's answer),
 # which the hub keeps as if a heartbeat had brought it
 PROC_STATUS = "proc_status"
+# CALL from a host router: [the router's address, the calling client's]: the client's
+# ports among the arguments send through the router (wire.port)
+VIA = "via"
 INIT_FAULT = "init_fault"  # SPAWN_ACTOR: an __init__ that raises leaves a dead actor answering calls (Monarch)
 
 # The faults INJECT_FAULT inflicts (monarch_nb.ft.inject_fault says what each does).

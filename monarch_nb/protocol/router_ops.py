@@ -27,6 +27,7 @@ ROUTER_ADDRESS = "router"
 TARGETS = "targets"  # [[actor address, base rank, proc id], ...]: the destinations on this host
 CALL = "call"  # the call's header as an actor takes it (kind, endpoint, origin, reply, port)
 REDUCE = "reduce"  # a pickled associative function (a, b) -> value: fold the values here
+CLIENT = "client"  # the calling client's inbox (its ports' values go back through the router)
 
 # Header keys of INTERRUPT, and of its answer.
 PROCS = "procs"  # [[a proc's control address, [the routes of its calls to interrupt]], ...]

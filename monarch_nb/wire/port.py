@@ -6,7 +6,9 @@ values are sent as. Every reply an actor sends goes through :func:`deliver`; a
 ``explicit_response_port=True`` gets its caller's port as first argument, and
 ``Channel.open()`` makes one whose values a ``PortReceiver`` receives. A port pickles
 to its route only, so it may travel as an argument to another actor, which then sends
-through it straight to the receiver's inbox, signed like every message.
+through it straight to the receiver's inbox, signed like every message; a client's port
+in the arguments of a call that came through a host router sends through that router
+instead (:func:`unpickling_routed`), as the call's replies do.
 
 Signing needs the key of the cluster both ends trust. A port made in a proc carries
 its cluster; a port made in a client (``cluster_id`` ``None``) is re-bound, when
@@ -17,6 +19,7 @@ trusts (its receiver is in the same process, which verifies with the same keys).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Generic, TypeVar
 
@@ -27,6 +30,9 @@ from .remote_error import pack_exception
 
 _local = {"cluster": None, "outbox": None}  # this proc's cluster; the outbox ports send through
 _outbox_lock = threading.Lock()
+# While an actor's thread unpickles a call that came through a host router: that router
+# and the client that made the call (see ``unpickling_routed``).
+_routed = threading.local()
 
 
 def bind_cluster(cluster_id: str) -> None:
@@ -80,7 +86,9 @@ class Port(Generic[R]):
 
     __slots__ = ("address", "port", "rank", "cluster_id")
 
-    def __init__(self, address: str | None, port: int, rank: int | None = None, cluster_id: str | None = None):
+    def __init__(self, address: str | None, port, rank: int | None = None, cluster_id: str | None = None):
+        # ``port``: a mailbox port number, or a route (client address, port) where
+        # ``address`` is a host router that forwards to that client.
         self.address = address
         self.port = port
         self.rank = rank
@@ -114,5 +122,22 @@ class Port(Generic[R]):
         return f"<Port {self.address} #{self.port}{'' if self.rank is None else f' rank {self.rank}'}>"
 
 
-def _rebuilt(address: str | None, port: int, rank: int | None, cluster_id: str | None) -> Port:
+def _rebuilt(address: str | None, port, rank: int | None, cluster_id: str | None) -> Port:
+    if address is not None and address == getattr(_routed, "client", None):
+        # A port of the client whose call came through a host router goes back through it
+        # too: the router forwards its values to the client with the call's replies, so
+        # the client needs no connection from this actor (a route port: host.router).
+        return Port(_routed.router, (address, port), rank, local_cluster() or cluster_id)
     return Port(address, port, rank, local_cluster() or cluster_id)
+
+
+@contextlib.contextmanager
+def unpickling_routed(router: str, client: str):
+    """Unpickle a call's arguments in this block when the call came from ``client``
+    through the host router at ``router``: that client's ports in them send through the
+    same router."""
+    _routed.router, _routed.client = router, client
+    try:
+        yield
+    finally:
+        _routed.router = _routed.client = None
