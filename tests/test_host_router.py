@@ -3,7 +3,8 @@ client as one message per host, each host's router (``host.router``) delivers it
 its actors and sends their replies back in batches, folding them with a reducer.
 
 A fast tier checks the batching and folding alone (no process); the rest runs on real
-procs over three local host agents, with ``MONARCH_NB_ROUTER=on``."""
+procs over eight local host agents of four procs each (issue 24's size for CI), with
+``MONARCH_NB_ROUTER=on``."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from monarch_nb.wire.mailbox import Mailbox
 from monarch_nb.wire.remote_error import unpack_exception
 
 BOUND_S = 60.0
-HOSTS, PER_HOST = 3, 2
+HOSTS, PER_HOST = 8, 4
 
 
 # the fast tier: batching and folding, no process -------------------------------------
@@ -351,9 +352,10 @@ def test_an_accumulator_with_a_reducer_folds_at_the_routers(routed):
     _, _, mesh = routed
     mesh.one.call().get(timeout=BOUND_S)
     with _Received() as received:
-        assert Accumulator(mesh.one, 100, operator.add, reducer=operator.add).accumulate().get(timeout=BOUND_S) == 106
+        assert Accumulator(mesh.one, 100, operator.add, reducer=operator.add).accumulate().get(
+            timeout=BOUND_S) == 100 + HOSTS * PER_HOST
     assert received.count <= HOSTS, received.count
-    assert Accumulator(mesh.one, 100, operator.add).accumulate().get(timeout=BOUND_S) == 106  # as before
+    assert Accumulator(mesh.one, 100, operator.add).accumulate().get(timeout=BOUND_S) == 100 + HOSTS * PER_HOST
     with pytest.raises(TypeError, match="reducer is a function of two replies"):
         Accumulator(mesh.one, 0, operator.add, reducer=3)
 
@@ -451,7 +453,7 @@ def test_ctrl_c_interrupts_a_routed_call_where_it_runs_and_refuses_the_queued_on
     rt.cell, before = "routed-cell", rt.cell
     try:
         running, queued = mesh.hold.call(str(gate)), mesh.hold.call(str(gate))
-        assert in_flight.interrupt(rt.in_flight.of_cell("routed-cell")) == ["rec.hold (ranks 0-5)"]
+        assert in_flight.interrupt(rt.in_flight.of_cell("routed-cell")) == [f"rec.hold (ranks 0-{HOSTS * PER_HOST - 1})"]
         for call in (running, queued):
             with pytest.raises(ActorError, match="KeyboardInterrupt"):
                 call.get(timeout=BOUND_S)
@@ -467,13 +469,13 @@ def test_a_proc_killed_mid_call_fails_that_call_and_the_others_answer(routed, tm
     c, procs, mesh = routed
     gate = tmp_path / "gate"
     gate.touch()
-    victim = procs.pids[PER_HOST * 2 + 1]  # hosts=2, gpus=1: base rank 5
+    victim = procs.pids[PER_HOST * 2 + 1]  # hosts=2, gpus=1
     pending = mesh.hold.call(str(gate))
     os.kill(victim, signal.SIGKILL)
     gate.unlink()  # the others return
     with pytest.raises(SupervisionError) as raised:
         pending.get(timeout=BOUND_S)
-    assert "1 of 6 ranks" in str(raised.value), str(raised.value)
+    assert f"1 of {HOSTS * PER_HOST} ranks" in str(raised.value), str(raised.value)
     procs.restart_failed()
 
 
