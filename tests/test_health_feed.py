@@ -207,6 +207,14 @@ class Sleeper(Actor):
         time.sleep(seconds)
         return "rested"
 
+    @endpoint
+    def nap_once_told(self, folder: str, seconds: float) -> str:
+        from monarch_nb.actor import current_rank
+
+        open(os.path.join(folder, str(current_rank().rank)), "w").close()  # the test knows it runs
+        time.sleep(seconds)
+        return "rested"
+
 
 @pytest.fixture
 def feed_procs(host):
@@ -237,21 +245,24 @@ def test_health_asks_no_proc_while_heartbeats_are_fresh(cluster, feed_procs):
     assert all("rss_bytes" in p and "uptime_s" in p for p in _procs_of(tree, "feed").values())
 
 
-def test_the_first_health_after_a_spawn_asks_no_proc_and_no_agent(cluster, host):
-    # What the procs said as they started, and again once their actors were constructed,
-    # is fresh: the first health() after a spawn sends no status request at all.
+def test_the_first_health_after_spawn_procs_asks_nobody_and_after_spawning_actors_asks(cluster, host, tmp_path):
+    # What the procs said as they started is fresh, and says all there is while no actor
+    # runs there: the first health() after spawn_procs sends no status request at all.
+    # Once actors are spawned, what they do can only come from the procs: asked again.
     before = cluster.health()["hub"]
     procs = host.spawn_procs(per_host={"gpus": 3}, name="fresh_statuses")
     try:
         tree = cluster.health()
         fresh = _procs_of(tree, "fresh_statuses")
         assert len(fresh) == 3 and all(p["state"] == "healthy" and "rss_bytes" in p for p in fresh.values())
-        procs.spawn("sleepers", Sleeper)
-        tree = cluster.health()
-        actors = [a for p in _procs_of(tree, "fresh_statuses").values() for a in p["actors"]]
-        assert [a["state"] for a in actors] == ["healthy"] * 3
         assert (tree["hub"]["status_probes"], tree["hub"]["status_asks"]) == \
             (before["status_probes"], before["status_asks"]), "health() asked for statuses just reported"
+        sleepers = procs.spawn("sleepers", Sleeper)
+        napping = sleepers.nap_once_told.call(str(tmp_path), 3.0)
+        assert wait_until(lambda: len(os.listdir(tmp_path)) == 3, 30)
+        tree = cluster.health()  # asked: the statuses from the start know of no actor
+        assert [a["state"] for p in _procs_of(tree, "fresh_statuses").values() for a in p["actors"]] == ["busy"] * 3
+        assert napping.get(timeout=30).values() == ["rested"] * 3
     finally:
         procs.stop()
 

@@ -210,6 +210,9 @@ class Health:
         self._hub_stats = hub_stats
         # proc id -> (monotonic when it answered, its status, the address that answered)
         self._heard: dict[str, tuple[float, dict, str]] = {}
+        # Procs whose latest status is the one they sent as they started (``started``): used
+        # only while no actor is on them, since it can't say what an actor is doing.
+        self._from_start: set[str] = set()
         self.probes = 0  # status requests this hub sent to procs itself (stale or never heard)
         self.agent_asks = 0  # ASK_STATUSES this hub sent to host agents (statuses stale or never heard)
         self.on_activity: Callable[[], None] | None = None
@@ -230,12 +233,21 @@ class Health:
         not its address; status ``None``: the proc did not answer its agent within
         ``STATUS_TIMEOUT_S``, so it is unresponsive) at ``now`` (monotonic)."""
         changed = False
+        self._from_start.difference_update(statuses)
         for proc_id, (age_s, status, address) in statuses.items():
             before = self._heard.get(proc_id)
             self._heard[proc_id] = (now - age_s, status, address)
             changed = changed or before is None or _doing(before[1]) != _doing(status)
         if changed and self.on_activity is not None:
             self.on_activity()
+
+    def started(self, statuses: dict, now: float) -> None:
+        """New procs' statuses as they started (``agent_ops.PROC_STATUS``, passed on in the
+        agents' answers to a spawn; as ``heard`` takes them): a ``health()`` right after
+        ``spawn_procs`` then asks nobody. Once actors are spawned on such a proc, its
+        status is asked for again (what the actors do can only come from the proc)."""
+        self.heard(statuses, now)
+        self._from_start.update(statuses)
 
     async def health(self, header, message):
         """The health tree (see ``tree``), from the statuses heartbeats brought; a live
@@ -266,15 +278,18 @@ class Health:
         now = time.monotonic()
         found: dict[str, dict | None] = {}
         stale = []
+        with_actors = self._registry.procs_with_actors() if self._from_start else set()
         for proc in live:
             heard = self._heard.get(proc.proc_id)
-            if heard is not None and now - heard[0] <= STATUS_FRESH_S and heard[2] == proc.address:
+            if heard is not None and now - heard[0] <= STATUS_FRESH_S and heard[2] == proc.address and not (
+                    proc.proc_id in with_actors and proc.proc_id in self._from_start):
                 found[proc.proc_id] = heard[1]
             else:
                 stale.append(proc)
         if len(self._heard) > 2 * len(live):  # procs gone: forget them (amortized, not per event)
             alive = {p.proc_id for p in live}
             self._heard = {k: v for k, v in self._heard.items() if k in alive}
+            self._from_start &= alive
         if stale:
             asked = await self._ask_hosts(stale)
             answered = time.monotonic()
@@ -282,6 +297,7 @@ class Health:
                 status = asked.get(proc.proc_id)
                 if status is not None:
                     self._heard[proc.proc_id] = (answered, status, proc.address)
+                    self._from_start.discard(proc.proc_id)
             found.update(asked)
         return found
 

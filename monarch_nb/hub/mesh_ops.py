@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import time
 from typing import Awaitable, Callable
 
 from .. import cluster_dir
@@ -62,9 +61,6 @@ class MeshOps:
         # Supervision's actor_died(record, rank, cause, endpoint, traceback), set by the hub
         # (supervision uses these ops): a spawned actor whose __init__ raised is a failure.
         self.actor_died: Callable[..., Awaitable[None]] | None = None
-        # Given the procs' statuses their new actors' replies carried (proc id -> [age s,
-        # status, proc address], as a heartbeat brings them) and when (monotonic); set by the hub.
-        self.on_statuses: Callable[[dict, float], None] | None = None
 
     @contextlib.asynccontextmanager
     async def _one_spawn_at_a_time(self, key: str):
@@ -194,13 +190,13 @@ class MeshOps:
             constructing = self._spawning_actors[key] = [mesh.procs[r] for r in header["proc_ranks"]]
             proc_gone = self._construct_lost[key] = asyncio.get_running_loop().create_future()
             asking = asyncio.gather(*(
-                _answered_at(self._net.request(mesh.procs[r].address, {
+                self._net.request(mesh.procs[r].address, {
                     envelope.OP: proc_ops.SPAWN_ACTOR, proc_ops.MESH: name, envelope.RANK: i,
                     proc_ops.EXTENT: header["extent"], proc_ops.ORIGIN: header.get(proc_ops.ORIGIN),
                     proc_ops.MAIN_THREAD: header.get(proc_ops.MAIN_THREAD, False),
                     proc_ops.INIT_FAULT: not raise_init_errors, proc_ops.CALLER: header.get(proc_ops.CALLER),
                     "owner": header.get("owner"), **self._debug.spawn_fields()},
-                    body, buffers))
+                    body, buffers)
                 for i, r in enumerate(header["proc_ranks"])))
             try:
                 await asyncio.wait([asking, proc_gone], return_when=asyncio.FIRST_COMPLETED)
@@ -218,8 +214,7 @@ class MeshOps:
                 await self._stop_constructing(name, constructing)
                 raise HubError(f"actor mesh {name!r} was not created: {proc_gone.result()} while its actors were "
                                "being constructed; spawn it again on live procs")
-            replies = [reply for reply, _ in asking.result()]
-            self._heard_statuses(header["proc_ranks"], mesh, asking.result())
+            replies = asking.result()
             addresses = [r.header[proc_ops.ADDRESS] for r in replies]
             failures = {r.header[envelope.RANK]: bytes(r.body) for r in replies if not r.header[envelope.OK]}
             record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
@@ -260,17 +255,6 @@ class MeshOps:
             self._net.request(p.address, {envelope.OP: proc_ops.STOP_ACTOR, proc_ops.MESH: name},
                               timeout=STOP_ACTOR_TIMEOUT_S)
             for p in procs if p.exit_code is None), return_exceptions=True)
-
-    def _heard_statuses(self, proc_ranks: list[int], mesh: ProcMeshRecord, answers: list) -> None:
-        """Pass on the statuses that constructed actors' replies carried (``answers``:
-        (reply, monotonic when it came) in the order of ``proc_ranks``)."""
-        if self.on_statuses is None:
-            return
-        now = time.monotonic()
-        statuses = {mesh.procs[r].proc_id: [now - at, reply.header[proc_ops.PROC_STATUS], mesh.procs[r].address]
-                    for r, (reply, at) in zip(proc_ranks, answers) if reply.header.get(proc_ops.PROC_STATUS)}
-        if statuses:
-            self.on_statuses(statuses, now)
 
     async def stop_actors(self, header, message):
         """Stop actor mesh ``name`` of ``proc_mesh`` (without ``proc_mesh``: ``name`` is a
@@ -430,9 +414,3 @@ def _with_rank_env(bound: list[dict], rank_env: list[dict] | None, procs: int) -
     if len(rank_env) != procs:
         raise HubError(f"spawn_procs gave {len(rank_env)} per-rank environments for {procs} procs", "ValueError")
     return [{**(bound[r] if bound else {}), **rank_env[r]} for r in range(procs)]
-
-
-async def _answered_at(request: Awaitable) -> tuple:
-    """``request``'s reply and the monotonic time it came."""
-    reply = await request
-    return reply, time.monotonic()

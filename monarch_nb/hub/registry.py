@@ -194,6 +194,15 @@ class Registry:
     def live_procs(self) -> list[ProcRecord]:
         return [p for m in self.proc_meshes.values() for p in m.procs if p.exit_code is None]
 
+    def procs_with_actors(self) -> set[str]:
+        """The ids of the procs some actor mesh of the registry has an actor on."""
+        found: set[str] = set()
+        for record in self.actor_meshes.values():
+            mesh = self.proc_meshes.get(record.proc_mesh)
+            if mesh is not None:
+                found.update(mesh.procs[r].proc_id for r in record.proc_ranks if r < len(mesh.procs))
+        return found
+
     def find_proc(self, proc_id: str) -> tuple[ProcMeshRecord, int, ProcRecord] | None:
         """The proc mesh, rank and record of the proc ``proc_id``, if the registry holds
         it. O(1), by an index."""

@@ -119,7 +119,7 @@ class Hub:
         # actor's activity changing start a round; so does a subscriber's due refresh.
         self.health_feed = HealthFeed(self.health, net, self.clients, info["cluster_id"])
         self.heartbeats.on_statuses = self.health.heard
-        launcher.on_statuses = self.meshes.on_statuses = self.health.heard  # what spawned procs said
+        launcher.on_statuses = self.health.started  # what new procs said as they started
         self.heartbeats.want_statuses = self.health.wanted
         self.health.on_activity = self.health_feed.changed
         self.announcer.health_listeners.append(self.health_feed.changed)

@@ -41,9 +41,6 @@ FAULT = "fault"  # INJECT_FAULT: which fault
 AGENT_PID = "agent_pid"  # INJECT_FAULT of FAULT_HOST: the pid of the proc's host agent, to kill
 VERDICT = "verdict"  # SUPERVISE_ACTOR: the [address, port] the actor's verdict goes to
 QUEUED = "queued"  # SUPERVISE_ACTOR's reply: the actor is here and will take the failure next
-# SPAWN_ACTOR's reply: the proc's status once the actor is constructed (STATUS's answer),
-# which the hub keeps as if a heartbeat had brought it
-PROC_STATUS = "proc_status"
 # CALL from a host router: [the router's address, the calling client's]: the client's
 # ports among the arguments send through the router (wire.port)
 VIA = "via"
