@@ -278,3 +278,26 @@ def test_a_peer_known_gone_has_its_sockets_closed_in_every_thread_at_once():
     assert all(gone in t.sockets for t in tables)
     sockets.Outbox.discard(gone)
     assert not any(gone in t.sockets for t in tables)
+
+
+def test_a_wait_inside_a_reply_callback_drives_the_inbox_itself():
+    # A done-callback that waits on another reply (a service retrying a call through
+    # a host router that asks the hub for routes) ran on the thread driving the inbox;
+    # its wait slept until that thread dispatched the reply: itself, so until its timeout.
+    from monarch_nb.protocol import envelope
+    from monarch_nb.wire.mailbox import Mailbox
+
+    frames.register_key("nested", b"n" * 32)
+    mailbox = Mailbox()
+    inner_got: list = []
+    outer_done: list = []
+
+    def outer_arrived(_message) -> None:
+        inner = mailbox.open_port(inner_got.append)
+        mailbox.send(mailbox.address, frames.encode("nested", {envelope.PORT: inner}))
+        outer_done.append(mailbox.wait(lambda: bool(inner_got), timeout=30))
+
+    outer = mailbox.open_port(outer_arrived)
+    mailbox.send(mailbox.address, frames.encode("nested", {envelope.PORT: outer}))
+    assert mailbox.wait(lambda: bool(outer_done), timeout=60)
+    assert outer_done == [True] and len(inner_got) == 1

@@ -397,21 +397,24 @@ class Cluster:
         ``"PROC_MESH/NAME"`` (names are unique per proc mesh); ``[NAME]`` finds a mesh
         by its bare name too while only one proc mesh has one so named, else raises
         ``KeyError`` naming the keys."""
-        records = self.info()["actor_meshes"]
+        info = self.info()
+        records = info["actor_meshes"]
         return ActorMeshes({key: self._actor_mesh(record) for key, record in records.items()},
-                           picked=lambda key: self._connect_ahead(records[key]))
+                           picked=lambda key: self._connect_ahead(records[key], info["proc_meshes"]))
 
     def _proc_mesh(self, record: dict) -> ProcMesh:
         return ProcMesh(self._info["cluster_id"], self._info["hub"], record["name"],
                         Shape(Extent(record["extent"])), record["procs"])
 
-    def _connect_ahead(self, record: dict) -> None:
+    def _connect_ahead(self, record: dict, proc_meshes: dict) -> None:
         """Open this thread's connections to the live actors of the mesh ``record`` (one a
         user picked from ``actor_meshes``), and ask each to connect back to this client's
         inbox (``proc_ops.CONNECT``), as a spawned mesh's actors do: the handshakes both
         ways then run while the user moves on, not all at once under the first call."""
         dead, mailbox = record["dead"], runtime().mailbox
-        if may_route(len(record["addresses"])):  # its replies come through the routers
+        procs = (proc_meshes.get(record["proc_mesh"]) or {}).get("procs") or []
+        hosts = {procs[r]["host_id"] for r in record["proc_ranks"] if r < len(procs)}
+        if may_route(len(record["addresses"]), len(hosts)):  # its replies come through the routers
             return
         frames = wire_frames.encode(self._info["cluster_id"],
                                     {envelope.KIND: proc_ops.CONNECT, proc_ops.CALLER: mailbox.address})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 
+from ..errors import ClusterError
 from ..protocol import hub_ops, router_ops
 
 # Where MONARCH_NB_ROUTER is unset: meshes of this many actors or more that span hosts
@@ -46,13 +47,14 @@ def router_threshold() -> int | None:
     return threshold
 
 
-def may_route(actors: int) -> bool:
-    """Whether calls to a mesh of ``actors`` actors may go through the host routers
-    (``MONARCH_NB_ROUTER`` lets a mesh that large through, should it span hosts). Such a
-    mesh's actors are not asked to connect straight back to the client: its replies come
-    through the routers, and a connection per actor is what routing saves the client."""
+def may_route(actors: int, hosts: int) -> bool:
+    """Whether calls to a mesh of ``actors`` actors on ``hosts`` hosts may go through the
+    host routers (``MONARCH_NB_ROUTER`` lets a mesh that large through, and it spans
+    hosts). Such a mesh's actors are not asked to connect straight back to the client:
+    its replies come through the routers, and a connection per actor is what routing
+    saves the client."""
     threshold = router_threshold()
-    return threshold is not None and actors >= threshold
+    return threshold is not None and actors >= threshold and hosts >= 2
 
 
 class HostRoutes:
@@ -78,7 +80,13 @@ class HostRoutes:
             known = self._tables.get(key)
         if known is not None and known[0] == addresses:
             return known[1]
-        table = self._learn(mesh)
+        try:
+            table = self._learn(mesh)
+        except ClusterError:
+            # The hub can't say (stopped, restarting): this call goes straight to the
+            # actors, which fail it as they would (a stopped cluster, a dead actor); the
+            # table is asked for again at the next call.
+            return None
         with self._lock:
             self._tables[key] = (addresses, table)
         return table

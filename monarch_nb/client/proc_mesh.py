@@ -125,7 +125,8 @@ class ProcMesh(MeshHandle):
         fields = dict(extent=dict(self.extent), class_name=class_name, endpoints=endpoints, methods=methods,
                       replace=replace, raise_init_errors=raise_init_errors, o=rt.origin(),
                       main_thread=getattr(actor_class, "_monarch_main_thread", False), owner=owner_of_new_meshes())
-        if not may_route(len(self)):  # the first call's replies: connected while __init__ runs
+        routed = may_route(len(self), len({p.get("host_id") for p in self._procs}))
+        if not routed:  # the first call's replies: connected while __init__ runs
             fields[proc_ops.CALLER] = rt.mailbox.address
         ran = None  # constructors that returned (or raised): every one once the hub replies
         try:
@@ -147,7 +148,7 @@ class ProcMesh(MeshHandle):
         if "failures" in reply:
             raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
         rt.supervision.sync(self._cluster_id, reply["addresses"], reply["dead"], reply["name"])
-        if not may_route(len(self)):  # the first call's connections, made while the caller moves on
+        if not routed:  # the first call's connections, made while the caller moves on
             rt.mailbox.outbox.connect([a for rank, a in enumerate(reply["addresses"]) if str(rank) not in reply["dead"]],
                                       self._cluster_id.encode())
         if reply.get(hub_ops.INIT_FAILED) and fields["owner"] is None:  # said by the failure hooks before returning

@@ -47,6 +47,7 @@ class Mailbox:
         # Whether a thread drives the inbox, and the lock taken to claim it. Not a try-lock
         # held while driving: see wait().
         self._driven = False
+        self._driver: int | None = None  # the thread that drives it (threading.get_ident)
         self._claim = threading.Lock()
         self._sleepers: set = set()  # one lock per sleeping thread, released to wake it (interrupts.sleep_on)
         self._async_lock = threading.Lock()
@@ -108,12 +109,20 @@ class Mailbox:
                 with self._claim:
                     if not self._driven:
                         self._driven = mine = True
+                        self._driver = threading.get_ident()
                 if mine:
+                    self._drive(done, deadline)
+                elif self._driver == threading.get_ident():
+                    # A wait inside a message's dispatch (a done-callback that makes a
+                    # request): this thread drives the inbox already, and sleeping until
+                    # the driver dispatches the reply would wait on itself until the
+                    # timeout. It drives it here, nested; the outer wait goes on after.
                     self._drive(done, deadline)
                 else:
                     self._sleep(done, _CHUNK_S if remaining is None else min(remaining, _CHUNK_S))
             finally:
                 if mine:
+                    self._driver = None
                     self._driven = False
                     self._wake_sleepers()  # one of them takes over the inbox
         return True
