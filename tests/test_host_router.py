@@ -130,12 +130,14 @@ def test_an_interrupt_passed_on_is_answered_once_all_procs_answered_naming_those
 
 
 class _FakeHub:
-    def __init__(self, hosts: dict[str, str]):
+    def __init__(self, hosts: dict[str, str], machines: dict[str, str] | None = None):
         self.hosts, self.procs, self.asked = hosts, [], 0
+        self.machines = machines or {h: f"machine-{h}" for h in hosts}  # host id -> hostname
 
     def request(self, op, timeout):
         self.asked += 1
-        return {"hosts": [{"host_id": h, router_ops.ROUTER_ADDRESS: r} for h, r in self.hosts.items()],
+        return {"hosts": [{"host_id": h, router_ops.ROUTER_ADDRESS: r, "hostname": self.machines[h]}
+                          for h, r in self.hosts.items()],
                 "proc_meshes": {"pm": {"procs": self.procs}},
                 "actor_meshes": {"am": {"proc_mesh": "pm", "proc_ranks": list(range(len(self.procs)))}}}
 
@@ -143,6 +145,27 @@ class _FakeHub:
 class _FakeMesh:
     def __init__(self, hub: _FakeHub, addresses: list[str]):
         self._cluster_id, self._key, self._addresses, self._hub = "c", "am", addresses, lambda: hub
+
+
+def test_by_default_large_meshes_on_two_machines_are_routed_and_local_host_agents_are_not(monkeypatch):
+    from monarch_nb.client.host_routes import DEFAULT_THRESHOLD, HostRoutes, may_route
+
+    monkeypatch.delenv(router_ops.ROUTER_ENV, raising=False)
+    n = DEFAULT_THRESHOLD
+    addresses = [f"tcp://a{i}" for i in range(n)]
+    procs = [{"host_id": f"h{i % 2}", "proc_id": f"p/{i}"} for i in range(n)]
+    apart = _FakeHub({"h0": "tcp://r0", "h1": "tcp://r1"})
+    together = _FakeHub({"h0": "tcp://r0", "h1": "tcp://r1"}, machines={"h0": "box", "h1": "box"})
+    apart.procs = together.procs = procs
+    assert HostRoutes({}).routes(_FakeMesh(apart, addresses))["tcp://a1"] == ("tcp://r1", 1, "p/1")
+    known = HostRoutes({})
+    assert known.routes(_FakeMesh(together, addresses)) is None  # its routers would share our cores
+    assert HostRoutes({}).routes(_FakeMesh(apart, addresses[:-1])) is None and apart.asked == 1  # too small
+    assert may_route(n, 2, lambda: 2) and not may_route(n, 2, lambda: 1) and not may_route(n - 1, 2, lambda: 2)
+    monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_ON)  # on: local host agents too
+    assert known.routes(_FakeMesh(together, addresses)) is not None and together.asked == 1  # learnt once
+    assert may_route(2, 2, lambda: pytest.fail("machines need not be counted"))
+    assert not may_route(2, 1, lambda: 2)  # one host: never
 
 
 def test_a_meshs_routes_are_learnt_once_and_replaced_not_piled_up_when_its_addresses_change(monkeypatch):

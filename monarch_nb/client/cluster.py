@@ -400,21 +400,22 @@ class Cluster:
         info = self.info()
         records = info["actor_meshes"]
         return ActorMeshes({key: self._actor_mesh(record) for key, record in records.items()},
-                           picked=lambda key: self._connect_ahead(records[key], info["proc_meshes"]))
+                           picked=lambda key: self._connect_ahead(records[key], info))
 
     def _proc_mesh(self, record: dict) -> ProcMesh:
         return ProcMesh(self._info["cluster_id"], self._info["hub"], record["name"],
                         Shape(Extent(record["extent"])), record["procs"])
 
-    def _connect_ahead(self, record: dict, proc_meshes: dict) -> None:
+    def _connect_ahead(self, record: dict, info: dict) -> None:
         """Open this thread's connections to the live actors of the mesh ``record`` (one a
         user picked from ``actor_meshes``), and ask each to connect back to this client's
         inbox (``proc_ops.CONNECT``), as a spawned mesh's actors do: the handshakes both
         ways then run while the user moves on, not all at once under the first call."""
         dead, mailbox = record["dead"], runtime().mailbox
-        procs = (proc_meshes.get(record["proc_mesh"]) or {}).get("procs") or []
+        procs = (info["proc_meshes"].get(record["proc_mesh"]) or {}).get("procs") or []
         hosts = {procs[r]["host_id"] for r in record["proc_ranks"] if r < len(procs)}
-        if may_route(len(record["addresses"]), len(hosts)):  # its replies come through the routers
+        machines = lambda: len({h.get("hostname") for h in info["hosts"] if h["host_id"] in hosts})  # noqa: E731
+        if may_route(len(record["addresses"]), len(hosts), machines):  # its replies come through the routers
             return
         frames = wire_frames.encode(self._info["cluster_id"],
                                     {envelope.KIND: proc_ops.CONNECT, proc_ops.CALLER: mailbox.address})

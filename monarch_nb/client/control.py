@@ -76,6 +76,10 @@ class ControlPlane(abc.ABC):
     def set_rank_env(self, proc_mesh: str, env: dict[int, dict]) -> None:
         """Remember each proc's torch variables (base rank -> env), for restarts."""
 
+    @abc.abstractmethod
+    def machines(self, host_ids: set[str]) -> int:
+        """How many distinct machines (hostnames) the hosts ``host_ids`` are on."""
+
 
 def abandon_spawn(control: ControlPlane, proc_mesh: str, name: str) -> None:
     """Stop actor mesh ``name`` of ``proc_mesh`` whose spawn this client gave up on

@@ -2,7 +2,7 @@
 
 A call over a mesh whose actors live on several hosts may leave the client as one
 message per host, to each host's router, instead of one per actor
-(``MONARCH_NB_ROUTER``, see :func:`router_threshold`). The choice is made per mesh, not
+(``MONARCH_NB_ROUTER``, see :func:`router_policy`). The choice is made per mesh, not
 per call or slice: every call of this client to an actor of a routed mesh then takes
 the same path (client -> its host's router -> the actor), which is what keeps a
 caller's calls to one actor in the order sent. The table of a mesh (actor address ->
@@ -14,28 +14,48 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
+from typing import Callable
 
 from ..errors import ClusterError
 from ..protocol import hub_ops, router_ops
 
-# Where MONARCH_NB_ROUTER is unset: meshes of this many actors or more that span hosts
-# go through routers; None: none do (see docs/scale.md for why it is off by default).
-DEFAULT_THRESHOLD: int | None = None
+# Where MONARCH_NB_ROUTER is unset: meshes of this many actors or more whose hosts are
+# on two machines or more go through routers (docs/scale.md: where the client's CPU per
+# call through routers falls below the direct path's, measured by bench/bench_scale.py).
+DEFAULT_THRESHOLD = 64
 
 Route = tuple[str, int, str]  # (router address, base rank, proc id)
 
 
-def router_threshold() -> int | None:
-    """The smallest mesh (actors) whose calls go through routers, from
-    ``MONARCH_NB_ROUTER``: ``off`` (never), ``on`` (every mesh that spans hosts), or a
-    number of actors; ``None`` for never. Raises ``ValueError`` for anything else."""
+@dataclass(frozen=True)
+class RouterPolicy:
+    """Which meshes are called through the host routers (``MONARCH_NB_ROUTER``)."""
+
+    threshold: int | None  # the smallest mesh (actors) routed; None: none is
+    # Only meshes whose hosts are on two machines or more (the default): routers pay off
+    # where their work runs on other machines' cores; local host agents share the
+    # client's, and a router there only adds a hop.
+    across_machines: bool
+
+    def allows(self, actors: int, hosts: int) -> bool:
+        """Whether a mesh of ``actors`` actors on ``hosts`` hosts may be routed (its
+        machines still to be counted where ``across_machines``)."""
+        return self.threshold is not None and actors >= self.threshold and hosts >= 2
+
+
+def router_policy() -> RouterPolicy:
+    """The policy ``MONARCH_NB_ROUTER`` sets: unset, meshes of ``DEFAULT_THRESHOLD``
+    actors or more on two machines or more; ``off``: none; ``on``: every mesh that spans
+    hosts (on one machine too: local host agents); a number N: those of N actors or more.
+    Raises ``ValueError`` for anything else."""
     value = os.environ.get(router_ops.ROUTER_ENV, "").strip().lower()
     if not value:
-        return DEFAULT_THRESHOLD
+        return RouterPolicy(DEFAULT_THRESHOLD, across_machines=True)
     if value == router_ops.ROUTER_OFF:
-        return None
+        return RouterPolicy(None, across_machines=False)
     if value == router_ops.ROUTER_ON:
-        return 1
+        return RouterPolicy(1, across_machines=False)
     try:
         threshold = int(value)
     except ValueError:
@@ -44,17 +64,17 @@ def router_threshold() -> int | None:
         raise ValueError(f"{router_ops.ROUTER_ENV}={value!r}: give {router_ops.ROUTER_OFF!r}, "
                          f"{router_ops.ROUTER_ON!r} or the number of actors (>= 1) from which a mesh that "
                          "spans hosts is called through the host routers")
-    return threshold
+    return RouterPolicy(threshold, across_machines=False)
 
 
-def may_route(actors: int, hosts: int) -> bool:
+def may_route(actors: int, hosts: int, machines: Callable[[], int]) -> bool:
     """Whether calls to a mesh of ``actors`` actors on ``hosts`` hosts may go through the
-    host routers (``MONARCH_NB_ROUTER`` lets a mesh that large through, and it spans
-    hosts). Such a mesh's actors are not asked to connect straight back to the client:
-    its replies come through the routers, and a connection per actor is what routing
-    saves the client."""
-    threshold = router_threshold()
-    return threshold is not None and actors >= threshold and hosts >= 2
+    host routers (``router_policy``; ``machines()``, asked only when the policy needs
+    it, counts the distinct machines of those hosts). Such a mesh's actors are not asked
+    to connect straight back to the client: its replies come through the routers, and a
+    connection per actor is what routing saves the client."""
+    policy = router_policy()
+    return policy.allows(actors, hosts) and (not policy.across_machines or machines() >= 2)
 
 
 class HostRoutes:
@@ -63,50 +83,58 @@ class HostRoutes:
     def __init__(self, local_planes: dict):
         self._local_planes = local_planes  # the runtime's this_proc() planes: no hub, no routers
         self._lock = threading.Lock()
-        # (cluster id, mesh key) -> (the addresses it was learnt for, address -> route;
-        # None: called directly). One entry per mesh: a restart's new addresses replace it.
-        self._tables: dict[tuple[str, str], tuple[tuple[str, ...], dict[str, Route] | None]] = {}
+        # (cluster id, mesh key) -> (the addresses it was learnt for, address -> route
+        # (None: to be called directly whatever the policy), the machines of its hosts).
+        # One entry per mesh: a restart's new addresses replace it.
+        self._tables: dict[tuple[str, str], tuple[tuple[str, ...], dict[str, Route] | None, int]] = {}
 
     def routes(self, mesh) -> dict[str, Route] | None:
         """The routes of ``mesh`` (an ``ActorMesh``: not imported, it imports this through
         the runtime), actor address -> (router, base rank, proc id), or ``None`` when
         its calls go straight to the actors. Asks the hub the first time; raises
         ``ValueError`` for a bad ``MONARCH_NB_ROUTER``."""
-        threshold = router_threshold()
-        if threshold is None or len(mesh._addresses) < threshold or mesh._cluster_id in self._local_planes:
+        policy = router_policy()
+        if not policy.allows(len(mesh._addresses), 2) or mesh._cluster_id in self._local_planes:
             return None
         key, addresses = (mesh._cluster_id, mesh._key), tuple(mesh._addresses)
         with self._lock:
             known = self._tables.get(key)
-        if known is not None and known[0] == addresses:
-            return known[1]
-        try:
-            table = self._learn(mesh)
-        except ClusterError:
-            # The hub can't say (stopped, restarting): this call goes straight to the
-            # actors, which fail it as they would (a stopped cluster, a dead actor); the
-            # table is asked for again at the next call.
-            return None
-        with self._lock:
-            self._tables[key] = (addresses, table)
+        if known is None or known[0] != addresses:
+            try:
+                table, machines = self._learn(mesh)
+            except ClusterError:
+                # The hub can't say (stopped, restarting): this call goes straight to the
+                # actors, which fail it as they would (a stopped cluster, a dead actor);
+                # the table is asked for again at the next call.
+                return None
+            known = (addresses, table, machines)
+            with self._lock:
+                self._tables[key] = known
+        _, table, machines = known
+        if policy.across_machines and machines < 2:
+            return None  # local host agents: their routers would share the client's cores
         return table
 
     @staticmethod
-    def _learn(mesh) -> dict[str, Route] | None:
+    def _learn(mesh) -> tuple[dict[str, Route] | None, int]:
+        """``mesh``'s routes from the hub (``None``: it is on one host, or a host has no
+        router), and how many machines its hosts are on."""
         info = mesh._hub().request(hub_ops.INFO, timeout=30.0)
         record = info["actor_meshes"].get(mesh._key)
         procs_record = record and info["proc_meshes"].get(record["proc_mesh"])
         if not procs_record:
-            return None
+            return None, 0
         routers = {h["host_id"]: h.get(router_ops.ROUTER_ADDRESS, "") for h in info["hosts"]}
+        machine_of = {h["host_id"]: h.get("hostname", "") for h in info["hosts"]}
         procs = procs_record["procs"]
+        machines = len({machine_of.get(procs[r]["host_id"]) for r in record["proc_ranks"]})
         table: dict[str, Route] = {}
         for base, (address, proc_rank) in enumerate(zip(mesh._addresses, record["proc_ranks"])):
             proc = procs[proc_rank]
             router = routers.get(proc["host_id"], "")
             if not router:  # an agent without a router (an older one): the whole mesh goes direct
-                return None
+                return None, machines
             table[address] = (router, base, proc["proc_id"])
         if len({route[0] for route in table.values()}) < 2:
-            return None  # one host: a router would only add a hop
-        return table
+            return None, machines  # one host: a router would only add a hop
+        return table, machines

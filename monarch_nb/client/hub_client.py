@@ -143,6 +143,10 @@ class HubControl(ControlPlane):
     def set_rank_env(self, proc_mesh: str, env: dict[int, dict]) -> None:
         self.hub.request(hub_ops.SET_RANK_ENV, timeout=30.0, name=proc_mesh, env=env)
 
+    def machines(self, host_ids: set[str]) -> int:
+        hosts = self.hub.request(hub_ops.INFO, timeout=30.0)["hosts"]
+        return len({h.get("hostname") for h in hosts if h["host_id"] in host_ids})
+
 
 def _restart_note(proc_mesh: str, reply: dict) -> str:
     """What a restart in which some ``__init__`` raised again did: which procs are back

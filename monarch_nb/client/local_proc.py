@@ -97,6 +97,9 @@ class LocalControl(ControlPlane):
     def set_rank_env(self, proc_mesh: str, env: dict[int, dict]) -> None:
         pass  # nothing restarts this proc: nothing to remember
 
+    def machines(self, host_ids: set[str]) -> int:
+        return 1  # this process's
+
     def server_record(self) -> dict:
         return {"proc_id": "local", "address": self.server.address, "pid": os.getpid(), "host_id": "local",
                 "exit_code": None}

@@ -125,7 +125,8 @@ class ProcMesh(MeshHandle):
         fields = dict(extent=dict(self.extent), class_name=class_name, endpoints=endpoints, methods=methods,
                       replace=replace, raise_init_errors=raise_init_errors, o=rt.origin(),
                       main_thread=getattr(actor_class, "_monarch_main_thread", False), owner=owner_of_new_meshes())
-        routed = may_route(len(self), len({p.get("host_id") for p in self._procs}))
+        host_ids = {str(p.get("host_id")) for p in self._procs}
+        routed = may_route(len(self), len(host_ids), lambda: control.machines(host_ids))
         if not routed:  # the first call's replies: connected while __init__ runs
             fields[proc_ops.CALLER] = rt.mailbox.address
         ran = None  # constructors that returned (or raised): every one once the hub replies
