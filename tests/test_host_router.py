@@ -227,6 +227,10 @@ class Recorder(Actor):
         return os.getpid()
 
     @endpoint
+    def blob(self, size: int) -> bytes:
+        return b"x" * size
+
+    @endpoint
     def fail_on(self, rank: int) -> int:
         from monarch_nb.actor import current_rank
 
@@ -403,6 +407,33 @@ class _UnloadableReducer:
 
     def __reduce__(self):
         return (_refuse_to_load, ())
+
+
+def test_replies_of_every_size_pass_through_the_routers(routed):
+    # 64 KiB to 1 MiB go as frames of their own (not shared memory): a router passing
+    # one on died on it (pyzmq can't track a received frame), and every later call hung.
+    _, _, mesh = routed
+    for size in (100, 65536, 200_000, (1 << 20) - 1, 1 << 20, 3 << 20):
+        assert [len(v) for v in mesh.blob.call(size).get(timeout=BOUND_S).values()] == [size] * (HOSTS * PER_HOST)
+    assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == HOSTS * PER_HOST
+
+
+def test_a_router_whose_thread_fails_says_so_and_ends():
+    from monarch_nb.host.router import Router
+    from monarch_nb.wire import frames as wire_frames
+
+    wire_frames.register_key("router-fails", b"r" * 32)
+    failures: list = []
+    router = Router("router-fails", "h0", lambda proc: None, on_failure=failures.append)
+
+    def broken_flush() -> None:
+        raise RuntimeError("a bug in the router")
+
+    router._flush = broken_flush
+    router.start()
+    assert wait_until(lambda: failures, 10) and str(failures[0]) == "a bug in the router"
+    router._thread.join(10)
+    assert not router._thread.is_alive()
 
 
 def test_a_reducer_the_router_cannot_load_fails_the_call_instead_of_hanging_it(routed):

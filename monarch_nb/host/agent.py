@@ -100,11 +100,16 @@ class HostAgent:
         descendants.become_subreaper()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, lambda sig=sig: asyncio.ensure_future(self._signalled(sig)))
+            loop.add_signal_handler(sig, lambda sig=sig: asyncio.ensure_future(
+                self._leave(f"its host agent got {signal.Signals(sig).name}")))
         self._housekeep("preparing the cell files record", lambda: cell_files.prepare(self.cell_files))
         await self.launcher.open()  # (it preloads while the hub hears that this agent is up)
         inventory, _ = await asyncio.get_running_loop().run_in_executor(None, gpu_inventory.discover)
-        self.router = Router(self.cluster_id, self.host_id, self._proc_gone)
+        # A router that fails is this host lost (its calls would wait for replies it can't
+        # pass on): the agent leaves, telling the hub why, and supervision fails the calls.
+        self.router = Router(self.cluster_id, self.host_id, self._proc_gone, on_failure=lambda e: (
+            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(
+                self._leave(f"its router failed ({type(e).__name__}: {e})")))))
         self.router.start()
         await self.net.send(self.hub, {envelope.OP: hub_ops.AGENT_READY, agent_ops.HOST_ID: self.host_id,
                                        "address": self.net.address, "pid": os.getpid(),
@@ -134,17 +139,18 @@ class HostAgent:
         return (f"proc {proc_id} on host {self.host_id} exited"
                 + ("" if code is None else f" with code {code}") + " while a call to it was pending")
 
-    async def _signalled(self, sig: signal.Signals) -> None:
-        """Stopped from outside (a cancelled or timed-out Slurm job, a kill): the hub hears
-        it before any proc exit, so calls on this host's procs fail at once with the
-        cause (the job's state) rather than as procs stopped on purpose."""
+    async def _leave(self, why: str) -> None:
+        """Stopped from outside (a cancelled or timed-out Slurm job, a kill), or its router
+        failed: the hub hears ``why`` before any proc exit, so calls on this host's procs
+        fail at once with the cause (the job's state) rather than as procs stopped on
+        purpose."""
         if self.done.is_set() or self.leaving is not None:
             self.done.set()
             return
         self.leaving = asyncio.get_running_loop().create_future()
         try:
             await self.net.request(self.hub, {envelope.OP: hub_ops.AGENT_EXITING, agent_ops.HOST_ID: self.host_id,
-                                              "why": f"its host agent got {signal.Signals(sig).name}"},
+                                              "why": why},
                                    timeout=EXIT_REPORT_TIMEOUT_S)
             self.hub_told = True
         except asyncio.TimeoutError:

@@ -22,7 +22,8 @@ it on to each local proc and answers once for them all (:class:`Relays`).
 
 A local proc that exits fails its pending calls here at once (a supervision failure),
 without a round trip through the hub. A router that dies takes its agent's process
-along (it is a thread of it): the hub loses the host, and supervision fails the calls.
+along (it is a thread of it), and a router whose thread fails makes its agent leave: the
+hub loses the host, and supervision fails the calls.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import itertools
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable
 
@@ -231,12 +233,15 @@ class Router:
     """One host's router. :meth:`start` it; :meth:`stop` ends its thread.
 
     ``proc_exit(proc_id)``: why a proc of this host is gone (``None`` while it runs),
-    asked from the router's thread while calls wait."""
+    asked from the router's thread while calls wait. ``on_failure(error)``: the thread
+    ended on an error of its own (the agent then leaves: the host is lost)."""
 
-    def __init__(self, cluster_id: str, host_id: str, proc_exit: Callable[[str], str | None]):
+    def __init__(self, cluster_id: str, host_id: str, proc_exit: Callable[[str], str | None],
+                 on_failure: Callable[[BaseException], None] | None = None):
         self.cluster_id = cluster_id
         self.host_id = host_id
         self._proc_exit = proc_exit
+        self._on_failure = on_failure  # called on the router's thread with what ended it unasked
         self._ctx = zmq.Context()  # its own: the agent's is an asyncio one, on the heartbeat loop
         self.inbox, self.address = sockets.bind_inbox(self._ctx)
         self.outbox = sockets.Outbox(self._ctx)
@@ -269,6 +274,10 @@ class Router:
                     self._flush()
                 if self.relays.waiting:
                     self._answer_relays()
+        except BaseException as e:  # a bug: the calls it carries would wait for nothing
+            traceback.print_exc()
+            if self._on_failure is not None:
+                self._on_failure(e)
         finally:
             self.outbox.close_thread_sockets()
             self.inbox.close(0)

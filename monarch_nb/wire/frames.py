@@ -292,6 +292,10 @@ def encode(cluster_id: str, header: dict, body: bytes | None = None, buffers=(),
     Raises :class:`MessageTooLarge` when the frames exceed :func:`max_message_bytes`.
     """
     cid = cluster_id.encode()
+    if body is not None and not isinstance(body, bytes):
+        # A body received without a copy (a zmq.Frame, as a router passes one on): a view
+        # of it, since pyzmq can't track the sending of a Frame it did not make with tracking.
+        body = memoryview(body).cast("B")
     parts = [pickle.dumps(header, protocol=5), body if body is not None else b""]
     parts.extend(memoryview(b).cast("B") if not isinstance(b, bytes) else b for b in buffers)
     size = sum(memoryview(p).nbytes for p in parts)
