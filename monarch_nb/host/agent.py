@@ -107,9 +107,11 @@ class HostAgent:
         inventory, _ = await asyncio.get_running_loop().run_in_executor(None, gpu_inventory.discover)
         # A router that fails is this host lost (its calls would wait for replies it can't
         # pass on): the agent leaves, telling the hub why, and supervision fails the calls.
-        self.router = Router(self.cluster_id, self.host_id, self._proc_gone, on_failure=lambda e: (
+        def router_failed(error: BaseException) -> None:  # (on the router's thread)
             loop.call_soon_threadsafe(lambda: asyncio.ensure_future(
-                self._leave(f"its router failed ({type(e).__name__}: {e})")))))
+                self._leave(f"its router failed ({type(error).__name__}: {error})")))
+
+        self.router = Router(self.cluster_id, self.host_id, self._proc_gone, on_failure=router_failed)
         self.router.start()
         await self.net.send(self.hub, {envelope.OP: hub_ops.AGENT_READY, agent_ops.HOST_ID: self.host_id,
                                        "address": self.net.address, "pid": os.getpid(),
