@@ -66,6 +66,15 @@ def test_a_port_passed_to_an_actor_routes_its_values_back_in_order(procs2):
     assert [receiver.recv().get(timeout=BOUND_S) for _ in range(100)] == list(range(100))
 
 
+def test_every_value_an_endpoint_sent_through_a_port_before_returning_arrives(procs2):
+    # The values and the call's reply left on two sockets: the reply overtook thousands of
+    # values, and the client dropped those more than the replay window behind it.
+    streamer = procs2.slice(gpus=0).spawn("many", Streamer)
+    port, receiver = Channel.open()
+    streamer.stream.call_one(port, 5000).get(timeout=BOUND_S)
+    assert [receiver.recv().get(timeout=BOUND_S) for _ in range(5000)] == list(range(5000))
+
+
 def test_an_exception_sent_through_a_port_is_raised_by_recv(procs2):
     streamer = procs2.slice(gpus=0).spawn("failer", Streamer)
     port, receiver = Channel.open()

@@ -49,6 +49,7 @@ def main() -> None:
     # `%%monarch exec` actor, so that SIGINT can interrupt even its blocking calls).
     main_work: queue.Queue = queue.Queue()
     server = ProcServer(cluster_id, args.proc_id, main_work)
+    wire_port.use_outbox(server.outbox)  # ports' values on the sockets the actors' replies take
     debug_session.install(server)  # breakpoint() pauses under debugpy, armed on first use
     signal.signal(signal.SIGINT, lambda _, frame: server.interrupt(frame))
     signal.signal(signal.SIGTERM, lambda *_: _terminate(server))

@@ -45,6 +45,16 @@ def local_cluster() -> str | None:
     return _local["cluster"]
 
 
+def use_outbox(outbox: sockets.Outbox) -> None:
+    """Send ports' values through ``outbox``: the one this process's replies go through
+    (a proc's, a client's mailbox). A thread's messages to one peer then leave on one
+    socket, in the order sent; on two sockets, a call's reply could overtake the values
+    its endpoint sent through a port before returning, and a receiver drops a message
+    more than ``REPLAY_WINDOW`` behind the newest of its sender (``wire.frames``): an
+    endpoint that sent a few thousand values and returned lost some."""
+    _local["outbox"] = outbox
+
+
 def _outbox() -> sockets.Outbox:
     if _local["outbox"] is None:
         with _outbox_lock:
