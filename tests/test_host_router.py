@@ -101,6 +101,17 @@ def test_a_reducer_that_raises_fails_the_rank_it_was_folding():
     assert next(e for e in entries if e.header[envelope.OK]).header[router_ops.FOLDED] == [0]
 
 
+def test_a_folded_value_that_cannot_be_pickled_fails_every_rank_it_folds():
+    # Only its first rank was answered: the client waited for the others until its timeout.
+    casts = Casts()
+    casts.open(("me", 6), {0: "p/0", 1: "p/1", 2: "p/2"}, lambda a, b: threading.Lock())
+    for rank in range(3):
+        casts.reply(("me", 6), *_reply(rank, rank))
+    (failure,) = casts.take()["me"]
+    assert not failure.header[envelope.OK] and failure.header[router_ops.FOLDED] == [0, 1, 2]
+    assert "lock" in str(unpack_exception(serialize.loads(failure.body))[0])
+
+
 def test_a_proc_gone_fails_its_pending_ranks_as_dead_and_only_those():
     casts = Casts()
     casts.open(("me", 5), {0: "p/0", 1: "p/1"})

@@ -142,8 +142,10 @@ class Casts:
         if cast.folded:
             try:
                 body, buffers = serialize.dumps(cast.value, "a folded value")
-            except Exception as e:  # noqa: BLE001 - the folded value can't travel: its first rank's error
-                self._queue(route[0], _failure(cast.port, cast.folded[0], e))
+            except Exception as e:  # noqa: BLE001 - the folded value can't travel: the error of every rank it folds
+                failure = _failure(cast.port, cast.folded[0], e)
+                failure.header[router_ops.FOLDED] = cast.folded
+                self._queue(route[0], failure)
                 return
             header = {envelope.PORT: cast.port, envelope.RANK: cast.folded[0], envelope.OK: True,
                       router_ops.FOLDED: cast.folded}
