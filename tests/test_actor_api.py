@@ -276,6 +276,29 @@ def test_futures_are_awaitable(counters):
     assert len(vm) == 4 and one == vm.item(gpus=0) and both == [vm.values()[1], vm.values()[2]]
 
 
+def test_a_done_callback_that_raises_is_reported_and_the_others_still_run(counters, capfd):
+    # It stopped the callbacks after it, the one an ``await`` waits on among them.
+    def broken(_) -> None:
+        raise RuntimeError("a broken callback")
+
+    ran: list = []
+    future = counters.get.call()
+    future.add_done_callback(broken)
+    future.add_done_callback(lambda f: ran.append(len(f.get(0))))
+    assert len(future.get(timeout=30)) == 4 and ran == [4]
+    awaited = counters.slice(gpus=0).get.call_one()
+    awaited.add_done_callback(broken)
+
+    async def main():
+        return await asyncio.wait_for(asyncio.ensure_future(_awaiting(awaited)), 30)
+
+    async def _awaiting(f):
+        return await f
+
+    assert asyncio.run(main()) == awaited.get(0)
+    assert capfd.readouterr().err.count("RuntimeError: a broken callback") == 2
+
+
 def test_actor_holding_another_mesh_calls_it_sync_and_async(procs4, counters):
     expected = sum(counters.get.call().get().values())
     callers = procs4.slice(gpus=slice(0, 2)).spawn("callers", Caller, counters)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
+import traceback
 from typing import TYPE_CHECKING, Any, Callable, Coroutine, Generic, TypeVar
 
 from ..wire.interrupts import protected
@@ -49,7 +51,16 @@ class Future(Generic[R]):
             self._value, self._error, self._done = value, error, True
             callbacks, self._callbacks = self._callbacks, []
         for cb in callbacks:
+            self._run_callback(cb)
+
+    def _run_callback(self, cb: Callable[["Future"], None]) -> None:
+        # One that raises is reported and the others still run (an ``await`` of this
+        # future waits on one of them), as concurrent.futures does.
+        try:
             cb(self)
+        except Exception:  # noqa: BLE001 - the user's callback: reported, not raised into the dispatch
+            print(f"monarch_nb: a done-callback of {self._description} raised:\n{traceback.format_exc()}",
+                  file=sys.stderr, end="")
 
     # public ----------------------------------------------------------------------------
     def done(self) -> bool:
@@ -90,12 +101,13 @@ class Future(Generic[R]):
     @protected
     def add_done_callback(self, fn: Callable[["Future"], None]) -> None:
         """Call ``fn(self)`` once done (at once if already done), on the thread that
-        dispatches the reply; keep it short."""
+        dispatches the reply; keep it short. An exception it raises is printed to stderr
+        and the other callbacks still run."""
         with self._lock:
             if not self._done:
                 self._callbacks.append(fn)
                 return
-        fn(self)
+        self._run_callback(fn)
 
     def __await__(self):
         if not self._done and self._cycle is not None:
