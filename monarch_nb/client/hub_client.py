@@ -127,15 +127,15 @@ class HubControl(ControlPlane):
                     by_router.setdefault(route[0], {}).setdefault(address, []).append(route)
                 else:
                     direct.setdefault(address, []).append(route)
+        requests: list[tuple[str, dict]] = [
+            (address, {envelope.OP: proc_ops.INTERRUPT, proc_ops.MESH: name, proc_ops.ROUTES: calls})
+            for address, calls in direct.items()]
+        requests += [(router, {envelope.OP: router_ops.INTERRUPT, proc_ops.MESH: name, router_ops.TIMEOUT: timeout,
+                               router_ops.PROCS: [[address, calls] for address, calls in by_proc.items()]})
+                     for router, by_proc in by_router.items()]  # one message per host: its router passes it on
         with Gather(runtime().mailbox) as gather:
-            for address, calls in direct.items():
-                header: dict = {envelope.OP: proc_ops.INTERRUPT, proc_ops.MESH: name, proc_ops.ROUTES: calls}
-                gather.request(address, self.cluster_id, header, key=address)
-            for router, by_proc in by_router.items():  # one message per host: its router passes it on
-                header = {envelope.OP: router_ops.INTERRUPT, proc_ops.MESH: name, router_ops.TIMEOUT: timeout,
-                          router_ops.PROCS: [[address, calls] for address, calls in by_proc.items()]}
-                gather.request(router, self.cluster_id, header, key=router)
-            gather.wait(len(direct) + len(by_router), timeout)
+            _request_all(gather, self.cluster_id, requests)
+            gather.wait(len(requests), timeout)
 
     def paused(self, timeout: float) -> list[dict]:
         return self.hub.request(hub_ops.DEBUG_PAUSED, timeout=timeout)["stops"]
@@ -146,6 +146,13 @@ class HubControl(ControlPlane):
     def machines(self, host_ids: set[str]) -> int:
         hosts = self.hub.request(hub_ops.INFO, timeout=30.0)["hosts"]
         return len({h.get("hostname") for h in hosts if h["host_id"] in host_ids})
+
+
+def _request_all(gather: Gather, cluster_id: str, requests: list[tuple[str, dict]]) -> None:
+    """Send each ``(address, header)`` of ``requests``, its reply kept under its address.
+    (A loop of its own, called from the ``with`` block: see ``monarch_nb.wire.interrupts``.)"""
+    for address, header in requests:
+        gather.request(address, cluster_id, header, key=address)
 
 
 def _restart_note(proc_mesh: str, reply: dict) -> str:
