@@ -357,8 +357,8 @@ class Router:
     def _interrupt(self, header: dict) -> None:
         """Pass a client's interrupt on to each proc it names; answered by ``_answer_relays``."""
         procs = header[router_ops.PROCS]
-        wait_s = min(float(header.get(router_ops.TIMEOUT, router_ops.INTERRUPT_WAIT_MAX_S)),
-                     router_ops.INTERRUPT_WAIT_MAX_S)
+        wait_s = min(float(header.get(router_ops.TIMEOUT) or router_ops.INTERRUPT_WAIT_MAX_S),
+                     router_ops.INTERRUPT_WAIT_MAX_S)  # (no timeout: at most the longest)
         number = self.relays.open((header[envelope.REPLY], header[envelope.PORT]),
                                   [address for address, _ in procs], wait_s, time.monotonic())
         for index, (address, routes) in enumerate(procs):
