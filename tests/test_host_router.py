@@ -530,6 +530,35 @@ def test_ctrl_c_interrupts_a_routed_call_where_it_runs_and_refuses_the_queued_on
     assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == HOSTS * PER_HOST  # they carry on
 
 
+def test_a_ctrl_c_that_a_stopped_proc_cannot_confirm_says_so(routed, tmp_path):
+    # Its router answers once its time is up, naming the proc that did not answer.
+    import re
+
+    from monarch_nb.client import in_flight
+
+    _, procs, mesh = routed
+    rt = runtime()
+    gate = tmp_path / "gate"
+    gate.touch()
+    victim = procs.pids[PER_HOST + 1]  # hosts=1, gpus=1
+    rt.cell, before = "stopped-cell", rt.cell
+    try:
+        running = mesh.hold.call(str(gate))
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            said = in_flight.interrupt(rt.in_flight.of_cell("stopped-cell"), timeout=1.0)
+        finally:
+            os.kill(victim, signal.SIGCONT)
+        (what,) = said
+        unconfirmed = re.fullmatch(r"rec\.hold \(ranks 0-\d+\) \((\d+) proc\(s\) did not confirm within 1 s\)", what)
+        assert unconfirmed and int(unconfirmed.group(1)) >= 1, what  # (others may be slow on a loaded machine)
+        with pytest.raises(ActorError, match="KeyboardInterrupt"):
+            running.get(timeout=BOUND_S)  # it lands once the proc runs again
+    finally:
+        rt.cell = before
+    assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == HOSTS * PER_HOST
+
+
 def test_a_proc_killed_mid_call_fails_that_call_and_the_others_answer(routed, tmp_path):
     c, procs, mesh = routed
     gate = tmp_path / "gate"

@@ -61,12 +61,12 @@ class ControlPlane(abc.ABC):
 
     @abc.abstractmethod
     def interrupt_calls(self, proc_mesh: str, name: str, routes: dict[int, list[tuple[str, int]]],
-                        timeout: float) -> None:
+                        timeout: float) -> int:
         """Interrupt calls of actor mesh ``name``: for each base rank, the calls whose
         replies go to ``routes[rank]`` (``(address, port)``) get KeyboardInterrupt if
         running, and are refused if they have not begun; other calls and other actors
         of the procs carry on (an ``async`` actor's running calls are all interrupted).
-        Waits up to ``timeout`` seconds for the procs to confirm."""
+        Waits up to ``timeout`` seconds for the procs to confirm; returns how many did not."""
 
     @abc.abstractmethod
     def paused(self, timeout: float) -> list[dict]:

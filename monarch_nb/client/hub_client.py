@@ -113,11 +113,11 @@ class HubControl(ControlPlane):
             gather.wait(len(procs), timeout)
 
     def interrupt_calls(self, proc_mesh: str, name: str, routes: dict[int, list[tuple[str, int]]],
-                        timeout: float) -> None:
+                        timeout: float) -> int:
         info = self.hub.request(hub_ops.INFO, timeout=timeout)
         record, procs = info["actor_meshes"].get(f"{proc_mesh}/{name}"), info["proc_meshes"].get(proc_mesh)
         if record is None or procs is None:
-            return  # stopped meanwhile: nothing runs there any more
+            return 0  # stopped meanwhile: nothing runs there any more
         direct: dict[str, list] = {}  # proc control address -> routes of its calls
         by_router: dict[str, dict[str, list]] = {}  # router -> the same, for calls sent through routers
         for rank, calls in routes.items():
@@ -136,6 +136,14 @@ class HubControl(ControlPlane):
         with Gather(runtime().mailbox) as gather:
             _request_all(gather, self.cluster_id, requests)
             gather.wait(len(requests), timeout)
+            replies = dict(gather.replies)
+        # Unconfirmed: a proc that did not answer, every proc of a router that did not, and
+        # those a router names as not answering it (router_ops.MISSED).
+        unconfirmed = sum(1 for address in direct if address not in replies)
+        for router, by_proc in by_router.items():
+            reply = replies.get(router)
+            unconfirmed += len(by_proc) if reply is None else len(reply.header.get(router_ops.MISSED) or ())
+        return unconfirmed
 
     def paused(self, timeout: float) -> list[dict]:
         return self.hub.request(hub_ops.DEBUG_PAUSED, timeout=timeout)["stops"]

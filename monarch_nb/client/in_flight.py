@@ -89,12 +89,16 @@ def interrupt(calls: list[Call], timeout: float = 5.0) -> list[str]:
     then fails with an ``ActorError`` wrapping ``KeyboardInterrupt``; the actors carry
     on, and calls of theirs not yet begun are refused). Waits up to ``timeout`` seconds
     per mesh for its procs to confirm. Returns :func:`describe`'s descriptions; a mesh
-    whose cluster can't be reached has the reason added."""
+    whose cluster can't be reached has the reason added, and one whose procs did not all
+    confirm says how many did not."""
     said = []
     for mesh, routes, what in _by_mesh(calls):
         try:
-            mesh._control().interrupt_calls(mesh._proc_mesh_name, mesh._name, routes, timeout)
+            unconfirmed = mesh._control().interrupt_calls(mesh._proc_mesh_name, mesh._name, routes, timeout)
         except ClusterError as e:
             what += f" not reached: {e}"
+        else:
+            if unconfirmed:
+                what += f" ({unconfirmed} proc(s) did not confirm within {timeout:g} s)"
         said.append(what)
     return said

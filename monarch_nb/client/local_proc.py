@@ -87,9 +87,9 @@ class LocalControl(ControlPlane):
                              name="monarch-nb-interrupt").start()
 
     def interrupt_calls(self, proc_mesh: str, name: str, routes: dict[int, list[tuple[str, int]]],
-                        timeout: float) -> None:
+                        timeout: float) -> int:
         header = {envelope.OP: proc_ops.INTERRUPT, proc_ops.MESH: name, proc_ops.ROUTES: routes.get(0, [])}
-        self._request(header, timeout=timeout)
+        return 0 if self._request(header, timeout=timeout) is not None else 1
 
     def paused(self, timeout: float) -> list[dict]:
         return []  # no debug registry without a hub
