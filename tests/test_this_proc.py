@@ -90,3 +90,25 @@ def test_a_cluster_displays_without_ipywidgets():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "displayed" in out.stdout
+
+
+class Sender(Actor):
+    @endpoint
+    def send(self, port, n: int) -> int:
+        for i in range(n):
+            port.send(i)
+        return n
+
+
+def test_every_value_a_local_actor_sent_through_a_port_before_returning_arrives():
+    # Its values and its reply left on two sockets: the reply overtook them, and values
+    # more than the replay window behind it were dropped.
+    from monarch_nb.actor import Channel
+
+    mesh = this_proc().spawn("local_sender", Sender)
+    try:
+        port, receiver = Channel.open()
+        assert mesh.send.call_one(port, 5000).get(timeout=60) == 5000
+        assert [receiver.recv().get(timeout=30) for _ in range(5000)] == list(range(5000))
+    finally:
+        mesh.stop()

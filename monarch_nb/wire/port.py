@@ -52,7 +52,8 @@ def use_outbox(outbox: sockets.Outbox) -> None:
     its endpoint sent through a port before returning, and a receiver drops a message
     more than ``REPLAY_WINDOW`` behind the newest of its sender (``wire.frames``): an
     endpoint that sent a few thousand values and returned lost some."""
-    _local["outbox"] = outbox
+    with _outbox_lock:
+        _local["outbox"] = outbox
 
 
 def _outbox() -> sockets.Outbox:
