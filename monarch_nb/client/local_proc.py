@@ -17,7 +17,6 @@ from ..proc.server import ProcServer
 from ..protocol import envelope, events, hub_ops, proc_ops
 from ..protocol.states import FailureKind
 from ..wire import frames as wire_frames
-from ..wire import port as wire_port
 from .control import ControlPlane
 from .mesh_handle import LOCAL_PREFIX
 from .proc_mesh import ProcMesh
@@ -114,8 +113,6 @@ class LocalProcMesh(ProcMesh):
         wire_frames.register_key(cluster_id, secrets.token_bytes(32))
         server = ProcServer(cluster_id, "local", has_hub=False)
         threading.Thread(target=server.serve, name="monarch-nb-local-proc", daemon=True).start()
-        if wire_port.local_cluster() is None:  # a client (a proc's ports keep the proc's outbox)
-            wire_port.use_outbox(server.outbox)  # ports' values on the sockets its actors' replies take
         control = LocalControl(cluster_id, server)
         runtime().local_planes[cluster_id] = control
         record = control.server_record()

@@ -251,6 +251,9 @@ class ActorThread:
         return Context(self._instance_info, self.point)
 
     def _run(self) -> None:
+        # Its ports' values leave on the sockets its replies take, in order with them, signed
+        # for its cluster (a client's this_proc() actors: the client holds other clusters).
+        wire_port.bind_actor_thread(self.outbox, self.cluster_id)
         try:
             self._construct_and_serve()
         finally:

@@ -13,8 +13,10 @@ instead (:func:`unpickling_routed`), as the call's replies do.
 Signing needs the key of the cluster both ends trust. A port made in a proc carries
 its cluster; a port made in a client (``cluster_id`` ``None``) is re-bound, when
 unpickled in a proc, to that proc's cluster (the client trusts the keys of every
-cluster it attached to); one sent from its own client process signs with any key it
-trusts (its receiver is in the same process, which verifies with the same keys).
+cluster it attached to); one sent from its own client process signs for the cluster of
+the ``this_proc()`` actor sending it (as that actor's replies do), or else with any key
+the client trusts (its receiver is in the same process, which verifies with the same
+keys).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .remote_error import pack_exception
 
 _local = {"cluster": None, "outbox": None}  # this proc's cluster; the outbox ports send through
 _outbox_lock = threading.Lock()
+_actor_thread = threading.local()  # .outbox, .cluster: an actor thread's (bind_actor_thread)
 # While an actor's thread unpickles a call that came through a host router: that router
 # and the client that made the call (see ``unpickling_routed``).
 _routed = threading.local()
@@ -56,7 +59,21 @@ def use_outbox(outbox: sockets.Outbox) -> None:
         _local["outbox"] = outbox
 
 
+def bind_actor_thread(outbox: sockets.Outbox, cluster_id: str) -> None:
+    """This thread runs an actor of ``cluster_id`` whose replies leave through ``outbox``:
+    the values it sends through ports leave there too (see :func:`use_outbox`), and a
+    port made in a client signs for that cluster, as the replies do. Needed in a client,
+    whose ``this_proc()`` actors are threads of a cluster of their own: its ports signed
+    for the first cluster the client trusted, so their socket presented other credentials
+    than the replies' one, and each switch closed the socket with what it still held (an
+    endpoint that sent 5,000 values and returned lost some on a loaded machine)."""
+    _actor_thread.outbox, _actor_thread.cluster = outbox, cluster_id
+
+
 def _outbox() -> sockets.Outbox:
+    mine = getattr(_actor_thread, "outbox", None)
+    if mine is not None:
+        return mine
     if _local["outbox"] is None:
         with _outbox_lock:
             if _local["outbox"] is None:
@@ -121,6 +138,9 @@ class Port(Generic[R]):
     def _cluster(self) -> str:
         if self.cluster_id is not None:
             return self.cluster_id
+        mine = getattr(_actor_thread, "cluster", None)
+        if mine is not None:
+            return mine
         trusted = wire_frames.trusted_clusters()
         if not trusted:
             raise RuntimeError("this port has no cluster to sign for: attach to a cluster first")
