@@ -352,13 +352,13 @@ def test_reply_that_arrives_while_the_call_is_still_sending_is_not_lost(counters
         target=lambda: asyncio.run(wait_for(counters.slice(gpus=0).slow_echo.call_one("x", 1.0))))
     background.start()
     assert wait_until(lambda: runtime().mailbox._async_waiters > 0, 10)
-    original = Mailbox.send
+    original = Mailbox.send_to_each  # the way a call's frames leave for its actors
 
-    def send_then_stall(self, address, frames):
-        original(self, address, frames)
+    def send_then_stall(self, addresses, frames):
+        original(self, addresses, frames)
         time.sleep(0.2)  # fault injection: the reply lands before the call returns
 
-    monkeypatch.setattr(Mailbox, "send", send_then_stall)
+    monkeypatch.setattr(Mailbox, "send_to_each", send_then_stall)
     assert counters.slice(gpus=1).whoami.call_one().get(timeout=10)["rank"] == 1
     background.join(timeout=30)
 

@@ -35,6 +35,15 @@ def test_slice_of_slice_composes_offsets_and_steps():
     assert evens.slice(gpus=3).base_ranks() == [6]
 
 
+def test_base_ranks_of_some_ranks_are_those_of_each_and_an_outside_rank_is_refused():
+    view = Shape.of({"hosts": 2, "gpus": 4}).slice(gpus=slice(1, 4, 2))  # base ranks 1, 3, 5, 7
+    assert view.base_ranks_of([3, 0, 2]) == [view.base_rank(3), view.base_rank(0), view.base_rank(2)] == [7, 1, 5]
+    assert view.base_ranks_of(range(4)) == view.base_ranks()
+    for bad in (4, -1):
+        with pytest.raises(IndexError, match=f"rank {bad} is out of range.*4 elements"):
+            view.base_ranks_of([0, bad])
+
+
 def test_slice_errors_name_the_dimension_and_size():
     s = Shape.of({"hosts": 1, "gpus": 4})
     with pytest.raises(ValueError, match=r"no dimension 'gpu'.*\['hosts', 'gpus'\]"):

@@ -137,16 +137,16 @@ def test_a_large_call_skips_a_target_that_died_while_it_was_sending_to_the_other
         first, second = mesh._addresses
         monkeypatch.setattr(shm, "MIN_BYTES", 1 << 62)  # through the socket, as to another host
         monkeypatch.setattr(sockets, "SEND_DRAIN_TIMEOUT_S", 3600.0)
-        real_send = mailbox.Mailbox.send
+        real_send = mailbox.Mailbox.send_to_each
 
-        def send(self, address, frames):
-            real_send(self, address, frames)
-            if address == first and len(frames) > 3:  # the call's large frame, sent to rank 0: rank 1 dies
+        def send_to_each(self, addresses, frames):
+            real_send(self, addresses, frames)
+            if first in addresses and len(frames) > 3:  # the call's large frame, sent to rank 0: rank 1 dies
                 os.kill(pids[1], signal.SIGKILL)
                 assert wait_until(lambda: runtime().supervision.why_dead(mesh._cluster_id, second, mesh._name, 1),
                                   30)
 
-        monkeypatch.setattr(mailbox.Mailbox, "send", send)
+        monkeypatch.setattr(mailbox.Mailbox, "send_to_each", send_to_each)
         got: list = []
         caller = threading.Thread(target=lambda: got.append(mesh.wait.call(0, pad=np.ones(8 << 20, np.uint8))),
                                   daemon=True)

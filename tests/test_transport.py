@@ -301,3 +301,28 @@ def test_a_wait_inside_a_reply_callback_drives_the_inbox_itself():
     mailbox.send(mailbox.address, frames.encode("nested", {envelope.PORT: outer}))
     assert mailbox.wait(lambda: bool(outer_done), timeout=60)
     assert outer_done == [True] and len(inner_got) == 1
+
+
+def test_one_frame_set_sent_to_each_of_several_inboxes_reaches_each_once_small_or_large():
+    from monarch_nb.wire import sockets
+
+    frames.register_key("t", b"k" * 32)
+    inboxes = [sockets.bind_inbox() for _ in range(3)]
+    outbox = sockets.Outbox()
+    small = frames.encode_value("t", {"n": 1}, "small")
+    large = frames.encode_value("t", {"n": 2}, np.arange(1 << 18, dtype=np.int64))  # out of band: sent one by one
+    try:
+        for sent in (small, large):
+            outbox.send_to_each([address for _, address in inboxes], sent)
+        for inbox, _ in inboxes:
+            guard = frames.ReplayGuard()
+            got = []
+            while len(got) < 2 and inbox.poll(30_000):
+                got.append(frames.decode(sockets.recv_frames(inbox), guard))
+            assert [m.header["n"] for m in got] == [1, 2]
+            assert got[0].value() == "small" and (got[1].value() == np.arange(1 << 18)).all()
+            assert not inbox.poll(100)  # nothing twice
+    finally:
+        for inbox, address in inboxes:
+            outbox.forget(address)
+            inbox.close(0)

@@ -201,7 +201,7 @@ class ActorMesh(MeshHandle, Generic[A]):
             bad = [r for r in ranks if not 0 <= r < len(self)]
             if bad:
                 raise IndexError(f"{self._name} has ranks 0-{len(self) - 1} in this view, not {bad}")
-            proc_ranks = [record["proc_ranks"][self._shape.base_rank(r)] for r in ranks]
+            proc_ranks = [record["proc_ranks"][b] for b in self._shape.base_ranks_of(ranks)]
         reply = control.restart_procs(record["proc_mesh"], proc_ranks, timeout)
         self._addresses[:] = reply["actor_meshes"][self._key]["addresses"]  # this handle and its slices
         return reply["restarted"]

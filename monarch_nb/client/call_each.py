@@ -67,7 +67,7 @@ def call_one_each(endpoints: list[Endpoint], args: tuple, kwargs: dict) -> list[
             return
         answered.add(i)
         e = endpoints[i]
-        value, failure, interrupted = _read_reply(message, e._mesh.extent.point(0))
+        value, failure, interrupted = _read_reply(message, e._mesh.extent, 0)
         error = None
         if failure is not None:
             died = [failure] if message.header.get("supervision", False) else []

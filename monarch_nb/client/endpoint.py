@@ -13,6 +13,7 @@ import functools
 from typing import Any, Awaitable, Callable, Concatenate, Generic, Iterator, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from ..errors import ActorError, CallCycleError, RemoteFailure, SupervisionError, reports_a_failure
+from ..mesh import Extent
 from ..proc import actor as proc_actor
 from ..proc import call_chain
 from ..protocol import envelope, proc_ops, router_ops
@@ -70,7 +71,7 @@ class Endpoint(Generic[P, R]):
     # or sends one whose reply has no port yet (``wire.interrupts``) --------------------
     def _addresses_of(self, view_ranks: list[int]) -> list[str]:
         mesh = self._mesh
-        return [mesh._addresses[mesh._shape.base_rank(r)] for r in view_ranks]
+        return [mesh._addresses[b] for b in mesh._shape.base_ranks_of(view_ranks)]
 
     @protected
     def _send(self, addresses: list[str], args: tuple, kwargs: dict, gather: Gather | None = None,
@@ -170,7 +171,7 @@ class Endpoint(Generic[P, R]):
         supervision = rt.supervision
         future: Future = Future(rt, f"{mesh._name}.{self._name}")
         shape, addresses = mesh._shape, mesh._addresses
-        bases = [shape.base_rank(r) for r in view_ranks]
+        bases = shape.base_ranks_of(view_ranks)
         by_base = {b: i for i, b in enumerate(bases)}
         results: list[Any] = [None] * len(view_ranks)
         failures: dict[int, RemoteFailure] = {}
@@ -205,8 +206,7 @@ class Endpoint(Generic[P, R]):
             also = [] if folded is None else [by_base[b] for b in folded
                                               if b in by_base and by_base[b] not in answered]
             answered.update(also)
-            point = mesh.extent.point(view_ranks[i])
-            value, failure, interrupted = _read_reply(message, point)
+            value, failure, interrupted = _read_reply(message, mesh.extent, view_ranks[i])
             if failure is None:
                 results[i] = value
                 for j in also:
@@ -392,7 +392,7 @@ class Endpoint(Generic[P, R]):
         ranks = list(range(len(self._mesh)))
         arrived: collections.deque = collections.deque()
         self._call_each(ranks, args, kwargs, arrived.append)
-        cycle = self._cycle_error(set(self._mesh._addresses[self._mesh._shape.base_rank(r)] for r in ranks))
+        cycle = self._cycle_error(set(self._mesh._addresses[b] for b in self._mesh._shape.base_ranks_of(ranks)))
         if cycle is not None:
             raise cycle
 
@@ -522,9 +522,10 @@ def send(endpoint: Endpoint, args: tuple, kwargs: dict, port: Port | None = None
     endpoint._send(endpoint._addresses_of(ranks), args, kwargs, route=route)
 
 
-def _read_reply(message: wire_frames.Message, point) -> tuple[Any, RemoteFailure | None, KeyboardInterrupt | None]:
+def _read_reply(message: wire_frames.Message, extent: Extent,
+                rank: int) -> tuple[Any, RemoteFailure | None, KeyboardInterrupt | None]:
     """``(value, failure, interrupt)`` of one actor's reply: its value, or the failure it
-    reports (or ours to unpickle it), for the actor at ``point``.
+    reports (or ours to unpickle it), for the actor at ``rank`` of ``extent``.
 
     Under a SIGINT handler of the user's own (the runtime's defers Ctrl-C out of this),
     the client's own KeyboardInterrupt can land while the reply is unpickled: it is not
@@ -532,27 +533,29 @@ def _read_reply(message: wire_frames.Message, point) -> tuple[Any, RemoteFailure
     its value) and the interrupt returned, for the caller to raise once the reply is
     accounted for. A KeyboardInterrupt on the second try too is the value's own."""
     try:
-        return (*_unpickle_reply(message, point), None)
+        return (*_unpickle_reply(message, extent, rank), None)
     except KeyboardInterrupt as e:
         interrupted = e
     try:
-        return (*_unpickle_reply(message, point), interrupted)
+        return (*_unpickle_reply(message, extent, rank), interrupted)
     except KeyboardInterrupt as e:
-        return None, RemoteFailure(point, e, f"could not unpickle the reply: {e!r}\n"), None
+        return None, RemoteFailure(extent.point(rank), e, f"could not unpickle the reply: {e!r}\n"), None
 
 
-def _unpickle_reply(message: wire_frames.Message, point) -> tuple[Any, RemoteFailure | None]:
-    """``(value, None)`` or ``(None, failure)``; raises only KeyboardInterrupt."""
+def _unpickle_reply(message: wire_frames.Message, extent: Extent, rank: int) -> tuple[Any, RemoteFailure | None]:
+    """``(value, None)`` or ``(None, failure)``; raises only KeyboardInterrupt. The
+    point is made for a failure only: a value needs none, and making it for every reply
+    was a tenth of the client's work per reply."""
     try:
         value = message.value()
         if message.header[envelope.OK]:
             return value, None
         exc, tb = unpack_exception(value)
-        return None, RemoteFailure(point, exc, tb)
+        return None, RemoteFailure(extent.point(rank), exc, tb)
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - a value we can't unpickle here (even SystemExit)
-        return None, RemoteFailure(point, e, f"could not unpickle the reply: {e!r}\n")
+        return None, RemoteFailure(extent.point(rank), e, f"could not unpickle the reply: {e!r}\n")
 
 
 def _timeout_hint(mesh: "ActorMesh", endpoint: str, by_base: dict[int, int]) -> str:

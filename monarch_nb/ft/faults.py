@@ -62,7 +62,7 @@ def inject_fault(mesh: ProcMesh | ActorMesh, kind: str, ranks: Iterable[int] | N
 
 def _procs_of(mesh: ProcMesh | ActorMesh, ranks: list[int]) -> list[dict]:
     """The proc records (address, pid, host_id) under ``ranks`` of ``mesh``."""
-    bases = [mesh._shape.base_rank(r) for r in ranks]
+    bases = mesh._shape.base_ranks_of(ranks)
     if isinstance(mesh, ProcMesh):
         return [mesh._procs[b] for b in bases]
     info = mesh._hub().request(hub_ops.INFO, timeout=30.0)

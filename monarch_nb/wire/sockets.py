@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Iterable
 
 import zmq
 
@@ -187,6 +188,12 @@ def _close_idle(table: _ThreadSockets, now: float) -> None:
         table.close(address)
 
 
+def _refused(address: str) -> ClusterError:
+    return ClusterError(
+        f"{address} refused the connection: the process there does not hold this cluster's key "
+        "(a process of another cluster on a reused port?); the one this message was for is gone")
+
+
 class Outbox:
     """Per-thread PUSH sockets, one per destination address. Those to a peer known gone
     are closed at once in every thread (:meth:`discard`); those unused for
@@ -284,10 +291,7 @@ class Outbox:
                     trackers.append(sock.send_multipart(frames, copy=False, track=True))
         except zmq.Again:
             self.forget(address)
-            raise ClusterError(
-                f"{address} refused the connection: the process there does not hold this cluster's key "
-                "(a process of another cluster on a reused port?); the one this message was for is gone"
-            ) from None
+            raise _refused(address) from None
         except BaseException:
             self.forget(address)
             raise
@@ -303,6 +307,32 @@ class Outbox:
                 f"could not deliver a message to {address} within {SEND_DRAIN_TIMEOUT_S} s; "
                 "the receiving process is gone or not reading"
             ) from None
+
+    @protected
+    def send_to_each(self, addresses: Iterable[str], frames: list) -> None:
+        """:meth:`send` ``frames`` to each of ``addresses`` in turn (a call over a mesh's
+        actors). A small frame set, the usual call, is checked and packed once for all,
+        not once per address: that was a third of a client's work per actor. Raises as
+        :meth:`send` does, at the first address that fails; the later ones are not sent."""
+        if len(frames) != wire_frames.FIXED_FRAMES or wire_frames.needs_route(frames):
+            for address in addresses:
+                self.send(address, frames)
+            return
+        now = time.monotonic()
+        if now > _next_sweep:
+            _sweep_idle(now)
+        table = self._table()
+        cluster_id, packed = wire_frames.cluster_of(frames), wire_frames.pack(frames)
+        for address in addresses:
+            try:
+                with table.lock:
+                    self._socket(table, address, now, cluster_id).send(packed)
+            except zmq.Again:
+                self.forget(address)
+                raise _refused(address) from None
+            except BaseException:
+                self.forget(address)
+                raise
 
     @staticmethod
     @protected
