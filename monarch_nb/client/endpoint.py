@@ -75,12 +75,14 @@ class Endpoint(Generic[P, R]):
 
     @protected
     def _send(self, addresses: list[str], args: tuple, kwargs: dict, gather: Gather | None = None,
-              route: dict | None = None, deaths: int | None = None, reducer: Callable | None = None) -> None:
+              route: dict | None = None, deaths: int | None = None, reducer: Callable | None = None) -> dict | None:
         """Pickle and sign the arguments once; send them to the actors at ``addresses``
         (see :meth:`_addresses_of`), replies routed by ``route`` (none for broadcast).
         ``deaths``: ``Supervision.deaths`` when the caller last checked its targets alive.
         A mesh called through the host routers (``host_routes``) gets one message per
-        host instead, asking the routers to fold the values with ``reducer`` if given."""
+        host instead, asking the routers to fold the values with ``reducer`` if given.
+        Returns those routes (``HostRoutes.routes``), ``None`` when it went straight to
+        the actors."""
         guard_main_thread()  # first: a cell's default SIGINT handler would not defer out of what follows
         mesh = self._mesh
         rt = runtime()
@@ -100,7 +102,7 @@ class Endpoint(Generic[P, R]):
         routes = rt.host_routes.routes(mesh)
         if routes is not None:
             self._cast(routes, addresses, header, args, kwargs, reducer)
-            return
+            return routes
         frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
                                           what=f"an argument of {mesh._name}.{self._name}", sign_at_send=True,
                                           destinations=addresses)  # CUDA tensors by IPC when all on this host
@@ -109,7 +111,7 @@ class Endpoint(Generic[P, R]):
             gather.send(addresses, frames)
             if rt.supervision.deaths != deaths:
                 self._drop_queued_for_dead(addresses)
-            return
+            return None
         # Buffers: a send may take a while, and waits until they have left. An actor
         # reported dead meanwhile is skipped (its call has failed already): a send to it
         # would wait for a peer that never reads, up to Outbox's drain timeout.
@@ -127,6 +129,7 @@ class Endpoint(Generic[P, R]):
         # segments before it existed).
         if wire_frames.signed_at_send(frames) or rt.supervision.deaths != deaths:
             self._drop_queued_for_dead(addresses)
+        return None
 
     def _cast(self, routes: dict, addresses: list[str], header: dict, args: tuple, kwargs: dict,
               reducer: Callable | None) -> None:
@@ -251,8 +254,8 @@ class Endpoint(Generic[P, R]):
         deaths = supervision.deaths
         dead = supervision.watch(mesh._cluster_id, port, targets, mesh._name)
         try:
-            self._send([addresses[b] for b in bases if addresses[b] not in dead], args, kwargs, gather, route, deaths,
-                       reducer)
+            routes = self._send([addresses[b] for b in bases if addresses[b] not in dead], args, kwargs, gather,
+                                route, deaths, reducer)
         except BaseException:
             gather.close()
             supervision.unwatch(port, targets)
@@ -261,7 +264,6 @@ class Endpoint(Generic[P, R]):
             supervision.fail(mesh._cluster_id, port, targets[address], why)
         mesh._track(bases, future)
         future._cycle = self._cycle_error(targets)
-        routes = rt.host_routes.routes(mesh)  # (known by now: _send asked)
         rt.in_flight.add(future, Call(mesh, self._name, rt.cell, (route[envelope.REPLY], port),
                                       lambda: [b for b, i in by_base.items() if i not in answered],
                                       None if routes is None else lambda b: routes[addresses[b]][0]))
