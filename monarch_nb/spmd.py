@@ -21,6 +21,7 @@ from .client import torch_env
 from .client.proc_mesh import ProcMesh
 from .client.value_mesh import ValueMesh
 from .proc import gpus
+from .proc import torch_env as proc_torch_env
 from .proc.actor import Actor, current_rank, endpoint
 from .protocol import gpus as gpu_keys
 
@@ -56,9 +57,7 @@ class SPMDActor(Actor):
     def get_host_port(self, use_ipaddr=None) -> tuple[str, int]:
         """This host's name and a TCP port free on it now, for ``MASTER_ADDR``/``MASTER_PORT``
         (``use_ipaddr`` is accepted for Monarch compatibility; the name is returned)."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return socket.gethostname(), s.getsockname()[1]
+        return socket.gethostname(), proc_torch_env.free_port()
 
     @endpoint
     def setup_env(self, master_addr: str, master_port: int) -> None:

@@ -210,3 +210,32 @@ def test_a_torch_mesh_with_a_dead_rank_is_restarted_whole_and_forms_a_new_group(
         assert procs.setup_torch_distributed(backend="gloo").values()[2]["RANK"] == "2"  # the same group
     finally:
         procs.stop()
+
+
+def test_a_picked_store_port_is_free_and_below_the_ephemeral_range_where_no_connect_can_take_it(monkeypatch):
+    # A port the OS picked (bind to 0) comes from the ephemeral range, where any process's
+    # connect() may be given it before the TCPStore binds it: CI saw a TorchFT group's
+    # store fail with EADDRINUSE so.
+    from monarch_nb.proc import torch_env as proc_torch_env
+
+    low = proc_torch_env._ephemeral_low()
+    if low is None:
+        pytest.skip("no /proc/sys/net/ipv4/ip_local_port_range here (not Linux)")
+    ports = {proc_torch_env.free_port() for _ in range(20)}
+    assert all(proc_torch_env._UNASSIGNED_FROM <= p < low for p in ports), ports
+    assert len(ports) > 1  # picked at random: two groups asking at once rarely meet
+    with socket.socket() as taken:  # one that is listened on is never picked
+        taken.bind(("", next(iter(ports))))
+        taken.listen()
+        monkeypatch.setattr(proc_torch_env.random, "Random", lambda: _Fixed(taken.getsockname()[1]))
+        assert proc_torch_env.free_port() != taken.getsockname()[1]
+
+
+class _Fixed:
+    """A random.Random whose sample offers ``first`` before the rest of the range."""
+
+    def __init__(self, first: int):
+        self.first = first
+
+    def sample(self, population, k):
+        return [self.first] + [p for p in population if p != self.first][:k - 1]

@@ -11,6 +11,7 @@ group can exist).
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 
@@ -32,12 +33,47 @@ REPORTED_KEYS = ENV_KEYS + IFNAME_KEYS
 
 
 def free_port() -> int:
-    """A TCP port free on every interface of this host right now (the OS picks it), for
-    rank 0's TCPStore. Another process could take it before the store binds it; the
-    window is the time until ``init_process_group`` runs, as with torchrun."""
+    """A TCP port free on every interface of this host right now, for rank 0's TCPStore
+    (a gloo or NCCL group's, a TorchFT group's): one below the kernel's ephemeral range
+    (``/proc/sys/net/ipv4/ip_local_port_range``, 32768-60999 by default), so that no
+    process's ``connect()`` or ``bind(port 0)`` is given it in the time until the store
+    binds it, which a port the OS picked could be (CI saw a TorchFT manager's store fail
+    with EADDRINUSE so). Where that range is unknown, or every try is taken, the OS picks."""
+    low = _ephemeral_low()
+    if low is not None and low > _UNASSIGNED_FROM + 1024:
+        for port in random.Random().sample(range(_UNASSIGNED_FROM, low), _PORT_TRIES):
+            if _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+# Where free_port looks below the ephemeral range: above the ports that well-known
+# services (Jupyter's 8888, TensorBoard's 6006, ...) sit on; a listener found there is
+# skipped, one started later may still collide, as with any picked port.
+_UNASSIGNED_FROM = 20000
+_PORT_TRIES = 32
+
+
+def _ephemeral_low() -> int | None:
+    """The first port of Linux's ephemeral range, or ``None`` where it can't be read."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _bindable(port: int) -> bool:
+    """Whether a TCP listener could bind ``port`` on every interface now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds: TIME_WAIT is no obstacle
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+        return True
 
 
 def interface_of(ip: str) -> str | None:
