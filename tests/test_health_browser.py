@@ -11,7 +11,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from monarch_nb.kernelspec import write_data_dir
+from monarch_nb.proc.torch_env import free_port
 
 from conftest import pids_alive, system_part_missing, wait_until
 
@@ -56,12 +56,6 @@ const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
 const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
 return !!(k && k.status === 'idle' && w.context.path === 'health.ipynb');"""
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _notebook() -> dict:
     cells = [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
               "source": source} for source in NOTEBOOK_CELLS]
@@ -80,7 +74,7 @@ def lab():
     settings.mkdir(parents=True)
     # No news or update checks (no network here, and no toast over the screenshot).
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     write_data_dir(root / "jupyter")
     env = {**os.environ, "JUPYTER_PATH": str(root / "jupyter"), "JUPYTER_CONFIG_DIR": str(root / "config"),
            "JUPYTER_RUNTIME_DIR": str(root / "runtime"), "JUPYTERLAB_SETTINGS_DIR": str(root / "settings"),

@@ -15,7 +15,7 @@ import pytest
 
 from monarch_nb.actor import Actor, ClusterError, SupervisionError, endpoint
 from monarch_nb.client.cluster import Cluster
-from monarch_nb.proc.torch_env import ENV_KEYS
+from monarch_nb.proc.torch_env import ENV_KEYS, free_port
 from monarch_nb.spmd import setup_torch_elastic_env
 
 from conftest import cluster_processes, wait_until
@@ -139,12 +139,6 @@ def test_setup_on_a_mesh_with_a_dead_proc_fails_with_supervision_error(host):
         procs.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_hosts_dimension_named_in_per_host_on_one_host_gives_the_group_ranks(host):
     # Monarch's SPMD examples lay out {"hosts": H, "gpus": G} on this_host(): torchrun's
     # node index is the hosts index even though every proc is on this one host.
@@ -172,7 +166,7 @@ def test_two_host_mesh_gets_local_ranks_per_host_and_a_group_across_hosts():
         assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["GROUP_WORLD_SIZE"]) for e in one_per_host} == {
             ("2", "1", "2")}
 
-        port = _free_port()
+        port = free_port()
         setup_torch_elastic_env(procs, master_port=port)  # Monarch's name for it
         seen = readers.read.call().get().values()
         assert not any(imported for _, imported in seen), "setting the variables imported torch in a proc"
