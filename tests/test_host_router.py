@@ -559,6 +559,44 @@ def test_a_ctrl_c_that_a_stopped_proc_cannot_confirm_says_so(routed, tmp_path):
     assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == HOSTS * PER_HOST
 
 
+def test_one_ctrl_c_over_several_meshes_waits_for_their_procs_once_not_once_per_mesh(routed, tmp_path):
+    # An RL loop's cell waits on a generator, a reward and a trainer mesh: a Ctrl-C that a
+    # stopped proc can't confirm costs the notebook the interrupt's timeout once in all.
+    import re
+    import time
+
+    from monarch_nb.client import in_flight
+
+    _, procs, mesh = routed
+    others = [procs.spawn(f"rec_{i}", Recorder) for i in range(2)]
+    rt = runtime()
+    gate = tmp_path / "gate"
+    gate.touch()
+    victim = procs.pids[1]
+    rt.cell, before = "three-meshes-cell", rt.cell
+    try:
+        running = [m.hold.call(str(gate)) for m in (mesh, *others)]
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            said = in_flight.interrupt(rt.in_flight.of_cell("three-meshes-cell"), timeout=3.0)
+            took = time.monotonic() - started
+        finally:
+            os.kill(victim, signal.SIGCONT)
+        assert [re.sub(r" \(\d+ proc\(s\) did not confirm within 3 s\)$", "", what) for what in said] == [
+            f"{name}.hold (ranks 0-{HOSTS * PER_HOST - 1})" for name in ("rec", "rec_0", "rec_1")], said
+        assert all("did not confirm" in what for what in said), said
+        assert took < 2 * 3.0, f"three meshes took {took:.1f} s: the interrupt waited for each mesh in turn"
+        for call in running:
+            with pytest.raises(ActorError, match="KeyboardInterrupt"):
+                call.get(timeout=BOUND_S)
+    finally:
+        rt.cell = before
+        for m in others:
+            m.stop()
+    assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == HOSTS * PER_HOST
+
+
 def test_a_proc_killed_mid_call_fails_that_call_and_the_others_answer(routed, tmp_path):
     c, procs, mesh = routed
     gate = tmp_path / "gate"

@@ -60,13 +60,16 @@ class ControlPlane(abc.ABC):
         """KeyboardInterrupt into every endpoint running in ``procs`` (their records)."""
 
     @abc.abstractmethod
-    def interrupt_calls(self, proc_mesh: str, name: str, routes: dict[int, list[tuple[str, int]]],
-                        timeout: float) -> int:
-        """Interrupt calls of actor mesh ``name``: for each base rank, the calls whose
-        replies go to ``routes[rank]`` (``(address, port)``) get KeyboardInterrupt if
-        running, and are refused if they have not begun; other calls and other actors
-        of the procs carry on (an ``async`` actor's running calls are all interrupted).
-        Waits up to ``timeout`` seconds for the procs to confirm; returns how many did not."""
+    def interrupt_calls(self, meshes: list[tuple[str, str, dict[int, list[tuple[str, int]]]]],
+                        timeout: float) -> list[int]:
+        """Interrupt calls of the actor meshes ``meshes``, each ``(proc_mesh, name,
+        routes)``: for each base rank, the calls whose replies go to ``routes[rank]``
+        (``(address, port)``) get KeyboardInterrupt if running, and are refused if they
+        have not begun; other calls and other actors of the procs carry on (an ``async``
+        actor's running calls are all interrupted). Every mesh's procs are asked at once,
+        and the procs of all of them get ``timeout`` seconds together to confirm (an RL
+        loop's generator, reward and trainer meshes interrupted by one Ctrl-C wait once,
+        not once each). Returns, per mesh of ``meshes``, how many procs did not confirm."""
 
     @abc.abstractmethod
     def paused(self, timeout: float) -> list[dict]:

@@ -112,37 +112,37 @@ class HubControl(ControlPlane):
                 gather.request(proc["address"], self.cluster_id, {envelope.OP: proc_ops.INTERRUPT}, key=rank)
             gather.wait(len(procs), timeout)
 
-    def interrupt_calls(self, proc_mesh: str, name: str, routes: dict[int, list[tuple[str, int]]],
-                        timeout: float) -> int:
+    def interrupt_calls(self, meshes: list[tuple[str, str, dict[int, list[tuple[str, int]]]]],
+                        timeout: float) -> list[int]:
         info = self.hub.request(hub_ops.INFO, timeout=timeout)
-        record, procs = info["actor_meshes"].get(f"{proc_mesh}/{name}"), info["proc_meshes"].get(proc_mesh)
-        if record is None or procs is None:
-            return 0  # stopped meanwhile: nothing runs there any more
-        direct: dict[str, list] = {}  # proc control address -> routes of its calls
-        by_router: dict[str, dict[str, list]] = {}  # router -> the same, for calls sent through routers
-        for rank, calls in routes.items():
-            address = procs["procs"][record["proc_ranks"][rank]]["address"]
-            for route in calls:
-                if isinstance(route[1], (tuple, list)):  # (router, the route it gave the call): host.router
-                    by_router.setdefault(route[0], {}).setdefault(address, []).append(route)
-                else:
-                    direct.setdefault(address, []).append(route)
-        requests: list[tuple[str, dict]] = [
-            (address, {envelope.OP: proc_ops.INTERRUPT, proc_ops.MESH: name, proc_ops.ROUTES: calls})
-            for address, calls in direct.items()]
-        requests += [(router, {envelope.OP: router_ops.INTERRUPT, proc_ops.MESH: name, router_ops.TIMEOUT: timeout,
-                               router_ops.PROCS: [[address, calls] for address, calls in by_proc.items()]})
-                     for router, by_proc in by_router.items()]  # one message per host: its router passes it on
+        # Per mesh: proc control address -> routes of its calls sent directly, and router ->
+        # the same for those sent through routers; each request's reply is kept under
+        # (the mesh's index, the address it went to).
+        asked: list[tuple[dict[str, list], dict[str, dict[str, list]]]] = []
+        requests: list[tuple[tuple[int, str], dict]] = []
+        for i, (proc_mesh, name, routes) in enumerate(meshes):
+            direct, by_router = _interrupt_targets(info, proc_mesh, name, routes)
+            asked.append((direct, by_router))
+            requests += [((i, address), {envelope.OP: proc_ops.INTERRUPT, proc_ops.MESH: name,
+                                         proc_ops.ROUTES: calls})
+                         for address, calls in direct.items()]
+            requests += [((i, router), {envelope.OP: router_ops.INTERRUPT, proc_ops.MESH: name,
+                                        router_ops.TIMEOUT: timeout,
+                                        router_ops.PROCS: [[address, calls] for address, calls in by_proc.items()]})
+                         for router, by_proc in by_router.items()]  # one message per host: its router passes it on
         with Gather(runtime().mailbox) as gather:
             _request_all(gather, self.cluster_id, requests)
             gather.wait(len(requests), timeout)
             replies = dict(gather.replies)
         # Unconfirmed: a proc that did not answer, every proc of a router that did not, and
         # those a router names as not answering it (router_ops.MISSED).
-        unconfirmed = sum(1 for address in direct if address not in replies)
-        for router, by_proc in by_router.items():
-            reply = replies.get(router)
-            unconfirmed += len(by_proc) if reply is None else len(reply.header.get(router_ops.MISSED) or ())
+        unconfirmed = []
+        for i, (direct, by_router) in enumerate(asked):
+            missed = sum(1 for address in direct if (i, address) not in replies)
+            for router, by_proc in by_router.items():
+                reply = replies.get((i, router))
+                missed += len(by_proc) if reply is None else len(reply.header.get(router_ops.MISSED) or ())
+            unconfirmed.append(missed)
         return unconfirmed
 
     def paused(self, timeout: float) -> list[dict]:
@@ -156,11 +156,34 @@ class HubControl(ControlPlane):
         return len({h.get("hostname") for h in hosts if h["host_id"] in host_ids})
 
 
-def _request_all(gather: Gather, cluster_id: str, requests: list[tuple[str, dict]]) -> None:
-    """Send each ``(address, header)`` of ``requests``, its reply kept under its address.
-    (A loop of its own, called from the ``with`` block: see ``monarch_nb.wire.interrupts``.)"""
-    for address, header in requests:
-        gather.request(address, cluster_id, header, key=address)
+def _interrupt_targets(info: dict, proc_mesh: str, name: str, routes: dict[int, list]
+                       ) -> tuple[dict[str, list], dict[str, dict[str, list]]]:
+    """Where to send the interrupt of actor mesh ``proc_mesh/name``'s calls ``routes``
+    (base rank -> the routes of its calls), from the hub's ``info``: (proc control
+    address -> routes of the calls sent to it directly, router -> proc control address
+    -> routes of those sent through that router). Both empty when the mesh was stopped
+    meanwhile: nothing runs there any more."""
+    record, procs = info["actor_meshes"].get(f"{proc_mesh}/{name}"), info["proc_meshes"].get(proc_mesh)
+    direct: dict[str, list] = {}
+    by_router: dict[str, dict[str, list]] = {}
+    if record is None or procs is None:
+        return direct, by_router
+    for rank, calls in routes.items():
+        address = procs["procs"][record["proc_ranks"][rank]]["address"]
+        for route in calls:
+            if isinstance(route[1], (tuple, list)):  # (router, the route it gave the call): host.router
+                by_router.setdefault(route[0], {}).setdefault(address, []).append(route)
+            else:
+                direct.setdefault(address, []).append(route)
+    return direct, by_router
+
+
+def _request_all(gather: Gather, cluster_id: str, requests: list[tuple[tuple[int, str], dict]]) -> None:
+    """Send each ``((i, address), header)`` of ``requests`` to ``address``, its reply kept
+    under ``(i, address)``. (A loop of its own, called from the ``with`` block: see
+    ``monarch_nb.wire.interrupts``.)"""
+    for (i, address), header in requests:
+        gather.request(address, cluster_id, header, key=(i, address))
 
 
 def _restart_note(proc_mesh: str, reply: dict) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from ..errors import ClusterError
 from ..mesh.ranks import format_ranks
@@ -87,18 +87,24 @@ def describe(calls: list[Call]) -> list[str]:
 def interrupt(calls: list[Call], timeout: float = 5.0) -> list[str]:
     """Interrupt ``calls`` where they still run (``ControlPlane.interrupt_calls``: each
     then fails with an ``ActorError`` wrapping ``KeyboardInterrupt``; the actors carry
-    on, and calls of theirs not yet begun are refused). Waits up to ``timeout`` seconds
-    per mesh for its procs to confirm. Returns :func:`describe`'s descriptions; a mesh
-    whose cluster can't be reached has the reason added, and one whose procs did not all
-    confirm says how many did not."""
-    said = []
-    for mesh, routes, what in _by_mesh(calls):
+    on, and calls of theirs not yet begun are refused). The meshes of one cluster are
+    asked at once and get ``timeout`` seconds together for their procs to confirm.
+    Returns :func:`describe`'s descriptions; a mesh whose cluster can't be reached has
+    the reason added, and one whose procs did not all confirm says how many did not."""
+    meshes_of_calls = _by_mesh(calls)
+    by_cluster: dict[str, tuple[Any, list[tuple["ActorMesh", dict[int, list], str]]]] = {}
+    for mesh, routes, what in meshes_of_calls:
+        if mesh._cluster_id not in by_cluster:
+            by_cluster[mesh._cluster_id] = (mesh._control(), [])
+        by_cluster[mesh._cluster_id][1].append((mesh, routes, what))
+    said: dict[str, str] = {}
+    for control, meshes in by_cluster.values():
         try:
-            unconfirmed = mesh._control().interrupt_calls(mesh._proc_mesh_name, mesh._name, routes, timeout)
+            unconfirmed = control.interrupt_calls([(m._proc_mesh_name, m._name, routes) for m, routes, _ in meshes],
+                                                  timeout)
         except ClusterError as e:
-            what += f" not reached: {e}"
-        else:
-            if unconfirmed:
-                what += f" ({unconfirmed} proc(s) did not confirm within {timeout:g} s)"
-        said.append(what)
-    return said
+            said.update((what, f"{what} not reached: {e}") for _, _, what in meshes)
+            continue
+        for (_, _, what), missed in zip(meshes, unconfirmed):
+            said[what] = what + (f" ({missed} proc(s) did not confirm within {timeout:g} s)" if missed else "")
+    return [said[what] for _, _, what in meshes_of_calls]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import time
 
 from ..errors import HubTimeout, InvalidRequest, actor_gone_report, actor_name
 from ..mesh import Extent, Shape
@@ -86,10 +87,15 @@ class LocalControl(ControlPlane):
             threading.Thread(target=ProcServer._interrupt_threads, args=(targets,), daemon=True,
                              name="monarch-nb-interrupt").start()
 
-    def interrupt_calls(self, proc_mesh: str, name: str, routes: dict[int, list[tuple[str, int]]],
-                        timeout: float) -> int:
-        header = {envelope.OP: proc_ops.INTERRUPT, proc_ops.MESH: name, proc_ops.ROUTES: routes.get(0, [])}
-        return 0 if self._request(header, timeout=timeout) is not None else 1
+    def interrupt_calls(self, meshes: list[tuple[str, str, dict[int, list[tuple[str, int]]]]],
+                        timeout: float) -> list[int]:
+        deadline = time.monotonic() + timeout
+        unconfirmed = []
+        for _, name, routes in meshes:  # one proc, this one: each answers at once
+            header = {envelope.OP: proc_ops.INTERRUPT, proc_ops.MESH: name, proc_ops.ROUTES: routes.get(0, [])}
+            left = max(deadline - time.monotonic(), 0.0)
+            unconfirmed.append(0 if self._request(header, timeout=left) is not None else 1)
+        return unconfirmed
 
     def paused(self, timeout: float) -> list[dict]:
         return []  # no debug registry without a hub
