@@ -289,11 +289,8 @@ class Outbox:
                     sock.send(frames[-1])
                 else:
                     trackers.append(sock.send_multipart(frames, copy=False, track=True))
-        except zmq.Again:
-            self.forget(address)
-            raise _refused(address) from None
-        except BaseException:
-            self.forget(address)
+        except BaseException as e:
+            self._failed(address, e)
             raise
         if not trackers:
             return
@@ -327,12 +324,18 @@ class Outbox:
             try:
                 with table.lock:
                     self._socket(table, address, now, cluster_id).send(packed)
-            except zmq.Again:
-                self.forget(address)
-                raise _refused(address) from None
-            except BaseException:
-                self.forget(address)
+            except BaseException as e:
+                self._failed(address, e)
                 raise
+
+    def _failed(self, address: str, error: BaseException) -> None:
+        """A send to ``address`` raised ``error``: its socket is dropped (what it queued
+        may be half a message), and ``zmq.Again``, which a socket with no high-water mark
+        raises only once the peer refused its handshake, becomes the error
+        :func:`_refused` names; any other error goes on as the caller re-raises it."""
+        self.forget(address)
+        if isinstance(error, zmq.Again):
+            raise _refused(address) from None
 
     @staticmethod
     @protected
