@@ -112,6 +112,37 @@ def test_a_folded_value_that_cannot_be_pickled_fails_every_rank_it_folds():
     assert "lock" in str(unpack_exception(serialize.loads(failure.body))[0])
 
 
+def test_identical_replies_in_a_row_go_as_one_naming_their_ranks_and_nothing_overtakes():
+    # A train step's None from every actor of a host: one reply for the client to take.
+    casts = Casts()
+    route = ("me", 8)
+    casts.open(route, {r: f"p/{r}" for r in range(6)}, coalesce=True)
+    for rank in (3, 0, 1):
+        casts.reply(route, *_reply(rank, None))
+    casts.reply(route, {envelope.RANK: 9, envelope.OK: True}, serialize.dumps("a port's value")[0])
+    casts.reply(route, *_reply(2, None))  # after the port's value: must not join rank 3's reply before it
+    casts.reply(route, *_reply(4, "boom", ok=False))
+    casts.reply(route, *_reply(5, "boom", ok=False))  # a failure goes alone, whatever it is like
+    entries = casts.take()["me"]
+    assert [(e.header[envelope.RANK], e.header.get(router_ops.SAME)) for e in entries] == [
+        (3, [0, 1]), (9, None), (2, None), (4, None), (5, None)]
+    assert serialize.loads(entries[0].body) is None
+
+
+def test_replies_alike_stay_apart_unless_the_caller_asked_and_when_large_or_with_buffers():
+    casts = Casts()
+    casts.open(("me", 10), {0: "p/0", 1: "p/1"})  # a caller that takes each reply as it comes
+    casts.open(("me", 11), {0: "p/0", 1: "p/1", 2: "p/2", 3: "p/3"}, coalesce=True)
+    for rank in (0, 1):
+        casts.reply(("me", 10), *_reply(rank, 1))
+    large = serialize.dumps("x" * 2048)[0]
+    for rank in (0, 1):
+        casts.reply(("me", 11), {envelope.RANK: rank, envelope.OK: True}, large)
+    for rank in (2, 3):
+        casts.reply(("me", 11), {envelope.RANK: rank, envelope.OK: True}, b"", [b"a buffer"])
+    assert [router_ops.SAME in e.header for e in casts.take()["me"]] == [False] * 6
+
+
 def test_a_proc_gone_fails_its_pending_ranks_as_dead_and_only_those():
     casts = Casts()
     casts.open(("me", 5), {0: "p/0", 1: "p/1"})
@@ -225,6 +256,10 @@ class Recorder(Actor):
     @endpoint
     def one(self) -> int:
         return 1
+
+    @endpoint
+    def same(self, value):
+        return value
 
     @endpoint
     def stream(self, port, n: int) -> None:
@@ -353,6 +388,19 @@ def test_routed_calls_give_what_direct_calls_give(routed, monkeypatch):
     direct = mesh.value.call(3).get(timeout=BOUND_S)
     assert through_routers.extent == direct.extent
     assert list(through_routers.values()) == list(direct.values()) == [300 + r for r in range(HOSTS * PER_HOST)]
+
+
+def test_alike_replies_through_the_routers_give_each_rank_its_value_and_mutable_ones_apart(routed):
+    # Routers send a host's identical replies as one (router_ops.SAME); a value that can
+    # change must still be each rank's own object, as if every reply had come.
+    _, _, mesh = routed
+    n = HOSTS * PER_HOST
+    assert list(mesh.same.call(None).get(timeout=BOUND_S).values()) == [None] * n
+    lists = list(mesh.same.call([1, {"k": 2}]).get(timeout=BOUND_S).values())
+    assert lists == [[1, {"k": 2}]] * n
+    lists[0].append("mine")
+    lists[1][1]["k"] = 3
+    assert lists[2] == [1, {"k": 2}] and len({id(v) for v in lists}) == n
 
 
 def test_a_large_argument_reaches_every_actor_of_a_host_as_a_value_of_its_own(routed):

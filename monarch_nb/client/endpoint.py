@@ -101,7 +101,7 @@ class Endpoint(Generic[P, R]):
             header.update(route)
         routes = rt.host_routes.routes(mesh)
         if routes is not None:
-            self._cast(routes, addresses, header, args, kwargs, reducer)
+            self._cast(routes, addresses, header, args, kwargs, reducer, coalesce=gather is not None)
             return routes
         frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
                                           what=f"an argument of {mesh._name}.{self._name}", sign_at_send=True,
@@ -132,9 +132,10 @@ class Endpoint(Generic[P, R]):
         return None
 
     def _cast(self, routes: dict, addresses: list[str], header: dict, args: tuple, kwargs: dict,
-              reducer: Callable | None) -> None:
+              reducer: Callable | None, coalesce: bool) -> None:
         """One ``CAST`` per host router (``host.router``): the call's header and arguments
-        once, and the actors of ``addresses`` on that host."""
+        once, and the actors of ``addresses`` on that host. ``coalesce``: the replies go
+        to a :meth:`_gather`, which takes identical ones as one (``router_ops.SAME``)."""
         mesh = self._mesh
         body, buffers = serialize.dumps((args, kwargs), f"an argument of {mesh._name}.{self._name}")
         raw = [b.raw() for b in buffers]
@@ -146,6 +147,8 @@ class Endpoint(Generic[P, R]):
         cast: dict = {envelope.OP: router_ops.CAST, router_ops.CALL: header, router_ops.CLIENT: mailbox.address}
         if reducer is not None:
             cast[router_ops.REDUCE] = serialize.dumps(reducer, "the reducer")[0]
+        if coalesce:
+            cast[router_ops.COALESCE] = True
         for router, targets in by_router.items():
             cast[router_ops.TARGETS] = targets
             mailbox.send(router, wire_frames.encode(mesh._cluster_id, cast, body, raw, sign_at_send=True))
@@ -167,7 +170,8 @@ class Endpoint(Generic[P, R]):
         """Send to ``view_ranks``; once all replied, ``finish(results, failures, dead)`` gives the
         future's ``(value, error)``. With ``reducer``, routers may fold several ranks'
         values into one reply (``FOLDED``): the ranks it covers besides its own hold
-        ``FOLDED_AWAY`` in ``results``."""
+        ``FOLDED_AWAY`` in ``results``. Without, routers send identical replies as one
+        (``SAME``): each rank it names gets the value as if its own reply had come."""
         guard_main_thread()  # first: a cell's default SIGINT handler would not defer out of what follows
         mesh = self._mesh
         rt = runtime()
@@ -206,14 +210,16 @@ class Endpoint(Generic[P, R]):
                 return
             answered.add(i)
             folded = message.header.get(router_ops.FOLDED)  # a router folded these ranks' values into this one
-            also = [] if folded is None else [by_base[b] for b in folded
-                                              if b in by_base and by_base[b] not in answered]
+            same = message.header.get(router_ops.SAME)  # these ranks' replies were this one, byte for byte
+            covered = folded if folded is not None else same
+            also = [] if covered is None else [by_base[b] for b in covered
+                                               if b in by_base and by_base[b] not in answered]
             answered.update(also)
             value, failure, interrupted = _read_reply(message, mesh.extent, view_ranks[i])
             if failure is None:
                 results[i] = value
                 for j in also:
-                    results[j] = FOLDED_AWAY
+                    results[j] = FOLDED_AWAY if folded is not None else _same_value(value, message)
             else:
                 failures[i] = failure
                 for j in also:
@@ -558,6 +564,18 @@ def _unpickle_reply(message: wire_frames.Message, extent: Extent, rank: int) -> 
         raise
     except BaseException as e:  # noqa: BLE001 - a value we can't unpickle here (even SystemExit)
         return None, RemoteFailure(extent.point(rank), e, f"could not unpickle the reply: {e!r}\n")
+
+
+# Values one object of which may stand for every rank that returned it: nothing can
+# change them. Any other value is unpickled once per rank, as if each reply had come.
+_SHAREABLE = frozenset((type(None), bool, int, float, complex, str, bytes))
+
+
+def _same_value(value: Any, message: wire_frames.Message) -> Any:
+    """The value of another rank whose reply was ``message`` byte for byte
+    (``router_ops.SAME``): ``value`` itself when immutable, else unpickled anew, so
+    that no two ranks' values are one object."""
+    return value if type(value) in _SHAREABLE else message.value()
 
 
 def _timeout_hint(mesh: "ActorMesh", endpoint: str, by_base: dict[int, int]) -> str:

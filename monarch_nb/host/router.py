@@ -11,7 +11,9 @@ argument written to shared memory once for all of them, ``wire.shm.sharing``). T
 actors verify it again, reply to the router, and the router sends what has arrived to
 each client in one batch each time its inbox is drained (:class:`Casts`): replies
 stream back as they complete, none held for the slowest. With a reducer the router
-folds the values that succeeded into one reply per host.
+folds the values that succeeded into one reply per host; without, replies that are
+byte for byte alike and come one after another (a train step's ``None``) go as one
+naming their ranks, for a caller that asked (``COALESCE``).
 
 Order: every call of a client to an actor of a routed mesh goes through this one
 router, on one socket each way, so a caller's calls reach an actor in the order sent.
@@ -52,6 +54,10 @@ DRAIN_MAX = 512  # replies taken in before a flush, when they keep coming
 GATHER_MS = 1
 HOLD_MAX_S = 0.002
 REDUCERS_KEPT = 64  # unpickled reducers remembered (by their pickled bytes)
+# Replies up to this size are compared with the one queued before them, to be sent once
+# with the ranks that gave it (router_ops.SAME); larger ones are rarely alike.
+SAME_MAX_BYTES = 1024
+_PLAIN_REPLY = frozenset((envelope.OK, envelope.PORT, envelope.RANK))  # a reply with nothing but its value
 
 
 @dataclass
@@ -61,6 +67,7 @@ class Entry:
     header: dict
     body: Any  # bytes-like
     buffers: list = field(default_factory=list)
+    same: bytes | None = None  # the body, for a plain reply that identical ones may join (SAME)
 
 
 @dataclass
@@ -70,6 +77,7 @@ class _Cast:
     port: Hashable  # the client's port
     waiting: dict[int, str]  # base rank -> proc id, of the destinations yet to answer
     reducer: Callable[[Any, Any], Any] | None = None
+    coalesce: bool = False  # identical replies go as one (router_ops.COALESCE)
     folded: list[int] = field(default_factory=list)  # ranks whose values ``value`` folds
     value: Any = None
 
@@ -87,11 +95,12 @@ class Casts:
         return bool(self._open)
 
     def open(self, route: tuple[str, Hashable], ranks: dict[int, str],
-             reducer: Callable[[Any, Any], Any] | None = None) -> None:
+             reducer: Callable[[Any, Any], Any] | None = None, coalesce: bool = False) -> None:
         """Expect one reply from each of ``ranks`` (base rank -> proc id) for the client
-        route ``(address, port)``."""
+        route ``(address, port)``; with ``coalesce``, a reply identical to the one queued
+        just before it joins that one (``router_ops.SAME``) instead of going on its own."""
         if ranks:
-            self._open[route] = _Cast(route[1], dict(ranks), reducer)
+            self._open[route] = _Cast(route[1], dict(ranks), reducer, coalesce)
 
     def reply(self, route: tuple[str, Hashable], header: dict, body, buffers=()) -> None:
         """A local actor's reply for ``route``: queued for its client, or folded."""
@@ -110,6 +119,9 @@ class Casts:
                 cast.folded.append(rank)
             except Exception as e:  # noqa: BLE001 - the user's reducer, or an unpicklable value: that rank's error
                 self._queue(client, _failure(port, rank, e))
+        elif cast.coalesce and not buffers and header.get(envelope.OK) and header.keys() <= _PLAIN_REPLY \
+                and len(body) <= SAME_MAX_BYTES:
+            self._queue_same(client, Entry(header, body, same=bytes(body)))
         else:
             self._queue(client, Entry(header, body, list(buffers)))
         self._close_if_done(route, cast)
@@ -153,6 +165,18 @@ class Casts:
 
     def _queue(self, client: str, entry: Entry) -> None:
         self._ready.setdefault(client, []).append(entry)
+
+    def _queue_same(self, client: str, entry: Entry) -> None:
+        """Queue ``entry``, or name its rank in the entry queued just before it for the
+        same port when that one is byte for byte the same reply. Only the one just
+        before: a reply joined to an earlier one would overtake what came between (a
+        port's values that its actor sent before returning)."""
+        queued = self._ready.get(client)
+        last = queued[-1] if queued else None
+        if last is not None and last.same == entry.same and last.header[envelope.PORT] == entry.header[envelope.PORT]:
+            last.header.setdefault(router_ops.SAME, []).append(entry.header[envelope.RANK])
+            return
+        self._queue(client, entry)
 
 
 @dataclass
@@ -343,7 +367,8 @@ class Router:
                 for _, rank, _ in targets:
                     self.casts.fail_rank(route, rank, e, died=False)
                 return
-            self.casts.open(route, {rank: proc for _, rank, proc in targets}, reducer)
+            self.casts.open(route, {rank: proc for _, rank, proc in targets}, reducer,
+                            coalesce=bool(header.get(router_ops.COALESCE)))
         frames = wire_frames.encode(self.cluster_id, call, message.body, message.buffers, sign_at_send=True)
         self.casts_seen += 1
         with shm.sharing():  # large arguments written to shared memory once for the host's actors

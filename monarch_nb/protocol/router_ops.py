@@ -28,6 +28,9 @@ TARGETS = "targets"  # [[actor address, base rank, proc id], ...]: the destinati
 CALL = "call"  # the call's header as an actor takes it (kind, endpoint, origin, reply, port)
 REDUCE = "reduce"  # a pickled associative function (a, b) -> value: fold the values here
 CLIENT = "client"  # the calling client's inbox (its ports' values go back through the router)
+# The caller takes identical replies as one (SAME): a call's own replies, waited on as a
+# whole (not a port's values, whose order with the replies matters to the receiver).
+COALESCE = "coalesce"
 
 # Header keys of INTERRUPT, and of its answer.
 PROCS = "procs"  # [[a proc's control address, [the routes of its calls to interrupt]], ...]
@@ -39,6 +42,9 @@ INTERRUPT_WAIT_MAX_S = 10.0
 BATCH = "batch"  # [reply header, ...]: each as the actor sent it, less the port
 LENGTHS = "lengths"  # the byte length of each reply's body, in the order of BATCH
 FOLDED = "folded"  # in a reply header: the base ranks whose values this one value folds
+# In a reply header: the other base ranks whose replies were this one, header and body
+# byte for byte (a train step's None, a shared flag), each to be taken as if it had come
+SAME = "same"
 
 # How a client picks the transport of a call (``MONARCH_NB_ROUTER``): never through
 # routers, always when a mesh spans two hosts or more, or from a number of actors on.
