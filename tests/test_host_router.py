@@ -262,6 +262,22 @@ class Recorder(Actor):
         return value
 
     @endpoint
+    def array_after(self, gate_path: str, n: int):
+        """``n`` float64 zeros, once the test removes the file (each rank says it began
+        with a file of its own beside it): a reply with an out-of-band buffer, which
+        leaves without a copy."""
+        import time
+
+        import numpy as np
+
+        from monarch_nb.actor import current_rank
+
+        open(f"{gate_path}.{current_rank().rank}", "w").close()
+        while os.path.exists(gate_path):
+            time.sleep(0.05)
+        return np.zeros(n)
+
+    @endpoint
     def stream(self, port, n: int) -> None:
         from monarch_nb.actor import current_rank
 
@@ -401,6 +417,34 @@ def test_alike_replies_through_the_routers_give_each_rank_its_value_and_mutable_
     lists[0].append("mine")
     lists[1][1]["k"] = 3
     assert lists[2] == [1, {"k": 2}] and len({id(v) for v in lists}) == n
+
+
+def test_a_client_gone_with_large_replies_pending_holds_no_router_up(routed, tmp_path):
+    # A router serves every client of its host: a large reply to a client that died must
+    # not keep it from passing on the others' calls (it waited up to a minute per reply
+    # for the dead client to read, and every call through that host with it).
+    import subprocess
+    import sys
+
+    c, _, mesh = routed
+    gate = tmp_path / "gate"
+    gate.touch()
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, monarch_nb\n"
+         f"mesh = monarch_nb.connect({c.name!r}).actor_meshes['routed/rec']\n"
+         f"pending = mesh.array_after.call({str(gate)!r}, 60_000)\n"  # 480 KB replies, once the gate opens
+         "print('sent', flush=True)\n"
+         "time.sleep(600)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "sent"
+        n = HOSTS * PER_HOST
+        assert wait_until(lambda: all((tmp_path / f"gate.{r}").exists() for r in range(n)), BOUND_S)
+    finally:
+        other.kill()
+        other.wait()
+    gate.unlink()  # its replies now go to a client that is gone, ahead of this call's
+    assert mesh.one.reduce(operator.add).get(timeout=30) == HOSTS * PER_HOST
 
 
 def test_a_large_argument_reaches_every_actor_of_a_host_as_a_value_of_its_own(routed):

@@ -374,7 +374,7 @@ class Router:
         with shm.sharing():  # large arguments written to shared memory once for the host's actors
             for address, rank, _ in targets:
                 try:
-                    self.outbox.send(address, frames)
+                    self.outbox.send(address, frames, wait=False)
                 except ClusterError as e:
                     if route is not None:
                         self.casts.fail_rank(route, rank, e, died=True)
@@ -391,7 +391,7 @@ class Router:
                        proc_ops.ROUTES: routes, envelope.REPLY: self.address, envelope.PORT: number,
                        envelope.RANK: index}
             try:
-                self.outbox.send(address, wire_frames.encode(self.cluster_id, request))
+                self.outbox.send(address, wire_frames.encode(self.cluster_id, request), wait=False)
             except ClusterError:
                 self.relays.answered(number, index, reached=False)
         self._answer_relays()
@@ -431,7 +431,7 @@ class Router:
 
     def _send(self, client: str, frames: list) -> None:
         try:
-            self.outbox.send(client, frames)
+            self.outbox.send(client, frames, wait=False)
         except ClusterError as e:  # the client is gone: its replies with it
             print(f"monarch_nb router {self.host_id}: replies to {client} dropped: {e}", file=sys.stderr)
 

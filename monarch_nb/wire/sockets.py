@@ -256,19 +256,22 @@ class Outbox:
                 self._socket(table, address, now, cluster_id)
 
     @protected
-    def send(self, address: str, frames: list) -> None:
+    def send(self, address: str, frames: list, wait: bool = True) -> None:
         """Send ``frames`` to ``address``, whole: never interrupted between two frames
         (``wire.interrupts``); a send that fails half way closes its socket, so that
         the torn message is never completed by the next one. When the message carries
         large buffers, wait until they have left this process (or were copied to shared
         memory, for a peer on this host: ``wire.shm``; to another host the largest go
         ahead of the message in chunks on the same socket: ``wire.stream``) so the caller
-        may reuse them. The routing runs under this thread's socket lock, so a
-        :meth:`discard` from another thread waits for a send in progress.
+        may reuse them; ``wait=False``: return once they are queued, for a sender whose
+        buffers nobody changes (received frames it passes on) and that must not be held
+        by one peer gone or not reading (a host router, which serves every client). The
+        routing runs under this thread's socket lock, so a :meth:`discard` from another
+        thread waits for a send in progress.
 
         Raises :class:`ClusterError` when they can't leave within
-        ``SEND_DRAIN_TIMEOUT_S`` (the peer is gone or not reading), or the peer refused
-        this cluster's credentials at the handshake (``wire.zap``)."""
+        ``SEND_DRAIN_TIMEOUT_S`` (the peer is gone or not reading; only with ``wait``),
+        or the peer refused this cluster's credentials at the handshake (``wire.zap``)."""
         now = time.monotonic()
         if now > _next_sweep:
             _sweep_idle(now)  # before taking this thread's lock: it takes every thread's
@@ -292,7 +295,7 @@ class Outbox:
         except BaseException as e:
             self._failed(address, e)
             raise
-        if not trackers:
+        if not trackers or not wait:  # (zero-copy frames hold their buffers until libzmq is done)
             return
         deadline = time.monotonic() + SEND_DRAIN_TIMEOUT_S
         try:
