@@ -86,7 +86,7 @@ def test_a_reducer_folds_the_values_that_succeeded_into_one_reply_and_failures_p
     assert serialize.loads(folded.body) == 13
 
 
-def test_a_reducer_that_raises_fails_the_rank_it_was_folding():
+def test_a_reducer_that_raises_comes_back_as_the_folds_error_not_the_ranks():
     def bad(a, b):
         raise ValueError("cannot fold")
 
@@ -96,7 +96,7 @@ def test_a_reducer_that_raises_fails_the_rank_it_was_folding():
     casts.reply(("me", 4), *_reply(1, 2))
     entries = casts.take()["me"]
     failure = next(e for e in entries if not e.header[envelope.OK])
-    assert failure.header[envelope.RANK] == 1
+    assert failure.header[envelope.RANK] == 1 and failure.header[router_ops.FOLD_FAILED]
     assert "cannot fold" in str(unpack_exception(serialize.loads(failure.body))[0])
     assert next(e for e in entries if e.header[envelope.OK]).header[router_ops.FOLDED] == [0]
 
@@ -109,6 +109,7 @@ def test_a_folded_value_that_cannot_be_pickled_fails_every_rank_it_folds():
         casts.reply(("me", 6), *_reply(rank, rank))
     (failure,) = casts.take()["me"]
     assert not failure.header[envelope.OK] and failure.header[router_ops.FOLDED] == [0, 1, 2]
+    assert failure.header[router_ops.FOLD_FAILED]
     assert "lock" in str(unpack_exception(serialize.loads(failure.body))[0])
 
 
@@ -539,11 +540,44 @@ def test_a_router_whose_thread_fails_says_so_and_ends():
     assert not router._thread.is_alive()
 
 
-def test_a_reducer_the_router_cannot_load_fails_the_call_instead_of_hanging_it(routed):
+def test_a_reducer_the_routers_cannot_load_or_the_client_cannot_pickle_folds_in_the_client(routed):
+    # As a direct call's: the routers pass the values on (they hung the call once).
     _, _, mesh = routed
-    with pytest.raises(Exception, match="not importable here|No module named"):
-        mesh.one.reduce(_UnloadableReducer()).get(timeout=BOUND_S)
-    assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == HOSTS * PER_HOST  # the routers carry on
+    n = HOSTS * PER_HOST
+    assert mesh.one.reduce(_UnloadableReducer()).get(timeout=BOUND_S) == n
+    lock = threading.Lock()
+
+    def unpicklable(a, b):
+        with lock:
+            return a + b
+
+    assert mesh.one.reduce(unpicklable).get(timeout=BOUND_S) == n
+    assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == n  # the routers carry on
+
+
+def test_what_a_reducer_raises_at_the_routers_is_what_the_reduce_raises_as_when_called_directly(
+        routed, monkeypatch):
+    _, _, mesh = routed
+
+    def refuses(a, b):
+        raise ValueError("cannot fold these")
+
+    def lock_of(a, b):
+        return threading.Lock()  # a fold that can't travel from a router
+
+    for setting in (router_ops.ROUTER_ON, router_ops.ROUTER_OFF):
+        monkeypatch.setenv(router_ops.ROUTER_ENV, setting)
+        with pytest.raises(ValueError, match="cannot fold these"):
+            mesh.one.reduce(refuses).get(timeout=BOUND_S)
+        with pytest.raises(TypeError, match="unsupported operand"):
+            mesh.same.reduce(operator.add, None).get(timeout=BOUND_S)
+        assert mesh.value.reduce(max, 1).get(timeout=BOUND_S) == 100 + HOSTS * PER_HOST - 1
+    monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_OFF)
+    assert type(mesh.one.reduce(lock_of).get(timeout=BOUND_S)) is type(threading.Lock())
+    monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_ON)
+    with pytest.raises(Exception, match="lock") as raised:
+        mesh.one.reduce(lock_of).get(timeout=BOUND_S)
+    assert not isinstance(raised.value, ActorError)  # the fold's error, not the ranks'
 
 
 def test_each_callers_calls_reach_each_actor_in_the_order_sent(routed):

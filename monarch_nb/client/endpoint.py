@@ -12,7 +12,7 @@ import collections
 import functools
 from typing import Any, Awaitable, Callable, Concatenate, Generic, Iterator, Literal, ParamSpec, Protocol, TypeVar, overload
 
-from ..errors import ActorError, CallCycleError, RemoteFailure, SupervisionError, reports_a_failure
+from ..errors import ActorError, CallCycleError, RemoteFailure, SerializationError, SupervisionError, reports_a_failure
 from ..mesh import Extent
 from ..proc import actor as proc_actor
 from ..proc import call_chain
@@ -36,6 +36,16 @@ from .value_mesh import ValueMesh
 
 # In a call's results: a rank whose value a host router folded into another rank's (reduce()).
 FOLDED_AWAY = object()
+
+
+class _FoldFailed:
+    """In a reduce's results: a router's fold of this rank's value raised ``error``
+    (``router_ops.FOLD_FAILED``); the reduce raises it, as a fold here would."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
 
 # Once an actor of a call died (its proc living on), how long (seconds) the call still waits for its other
 # ranks to answer or die before it raises (see ``Endpoint._gather``).
@@ -146,7 +156,10 @@ class Endpoint(Generic[P, R]):
         mailbox = runtime().mailbox
         cast: dict = {envelope.OP: router_ops.CAST, router_ops.CALL: header, router_ops.CLIENT: mailbox.address}
         if reducer is not None:
-            cast[router_ops.REDUCE] = serialize.dumps(reducer, "the reducer")[0]
+            try:
+                cast[router_ops.REDUCE] = serialize.dumps(reducer, "the reducer")[0]
+            except SerializationError:
+                pass  # the routers pass the values on, and this client folds them, as it does for a direct call
         if coalesce:
             cast[router_ops.COALESCE] = True
         for router, targets in by_router.items():
@@ -216,6 +229,8 @@ class Endpoint(Generic[P, R]):
                                                if b in by_base and by_base[b] not in answered]
             answered.update(also)
             value, failure, interrupted = _read_reply(message, mesh.extent, view_ranks[i])
+            if failure is not None and message.header.get(router_ops.FOLD_FAILED):
+                value, failure = _FoldFailed(failure.exception), None  # the reducer's error, not the rank's
             if failure is None:
                 results[i] = value
                 for j in also:
@@ -337,10 +352,10 @@ class Endpoint(Generic[P, R]):
         no set order. Where the mesh is called through the host routers, each router
         folds its host's values, so this client receives one value per host. If any rank
         raised, ``get()`` raises :class:`ActorError` (or :class:`SupervisionError`) as
-        :meth:`call` does; what ``reducer`` raises fails the rank whose value it was
-        folding. A router runs ``reducer`` in its host agent: one defined in the notebook
-        (``__main__``) travels by value, one from a module must be importable there too,
-        or every rank of that host fails with the import error. Non-blocking."""
+        :meth:`call` does; otherwise what ``reducer`` raised, wherever it ran. A router
+        runs ``reducer`` in its host agent: one defined in the notebook (``__main__``)
+        travels by value; one that can't be pickled, or whose module a host agent can't
+        import, folds here instead (the same value, one message per actor). Non-blocking."""
         if not callable(reducer):
             raise TypeError(f"reduce() takes a function of two values first (e.g. operator.add), not {reducer!r}")
         ranks = list(range(len(self._mesh)))
@@ -348,6 +363,9 @@ class Endpoint(Generic[P, R]):
         def finish(results, failures, dead):
             if failures:
                 return None, self._error(failures, len(ranks), dead)
+            for r in results:
+                if isinstance(r, _FoldFailed):  # at a router
+                    return None, r.error
             try:
                 return functools.reduce(reducer, [r for r in results if r is not FOLDED_AWAY]), None
             except Exception as e:  # noqa: BLE001 - the user's reducer: the future raises it

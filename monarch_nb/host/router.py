@@ -117,8 +117,8 @@ class Casts:
                 value = serialize.loads(body, buffers)
                 cast.value = value if not cast.folded else cast.reducer(cast.value, value)
                 cast.folded.append(rank)
-            except Exception as e:  # noqa: BLE001 - the user's reducer, or an unpicklable value: that rank's error
-                self._queue(client, _failure(port, rank, e))
+            except Exception as e:  # noqa: BLE001 - the user's reducer, or an unpicklable value: the reduce's error
+                self._queue(client, _failure(port, rank, e, fold=True))
         elif cast.coalesce and not buffers and header.get(envelope.OK) and header.keys() <= _PLAIN_REPLY \
                 and len(body) <= SAME_MAX_BYTES:
             self._queue_same(client, Entry(header, body, same=bytes(body)))
@@ -155,7 +155,7 @@ class Casts:
             try:
                 body, buffers = serialize.dumps(cast.value, "a folded value")
             except Exception as e:  # noqa: BLE001 - the folded value can't travel: the error of every rank it folds
-                failure = _failure(cast.port, cast.folded[0], e)
+                failure = _failure(cast.port, cast.folded[0], e, fold=True)
                 failure.header[router_ops.FOLDED] = cast.folded
                 self._queue(route[0], failure)
                 return
@@ -229,10 +229,14 @@ class Relays:
         return done
 
 
-def _failure(port: Hashable, rank: int, error: BaseException, died: bool = False) -> Entry:
+def _failure(port: Hashable, rank: int, error: BaseException, died: bool = False, fold: bool = False) -> Entry:
+    """``error`` as ``rank``'s reply: a rank that failed (``died``: its proc is gone), or
+    with ``fold``, the reducer that failed folding its value (``router_ops.FOLD_FAILED``)."""
     header = {envelope.PORT: port, envelope.RANK: rank, envelope.OK: False}
     if died:
         header[proc_ops.DIED] = True
+    if fold:
+        header[router_ops.FOLD_FAILED] = True
     body, _ = serialize.dumps(pack_exception(error))
     return Entry(header, body)
 
@@ -362,11 +366,8 @@ class Router:
             call[envelope.REPLY], call[envelope.PORT] = self.address, route
             try:
                 reducer = self._reducer(header)
-            except Exception as e:  # noqa: BLE001 - e.g. its module can't be imported here: every rank's error
-                self.casts.open(route, {rank: proc for _, rank, proc in targets})
-                for _, rank, _ in targets:
-                    self.casts.fail_rank(route, rank, e, died=False)
-                return
+            except Exception:  # noqa: BLE001 - e.g. its module can't be imported here: the client folds
+                reducer = None
             self.casts.open(route, {rank: proc for _, rank, proc in targets}, reducer,
                             coalesce=bool(header.get(router_ops.COALESCE)))
         frames = wire_frames.encode(self.cluster_id, call, message.body, message.buffers, sign_at_send=True)

@@ -27,6 +27,7 @@ ROUTER_ADDRESS = "router"
 TARGETS = "targets"  # [[actor address, base rank, proc id], ...]: the destinations on this host
 CALL = "call"  # the call's header as an actor takes it (kind, endpoint, origin, reply, port)
 REDUCE = "reduce"  # a pickled associative function (a, b) -> value: fold the values here
+# (a router that can't unpickle it passes the values on, for the client to fold)
 CLIENT = "client"  # the calling client's inbox (its ports' values go back through the router)
 # The caller takes identical replies as one (SAME): a call's own replies, waited on as a
 # whole (not a port's values, whose order with the replies matters to the receiver).
@@ -42,6 +43,10 @@ INTERRUPT_WAIT_MAX_S = 10.0
 BATCH = "batch"  # [reply header, ...]: each as the actor sent it, less the port
 LENGTHS = "lengths"  # the byte length of each reply's body, in the order of BATCH
 FOLDED = "folded"  # in a reply header: the base ranks whose values this one value folds
+# In a failure's header: the reducer raised (or its value could not be pickled) while it
+# folded this rank's value: the reduce fails with that error, as a fold in the client would,
+# not the rank
+FOLD_FAILED = "fold_failed"
 # In a reply header: the other base ranks whose replies were this one, header and body
 # byte for byte (a train step's None, a shared flag), each to be taken as if it had come
 SAME = "same"
