@@ -47,6 +47,7 @@ class _FoldFailed:
     def __init__(self, error: BaseException):
         self.error = error
 
+
 # Once an actor of a call died (its proc living on), how long (seconds) the call still waits for its other
 # ranks to answer or die before it raises (see ``Endpoint._gather``).
 DEATH_GRACE_S = 0.5
