@@ -203,10 +203,12 @@ class Supervision:
 
     # hub events -------------------------------------------------------------------------
     def on_event(self, event: dict) -> None:
-        """An event bus subscriber: ``actors_gone`` and ``supervision`` events."""
+        """An event bus subscriber: ``actors_gone``, ``actors_back`` and ``supervision`` events."""
         op = event.get(envelope.OP)
         if op == events.ACTORS_GONE:
             self.actors_gone(event)
+        elif op == events.ACTORS_BACK:
+            self.actors_back(event)
         elif op == events.SUPERVISION:
             failure = MeshFailure.from_event(event["failure"])
             if self.handled_by(event[events.CLUSTER], failure) is None:
@@ -262,6 +264,17 @@ class Supervision:
         alone = bool(event.get(proc_ops.ALONE))  # an actor's death, not its proc's
         for port, cluster_id, base_rank, reason in pending:
             self.fail(cluster_id, port, base_rank, reason, alone)
+
+    def actors_back(self, event: dict) -> None:
+        """The hub's news that actors reported gone with a lost host live again (its agent
+        was heard from again, ``hub.supervision``): calls through handles made before
+        reach them again, as through handles made since."""
+        cluster = event.get(events.CLUSTER, "")
+        with self._lock:
+            for address in event["actors"]:
+                known = self._dead.get(address)
+                if known is not None and known[0] == cluster:
+                    del self._dead[address]
 
     def _note_gone(self, cluster: str, actors: dict) -> list[tuple[int, str, int, str]]:
         """Record ``actors`` (address -> (mesh, rank, why)) of ``cluster`` as dead; the
