@@ -672,12 +672,15 @@ def test_a_ctrl_c_that_a_stopped_proc_cannot_confirm_says_so(routed, tmp_path):
         running = mesh.hold.call(str(gate))
         os.kill(victim, signal.SIGSTOP)
         try:
-            said = in_flight.interrupt(rt.in_flight.of_cell("stopped-cell"), timeout=1.0)
+            said = in_flight.interrupt(rt.in_flight.of_cell("stopped-cell"), timeout=3.0)
         finally:
             os.kill(victim, signal.SIGCONT)
         (what,) = said
-        unconfirmed = re.fullmatch(r"rec\.hold \(ranks 0-\d+\) \((\d+) proc\(s\) did not confirm within 1 s\)", what)
-        assert unconfirmed and int(unconfirmed.group(1)) >= 1, what  # (others may be slow on a loaded machine)
+        unconfirmed = re.fullmatch(r"rec\.hold \(ranks 0-\d+\) \((\d+) proc\(s\) did not confirm within 3 s\)", what)
+        # Not every proc of its host: the router's answer naming the one came in time (it
+        # waited the client's whole timeout, and its answer came too late). Others may be
+        # slow to confirm on a loaded machine.
+        assert unconfirmed and 1 <= int(unconfirmed.group(1)) < PER_HOST, what
         with pytest.raises(ActorError, match="KeyboardInterrupt"):
             running.get(timeout=BOUND_S)  # it lands once the proc runs again
     finally:
