@@ -240,10 +240,12 @@ class Hub:
         await asyncio.gather(*(self.net.send(h.address, {envelope.OP: agent_ops.SHUTDOWN})
                                for h in self.registry.hosts.values() if not h.lost), return_exceptions=True)
         await asyncio.get_running_loop().run_in_executor(None, self.allocation.stop, 5.0)
-        # They have all exited: a heartbeat still queued for one must not hold this
-        # hub's exit for the sockets' linger time.
+        # They have all exited: a heartbeat still queued for one, or an event for a proc
+        # that was a client too (an actor that called another mesh), must not hold this
+        # hub's exit for the sockets' linger time (it held a stop ~2 s).
         for address in [h.address for h in self.registry.hosts.values()] + [
-                p.address for m in self.registry.proc_meshes.values() for p in m.procs]:
+                p.address for m in self.registry.proc_meshes.values() for p in m.procs] + [
+                c.log_address for c in self.clients.table.values() if not c.wants_lines and c.log_address]:
             self.net.forget(address)
 
     async def _heartbeat(self) -> None:
