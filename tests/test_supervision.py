@@ -296,8 +296,9 @@ def test_calls_on_a_cluster_this_client_stopped_fail_at_once_naming_the_stop():
     finally:
         c.stop()
     started = time.monotonic()
-    with pytest.raises(SupervisionError, match="was stopped \\(by this client\\)"):
+    with pytest.raises(SupervisionError, match="was stopped \\(by this client\\)") as raised:
         waiting.get(timeout=30)
+    assert "(2 of 2 ranks)" in str(raised.value), raised.value  # every rank went with it
     with pytest.raises(SupervisionError, match="start or connect to a cluster"):
         mesh.pid.call().get(timeout=30)
     with pytest.raises(SupervisionError, match="was stopped"):

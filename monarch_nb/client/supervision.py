@@ -197,9 +197,12 @@ class Supervision:
 
     def why_dead(self, cluster_id: str, address: str, mesh: str | None = None, rank: int | None = None) -> str | None:
         """Why the actor of ``cluster_id`` at ``address`` (rank ``rank`` of actor mesh
-        ``mesh``, where known) is known gone, or ``None``."""
+        ``mesh``, where known) is known gone, or ``None``. Every actor of a cluster
+        stopped (or whose hub is lost) is, as :meth:`watch` says: a call that failed on
+        one of them names the others with it."""
         with self._lock:
-            return self._is_dead(cluster_id, address, mesh, rank)
+            stopped = self._stopped.get(cluster_id)
+            return stopped if stopped is not None else self._is_dead(cluster_id, address, mesh, rank)
 
     # hub events -------------------------------------------------------------------------
     def on_event(self, event: dict) -> None:
