@@ -148,6 +148,10 @@ def test_a_flood_is_capped_in_the_cell_and_kept_in_the_store(kernel, talkers):
     shown = [line for line in kernel.text(msg_id).splitlines() if "flood" in line]
     assert shown == [f"[talkers 0] flood {i}" for i in range(1000)]
     assert "2000 more lines from talkers are not shown here" in kernel.text(msg_id, "stderr")
+    # and the command the hint gives shows exactly those held back (it said --tail 200)
+    assert "see them with %monarch logs talkers --tail 2000" in kernel.text(msg_id, "stderr")
+    held_back = [line for line in kernel.run("%monarch logs talkers --tail 2000").splitlines() if "flood" in line]
+    assert len(held_back) == 2000 and held_back[0].endswith("flood 1000") and held_back[-1].endswith("flood 2999")
     stored = kernel.run("import monarch_nb\nprint(len(monarch_nb.connect().logs(mesh='talkers', grep='^flood ')))")
     assert stored.strip() == "3000"
 

@@ -114,8 +114,9 @@ class CellLogs:
         hidden = self.hidden.pop(self.current, None)
         if hidden:
             meshes = " ".join(sorted(hidden))
+            first = sorted(hidden)[0]  # the lines held back are a mesh's last ones: --tail shows them all
             print(f"[monarch] {sum(hidden.values())} more lines from {meshes} are not shown here (over "
-                  f"{MAX_LINES_PER_CELL} per cell); see them with %monarch logs {sorted(hidden)[0]} --tail 200",
+                  f"{MAX_LINES_PER_CELL} per cell); see them with %monarch logs {first} --tail {hidden[first]}",
                   file=sys.stderr)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
