@@ -456,6 +456,15 @@ def test_ctrl_c_while_waiting_on_calls_interrupts_them_on_the_ranks_and_the_next
     assert out.split("\n")[:2] == ["ActorError KeyboardInterrupt"] * 2
 
 
+def test_ctrl_c_while_waiting_on_calls_an_earlier_cell_made_interrupts_those(kernel, talkers):
+    # Calls made in one cell and waited on in the next: a common notebook pattern, whose
+    # Ctrl-C left them spinning (only the running cell's own calls were interrupted).
+    assert kernel.run("fs = [talkers.spin.call(300)]\nprint('sent')").strip() == "sent"
+    reply = _interrupt_cell(kernel, "print('waiting', flush=True)\n[f.get() for f in fs]")
+    assert reply["traceback"] == ["KeyboardInterrupt: interrupted talkers.spin (ranks 0-3) on the cluster"]
+    assert kernel.run("talkers.talk.call(0).get(timeout=30).values()", timeout=40).strip().splitlines()[-1] == "[0, 1, 2, 3]"
+
+
 def test_ctrl_c_with_interrupt_remote_off_leaves_the_calls_running(kernel, talkers):
     assert kernel.run("%monarch config interrupt_remote off").strip() == "interrupt_remote off"
     try:

@@ -76,11 +76,20 @@ class Future(Generic[R]):
         :class:`~monarch_nb.errors.CallCycleError` inside an endpoint whose actor the
         call waits on (a call to its own actor, or around a cycle).
         """
-        if not self._done and self._cycle is not None:
-            raise self._cycle
-        if not self._done and not progress.wait(self._mailbox, self._runtime.bar_factory, lambda: self._done,
-                                                timeout, self._description, self._ranks, self._answered):
-            raise TimeoutError(f"{self._description} did not finish within {timeout} s{self._why_slow()}")
+        if not self._done:
+            if self._cycle is not None:
+                raise self._cycle
+            # Waited on by the main thread (a cell): what its Ctrl-C interrupts (client.in_flight).
+            # A KeyboardInterrupt leaves the mark for the cell's handler; the call's end clears it.
+            waited = self._runtime.in_flight.waited if threading.current_thread() is threading.main_thread() else None
+            if waited is not None:
+                waited.add(id(self))
+            arrived = progress.wait(self._mailbox, self._runtime.bar_factory, lambda: self._done, timeout,
+                                    self._description, self._ranks, self._answered)
+            if waited is not None:
+                waited.discard(id(self))
+            if not arrived:
+                raise TimeoutError(f"{self._description} did not finish within {timeout} s{self._why_slow()}")
         if self._error is not None:
             raise self._error
         return self._value

@@ -44,6 +44,11 @@ class InFlight:
     def __init__(self):
         self._lock = threading.Lock()
         self._calls: dict[int, Call] = {}
+        # The futures the main thread waits on now (by id): a cell that waits on calls an
+        # earlier cell made is interrupted on them too (``Future.get`` adds and removes;
+        # one whose wait a KeyboardInterrupt ended stays until the call ends, or the
+        # cell's interrupt handler took it: ``forget_waited``).
+        self.waited: set[int] = set()
 
     def add(self, future: "Future", call: Call) -> None:
         """Keep ``call`` until ``future`` is done."""
@@ -54,14 +59,22 @@ class InFlight:
         def done(_) -> None:
             with self._lock:
                 self._calls.pop(key, None)
+            self.waited.discard(key)
 
         future.add_done_callback(done)
 
+    def forget_waited(self) -> None:
+        """Forget which futures were waited on (a cell's Ctrl-C has been handled)."""
+        self.waited.clear()
+
     def of_cell(self, cell: str) -> list[Call]:
-        """The calls made while notebook cell ``cell`` ran that still wait on an actor."""
+        """The calls that still wait on an actor and that notebook cell ``cell`` made, or
+        that the main thread waits on now (made in an earlier cell: ``fs = [...]`` in
+        one, ``[f.get() for f in fs]`` in the next)."""
         with self._lock:
-            calls = list(self._calls.values())  # no loop under the lock: see monarch_nb.wire.interrupts
-        return [c for c in calls if c.cell == cell and c.outstanding()]
+            calls = list(self._calls.items())  # no loop under the lock: see monarch_nb.wire.interrupts
+        waited = self.waited
+        return [c for key, c in calls if (c.cell == cell or key in waited) and c.outstanding()]
 
 
 def _by_mesh(calls: list[Call]) -> list[tuple["ActorMesh", dict[int, list[tuple[str, int]]], str]]:

@@ -31,6 +31,7 @@ class CellInterrupts:
         kernel's main thread while the cell is still the current one)."""
         rt = runtime()
         calls = rt.in_flight.of_cell(rt.cell)
+        rt.in_flight.forget_waited()
         if not calls:
             shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
             return
