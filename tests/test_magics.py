@@ -465,6 +465,15 @@ def test_ctrl_c_while_waiting_on_calls_an_earlier_cell_made_interrupts_those(ker
     assert kernel.run("talkers.talk.call(0).get(timeout=30).values()", timeout=40).strip().splitlines()[-1] == "[0, 1, 2, 3]"
 
 
+def test_ctrl_c_while_a_cell_awaits_calls_interrupts_them_at_once(kernel, talkers):
+    # A top-level await: ipykernel cancels the cell on Ctrl-C, which it did only once the
+    # call had ended (its SIGINT handler waited for the event loop to wake), and the calls
+    # went on; now the cell ends with the interrupt's line and the next call runs at once.
+    reply = _interrupt_cell(kernel, "print('waiting', flush=True)\nres = await talkers.spin.call(300)")
+    assert reply["traceback"] == ["KeyboardInterrupt: interrupted talkers.spin (ranks 0-3) on the cluster"]
+    assert kernel.run("talkers.talk.call(0).get(timeout=30).values()", timeout=40).strip().splitlines()[-1] == "[0, 1, 2, 3]"
+
+
 def test_ctrl_c_with_interrupt_remote_off_leaves_the_calls_running(kernel, talkers):
     assert kernel.run("%monarch config interrupt_remote off").strip() == "interrupt_remote off"
     try:

@@ -16,6 +16,28 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 
+# While the main thread's event loop awaits a call, it wakes this often (seconds) to run
+# the Python signal handlers: SIGINT may be delivered to any thread, and Python runs its
+# handler on the main thread only when that thread runs bytecode, which a loop blocked in
+# its selector with nothing due does not. ipykernel's handler for a cell with a top-level
+# ``await`` (it cancels the cell) ran only once the call ended.
+SIGNAL_TICK_S = 0.1
+
+
+class _Ticker:
+    """A callback every ``SIGNAL_TICK_S`` on ``loop`` until :meth:`cancel`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._handle = loop.call_later(SIGNAL_TICK_S, self._tick)
+
+    def _tick(self) -> None:
+        self._handle = self._loop.call_later(SIGNAL_TICK_S, self._tick)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
 
 class Future(Generic[R]):
     """A value that arrives later from one or more actors.
@@ -128,9 +150,20 @@ class Future(Generic[R]):
             def wake(_: "Future") -> None:
                 loop.call_soon_threadsafe(lambda: arrived.done() or arrived.set_result(None))
 
-            with self._mailbox.async_waiter():
-                self.add_done_callback(wake)
-                yield from arrived.__await__()
+            on_main = threading.current_thread() is threading.main_thread()
+            ticking = _Ticker(loop) if on_main else None
+            waited = self._runtime.in_flight.waited if on_main else None  # as get()'s
+            if waited is not None:
+                waited.add(id(self))
+            try:
+                with self._mailbox.async_waiter():
+                    self.add_done_callback(wake)
+                    yield from arrived.__await__()
+            finally:
+                if ticking is not None:
+                    ticking.cancel()
+            if waited is not None:
+                waited.discard(id(self))
         return self.get(0)
 
     def as_asyncio(self) -> "asyncio.Future[R]":

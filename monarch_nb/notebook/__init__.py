@@ -23,6 +23,7 @@ top-level ``monarch_nb`` (the extension's entry points) sit above it.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 from . import progress
@@ -37,6 +38,8 @@ def _custom_exc(interrupts: CellInterrupts):
     def show(shell, etype, value, tb, tb_offset=None):
         if issubclass(etype, KeyboardInterrupt):
             interrupts.show(shell, etype, value, tb, tb_offset)
+        elif issubclass(etype, asyncio.CancelledError):  # ipykernel's Ctrl-C of a cell with a top-level await
+            interrupts.show(shell, etype, value, tb, tb_offset, cancelled=True)
         else:  # ExecFailed: the per-rank tracebacks are already shown (stderr); the local one would be noise
             print(f"{etype.__name__}: {value}", file=sys.stderr, flush=True)
         return None
@@ -49,7 +52,7 @@ def load_ipython_extension(shell) -> None:
         return
     interrupts = CellInterrupts()
     shell.register_magics(MonarchMagics(shell, interrupts))
-    shell.set_custom_exc((ExecFailed, KeyboardInterrupt), _custom_exc(interrupts))
+    shell.set_custom_exc((ExecFailed, KeyboardInterrupt, asyncio.CancelledError), _custom_exc(interrupts))
     cells = _installed[id(shell)] = CellLogs(shell)
     cells.register()
     if getattr(shell, "kernel", None) is not None:  # a notebook frontend: widgets can render

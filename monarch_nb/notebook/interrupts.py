@@ -26,9 +26,12 @@ class CellInterrupts:
     def __init__(self):
         self.remote = os.environ.get(REMOTE_ENV, "on").lower() not in ("off", "0", "false", "no")
 
-    def show(self, shell, etype, value, tb, tb_offset=None) -> None:
+    def show(self, shell, etype, value, tb, tb_offset=None, cancelled: bool = False) -> None:
         """The custom exception handler's part for ``KeyboardInterrupt`` (runs in the
-        kernel's main thread while the cell is still the current one)."""
+        kernel's main thread while the cell is still the current one). ``cancelled``:
+        the cell's ``CancelledError``, which is how ipykernel ends a cell with a
+        top-level ``await`` on Ctrl-C: an interrupt if it was awaiting calls, shown as
+        it is otherwise."""
         rt = runtime()
         calls = rt.in_flight.of_cell(rt.cell)
         rt.in_flight.forget_waited()
@@ -44,4 +47,6 @@ class CellInterrupts:
             running = in_flight.describe(calls)
             text = (f"{', '.join(running)} still running on the cluster "
                     "(%monarch config interrupt_remote on: Ctrl-C interrupts them too)")
+        if cancelled:
+            etype, value = KeyboardInterrupt, KeyboardInterrupt()
         shell._showtraceback(etype, value, [f"KeyboardInterrupt: {text}"])
