@@ -38,7 +38,6 @@ class _Ticker:
         self._handle.cancel()
 
 
-
 class Future(Generic[R]):
     """A value that arrives later from one or more actors.
 

@@ -45,7 +45,7 @@ class InFlight:
         self._lock = threading.Lock()
         self._calls: dict[int, Call] = {}
         # The futures the main thread waits on now (by id): a cell that waits on calls an
-        # earlier cell made is interrupted on them too (``Future.get`` adds and removes;
+        # earlier cell made is interrupted on them too (``Future.get`` and ``await`` add and remove;
         # one whose wait a KeyboardInterrupt ended stays until the call ends, or the
         # cell's interrupt handler took it: ``forget_waited``).
         self.waited: set[int] = set()
