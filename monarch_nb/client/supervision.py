@@ -272,12 +272,17 @@ class Supervision:
         """The hub's news that actors reported gone with a lost host live again (its agent
         was heard from again, ``hub.supervision``): calls through handles made before
         reach them again, as through handles made since."""
-        cluster = event.get(events.CLUSTER, "")
         with self._lock:
-            for address in event["actors"]:
-                known = self._dead.get(address)
-                if known is not None and known[0] == cluster:
-                    del self._dead[address]
+            self._forget_dead(event.get(events.CLUSTER, ""), event["actors"])
+
+    def _forget_dead(self, cluster: str, addresses) -> None:
+        """Forget the deaths recorded for ``addresses`` of ``cluster``. The caller holds the
+        lock (a loop of its own, called from the ``with`` block: see
+        ``monarch_nb.wire.interrupts``)."""
+        for address in addresses:
+            known = self._dead.get(address)
+            if known is not None and known[0] == cluster:
+                del self._dead[address]
 
     def _note_gone(self, cluster: str, actors: dict) -> list[tuple[int, str, int, str]]:
         """Record ``actors`` (address -> (mesh, rank, why)) of ``cluster`` as dead; the
