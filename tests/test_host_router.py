@@ -263,6 +263,10 @@ class Recorder(Actor):
         return value
 
     @endpoint
+    def loads_once(self):
+        return _LoadsOnce()
+
+    @endpoint
     def array_after(self, gate_path: str, n: int):
         """``n`` float64 zeros, once the test removes the file (each rank says it began
         with a file of its own beside it): a reply with an out-of-band buffer, which
@@ -418,6 +422,33 @@ def test_alike_replies_through_the_routers_give_each_rank_its_value_and_mutable_
     lists[0].append("mine")
     lists[1][1]["k"] = 3
     assert lists[2] == [1, {"k": 2}] and len({id(v) for v in lists}) == n
+
+
+_loaded: list = []
+
+
+def _load_once() -> list:
+    # In this client: the first reply unpickles, every later one raises.
+    if _loaded:
+        raise ValueError("this value unpickles only once")
+    _loaded.append(1)
+    return _loaded
+
+
+class _LoadsOnce:
+    def __reduce__(self):
+        return (_load_once, ())
+
+
+def test_a_value_that_unpickles_once_fails_the_other_ranks_instead_of_hanging_the_call(routed):
+    # A reply that SAME names for several ranks is unpickled again for each (its value is
+    # a list); one that fails there is that rank's failure, as it is for a reply of its own.
+    _, _, mesh = routed
+    _loaded.clear()
+    with pytest.raises(ActorError, match="unpickles only once") as raised:
+        mesh.loads_once.call().get(timeout=BOUND_S)
+    assert f"{HOSTS * PER_HOST - 1} of {HOSTS * PER_HOST}" in str(raised.value)
+    assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == HOSTS * PER_HOST
 
 
 def test_a_client_gone_with_large_replies_pending_holds_no_router_up(routed, tmp_path):

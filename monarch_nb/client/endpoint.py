@@ -235,7 +235,14 @@ class Endpoint(Generic[P, R]):
             if failure is None:
                 results[i] = value
                 for j in also:
-                    results[j] = FOLDED_AWAY if folded is not None else _same_value(value, message)
+                    if folded is not None:
+                        results[j] = FOLDED_AWAY
+                    elif type(value) in _SHAREABLE:  # one object may stand for every rank's
+                        results[j] = value
+                    else:  # each rank's own object, as if its reply had come (never raises)
+                        results[j], failure_j = _unpickle_reply(message, mesh.extent, view_ranks[j])
+                        if failure_j is not None:
+                            failures[j] = failure_j
             else:
                 failures[i] = failure
                 for j in also:
@@ -585,16 +592,10 @@ def _unpickle_reply(message: wire_frames.Message, extent: Extent, rank: int) -> 
         return None, RemoteFailure(extent.point(rank), e, f"could not unpickle the reply: {e!r}\n")
 
 
-# Values one object of which may stand for every rank that returned it: nothing can
-# change them. Any other value is unpickled once per rank, as if each reply had come.
+# Values one object of which may stand for every rank whose reply was the same
+# (``router_ops.SAME``): nothing can change them. Any other value is unpickled once per
+# rank, so that no two ranks' values are one object.
 _SHAREABLE = frozenset((type(None), bool, int, float, complex, str, bytes))
-
-
-def _same_value(value: Any, message: wire_frames.Message) -> Any:
-    """The value of another rank whose reply was ``message`` byte for byte
-    (``router_ops.SAME``): ``value`` itself when immutable, else unpickled anew, so
-    that no two ranks' values are one object."""
-    return value if type(value) in _SHAREABLE else message.value()
 
 
 def _timeout_hint(mesh: "ActorMesh", endpoint: str, by_base: dict[int, int]) -> str:
