@@ -448,6 +448,7 @@ def test_ctrl_c_while_waiting_on_calls_interrupts_them_on_the_ranks_and_the_next
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
     # One short line naming the calls, not a traceback through the client's wait.
     assert reply["traceback"] == ["KeyboardInterrupt: interrupted talkers.spin (ranks 0-3) on the cluster"]
+    assert reply["evalue"] == "interrupted talkers.spin (ranks 0-3) on the cluster"  # what nbclient's error shows
     # Neither the running call nor the one queued behind it goes on: the next call is
     # answered now, not after 600 s of spinning.
     assert kernel.run("talkers.talk.call(0).get(timeout=30).values()", timeout=40).strip().splitlines()[-1] == "[0, 1, 2, 3]"
@@ -471,6 +472,7 @@ def test_ctrl_c_while_a_cell_awaits_calls_interrupts_them_at_once(kernel, talker
     # went on; now the cell ends with the interrupt's line and the next call runs at once.
     reply = _interrupt_cell(kernel, "print('waiting', flush=True)\nres = await talkers.spin.call(300)")
     assert reply["traceback"] == ["KeyboardInterrupt: interrupted talkers.spin (ranks 0-3) on the cluster"]
+    assert reply["evalue"] == "interrupted talkers.spin (ranks 0-3) on the cluster"
     assert kernel.run("talkers.talk.call(0).get(timeout=30).values()", timeout=40).strip().splitlines()[-1] == "[0, 1, 2, 3]"
 
 

@@ -47,6 +47,8 @@ class CellInterrupts:
             running = in_flight.describe(calls)
             text = (f"{', '.join(running)} still running on the cluster "
                     "(%monarch config interrupt_remote on: Ctrl-C interrupts them too)")
-        if cancelled:
-            etype, value = KeyboardInterrupt, KeyboardInterrupt()
-        shell._showtraceback(etype, value, [f"KeyboardInterrupt: {text}"])
+        # The cell's error says it too: ipykernel's execute_reply takes its evalue from the
+        # exception itself (nbclient, and front-ends that show "ename: evalue", read that).
+        value.args = (text,)
+        shell._showtraceback(KeyboardInterrupt, KeyboardInterrupt(text) if cancelled else value,
+                             [f"KeyboardInterrupt: {text}"])
