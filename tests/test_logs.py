@@ -228,6 +228,50 @@ def test_a_rank_scheduled_late_still_joins_a_line_the_others_printed():
     assert [str(g) for g in folder.take(2.0 + logs.FOLD_HOLD_S)] == ["[m 0-1] most"]
 
 
+def test_a_group_shown_before_a_late_ranks_line_does_not_split_the_calls_after_it():
+    # One call of a loop ran ranks 2-3 (one host) past the hold: its lines show as two
+    # groups, rightly. Their late lines must count as ranks 2-3's first printing, not
+    # start their counts again: every call after it (all ranks within milliseconds)
+    # showed '[gen 0-1,4-5] sampling done' and '[gen 2-3] sampling done'.
+    folder = logs.Folder()
+
+    def call(i, ranks, at):
+        for rank in ranks:
+            folder.add([0, 0, "h", f"p/{rank}", "stdout", "gen", rank, "c:1", f"generated batch {i}", 6], at)
+            folder.add([0, 0, "h", f"p/{rank}", "stdout", "gen", rank, "c:1", "sampling done", 6], at)
+
+    call(0, (0, 1, 4, 5), 0.0)
+    assert [str(g) for g in folder.take(logs.FOLD_HOLD_S)] == [
+        "[gen 0-1,4-5] generated batch 0", "[gen 0-1,4-5] sampling done"]
+    call(0, (2, 3), 1.5)
+    for i in range(1, 4):
+        call(i, range(6), 1.5 + i / 100)
+    assert [str(g) for g in folder.take()] == [
+        "[gen 2-3] generated batch 0", "[gen 2-3] sampling done",
+        *(f"[gen 0-5] {text}" for i in range(1, 4) for text in (f"generated batch {i}", "sampling done"))]
+
+
+def test_counts_of_texts_some_ranks_never_print_are_forgotten():
+    # One rank of four prints a line of its own each call (a numbered flood): its counts
+    # can never even out across the mesh, and are dropped FOLD_FORGET_S after its last.
+    folder = logs.Folder()
+    for i in range(1000):
+        folder.add([0, 0, "h", "p/3", "stdout", "m", 3, "c:1", f"line {i}", 4], i / 1000)
+    assert len(folder.take(1.0 + logs.FOLD_WINDOW_S)) == 1000
+    folder.add([0, 0, "h", "p/3", "stdout", "m", 3, "c:1", "later", 4], 2.0 + logs.FOLD_FORGET_S)
+    folder.take(2.0 + logs.FOLD_FORGET_S)
+    assert len(folder._printed) == 1  # "later" only
+
+
+def test_stored_lines_cut_in_the_middle_of_a_call_fold_from_the_newest():
+    # A tail (or the store's ring) that starts after rank 0's line of a call: the
+    # calls after it still fold, and the last one shows with both ranks.
+    records = [[0, 0, "h", "p/1", "stdout", "t", 1, None, "x", 2]]
+    records += [[0, 0, "h", f"p/{rank}", "stdout", "t", rank, None, "x", 2] for _ in range(2) for rank in (0, 1)]
+    assert [str(g) for g in logs.fold_records(records)] == ["[t 1] x", "[t 0-1] x", "[t 0-1] x"]
+    assert [str(g) for g in logs.tail_shown(lambda n: records[-n:], 1)] == ["[t 0-1] x"]
+
+
 def test_a_flood_of_100k_lines_loses_nothing_and_leaves_the_cluster_healthy(cluster, printers, shown):
     assert printers.slice(gpus=3).numbered.call_one(100_000).get() == 100_000
     assert cluster.flush_logs(timeout=60)

@@ -13,6 +13,7 @@ routes them to the cell that made the call (``ClientRuntime.set_line_sink``).
 from __future__ import annotations
 
 import _thread
+import collections
 import re
 import sys
 import threading
@@ -30,6 +31,9 @@ FOLD_WINDOW_S = 0.1
 FOLD_HOLD_S = 1.0
 # How far back (in pending lines) a late rank's line may still join a group.
 _MAX_REORDER = 512
+# How long a text's per-rank counts are kept after its last printing while its ranks have
+# printed it unequally often (a group was shown before a late rank's line came).
+FOLD_FORGET_S = 10.0
 # How long wait_for waits at least for a sink showing lines on the event thread, also
 # once its own timeout is spent (a sink writes to a terminal or a cell: milliseconds).
 EMIT_WAIT_S = 1.0
@@ -74,7 +78,13 @@ class Folder:
     A rank's n-th printing of a text joins the other ranks' n-th printing of it: a rank
     that prints ``tick`` three times in a burst makes three groups, and each other rank's
     first ``tick`` joins the first of them, not the newest (which would mix one rank's
-    burst with another's earlier line). Counts are kept while a text has lines pending."""
+    burst with another's earlier line). Counts are kept while a text has lines pending,
+    and after that until every rank of its mesh has printed it as often as the others (or
+    ``FOLD_FORGET_S`` after its last printing). A group shown before a late rank's line
+    came (its window passed, or a cell's end took it) must not start that rank's count
+    again: its late line would count as its first, and each later printing of the text
+    by it would pair with the other ranks' one before (``[gen 0-1,4-5] x`` and
+    ``[gen 2-3] x`` for every call after)."""
 
     def __init__(self, window: float = FOLD_WINDOW_S, hold: float = FOLD_HOLD_S):
         self.window = window
@@ -83,14 +93,25 @@ class Folder:
         self._pending: list[Folded] = []
         self._open: dict[tuple, int] = {}  # (mesh, stream, origin, text, occurrence) -> index in _pending
         self._last: dict[tuple, int] = {}  # (mesh, stream, origin, rank) -> index of its latest line
-        self._printed: dict[tuple, dict] = {}  # (mesh, stream, origin, text) -> {rank: times printed}
+        # (mesh, stream, origin, text) -> its counts, the least recently printed first
+        self._printed: collections.OrderedDict[tuple, _Printed] = collections.OrderedDict()
+        self._touched: set[tuple] = set()  # texts printed since the last take, or pending at it
+        self._latest = 0.0  # the latest ``now`` given to add
 
     def add(self, record: list, now: float) -> None:
         mesh, rank, stream, origin, text = record[MESH], record[RANK], record[STREAM], record[ORIGIN], record[TEXT]
         text = _ACTOR_TAG.sub("", text, count=1)
-        times = self._printed.setdefault((mesh, stream, origin, text), {})
-        occurrence = times.get(rank, 0)
-        times[rank] = occurrence + 1
+        size = record[SIZE] if len(record) > SIZE else None
+        what = (mesh, stream, origin, text)
+        printed = self._printed.get(what)
+        if printed is None:
+            printed = self._printed[what] = _Printed(size)
+        else:
+            self._printed.move_to_end(what)
+        printed.last = self._latest = now
+        self._touched.add(what)
+        occurrence = printed.times.get(rank, 0)
+        printed.times[rank] = occurrence + 1
         key = (mesh, stream, origin, text, occurrence)
         who = (mesh, stream, origin, rank)  # stdout and stderr are separate pipes: no order between
         at = self._open.get(key) if self.enabled and rank is not None else None
@@ -100,7 +121,6 @@ class Folder:
             self._pending[at].ranks.append(rank)
         else:
             at = len(self._pending)
-            size = record[SIZE] if len(record) > SIZE else None
             self._pending.append(Folded(mesh, stream, origin, text, rank, now, size, occurrence))
             self._open[key] = at
         self._last[who] = at
@@ -149,14 +169,37 @@ class Folder:
             n = 0
             while n < len(self._pending) and now >= self._due(self._pending[n]):
                 n += 1
+        clock = self._latest if now is None else now
         if n == 0:
+            self._forget_stale(clock)
             return []
         done, self._pending = self._pending[:n], self._pending[n:]
         self._open = {k: i - n for k, i in self._open.items() if i >= n}
         self._last = {k: i - n for k, i in self._last.items() if i >= n}
-        pending_texts = {(g.mesh, g.stream, g.origin, g.text) for g in self._pending}
-        self._printed = {k: v for k, v in self._printed.items() if k in pending_texts}
+        pending = self._pending_texts()
+        for what in self._touched - pending:  # (not every text: those printed since the last take)
+            printed = self._printed.get(what)
+            if printed is not None and printed.even():
+                del self._printed[what]
+        self._touched &= pending
+        self._forget_stale(clock, pending)
         return done
+
+    def _pending_texts(self) -> set[tuple]:
+        return {(g.mesh, g.stream, g.origin, g.text) for g in self._pending}
+
+    def _forget_stale(self, now: float, pending: set[tuple] | None = None) -> None:
+        """Drop the counts of texts not printed for ``FOLD_FORGET_S`` (the least recently
+        printed come first) that have no line pending."""
+        while self._printed:
+            what, printed = next(iter(self._printed.items()))
+            if now - printed.last <= FOLD_FORGET_S:
+                return
+            if pending is None:
+                pending = self._pending_texts()
+            if what in pending:
+                return
+            self._printed.popitem(last=False)
 
     def next_due(self) -> float | None:
         return self._due(self._pending[0]) if self._pending else None
@@ -167,16 +210,37 @@ class Folder:
         return group.first + (self.hold if len(group.ranks) > 1 else self.window)
 
 
+class _Printed:
+    """How often each rank of a mesh printed one text (``Folder``)."""
+
+    __slots__ = ("times", "size", "last")
+
+    def __init__(self, size: int | None):
+        self.times: dict = {}  # rank -> times printed
+        self.size = size  # actors in the mesh (None: unknown; the ranks counted)
+        self.last = 0.0  # when last printed
+
+    def even(self) -> bool:
+        """Every rank has printed it as often as the others: counting may start again."""
+        return (self.size is None or len(self.times) >= self.size) and len(set(self.times.values())) <= 1
+
+
 def fold_records(records: list[list], enabled: bool = True) -> list[Folded]:
     """Store records (oldest first) as lines to show, identical text from several ranks
-    of a mesh folded into one wherever that keeps each rank's lines in order."""
+    of a mesh folded into one wherever that keeps each rank's lines in order. Folded
+    from the newest back: records end where the ranks' latest calls ended, but start
+    wherever a query (``tail``, ``since``) or the store's ring cut them, often in the
+    middle of a call, where ranks whose line fell before the cut would count each later
+    printing of a text one less than the others (and fold with their next call's)."""
     folder = Folder(window=float("inf"))
     folder.enabled = enabled
-    for record in records:
+    for record in reversed(records):
         record = list(record)
         record[ORIGIN] = None  # fold across cells and clients too
         folder.add(record, 0.0)
-    return folder.take()
+    lines = folder.take()
+    lines.reverse()
+    return lines
 
 
 def tail_shown(fetch: Callable[[int], list[list]], tail: int, fold: bool = True) -> list[Folded]:
