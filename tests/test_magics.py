@@ -101,6 +101,28 @@ def test_call_output_is_shown_under_the_calling_cell_prefixed_and_folded(kernel,
     assert "ValueMesh" in out  # then the cell's result
 
 
+def test_lines_of_a_cluster_the_cell_started_itself_are_shown_before_the_cell_finishes(kernel, talkers):
+    # Only the %monarch cluster's lines were waited for at a cell's end: those of a
+    # Cluster.start_ephemeral() the cell made came after it had finished.
+    out = kernel.run(textwrap.dedent("""
+        import monarch_nb
+
+        class Loud(Actor):
+            @endpoint
+            def shout(self, n):
+                for i in range(n):
+                    print(f"line {i} " + "x" * 2000)
+
+        own = monarch_nb.Cluster.start_ephemeral()
+        loud = own.host_mesh().spawn_procs(per_host={"gpus": 1}).spawn("loud", Loud)
+        loud.shout.call(500).get()
+    """))
+    try:
+        assert f"[loud 0] line 499 {'x' * 2000}" in out, out[-300:]
+    finally:
+        kernel.run("own.stop()")
+
+
 def test_output_streams_while_the_cell_is_still_running(kernel, talkers):
     msg_id = kernel.execute("talkers.slow.call(3).get()")
     assert kernel.wait_for(lambda: "[talkers 0-3] first" in kernel.text(msg_id), 20)

@@ -270,14 +270,19 @@ class Cluster:
             shutil.rmtree(path, ignore_errors=True)
             raise
         cluster = cls(name, path, cluster_dir.read_info(path), hub)
-        cluster._presence = Presence(cluster._info["cluster_id"], cluster._info["hub"], cluster._watch_hub)
+        cluster._join()
         atexit.register(cluster.stop)
         return cluster
 
-    def _attach(self) -> "Cluster":
-        """Count this process as a client of the hub (which sends it the output of its
-        calls), and make ``this_host()`` mean this cluster."""
+    def _join(self) -> None:
+        """Count this process as a client of the hub, which sends it the output of its
+        calls (a notebook cell's end waits for it: ``ClientRuntime.attached``)."""
         self._presence = Presence(self._info["cluster_id"], self._info["hub"], self._watch_hub)
+        runtime().attached[self._info["cluster_id"]] = self
+
+    def _attach(self) -> "Cluster":
+        """:meth:`_join`, and make ``this_host()`` mean this cluster."""
+        self._join()
         atexit.register(self._leave_at_exit)
         rt = runtime()
         rt.supervision.hub_back(self._info["cluster_id"])  # a hub found dead before runs again
@@ -468,6 +473,9 @@ class Cluster:
     # leaving -------------------------------------------------------------------------
     def disconnect(self) -> None:
         """Stop counting this process as a client (the cluster runs on). Idempotent."""
+        attached = runtime().attached
+        if attached.get(self._info["cluster_id"]) is self:
+            del attached[self._info["cluster_id"]]
         if self._presence is not None:
             self._presence.close()
         if self._debugger is not None:

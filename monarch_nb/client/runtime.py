@@ -64,6 +64,9 @@ class ClientRuntime:
         # The connected cluster (a ``cluster.Cluster``: not imported, cluster imports this
         # module): what this_host() means.
         self.cluster: Any = None
+        # Cluster id -> the ``Cluster`` this process is a client of there (started, ephemeral
+        # or connected; until it disconnects): the clusters whose lines a cell's end waits for.
+        self.attached: dict[str, Any] = {}
         self.cluster_lock = threading.Lock()
         # In a proc: cluster id -> this process's Presence as a client of that cluster's
         # hub, made at its first call there (presence.join_hub). Guarded by presences_lock.

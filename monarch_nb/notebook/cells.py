@@ -80,12 +80,14 @@ class CellLogs:
         self.gate.uninstall()
 
     def flush(self) -> None:
-        """Show every line the calls made so far in this cell caused."""
+        """Show every line the calls made so far in this cell caused, from every cluster
+        this kernel is a client of (the ``%monarch`` one, and any a cell started itself,
+        ``Cluster.start_ephemeral()`` included)."""
         rt = runtime()
-        cluster = rt.cluster
-        if rt.touched and cluster is not None and not cluster._stopped:
+        if rt.touched:
             rt.touched = False
-            cluster.flush_logs(timeout=5.0)
+            for cluster in list(rt.attached.values()):
+                cluster.flush_logs(timeout=5.0)
 
     def pre_run_cell(self, info=None) -> None:
         kernel = getattr(self.shell, "kernel", None)
