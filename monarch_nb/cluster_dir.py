@@ -52,6 +52,9 @@ def kept_logs_path(name: str) -> Path:
     return home() / "stopped" / f"{name}.sqlite"
 
 
+# In cluster.json while a recovering hub is not ready yet: the address its predecessor
+# had, which it takes again (and so would the next recover, should this one die first).
+LAST_HUB = "last_hub"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 NAME_RULE = "use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
 

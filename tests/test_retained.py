@@ -274,6 +274,32 @@ def test_hub_killed_and_recovered_keeps_every_mesh_and_actor_state(clusters):
     assert not third.path.exists()
 
 
+def test_a_recover_whose_hub_died_before_it_was_ready_can_be_recovered_again(clusters):
+    # The recovering hub writes cluster.json without the hub's address until it is
+    # ready; one that died then (killed, or failed adopting) left a cluster that
+    # recover() called "no state to recover": every mesh lost.
+    clusters.append("twice")
+    cluster, procs, counters = _spawn_counters("twice", grace_s=30)
+    agents = [h["pid"] for h in cluster.info()["hosts"]]
+    os.kill(cluster._info["hub_pid"], signal.SIGKILL)
+    for pid in agents:  # the new hub waits for them to answer its adopt
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        first = subprocess.Popen([sys.executable, "-m", "monarch_nb.cli", "cluster", "recover", "twice"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        info = lambda: cluster_dir.read_info(cluster.path)  # noqa: E731
+        assert wait_until(lambda: info().get("hub_pid") not in (None, cluster._info["hub_pid"]), 30)
+        assert "hub" not in info()  # not ready: adopting
+        os.kill(info()["hub_pid"], signal.SIGKILL)
+        assert first.wait(60) != 0
+    finally:
+        for pid in agents:
+            os.kill(pid, signal.SIGCONT)
+    again = _cli("cluster", "recover", "twice")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert _state(counters) == [7, 7]  # at its old address: handles from before still work
+
+
 def test_hub_killed_and_not_recovered_leaves_no_process_after_grace(clusters):
     clusters.append("orphan")
     cluster, procs, _ = _spawn_counters("orphan", grace_s=1.0)

@@ -112,6 +112,50 @@ def test_a_signed_header_that_is_not_a_dict_is_dropped_and_counted():
     assert frames.dropped() == before + 2
 
 
+def test_a_late_reply_to_a_dead_inbox_does_not_answer_the_request_of_the_one_that_took_its_address():
+    # A hub SIGKILLed while an agent handled its spawn, then recovered at the same
+    # address: the agent's late spawn reply reached the new hub and answered its first
+    # request (adopt), since both used reply port 1; the recovery failed.
+    import asyncio
+
+    from monarch_nb.protocol import envelope
+    from monarch_nb.wire.aio import AioEndpoint
+
+    frames.register_key("late", b"k" * 32)
+
+    async def scenario():
+        peer = AioEndpoint("late")
+        dead = AioEndpoint("late")
+        port, never = dead.expect()
+        never.close()
+        await dead.send(peer.address, {"op": "spawn", envelope.PORT: port, envelope.REPLY: dead.address})
+        stale = (await peer.recv()).header
+        address = dead.address
+        dead.close()
+        reborn = AioEndpoint("late", prefer=address)
+        assert reborn.address == address
+        await peer.reply(stale, answer="to the dead one's spawn")  # queued to the address first
+        asked = asyncio.ensure_future(reborn.request(peer.address, {"op": "adopt"}, timeout=30))
+
+        async def serve():
+            while True:
+                message = await reborn.recv()
+                reborn.deliver_reply(message)
+
+        server = asyncio.ensure_future(serve())
+        request = (await peer.recv()).header
+        assert request["op"] == "adopt"
+        await peer.reply(request, answer="to adopt")
+        try:
+            return (await asyncio.wait_for(asked, 30)).header["answer"]
+        finally:
+            server.cancel()
+            for endpoint in (peer, reborn):
+                endpoint.close()
+
+    assert asyncio.run(scenario()) == "to adopt"
+
+
 def test_numpy_and_torch_travel_out_of_band():
     arr = np.arange(1 << 16, dtype=np.float32)
     t = torch.arange(1 << 16, dtype=torch.float32)

@@ -230,8 +230,7 @@ class Cluster:
             if found.state == DiscoveryState.RUNNING:
                 raise InvalidRequest(f"cluster {name!r} is running; nothing to recover. "
                                      f"Use monarch_nb.connect({name!r})")
-            if (found.state == DiscoveryState.MISSING or not (found.path / "state.json").exists()
-                    or "hub" not in found.info):
+            if found.state == DiscoveryState.MISSING or not (found.path / "state.json").exists():
                 raise ClusterNotFound(f"cluster {name!r} has no state to recover" + _running_hint())
             if not force and discovery.hub_alive(found.info):
                 # A hub paused for a moment would answer again: killing it is the user's call.

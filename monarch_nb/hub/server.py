@@ -83,15 +83,17 @@ class Hub:
         self.saved = state.load(path) if recover else None
         if recover and self.saved is None:
             raise HubError(f"nothing to recover: {path / state.STATE_FILE} does not exist")
-        # A recovered hub takes its predecessor's address when it can, so that handles
-        # held by clients keep working.
         # The allocator (a recovering hub's: the saved one, e.g. the same Slurm job) names
         # the interface everything of this hub binds on.
         self.allocator = allocators.create(self.saved.get("allocator") if self.saved else allocator,
                                            str(path), grace_s)
         if self.allocator.bind_address():
             os.environ["MONARCH_NB_BIND"] = self.allocator.bind_address()
-        self.net = net = AioEndpoint(info["cluster_id"], prefer=info.get("hub") if recover else None)
+        # A recovered hub takes its predecessor's address when it can, so that handles
+        # held by clients keep working (that of a recovering hub that died before it was
+        # ready counts: LAST_HUB).
+        self.last_address = (info.get("hub") or info.get(cluster_dir.LAST_HUB)) if recover else None
+        self.net = net = AioEndpoint(info["cluster_id"], prefer=self.last_address)
         self.hub_started = time.time()
         self.stop_requested = asyncio.Event()
         self._shutdown_request: dict | None = None  # answered once everything has stopped
@@ -185,8 +187,12 @@ class Hub:
         # stop`), and its process told from a stale one, while hosts are still coming up.
         identity = {"hub_pid": os.getpid(), "hub_create_time": psutil.Process().create_time(),
                     "hostname": socket.gethostname()}
-        cluster_dir.write_json(self.path / "cluster.json",
-                               {**{k: v for k, v in self.info.items() if k != "hub"}, **identity})
+        # A recovering hub keeps its predecessor's address there: should it die before it
+        # is ready, the next recover takes that address again.
+        starting = {k: v for k, v in self.info.items() if k not in ("hub", cluster_dir.LAST_HUB)}
+        if self.last_address:
+            starting[cluster_dir.LAST_HUB] = self.last_address
+        cluster_dir.write_json(self.path / "cluster.json", {**starting, **identity})
         if self.saved is not None:
             self.added_allocations.restore(self.saved)
             await self.allocation.adopt(self.saved)
@@ -197,7 +203,7 @@ class Hub:
             return  # the directory stays for the starting client to read hub.log
         self.registry.save()
         self.public_info = {
-            **self.info, "hub": self.net.address, **identity,
+            **{k: v for k, v in self.info.items() if k != cluster_dir.LAST_HUB}, "hub": self.net.address, **identity,
             "ephemeral": self.ephemeral, "started": self.registry.started, "hosts": self.n_hosts,
             "grace_s": self.grace_s, "idle_timeout": self.idle_timeout, "allocator": self.allocator.spec(),
             "bind": os.environ.get("MONARCH_NB_BIND", "127.0.0.1")}

@@ -41,7 +41,7 @@ class AioEndpoint:
         self._used: dict[str, float] = {}  # address -> when last sent to (monotonic)
         self._next_sweep = time.monotonic() + sockets.IDLE_SOCKET_S
         self._pending: dict[int, asyncio.Future] = {}
-        self._ports = itertools.count(1)
+        self._ports = itertools.count(sockets.first_reply_port())
         self.refused_sends = 0  # messages whose peer refused the handshake (see send)
 
     async def recv(self) -> wire_frames.Message:

@@ -43,7 +43,7 @@ class Mailbox:
         self._inbox, self.address = sockets.bind_inbox()
         self.guard = wire_frames.ReplayGuard()
         self._ports: dict[int, Callable[[wire_frames.Message], None]] = {}
-        self._next_port = itertools.count(1)
+        self._next_port = itertools.count(sockets.first_reply_port())
         # Whether a thread drives the inbox, and the lock taken to claim it. Not a try-lock
         # held while driving: see wait().
         self._driven = False

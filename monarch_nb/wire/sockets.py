@@ -71,6 +71,15 @@ def context() -> zmq.Context:
     return zmq.Context.instance()
 
 
+def first_reply_port() -> int:
+    """Where an inbox's reply ports start counting: at random (48 bits), not at 1. A
+    process that binds the address of one that died (a recovered hub, with ``prefer``)
+    would otherwise take the late replies to the dead one's first requests, still queued
+    to that address, as the answers to its own (same port numbers): a recovered hub took
+    an agent's late spawn reply for its answer to ``adopt``, and failed."""
+    return int.from_bytes(os.urandom(6), "little") + 1
+
+
 def bind_inbox(ctx: zmq.Context | None = None, prefer: str | None = None) -> tuple[zmq.Socket, str]:
     """A PULL socket bound on a free port of :func:`bind_host`; returns ``(socket, address)``.
 
