@@ -169,8 +169,12 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"cluster [bold]{args.name}[/] is running{' on ' + where if where else ''} "
                           f"({time.monotonic() - t0:.2f} s); connect with monarch_nb.connect({args.name!r})")
         elif args.verb == "recover":
-            cluster_mod.Cluster.recover(args.name, force=args.force).disconnect()
-            console.print(f"cluster [bold]{args.name}[/] recovered")
+            recovered = cluster_mod.Cluster.recover(args.name, force=args.force)
+            meshes = sorted(recovered.info()["proc_meshes"])
+            recovered.disconnect()
+            kept = (f"{len(meshes)} proc mesh(es) kept: {', '.join(meshes)}" if meshes else
+                    "no proc mesh kept (every proc was gone: spawn them again)")
+            console.print(f"cluster [bold]{args.name}[/] recovered; {kept}")
         elif args.verb == "stop":
             found = discovery.probe(args.name)
             if found.state == DiscoveryState.MISSING:

@@ -24,7 +24,9 @@ import monarch_nb.actor
 from monarch_nb import cluster_dir
 from monarch_nb.actor import this_host
 from monarch_nb.client.runtime import runtime
-from monarch_nb.errors import ClusterError, ClusterNotFound, InvalidRequest
+from monarch_nb.client.hub_client import HubClient
+from monarch_nb.errors import ClusterError, ClusterNotFound, InvalidRequest, SupervisionError
+from monarch_nb.protocol import hub_ops
 
 from conftest import cluster_processes, pids_alive, wait_until
 from kernels import TESTS, Kernel
@@ -253,6 +255,7 @@ def test_hub_killed_and_recovered_keeps_every_mesh_and_actor_state(clusters):
     assert "stale" in _cli("cluster", "list").stdout
     recovered = _cli("cluster", "recover", "phoenix")
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert "recovered; 1 proc mesh(es) kept: p" in recovered.stdout
 
     again = monarch_nb.connect("phoenix")
     assert again.proc_meshes["p"].pids == procs.pids
@@ -298,6 +301,38 @@ def test_a_recover_whose_hub_died_before_it_was_ready_can_be_recovered_again(clu
     again = _cli("cluster", "recover", "twice")
     assert again.returncode == 0, again.stdout + again.stderr
     assert _state(counters) == [7, 7]  # at its old address: handles from before still work
+
+
+def test_a_death_a_recovering_hub_learns_reaches_a_client_that_joined_it_while_it_adopted(clusters):
+    # The new hub serves (and takes in clients) while it adopts: a client that joined
+    # then was told what had died before adoption found this proc gone, and never after;
+    # its calls to that rank waited for ever (a fresh client's failed at once).
+    clusters.append("heard")
+    cluster, procs, counters = _spawn_counters("heard", grace_s=30)
+    agent = cluster.info()["hosts"][0]["pid"]
+    os.kill(cluster._info["hub_pid"], signal.SIGSTOP)
+    os.kill(procs.pids[0], signal.SIGKILL)  # its agent's news of it dies with the hub, unread
+    assert wait_until(lambda: not pids_alive(procs.pids[:1]), 30)  # reaped: adoption finds it gone
+    os.kill(cluster._info["hub_pid"], signal.SIGKILL)
+    os.kill(agent, signal.SIGSTOP)  # its answer to the new hub's adopt waits
+    hub = HubClient(cluster._info["cluster_id"], cluster._info["hub"])
+
+    def joined() -> bool:
+        try:
+            return runtime().client_id in [c["client_id"] for c in hub.request(hub_ops.INFO, timeout=1)["clients"]]
+        except ClusterError:
+            return False
+
+    try:
+        recovering = subprocess.Popen([sys.executable, "-m", "monarch_nb.cli", "cluster", "recover", "heard"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert wait_until(joined, 30)  # this client's presence found the new hub, still adopting
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    assert recovering.wait(60) == 0, recovering.stdout.read()
+    with pytest.raises(SupervisionError, match="killed by SIGKILL"):
+        counters.get.call().get(timeout=30)
+    assert counters.slice(gpus=1).get.call_one().get(timeout=30) == 7
 
 
 def test_hub_killed_and_not_recovered_leaves_no_process_after_grace(clusters):
@@ -502,6 +537,10 @@ def test_calls_on_a_cluster_whose_hub_died_fail_after_its_grace_and_work_after_r
         counter.incr.call_one().get(timeout=60)
     assert time.monotonic() - started < 10  # at once, not at the call's timeout
     recovered = monarch_nb.Cluster.recover("hubless")
+    # The new hub forgot the mesh (every proc of it was gone): calls through the old
+    # handle fail, saying so, instead of waiting for ever once the hub is back.
+    with pytest.raises(monarch_nb.actor.SupervisionError, match="was gone when a new hub took the cluster over"):
+        counter.incr.call_one().get(timeout=30)
     fresh = recovered.host_mesh().spawn_procs(per_host={"gpus": 1}, name="q").spawn("c2", Counter, 7)
     assert fresh.get.call_one().get(timeout=60) == 7
     recovered.stop()

@@ -107,7 +107,9 @@ class Allocation:
                 print(f"monarch_nb hub: every proc of {mesh.name!r} is gone; forgetting it and its actors",
                       file=sys.stderr)
                 for actors in [a for a in registry.actor_meshes.values() if a.proc_mesh == mesh.name]:
-                    self._meshes.forget_actor_mesh(actors)
+                    self._meshes.forget_actor_mesh(actors, gone=(
+                        f"every proc of {mesh.name!r} was gone when a new hub took the cluster over (recover): "
+                        "spawn the procs and actors again"))
                 del registry.proc_meshes[mesh.name]
 
     async def acquire_hosts(self, starter_gone=lambda: False) -> bool:

@@ -61,6 +61,9 @@ class MeshOps:
         # Supervision's actor_died(record, rank, cause, endpoint, traceback), set by the hub
         # (supervision uses these ops): a spawned actor whose __init__ raised is a failure.
         self.actor_died: Callable[..., Awaitable[None]] | None = None
+        # Actors of meshes a recovering hub forgot (every proc of theirs was gone): address ->
+        # (mesh name, rank, report), told to each client that joins, as dead_actors are.
+        self.forgotten: dict[str, tuple[str, int, str]] = {}
 
     @contextlib.asynccontextmanager
     async def _one_spawn_at_a_time(self, key: str):
@@ -321,7 +324,7 @@ class MeshOps:
         """Every actor of the actor meshes whose proc is gone, as ``actors_gone`` names
         them (address -> mesh name, rank, report). An actor whose proc lives answers
         every call itself, dead or not."""
-        gone = {}
+        gone = dict(self.forgotten)
         for record in self._registry.actor_meshes.values():
             for rank, report in self.actor_mesh_view(record)["dead"].items():
                 gone[record.addresses[int(rank)]] = (record.name, int(rank), report)
@@ -364,7 +367,12 @@ class MeshOps:
         await self._launcher.stop(record.procs)
         await saved  # a stop answered is on disk: a recovered hub does not list the mesh
 
-    def forget_actor_mesh(self, record: ActorMeshRecord) -> None:
+    def forget_actor_mesh(self, record: ActorMeshRecord, gone: str | None = None) -> None:
+        """Drop ``record`` from the registry; with ``gone`` (why), its actors are told to
+        every client that joins from now on as dead (``dead_actors``)."""
+        if gone is not None:
+            self.forgotten.update({address: (record.name, i, record.gone_report(i, gone))
+                                   for i, address in enumerate(record.addresses)})
         if self._registry.actor_meshes.get(record.key) is record:
             del self._registry.actor_meshes[record.key]
             self._registry.drop_payload(record.payload_id)

@@ -108,6 +108,9 @@ class Hub:
         launcher = ProcLauncher(registry, net)
         self.meshes = MeshOps(registry, net, self.announcer, launcher, self.debug)
         self.clients.on_joined = self._tell_what_died
+        # Set once a recovering hub has adopted its predecessor's agents and meshes (at
+        # once otherwise): what a client joining before then is told waits for it.
+        self.adopted = asyncio.Event()
         self.supervision = Supervision(registry, net, self.announcer, self.logs.store, self.meshes)
         self.meshes.actor_died = self.supervision.actor_died
         self.restarts = Restarts(registry, net, launcher, self.supervision, self.meshes, self.debug)
@@ -173,6 +176,9 @@ class Hub:
         told only to the clients of the time, and a call to an actor whose proc is gone
         gets no answer (an actor handed a mesh, calling it for the first time, waited
         for good)."""
+        # A client's presence may join a recovering hub while it still adopts (it binds,
+        # and serves, first): the deaths adoption finds must be in what it is told.
+        await self.adopted.wait()
         gone = self.meshes.dead_actors()
         if gone:
             await self.announcer.tell(client, {envelope.OP: events.ACTORS_GONE, "actors": gone})
@@ -197,6 +203,7 @@ class Hub:
             self.added_allocations.restore(self.saved)
             await self.allocation.adopt(self.saved)
             await self.added_allocations.end_unfinished()
+        self.adopted.set()
         if not await self.allocation.acquire_hosts(lambda: ready_fd is not None and _reader_gone(ready_fd)):
             await self._shutdown_hosts()
             self.net.close()
