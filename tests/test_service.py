@@ -371,6 +371,24 @@ def test_batching_gathers_concurrent_routes_into_one_call_and_sends_partial_batc
         svc.square.route(1, 2)
 
 
+def test_batching_on_replicas_of_several_procs_gives_each_request_a_value_mesh_of_its_results(host):
+    # Every batched route to a replica of 2 procs (an RL generator split over 2 GPUs)
+    # failed: "returned a ValueMesh", where the endpoint had returned a right list on each.
+    svc = Worker.options(procs=2, num_replicas=1, hosts=host).as_service()
+    try:
+        svc.wait_ready(BOUND_S)
+        results = [f.get(timeout=BOUND_S) for f in [svc.square.route(i) for i in range(3)]]
+        assert [r.values() for r in results] == [[(i * i, 3)] * 2 for i in range(3)]  # one batch of 3
+        assert [r.values() for r in svc.square.fanout(5).get(timeout=BOUND_S)] == [[(25, 1)] * 2]
+        bad = svc.square.route("boom")
+        with pytest.raises(ActorError, match="boom in this batch"):
+            bad.get(timeout=BOUND_S)
+    finally:
+        pids = svc.replicas[0].procs.pids
+        svc.shutdown()
+        assert wait_until(lambda: not pids_alive(pids), 10)
+
+
 def test_an_exception_in_a_batch_fails_only_that_batchs_requests(services):
     svc = services(1).wait_ready(BOUND_S)
     bad = [svc.square.route(x) for x in [1, 2, "boom", 4, 5, 6, 7, 8]]

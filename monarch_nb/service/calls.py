@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..client.future import Future
+from ..client.value_mesh import ValueMesh
 from ..errors import SupervisionError
 from .endpoint_config import EndpointConfig
 from .errors import ServiceError
@@ -42,18 +43,37 @@ def to_future(future: Future) -> Deliver:
     return deliver
 
 
+def batch_results(values: Any, count: int, what: str) -> list:
+    """The results of a batch call of ``count`` requests (``what``: ``service.endpoint``),
+    in request order: the list the endpoint returned; from a replica of several procs
+    (a ``ValueMesh`` of such lists, one per rank), one ``ValueMesh`` per request holding
+    each rank's result for it, as ``route()`` gives for an unbatched endpoint. Raises
+    :class:`ServiceError` when a list is not one result per request."""
+    lists = values.values() if isinstance(values, ValueMesh) else [values]
+    for got in lists:
+        if not isinstance(got, (list, tuple)) or len(got) != count:
+            said = f"{len(got)} results" if isinstance(got, (list, tuple)) else f"a {type(got).__name__}"
+            raise ServiceError(f"{what} batches requests: it must return a list of one result per request, in "
+                               f"order; it got {count} requests and returned {said}")
+    if isinstance(values, ValueMesh):
+        return [ValueMesh(values.extent, [got[i] for got in lists]) for i in range(count)]
+    return list(values)
+
+
 def to_batch(futures: list[Future], what: str) -> Deliver:
     """A deliver function for one batch call (``what``: ``service.endpoint``): result
-    ``i`` of the list it returns goes to ``futures[i]``; an error, or a result that is
-    not a list of ``len(futures)``, fails them all."""
+    ``i`` (:func:`batch_results`) goes to ``futures[i]``; an error, or a result that is
+    not one per request, fails them all."""
 
     def deliver(values: Any, error: BaseException | None) -> None:
-        if error is None and (not isinstance(values, (list, tuple)) or len(values) != len(futures)):
-            got = f"{len(values)} results" if isinstance(values, (list, tuple)) else f"a {type(values).__name__}"
-            error = ServiceError(f"{what} batches requests: it must return a list of one result per request, in "
-                                 f"order; it got {len(futures)} requests and returned {got}")
-        for i, future in enumerate(futures):
-            future._resolve(None if error is not None else values[i], error)
+        results: list = [None] * len(futures)
+        if error is None:
+            try:
+                results = batch_results(values, len(futures), what)
+            except ServiceError as e:
+                error = e
+        for future, result in zip(futures, results):
+            future._resolve(None if error is not None else result, error)
 
     return deliver
 
@@ -73,8 +93,11 @@ class FanIn:
         """The deliver function of replica ``idx``'s part."""
 
         def deliver(value: Any, error: BaseException | None) -> None:
-            if self._unwrap and error is None and isinstance(value, (list, tuple)) and len(value) == 1:
-                value = value[0]  # a batching endpoint called with a batch of one
+            if self._unwrap and error is None:  # a batching endpoint called with a batch of one
+                try:
+                    value = batch_results(value, 1, "")[0]
+                except ServiceError:
+                    pass  # not one result: given as it is
             self._arrived(idx, value, error)
 
         return deliver
