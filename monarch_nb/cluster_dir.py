@@ -55,8 +55,9 @@ def kept_logs_path(name: str) -> Path:
 # In cluster.json while a recovering hub is not ready yet: the address its predecessor
 # had, which it takes again (and so would the next recover, should this one die first).
 LAST_HUB = "last_hub"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-NAME_RULE = "use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+MAX_NAME_CHARS = 64
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,%d}" % (MAX_NAME_CHARS - 1))
+NAME_RULE = f"use 1-{MAX_NAME_CHARS} letters, digits, '_', '.' or '-', starting with a letter or digit"
 
 
 def is_valid_name(name) -> bool:

@@ -19,6 +19,7 @@ from monarch_nb.service import (LeastLoadedRouter, NoHealthyReplica, ReplicaStat
                                 ServiceOptions, ServiceStopped, SessionMoved, SessionRouter, UnknownSession,
                                 service_endpoint)
 from monarch_nb.service.batcher import Batcher
+from monarch_nb.service.lifecycle import RETRY_S
 from monarch_nb.service.replica import percentile
 from monarch_nb.service.routers import make_router
 from conftest import pids_alive, wait_until
@@ -333,15 +334,27 @@ class Broken(Actor):
 
 
 def test_a_replica_that_cannot_start_is_retried_within_the_bound_then_reported(host):
-    svc = Broken.options(num_replicas=2, hosts=host, max_restarts=1).as_service()
+    started = time.monotonic()
+    svc = Broken.options(num_replicas=2, hosts=host, max_restarts=2).as_service()
     try:
         with pytest.raises(NoHealthyReplica, match="no weights file"):
             svc.wait_ready(BOUND_S)
-        assert [(r.state, r.restarts) for r in svc.replicas] == [(ReplicaState.UNHEALTHY, 1)] * 2
+        # Not every restart at once (12 failed starts took 0.3 s): after RETRY_S, then twice that.
+        assert time.monotonic() - started >= RETRY_S * 3
+        assert [(r.state, r.restarts) for r in svc.replicas] == [(ReplicaState.UNHEALTHY, 2)] * 2
         with pytest.raises(NoHealthyReplica):
             svc.pid.route()
     finally:
         svc.shutdown()
+
+
+def test_a_service_name_its_replicas_meshes_could_not_take_is_refused_at_once(cluster, host):
+    # A 52-character name served until its 10th restart, whose mesh name was 65 long.
+    meshes = set(cluster.info()["proc_meshes"])
+    for name, options in (("a/b", {}), ("has space", {}), ("é", {}), ("x" * 52, {"max_restarts": 99})):
+        with pytest.raises(ValueError, match="names its replicas' meshes.*give 1-"):
+            Worker.options(hosts=host, name=name, **options).as_service()
+    assert set(cluster.info()["proc_meshes"]) == meshes  # nothing was started
 
 
 def test_a_failing_on_replica_start_hook_counts_as_a_failed_start(services):

@@ -23,6 +23,12 @@ from .errors import ServiceError
 from .replica import Replica, ReplicaState
 from .sessions import Sessions
 
+# A failed start is tried again after this long, twice as long after each failure in a row
+# (at most RETRY_MAX_S): a replacement that fails for a passing reason (GPU memory not yet
+# freed, a file not yet written) does not spend every restart the bound allows at once.
+RETRY_S = 0.5
+RETRY_MAX_S = 8.0
+
 
 class ReplicaLifecycle:
     """What ``Service`` does to keep its replicas serving (a base of ``Service``, which
@@ -124,7 +130,10 @@ class ReplicaLifecycle:
             return
         if broken is not None:
             self._stop_procs(broken)  # its live ranks too
+        failed = 0  # starts that failed in a row
         while True:
+            if failed:
+                self._pause(min(RETRY_MAX_S, RETRY_S * 2 ** (failed - 1)))
             with self._lock:
                 if self._stopped:
                     return
@@ -165,12 +174,21 @@ class ReplicaLifecycle:
                         replica.failed_at = replica.failed_at or time.monotonic()
                 if procs is not None:
                     self._stop_procs(procs)
+                failed += 1
                 continue
             # stopped while it started: shutdown() has passed this replica, or waits on us
             if procs is not None:
                 self._stop_procs(procs)
             return
         self._release_waiting()
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or until the service is shut down."""
+        deadline = time.monotonic() + seconds
+        while not self._stopped and (left := deadline - time.monotonic()) > 0:
+            with self._lock:
+                if not self._stopped:
+                    self._changed.wait(left)
 
     def _restart_in_place(self, replica: Replica) -> None:
         """Replace an adopted service's failed ``replica`` (this client has no class to

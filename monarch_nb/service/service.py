@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable, Generator
 from typing import Any, Hashable
 
+from .. import cluster_dir
 from ..client.call_each import call_one_each
 from ..client.cluster import this_host
 from ..client.future import Future
@@ -81,7 +82,14 @@ class Service(ReplicaLifecycle):
         name = name or actor_class.__name__.lower()
         # The key is unique in the cluster: replicas' meshes are named after it, and their
         # deaths are recognised by those names.
-        self._setup(name, f"{name}-{secrets.token_hex(3)}", configs, num_replicas, procs, max_restarts,
+        key = f"{name}-{secrets.token_hex(3)}"
+        longest = f"{key}-r{num_replicas - 1}g{max_restarts + 1}"  # its last replica's last restart
+        if not isinstance(name, str) or not cluster_dir.is_valid_name(longest):
+            room = cluster_dir.MAX_NAME_CHARS - (len(longest) - len(str(name)))
+            raise ValueError(f"{actor_class.__name__}.options(name={name!r}): the name of a service names its "
+                             f"replicas' meshes (as {longest!r}); give 1-{room} letters, digits, '_', '.' or '-', "
+                             "starting with a letter or digit")
+        self._setup(name, key, configs, num_replicas, procs, max_restarts,
                     on_replica_start, hosts if hosts is not None else this_host(),
                     f"{actor_class.__module__}.{actor_class.__qualname__}")
         for replica in self.replicas:
