@@ -95,3 +95,21 @@ def test_a_feed_that_meets_a_dead_hub_waits_for_the_recovered_one_instead_of_end
     finally:
         watch.stop(5)
     assert not watch.running
+
+
+def test_a_feed_ends_at_once_when_another_client_stops_the_cluster(retained):
+    # It showed the last tree ("2/2 procs healthy") for the whole grace period (30 s
+    # here) and then ended saying the hub died and was not recovered.
+    retained.host_mesh().spawn_procs(per_host={"gpus": 2}, name="ends")
+    trees, ended = _Trees(), []
+    watch = HealthWatch(retained, trees, ended.append, tick_s=3600.0)
+    try:
+        assert wait_until(lambda: trees.state("ends", 1) == "healthy", 15)
+        stopped = subprocess.run([sys.executable, "-m", "monarch_nb.cli", "cluster", "stop", retained.name],
+                                 capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert wait_until(lambda: ended, 10), "the feed went on showing a stopped cluster"
+        assert ended == ["cluster stopped"]
+    finally:
+        watch.stop(5)
+    assert not watch.running

@@ -79,7 +79,9 @@ class HealthWatch:
         self._arrived.set()
 
     def _ended(self) -> str | None:
-        if self.cluster._stopped:
+        # Stopped by this client, or by another (`monarch-nb cluster stop`: the hub removes
+        # the directory on its way out); not waited for as a hub that may be recovered.
+        if self.cluster._stopped or not self.cluster.path.exists():
             return "cluster stopped"
         presence = self.cluster._presence
         if presence is None or presence.closed:
