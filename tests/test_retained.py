@@ -259,6 +259,8 @@ def test_hub_killed_and_recovered_keeps_every_mesh_and_actor_state(clusters):
 
     again = monarch_nb.connect("phoenix")
     assert again.proc_meshes["p"].pids == procs.pids
+    with pytest.raises(KeyError, match=r"no proc mesh 'zzz' \(proc meshes: p\)"):
+        again.proc_meshes["zzz"]
     assert _state(again.actor_meshes["counters"]) == [7, 7]
     assert _state(counters) == [7, 7]  # handles held from before the crash still work
     assert [h["pid"] for h in again.info()["hosts"]] == agents

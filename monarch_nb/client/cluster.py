@@ -391,8 +391,9 @@ class Cluster:
 
     @property
     def proc_meshes(self) -> dict[str, ProcMesh]:
-        """Live handles on every proc mesh of the cluster, by name (a fresh snapshot)."""
-        return {name: self._proc_mesh(record) for name, record in self.info()["proc_meshes"].items()}
+        """Live handles on every proc mesh of the cluster, by name (a fresh snapshot); a
+        name it lacks raises ``KeyError`` naming those it has."""
+        return _ProcMeshes({name: self._proc_mesh(record) for name, record in self.info()["proc_meshes"].items()})
 
     @property
     def actor_meshes(self) -> ActorMeshes[ActorMesh]:
@@ -675,6 +676,11 @@ def list_clusters() -> list[dict]:
             listed.append({"name": found.name, "state": found.state, "reason": found.reason,
                            "ephemeral": ephemeral, "path": str(found.path), "info": found.hub_info})
     return listed
+
+
+class _ProcMeshes(dict):
+    def __missing__(self, name):
+        raise KeyError(f"no proc mesh {name!r} (proc meshes: {', '.join(sorted(self)) or 'none'})")
 
 
 def default_cluster() -> Cluster:
