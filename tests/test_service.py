@@ -348,6 +348,37 @@ def test_a_replica_that_cannot_start_is_retried_within_the_bound_then_reported(h
         svc.shutdown()
 
 
+def test_a_replica_whose_proc_stops_answering_is_replaced_and_its_routes_are_served_elsewhere(host):
+    # A SIGSTOPped replica stayed healthy: a third of the routes went to it and waited
+    # for ever, and fanout() never returned (health() said unresponsive meanwhile).
+    svc = Worker.options(num_replicas=3, hosts=host, health_check_period_s=0.5,
+                         health_check_timeout_s=2.0).as_service().wait_ready(BOUND_S)
+    frozen = svc.replicas[1].procs.pids[0]
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        routes = [svc.pid.route() for _ in range(9)]
+        served = {f.get(timeout=BOUND_S) for f in routes}
+        assert frozen not in served and len(served) >= 2
+        assert wait_until(lambda: svc.replicas[1].state is ReplicaState.HEALTHY and svc.replicas[1].restarts >= 1,
+                          BOUND_S)
+        assert "did not answer a health check within 2 s" in svc.replicas[1].last_failure
+        assert len(svc.pid.fanout().get(timeout=BOUND_S)) == 3
+        assert wait_until(lambda: not pids_alive([frozen]), BOUND_S)  # not left behind, stopped
+    finally:
+        if pids_alive([frozen]):
+            os.kill(frozen, signal.SIGCONT)
+        pids = [p for r in svc.replicas for p in (r.procs.pids if r.procs is not None else [])]
+        svc.shutdown()
+        assert wait_until(lambda: not pids_alive(pids), 10)
+
+
+def test_health_check_options_are_checked_at_once(host):
+    for option, value in (("health_check_period_s", 0), ("health_check_period_s", "10"),
+                          ("health_check_timeout_s", None), ("health_check_timeout_s", -1)):
+        with pytest.raises(ValueError, match=f"{option}=.*give seconds > 0"):
+            Worker.options(hosts=host, **{option: value}).as_service()
+
+
 def test_a_service_name_its_replicas_meshes_could_not_take_is_refused_at_once(cluster, host):
     # A 52-character name served until its 10th restart, whose mesh name was 65 long.
     meshes = set(cluster.info()["proc_meshes"])

@@ -18,6 +18,7 @@ from ..client.actor_mesh import ActorMesh
 from ..client.host_mesh import HostMesh
 from ..client.runtime import runtime
 from ..protocol import envelope, events, services
+from . import health_checks
 from .endpoint_config import EndpointConfig
 from .errors import ServiceError
 from .replica import Replica, ReplicaState
@@ -181,6 +182,33 @@ class ReplicaLifecycle:
                 self._stop_procs(procs)
             return
         self._release_waiting()
+
+    def _health_targets(self) -> list[health_checks.Target]:
+        """The procs of the healthy replicas, for a round of health checks."""
+        with self._lock:  # the loop in a method of its own: see monarch_nb.wire.interrupts
+            return self._targets_of([r for r in self.replicas if r.state is ReplicaState.HEALTHY])
+
+    def _targets_of(self, replicas: list[Replica]) -> list[health_checks.Target]:
+        """The caller holds the lock."""
+        targets = []
+        for replica in replicas:
+            if replica.procs is None or replica.actors is None:
+                continue
+            key = (replica.idx, replica.generation, replica.actors._name)
+            for proc in replica.procs._procs:
+                targets.append(health_checks.Target(key, proc["address"],
+                                                    f"proc {proc['proc_id']} (pid {proc['pid']})"))
+        return targets
+
+    def _failed_check(self, key: tuple, why: str) -> None:
+        """A health check found replica ``key`` (index, generation, actor mesh) silent:
+        failed and replaced, as a replica whose proc died (no-op if it was already)."""
+        idx, generation, mesh = key
+        replica = self.replicas[idx]
+        with self._lock:
+            current = replica.generation == generation
+        if current:
+            self._failed_replica(replica, mesh, why)
 
     def _pause(self, seconds: float) -> None:
         """Wait ``seconds``, or until the service is shut down."""

@@ -16,13 +16,21 @@ if TYPE_CHECKING:
     from .service import Service
 
 
+# Defaults of the health checks (``service.health_checks``; Ray Serve's): seconds.
+HEALTH_CHECK_PERIOD_S = 10.0
+HEALTH_CHECK_TIMEOUT_S = 30.0
+
+
 @dataclass(frozen=True)
 class ServiceOptions:
     """Deployment of ``actor_class``: ``num_replicas`` replicas of ``procs`` procs per
     host of ``hosts`` (a ``HostMesh``; ``None``: ``this_host()``). ``name`` names the
     service and its meshes (default: the class name, lower case). ``max_restarts``: how
     many times one replica may be replaced. ``on_replica_start(replica)``: run after each
-    start of a replica, before it serves (load weights into ``replica.actors``)."""
+    start of a replica, before it serves (load weights into ``replica.actors``).
+    ``health_check_period_s`` (``None``: no checks) and ``health_check_timeout_s``: how
+    often each proc of a healthy replica is asked for its status, and how long it may
+    take to answer before the replica is failed and replaced (``service.health_checks``)."""
 
     actor_class: type
     procs: int = 1
@@ -31,6 +39,8 @@ class ServiceOptions:
     name: str | None = None
     max_restarts: int = 3
     on_replica_start: "Callable[[Replica], None] | None" = None
+    health_check_period_s: float | None = HEALTH_CHECK_PERIOD_S
+    health_check_timeout_s: float = HEALTH_CHECK_TIMEOUT_S
 
     def as_service(self, *args: Any, **kwargs: Any) -> "Service":
         """Start the replicas of ``actor_class(*args, **kwargs)``; returns the
@@ -40,15 +50,19 @@ class ServiceOptions:
 
         return Service(self.actor_class, args, kwargs, procs=self.procs, num_replicas=self.num_replicas,
                        hosts=self.hosts, name=self.name, max_restarts=self.max_restarts,
-                       on_replica_start=self.on_replica_start)
+                       on_replica_start=self.on_replica_start, health_check_period_s=self.health_check_period_s,
+                       health_check_timeout_s=self.health_check_timeout_s)
 
 
 def options(cls: type, *, procs: int = 1, num_replicas: int = 1, hosts: "HostMesh | None" = None,
             name: str | None = None, max_restarts: int = 3,
-            on_replica_start: "Callable[[Replica], None] | None" = None, **unknown: Any) -> ServiceOptions:
+            on_replica_start: "Callable[[Replica], None] | None" = None, health_check_period_s: float | None = HEALTH_CHECK_PERIOD_S,
+            health_check_timeout_s: float = HEALTH_CHECK_TIMEOUT_S, **unknown: Any) -> ServiceOptions:
     """``Cls.options(...)`` (a classmethod of ``Actor``): see :class:`ServiceOptions`.
     Raises ``TypeError`` naming an unknown option."""
     if unknown:
         raise TypeError(f"{cls.__name__}.options() got unknown option(s) {sorted(unknown)}; it takes procs, "
-                        "num_replicas, hosts, name, max_restarts and on_replica_start")
-    return ServiceOptions(cls, procs, num_replicas, hosts, name, max_restarts, on_replica_start)
+                        "num_replicas, hosts, name, max_restarts, on_replica_start, health_check_period_s "
+                        "and health_check_timeout_s")
+    return ServiceOptions(cls, procs, num_replicas, hosts, name, max_restarts, on_replica_start,
+                          health_check_period_s, health_check_timeout_s)

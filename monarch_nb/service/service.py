@@ -32,6 +32,7 @@ from ..client.future import Future
 from ..client.host_mesh import HostMesh
 from ..client.runtime import runtime
 from ..errors import SupervisionError
+from . import health_checks
 from .batcher import Batcher
 from .calls import FanIn, Request, to_batch, to_future
 from .endpoint import ServiceEndpoint
@@ -63,11 +64,19 @@ class Service(ReplicaLifecycle):
 
     def __init__(self, actor_class: type, args: tuple, kwargs: dict, *, procs: int = 1, num_replicas: int = 1,
                  hosts: HostMesh | None = None, name: str | None = None, max_restarts: int = 3,
-                 on_replica_start: Callable[[Replica], None] | None = None):
+                 on_replica_start: Callable[[Replica], None] | None = None,
+                 health_check_period_s: float | None = health_checks.PERIOD_S,
+                 health_check_timeout_s: float = health_checks.TIMEOUT_S):
         for what, value, least in (("procs", procs, 1), ("num_replicas", num_replicas, 1),
                                    ("max_restarts", max_restarts, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{actor_class.__name__}.options({what}={value!r}): give an int >= {least}")
+        for what, value in (("health_check_period_s", health_check_period_s),
+                            ("health_check_timeout_s", health_check_timeout_s)):
+            if (value is not None or what.endswith("timeout_s")) and (
+                    isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+                raise ValueError(f"{actor_class.__name__}.options({what}={value!r}): give seconds > 0"
+                                 + (" (or None: no health checks)" if what.endswith("period_s") else ""))
         if hosts is not None and not isinstance(hosts, HostMesh):
             raise TypeError(f"{actor_class.__name__}.options(hosts={hosts!r}): give a HostMesh (e.g. "
                             "cluster.host_mesh()) or None for this_host()")
@@ -91,14 +100,19 @@ class Service(ReplicaLifecycle):
                              "starting with a letter or digit")
         self._setup(name, key, configs, num_replicas, procs, max_restarts,
                     on_replica_start, hosts if hosts is not None else this_host(),
-                    f"{actor_class.__module__}.{actor_class.__qualname__}")
+                    f"{actor_class.__module__}.{actor_class.__qualname__}",
+                    (health_check_period_s, health_check_timeout_s))
         for replica in self.replicas:
             self._start_thread(replica, broken=None)
+        if self._health is not None:
+            self._health.start()
 
     def _setup(self, name: str, key: str, configs: dict[str, EndpointConfig], num_replicas: int, procs: int,
                max_restarts: int, on_replica_start: Callable[[Replica], None] | None, hosts: HostMesh,
-               class_name: str) -> None:
-        """The state of a new service or of one adopted from the hub's records."""
+               class_name: str, checks: tuple[float | None, float] = (health_checks.PERIOD_S,
+                                                                      health_checks.TIMEOUT_S)) -> None:
+        """The state of a new service or of one adopted from the hub's records.
+        ``checks``: the health checks' period (``None``: none) and timeout, in seconds."""
         self.name, self._key, self._configs, self._class_name = name, key, configs, class_name
         self._procs, self._max_restarts, self._on_start = procs, max_restarts, on_replica_start
         self._routers: dict[str, Router] = {n: make_router(c.router) for n, c in self._configs.items()}
@@ -125,6 +139,10 @@ class Service(ReplicaLifecycle):
         self._handled: list[str] = []  # meshes whose failures supervision leaves to this service
         self._unsubscribe = runtime().events.subscribe(self._on_event)
         runtime().services.add(self._cluster_id, self._key, self)
+        period, timeout = checks
+        self._health = None if period is None else health_checks.HealthChecks(
+            self._key, self._cluster_id, period, timeout, self._health_targets, self._failed_check,
+            lambda: self._stopped, self._pause)
 
     # -- public --------------------------------------------------------------------------
     def __getattr__(self, name: str) -> ServiceEndpoint:
