@@ -20,8 +20,8 @@ from typing import Any, Callable, Hashable
 from ..client.runtime import runtime
 from ..protocol import envelope, proc_ops
 from ..wire.mailbox import Gather
-from .options import HEALTH_CHECK_PERIOD_S as PERIOD_S
-from .options import HEALTH_CHECK_TIMEOUT_S as TIMEOUT_S
+from .defaults import HEALTH_CHECK_PERIOD_S as PERIOD_S
+from .defaults import HEALTH_CHECK_TIMEOUT_S as TIMEOUT_S
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from .defaults import HEALTH_CHECK_PERIOD_S, HEALTH_CHECK_TIMEOUT_S
+
 if TYPE_CHECKING:
     from ..client.host_mesh import HostMesh
     from .replica import Replica
     from .service import Service
-
-
-# Defaults of the health checks (``service.health_checks``; Ray Serve's): seconds.
-HEALTH_CHECK_PERIOD_S = 10.0
-HEALTH_CHECK_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)

@@ -71,11 +71,11 @@ class Service(ReplicaLifecycle):
                                    ("max_restarts", max_restarts, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{actor_class.__name__}.options({what}={value!r}): give an int >= {least}")
-        for what, value in (("health_check_period_s", health_check_period_s),
-                            ("health_check_timeout_s", health_check_timeout_s)):
-            if (value is not None or what.endswith("timeout_s")) and (
-                    isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
-                raise ValueError(f"{actor_class.__name__}.options({what}={value!r}): give seconds > 0"
+        for what, seconds in (("health_check_period_s", health_check_period_s),
+                              ("health_check_timeout_s", health_check_timeout_s)):
+            if (seconds is not None or what.endswith("timeout_s")) and (
+                    isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0):
+                raise ValueError(f"{actor_class.__name__}.options({what}={seconds!r}): give seconds > 0"
                                  + (" (or None: no health checks)" if what.endswith("period_s") else ""))
         if hosts is not None and not isinstance(hosts, HostMesh):
             raise TypeError(f"{actor_class.__name__}.options(hosts={hosts!r}): give a HostMesh (e.g. "
