@@ -372,6 +372,28 @@ def test_a_replica_whose_proc_stops_answering_is_replaced_and_its_routes_are_ser
         assert wait_until(lambda: not pids_alive(pids), 10)
 
 
+def test_shutdown_called_from_on_replica_start_stops_the_service(host):
+    # It raised "cannot join current thread" and left the service half stopped.
+    raised = []
+
+    def hook(replica):
+        if replica.restarts:  # its first replacement
+            try:
+                svc.shutdown(timeout=BOUND_S)
+            except Exception as e:  # noqa: BLE001 - what the test looks for
+                raised.append(e)
+
+    svc = Worker.options(hosts=host, on_replica_start=hook).as_service().wait_ready(BOUND_S)
+    first = svc.replicas[0].procs.pids
+    os.kill(first[0], signal.SIGKILL)
+    assert wait_until(lambda: svc.replicas[0].state is ReplicaState.STOPPED, BOUND_S), svc.replicas[0].state
+    assert not raised
+    replaced = svc.replicas[0].procs.pids
+    assert wait_until(lambda: not pids_alive(first + replaced), 10)
+    with pytest.raises(ServiceStopped):
+        svc.pid.route()
+
+
 def test_health_check_options_are_checked_at_once(host):
     for option, value in (("health_check_period_s", 0), ("health_check_period_s", "10"),
                           ("health_check_timeout_s", None), ("health_check_timeout_s", -1)):

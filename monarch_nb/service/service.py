@@ -253,7 +253,8 @@ class Service(ReplicaLifecycle):
             run()
         deadline = time.monotonic() + timeout
         for thread in list(self._threads):
-            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread is not threading.current_thread():  # (called from on_replica_start: it ends after)
+                thread.join(max(0.0, deadline - time.monotonic()))
         for replica in self.replicas:
             with self._lock:
                 procs, replica.state = replica.procs, ReplicaState.STOPPED
