@@ -410,6 +410,26 @@ def test_a_service_name_its_replicas_meshes_could_not_take_is_refused_at_once(cl
     assert set(cluster.info()["proc_meshes"]) == meshes  # nothing was started
 
 
+def test_a_fanout_made_while_a_replacement_starts_reaches_it_before_it_serves(services):
+    # The replacement's hook loaded weights 1 while a fanout sent 2 to the healthy
+    # replicas only: it then served version 1 (an RL loop's generator, steps behind).
+    hook_running, fanned = threading.Event(), threading.Event()
+
+    def hook(replica):
+        replica.actors.load.call(1).get(timeout=BOUND_S)  # the weights it finds as it starts
+        if replica.restarts:
+            hook_running.set()
+            assert fanned.wait(BOUND_S)
+
+    svc = services(2, on_replica_start=hook).wait_ready(BOUND_S)
+    os.kill(svc.replicas[0].procs.pids[0], signal.SIGKILL)
+    assert hook_running.wait(BOUND_S)
+    assert svc.load.fanout(2).get(timeout=BOUND_S) == [None]  # the healthy replica's part
+    fanned.set()
+    assert wait_until(lambda: svc.replicas[0].state is ReplicaState.HEALTHY, BOUND_S)
+    assert svc.version.fanout().get(timeout=BOUND_S) == [2, 2]
+
+
 def test_a_failing_on_replica_start_hook_counts_as_a_failed_start(services):
     calls = []
 

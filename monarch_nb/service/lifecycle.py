@@ -158,15 +158,8 @@ class ReplicaLifecycle:
                     self._by_mesh[mesh] = replica
                 if self._on_start is not None:
                     self._on_start(replica)
-                with self._lock:
-                    if mesh in self._gone:
-                        raise ServiceError("its actor died while it started")
-                    if not self._stopped:
-                        if replica.state is ReplicaState.RECOVERING:
-                            replica.recoveries_s.append(time.monotonic() - replica.failed_at)
-                        replica.state = ReplicaState.HEALTHY
-                        self._changed.notify_all()
-                        break
+                if self._serve_when_caught_up(replica, mesh):
+                    break
             except Exception as e:  # noqa: BLE001 - counted against the bound; the others serve meanwhile
                 with self._lock:
                     self._by_mesh.pop(mesh, None)
@@ -182,6 +175,35 @@ class ReplicaLifecycle:
                 self._stop_procs(procs)
             return
         self._release_waiting()
+
+    def _fanout_args(self, endpoint: str, args: tuple, kwargs: dict) -> tuple:
+        raise NotImplementedError  # Service's
+
+    def _serve_when_caught_up(self, replica: Replica, mesh: str) -> bool:
+        """Send ``replica`` (started, its hook run) the fanouts it missed while it was
+        being replaced, then mark it healthy; False when the service stopped meanwhile.
+        A fanout made while the hook ran (new weights) reached the other replicas only,
+        and the replacement served what the hook had loaded: stale weights, silently.
+        Raises (a failed start) when a replayed call raises or its actor died."""
+        while True:
+            with self._lock:
+                missed, replica.missed = replica.missed, []
+                if not missed:
+                    if mesh in self._gone:
+                        raise ServiceError("its actor died while it started")
+                    if self._stopped:
+                        return False
+                    if replica.state is ReplicaState.RECOVERING:
+                        replica.recoveries_s.append(time.monotonic() - replica.failed_at)
+                    replica.state = ReplicaState.HEALTHY
+                    self._changed.notify_all()
+                    return True
+            self._replay(replica, missed)
+
+    def _replay(self, replica: Replica, missed: list) -> None:
+        """Call ``replica`` with each of ``missed`` (endpoint, args, kwargs), in order."""
+        for endpoint, args, kwargs in missed:
+            replica.adverb(endpoint)(*self._fanout_args(endpoint, args, kwargs), **kwargs).get()
 
     def _health_targets(self) -> list[health_checks.Target]:
         """The procs of the healthy replicas, for a round of health checks."""
@@ -243,15 +265,9 @@ class ReplicaLifecycle:
                     self._by_mesh[mesh] = replica
                 if self._on_start is not None:
                     self._on_start(replica)
-                with self._lock:
-                    if mesh in self._gone:
-                        raise ServiceError("its actor died while it restarted")
-                    if self._stopped:
-                        return
-                    replica.recoveries_s.append(time.monotonic() - replica.failed_at)
-                    replica.state = ReplicaState.HEALTHY
-                    self._changed.notify_all()
-                    break
+                if not self._serve_when_caught_up(replica, mesh):
+                    return
+                break
             except Exception as e:  # noqa: BLE001 - counted against the bound
                 with self._lock:
                     self._by_mesh.pop(mesh, None)

@@ -62,6 +62,9 @@ class Replica:
     recoveries_s: list[float] = field(default_factory=list)
     failed_at: float = 0.0  # time.monotonic() when its last failure was seen
     stats: ReplicaStats = field(default_factory=ReplicaStats)
+    # Fanouts made while it was being replaced, (endpoint, args, kwargs): sent to it once its
+    # on_replica_start hook ran, before it serves (a weight update made meanwhile)
+    missed: list = field(default_factory=list, repr=False)
     _adverbs: dict = field(default_factory=dict, repr=False)  # endpoint -> its call_one (or call) on actors
 
     def serve_from(self, procs: Any, actors: Any) -> None:

@@ -440,6 +440,7 @@ class Service(ReplicaLifecycle):
                     targets = self._healthy()
                     if not targets:
                         raise NoHealthyReplica(f"service {self.name!r}: no healthy replica for fanout of {endpoint!r}")
+                    self._tell_recovering(endpoint, args, kwargs)
             except ServiceError as e:
                 future._resolve(None, e)
                 return
@@ -455,6 +456,13 @@ class Service(ReplicaLifecycle):
         run()
         return future
 
+    def _tell_recovering(self, endpoint: str, args: tuple, kwargs: dict) -> None:
+        """A fanout the replicas being replaced miss: each is sent it before it serves
+        (``ReplicaLifecycle._serve_when_caught_up``). The caller holds the lock."""
+        for replica in self.replicas:
+            if replica.state is ReplicaState.RECOVERING:
+                replica.missed.append((endpoint, args, kwargs))
+
     def _fanout_can_run(self) -> bool:
         """Whether a fanout goes now: no replica is starting for the first time, and one
         is healthy or none can become so (then it fails). The caller holds the lock."""
@@ -466,8 +474,7 @@ class Service(ReplicaLifecycle):
     def _fan_to(self, future: Future, endpoint: str, targets: list[Replica], args: tuple, kwargs: dict) -> None:
         config = self._configs[endpoint]
         fan_in = FanIn(future, len(targets), unwrap_batch=config.batching)
-        if config.batching and len(args) == 1 and not kwargs:
-            args = ([args[0]],)  # a batch of one
+        args = self._fanout_args(endpoint, args, kwargs)
         requests = [Request(endpoint, args, kwargs, config, fan_in.deliver_for(replica.idx),
                             attempts=2)  # never retried: each replica's part is its own
                     for replica in targets]
@@ -486,6 +493,11 @@ class Service(ReplicaLifecycle):
             return
         for request, replica, generation, call in zip(requests, targets, generations, calls):
             self._on_reply(request, replica, generation, started, call)
+
+    def _fanout_args(self, endpoint: str, args: tuple, kwargs: dict) -> tuple:
+        """The positional arguments a fanout sends each replica: a batching endpoint's
+        one request as a batch of one."""
+        return ([args[0]],) if self._configs[endpoint].batching and len(args) == 1 and not kwargs else args
 
     @staticmethod
     def _count_sent(targets: list[Replica]) -> list[int]:
