@@ -239,6 +239,8 @@ class MeshOps:
                 raise HubError(f"actor mesh {name!r} was not created: {self._registry.describe(gone[0])} exited "
                                "while its actors were being constructed; spawn it again on live procs")
             self._registry.actor_meshes[key] = record
+            for address in record.addresses:  # (a port of a forgotten actor the OS gave again)
+                self.forgotten.pop(address, None)
             await self._registry.save(record)  # on disk before the reply: a recovered hub has it
             view = self.actor_mesh_view(record)
             view[hub_ops.INIT_FAILED] = []

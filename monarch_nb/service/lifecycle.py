@@ -201,9 +201,16 @@ class ReplicaLifecycle:
             self._replay(replica, missed)
 
     def _replay(self, replica: Replica, missed: list) -> None:
-        """Call ``replica`` with each of ``missed`` (endpoint, args, kwargs), in order."""
-        for endpoint, args, kwargs in missed:
-            replica.adverb(endpoint)(*self._fanout_args(endpoint, args, kwargs), **kwargs).get()
+        """Call ``replica`` with each of ``missed`` (endpoint, args, kwargs), in order;
+        what a call raises fails the start, and the next start sends it and the rest
+        again."""
+        for i, (endpoint, args, kwargs) in enumerate(missed):
+            try:
+                replica.adverb(endpoint)(*self._fanout_args(endpoint, args, kwargs), **kwargs).get()
+            except BaseException:
+                with self._lock:
+                    replica.missed[:0] = missed[i:]
+                raise
 
     def _health_targets(self) -> list[health_checks.Target]:
         """The procs of the healthy replicas, for a round of health checks."""
