@@ -215,13 +215,13 @@ class ReplicaLifecycle:
     def _health_targets(self) -> list[health_checks.Target]:
         """The procs of the healthy replicas, for a round of health checks."""
         with self._lock:  # the loop in a method of its own: see monarch_nb.wire.interrupts
-            return self._targets_of([r for r in self.replicas if r.state is ReplicaState.HEALTHY])
+            return self._healthy_targets()
 
-    def _targets_of(self, replicas: list[Replica]) -> list[health_checks.Target]:
+    def _healthy_targets(self) -> list[health_checks.Target]:
         """The caller holds the lock."""
         targets = []
-        for replica in replicas:
-            if replica.procs is None or replica.actors is None:
+        for replica in self.replicas:
+            if replica.state is not ReplicaState.HEALTHY or replica.procs is None or replica.actors is None:
                 continue
             key = (replica.idx, replica.generation, replica.actors._name)
             for proc in replica.procs._procs:
