@@ -499,6 +499,8 @@ def test_shutdown_stops_every_replica_process_and_later_use_raises(services):
         svc.pid.route()
     with pytest.raises(ServiceStopped):
         svc.start_session()
+    with pytest.raises(ServiceStopped, match="was shut down"):  # not "no replica could start: replica 0: ; ..."
+        svc.wait_ready(BOUND_S)
     svc.shutdown()  # again: nothing to do
 
 

@@ -165,9 +165,10 @@ class Service(ReplicaLifecycle):
             starting = self._wait_out((ReplicaState.INITIALIZING,), deadline)
             if starting:
                 raise TimeoutError(f"service {self.name!r}: replicas still starting after {timeout} s: {starting}")
+            self._check_running()  # (shut down: said so, not as replicas that could not start)
             if not any(r.state in (ReplicaState.HEALTHY, ReplicaState.RECOVERING) for r in self.replicas):
-                raise NoHealthyReplica(f"service {self.name!r}: no replica could start: "
-                                       + "; ".join(f"replica {r.idx}: {r.last_failure}" for r in self.replicas))
+                raise NoHealthyReplica(f"service {self.name!r}: no replica could start: " + "; ".join(
+                    f"replica {r.idx}: {r.last_failure or r.state.value}" for r in self.replicas))
         return self
 
     def __await__(self) -> Generator[Any, None, "Service"]:
