@@ -485,6 +485,14 @@ def test_an_exception_in_a_batch_fails_only_that_batchs_requests(services):
     assert [f.get(timeout=BOUND_S)[0] for f in good] == [x * x for x in range(8)]
 
 
+def test_a_broadcast_that_raises_says_so_on_stderr(services, capsys):
+    # It was dropped without a word (a weight load given an argument it refused).
+    svc = services(2).wait_ready(BOUND_S)
+    svc.square.broadcast("boom")
+    assert len(svc.version.fanout().get(timeout=BOUND_S)) == 2  # (its replies came in with these)
+    assert wait_until(lambda: "square.broadcast(...) failed: ActorError" in capsys.readouterr().err, BOUND_S)
+
+
 def test_shutdown_stops_every_replica_process_and_later_use_raises(services):
     svc = services(3).wait_ready(BOUND_S)
     pids = [r.procs.pids[0] for r in svc.replicas]

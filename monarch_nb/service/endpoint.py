@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Protocol
 
 from ..client.future import Future
@@ -51,8 +52,16 @@ class ServiceEndpoint:
         return self._service._fanout(self._name, args, kwargs)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
-        """:meth:`fanout` without waiting for or returning results (fire and forget)."""
-        self._service._fanout(self._name, args, kwargs)
+        """:meth:`fanout` without waiting for or returning results (fire and forget).
+        Nobody waits for it, so what it raises is printed to stderr once its replies are
+        in (under the notebook cell running then), not dropped."""
+        self._service._fanout(self._name, args, kwargs).add_done_callback(self._report)
+
+    def _report(self, future: Future) -> None:
+        error = future.exception()
+        if error is not None:
+            print(f"[monarch] service {self._service.name!r}: {self._name}.broadcast(...) failed: "
+                  f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
 
     def _not_here(self, adverb: str) -> Any:
         raise TypeError(f"service endpoint {self._service.name}.{self._name} has no .{adverb}(); use .route(...) "
