@@ -302,7 +302,7 @@ def test_calls_made_while_the_only_replica_is_replaced_wait_for_it(services):
 def test_a_call_whose_replica_dies_is_retried_exactly_once(services):
     svc = services(3).wait_ready(BOUND_S)
     pids = [r.procs.pids[0] for r in svc.replicas]
-    with pytest.raises(SupervisionError):
+    with pytest.raises(SupervisionError, match="two replicas died under this request"):
         svc.crash.route().get(timeout=BOUND_S)  # kills its replica, then the one it was retried on
     assert wait_until(lambda: len(pids_alive(pids)) == 1, BOUND_S)  # the third was never called
     metrics = svc.get_metrics()

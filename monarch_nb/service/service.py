@@ -418,6 +418,11 @@ class Service(ReplicaLifecycle):
                 request.exclude.add((replica.idx, generation))
                 self._submit(request)
                 return
+            if request.exclude:  # sent again after a replica died under it, and that one died too
+                error = SupervisionError(
+                    f"{error}\n(service {self.name!r}: two replicas died under this request, the one it went to and "
+                    "the one it was sent to again: the request itself may kill them (a crash, the memory it "
+                    "takes); it is not sent a third time)", error.failures)
         self._give_up(request, error)
 
     def _give_up(self, request: "Request | tuple[Any, Future]", error: BaseException) -> None:
