@@ -362,7 +362,8 @@ def test_a_replica_whose_proc_stops_answering_is_replaced_and_its_routes_are_ser
         assert wait_until(lambda: svc.replicas[1].state is ReplicaState.HEALTHY and svc.replicas[1].restarts >= 1,
                           BOUND_S)
         assert "did not answer a health check within 2 s" in svc.replicas[1].last_failure
-        assert len(svc.pid.fanout().get(timeout=BOUND_S)) == 3
+        assert svc.wait_healthy(BOUND_S)
+        assert len(svc.pid.fanout().get(timeout=BOUND_S)) == 3  # it returns (it never did)
         assert wait_until(lambda: not pids_alive([frozen]), BOUND_S)  # not left behind, stopped
     finally:
         if pids_alive([frozen]):
