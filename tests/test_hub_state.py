@@ -277,6 +277,21 @@ _PRE_JOURNAL_STATE = {
 }
 
 
+def test_payloads_no_actor_mesh_names_are_removed_unless_written_since(tmp_path):
+    # A hub killed while it spawned an actor mesh left the constructor's payload (64 MB
+    # for a 64 MB argument) until the cluster stopped; a recovering hub removes it.
+    spawn = tmp_path / "spawn"
+    spawn.mkdir()
+    for name in ("kept.bin", "orphan.bin", ".half.tmp", "new.bin"):
+        (spawn / name).write_bytes(b"x")
+    for name in ("kept.bin", "orphan.bin", ".half.tmp"):
+        os.utime(spawn / name, (1000.0, 1000.0))
+    removed = state.drop_unreferenced_payloads(tmp_path, {"kept"}, before=2000.0)
+    assert sorted(removed) == [".half.tmp", "orphan.bin"]
+    assert sorted(p.name for p in spawn.iterdir()) == ["kept.bin", "new.bin"]
+    assert state.drop_unreferenced_payloads(tmp_path / "none", set(), before=2000.0) == []
+
+
 def test_a_state_file_from_before_the_journal_is_taken_over_and_journaled_on(tmp_path):
     import json
 

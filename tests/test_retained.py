@@ -248,6 +248,9 @@ def test_hub_killed_and_recovered_keeps_every_mesh_and_actor_state(clusters):
     clusters.append("phoenix")
     cluster, procs, counters = _spawn_counters("phoenix", grace_s=30)
     agents = [h["pid"] for h in cluster.info()["hosts"]]
+    payloads = sorted(p.name for p in (cluster.path / "spawn").iterdir())
+    orphan = cluster.path / "spawn" / "spawned-as-the-hub-died.bin"  # as a spawn cut short leaves it
+    orphan.write_bytes(b"x" * 1024)
 
     os.kill(cluster._info["hub_pid"], signal.SIGKILL)
     with pytest.raises(ClusterNotFound, match="not running.*recover"):
@@ -256,6 +259,7 @@ def test_hub_killed_and_recovered_keeps_every_mesh_and_actor_state(clusters):
     recovered = _cli("cluster", "recover", "phoenix")
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert "recovered; 1 proc mesh(es) kept: p" in recovered.stdout
+    assert sorted(p.name for p in (cluster.path / "spawn").iterdir()) == payloads  # the orphan went
 
     again = monarch_nb.connect("phoenix")
     assert again.proc_meshes["p"].pids == procs.pids

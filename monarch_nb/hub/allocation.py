@@ -25,6 +25,7 @@ from ..protocol import agent_ops, envelope, gpus, router_ops
 from ..protocol.records import LOST_EXIT_CODE
 from ..wire.aio import AioEndpoint
 from .mesh_ops import MeshOps
+from . import state
 from .records import HostRecord
 from .registry import Registry
 from .supervision import Supervision
@@ -52,6 +53,7 @@ class Allocation:
         self._stop_requested = stop_requested
         self._reported = asyncio.Event()  # set whenever an agent reports (waiters clear it)
         self.released: set[str] = set()  # host ids of allocations given back (Allocations.release)
+        self._started = time.time()  # (payloads written since are this hub's own)
 
     async def agent_ready(self, header, message):
         registry = self._registry
@@ -111,6 +113,9 @@ class Allocation:
                         f"every proc of {mesh.name!r} was gone when a new hub took the cluster over (recover): "
                         "spawn the procs and actors again"))
                 del registry.proc_meshes[mesh.name]
+        # Payloads of actor meshes the dead hub was spawning (never registered), or forgot.
+        state.drop_unreferenced_payloads(self._path, {a.payload_id for a in registry.actor_meshes.values()},
+                                         before=self._started)
 
     async def acquire_hosts(self, starter_gone=lambda: False) -> bool:
         """Start host agents (unless re-adopted) and wait until all have reported.

@@ -185,6 +185,24 @@ def save_payload(path: Path, payload_id: str, frames: list[bytes]) -> None:
         raise
 
 
+def drop_unreferenced_payloads(path: Path, keep: set[str], before: float) -> list[str]:
+    """Remove the constructor payloads (and half-written ones) in ``spawn/`` that no
+    payload id of ``keep`` names and that were written before ``before`` (epoch s: a
+    spawn under way now may not be registered yet). A hub that died while an actor mesh
+    was spawned left its payload, which nothing would remove until the cluster stopped
+    (64 MB for a 64 MB argument). Returns the names removed."""
+    removed = []
+    for file in sorted((path / "spawn").glob("*")) if (path / "spawn").is_dir() else []:
+        payload_id = file.name.lstrip(".").removesuffix(".bin").removesuffix(".tmp")
+        try:
+            if payload_id not in keep and file.stat().st_mtime < before:
+                file.unlink()
+                removed.append(file.name)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def drop_payload(path: Path, payload_id: str) -> None:
     try:
         (path / "spawn" / f"{payload_id}.bin").unlink()
