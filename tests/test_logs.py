@@ -4,6 +4,8 @@ back to the caller, identical lines of several ranks folded, nothing dropped."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -13,6 +15,7 @@ import pytest
 
 from monarch_nb import cluster_dir
 from monarch_nb.client import logs
+from monarch_nb.client.cluster import Cluster
 from monarch_nb.client.runtime import runtime
 from monarch_nb.errors import InvalidRequest
 from monarch_nb.mesh.ranks import parse_ranks
@@ -363,3 +366,21 @@ def test_a_script_on_a_retained_cluster_shows_every_line_of_its_calls_before_it_
         shown = [line.partition("[talkers ")[2].partition("] ") for line in out.stdout.splitlines()]
         got = sorted((rank, text) for ranks, _, text in shown for rank in parse_ranks(ranks))  # folded or not
         assert got == expected, f"run {run}: {len(got)} of {len(expected)} lines:\n{out.stdout}"
+
+
+def test_a_flush_that_a_stalled_host_agent_did_not_answer_says_so(capsys):
+    # The hub's flush waits 2 s for each agent, then went on without a word: the cell
+    # ended, and that host's lines came after it although the docs say they come first.
+    own = Cluster.start_ephemeral()
+    agent = own.info()["hosts"][0]["pid"]
+    try:
+        own.host_mesh().spawn_procs(per_host={"gpus": 1}).spawn("stalled", Printer).say.call(["hi"]).get()
+        assert own.flush_logs()
+        os.kill(agent, signal.SIGSTOP)
+        try:
+            assert not own.flush_logs(timeout=10)
+        finally:
+            os.kill(agent, signal.SIGCONT)
+        assert "may show later: the host agent did not answer the flush in time" in capsys.readouterr().err
+    finally:
+        own.stop()

@@ -20,6 +20,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -442,12 +443,18 @@ class Cluster:
     def flush_logs(self, timeout: float = 5.0) -> bool:
         """Show every line that calls of this client caused and that procs wrote before
         now (the hub drains every host agent's pipes first). Returns False if not all
-        arrived within ``timeout`` seconds."""
+        arrived within ``timeout`` seconds, or a host's agent did not drain its pipes in
+        time (then stderr names the hosts whose lines may come later)."""
         try:
             reply = self.hub.request(hub_ops.LOGS_FLUSH, timeout=timeout, client_id=runtime().client_id)
         except ClusterError:
             return False
-        return runtime().lines.wait_for(self._info["cluster_id"], reply["seq"], timeout)
+        arrived = runtime().lines.wait_for(self._info["cluster_id"], reply["seq"], timeout)
+        late = reply.get(hub_ops.UNDRAINED)
+        if late:
+            print(f"[monarch] lines from {', '.join(late)} may show later: the host agent did not answer the "
+                  "flush in time (stalled, or its host is being lost; see cluster.health())", file=sys.stderr)
+        return arrived and not late
 
     def logs(self, mesh: str | None = None, ranks=None, stream: str | None = None, since: float | None = None,
              grep: str | None = None, tail: int | None = None) -> list[dict]:

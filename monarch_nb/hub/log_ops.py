@@ -7,7 +7,7 @@ import asyncio
 import functools
 import re
 
-from ..protocol import agent_ops, envelope, events
+from ..protocol import agent_ops, envelope, events, hub_ops
 from ..wire.aio import AioEndpoint
 from .clients import Clients
 from .errors import HubError
@@ -54,12 +54,13 @@ class LogOps:
     async def logs_flush(self, header, message):
         """Every line written by any proc before this request has been forwarded when the
         reply comes; it says how many batches this client has been sent."""
-        await asyncio.gather(*(self._net.request(h.address, {envelope.OP: agent_ops.DRAIN_LOGS},
-                                                 timeout=FLUSH_TIMEOUT_S)
-                               for h in self._registry.hosts.values() if not h.lost),  # a lost one would only time out
-                             return_exceptions=True)
+        hosts = [h for h in self._registry.hosts.values() if not h.lost]  # a lost one would only time out
+        drained = await asyncio.gather(*(self._net.request(h.address, {envelope.OP: agent_ops.DRAIN_LOGS},
+                                                           timeout=FLUSH_TIMEOUT_S) for h in hosts),
+                                       return_exceptions=True)
         client = self._clients.table.get(header.get("client_id"))
-        return {"seq": client.log_seq if client else 0}
+        late = [h.hostname or h.host_id for h, d in zip(hosts, drained) if isinstance(d, BaseException)]
+        return {"seq": client.log_seq if client else 0, hub_ops.UNDRAINED: late}
 
     async def logs_query(self, header, message):
         """Records matching the filters (see ``LogStore.query``). The query runs in a

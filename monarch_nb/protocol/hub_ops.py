@@ -81,6 +81,9 @@ SET_RANK_ENV = "set_rank_env"  # variables set in procs since their start, for t
 
 # from clients: logs ---------------------------------------------------------------------
 LOGS_FLUSH = "logs_flush"  # forward every line printed before this request, then reply
+# LOGS_FLUSH's answer: the hosts (hostname, or host id) whose agents did not drain their
+# procs' pipes within the flush's wait: their lines may come after it
+UNDRAINED = "undrained"
 LOGS_QUERY = "logs_query"  # stored log records matching filters
 
 # from clients: the debugger ---------------------------------------------------------------
