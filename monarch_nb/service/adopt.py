@@ -66,6 +66,8 @@ def adopt(cluster: Cluster, info: dict, record: dict, on_replica_start: Callable
         failed = _serve_from_records(service, cluster, info, record)
     for replica, mesh, why in failed:
         service._failed_replica(replica, mesh, why)
+    if service._health is not None:  # (the defaults: a service's options are not kept with the hub)
+        service._health.start()
     return service
 
 
