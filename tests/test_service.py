@@ -311,6 +311,16 @@ def test_a_call_whose_replica_dies_is_retried_exactly_once(services):
     assert sorted(r.restarts for r in svc.replicas) == [0, 1, 1]
 
 
+def test_a_fanout_whose_caller_gets_an_error_counts_as_one_failed_request(services):
+    # Each replica's part counted: a fanout to 2 replicas that both died showed failed 2,
+    # and one whose dying replica was just left out of the list counted 1 with no error.
+    svc = services(2).wait_ready(BOUND_S)
+    with pytest.raises(SupervisionError):
+        svc.crash.fanout().get(timeout=BOUND_S)  # both replicas die under it
+    assert svc.get_metrics().failed == 1
+    assert svc.wait_healthy(BOUND_S)
+
+
 def test_past_max_restarts_a_replica_stays_out_and_the_others_serve(services):
     svc = services(2, max_restarts=0).wait_ready(BOUND_S)
     os.kill(svc.replicas[0].procs.pids[0], signal.SIGKILL)

@@ -30,6 +30,7 @@ class Request:
     deliver: Deliver
     sess_id: str | None = None
     count: int = 1  # user requests it carries (a batch: its size)
+    counted: bool = True  # its failure is a caller's error (a fanout's part's is not: see FanIn)
     attempts: int = 0
     exclude: set = field(default_factory=set)
 
@@ -84,8 +85,10 @@ class FanIn:
     are being replaced). An endpoint error fails the future (the first by replica);
     so does a supervision error when no replica answered."""
 
-    def __init__(self, future: Future, expected: int, unwrap_batch: bool):
+    def __init__(self, future: Future, expected: int, unwrap_batch: bool,
+                 on_error: Callable[[], None] = lambda: None):
         self._future, self._expected, self._unwrap = future, expected, unwrap_batch
+        self._on_error = on_error  # the caller gets an error: counted once for the fanout
         self._lock = threading.Lock()
         self._results: dict[int, tuple[Any, BaseException | None]] = {}
 
@@ -112,9 +115,9 @@ class FanIn:
         errors = [e for _, e in ordered if e is not None]
         kept = [v for v, e in ordered if e is None]
         raised = [e for e in errors if not isinstance(e, SupervisionError)]
-        if raised:
-            self._future._resolve(None, raised[0])
-        elif errors and not kept:
-            self._future._resolve(None, errors[0])
+        error = raised[0] if raised else errors[0] if errors and not kept else None
+        if error is not None:
+            self._on_error()
+            self._future._resolve(None, error)
         else:
             self._future._resolve(kept)

@@ -427,13 +427,17 @@ class Service(ReplicaLifecycle):
 
     def _give_up(self, request: "Request | tuple[Any, Future]", error: BaseException) -> None:
         if isinstance(request, Request):
-            with self._lock:
-                self._failed += request.count
+            if request.counted:
+                self._count_failed(request.count)
             request.deliver(None, error)
         else:  # a request still in the batcher: (item, future)
-            with self._lock:
-                self._failed += 1
+            self._count_failed()
             request[1]._resolve(None, error)
+
+    def _count_failed(self, requests: int = 1) -> None:
+        """``requests`` callers got an error (``get_metrics().failed``)."""
+        with self._lock:
+            self._failed += requests
 
     def _fanout(self, endpoint: str, args: tuple, kwargs: dict) -> Future:
         kwargs.pop(SESSION_KWARG, None)
@@ -479,10 +483,10 @@ class Service(ReplicaLifecycle):
 
     def _fan_to(self, future: Future, endpoint: str, targets: list[Replica], args: tuple, kwargs: dict) -> None:
         config = self._configs[endpoint]
-        fan_in = FanIn(future, len(targets), unwrap_batch=config.batching)
+        fan_in = FanIn(future, len(targets), unwrap_batch=config.batching, on_error=self._count_failed)
         args = self._fanout_args(endpoint, args, kwargs)
         requests = [Request(endpoint, args, kwargs, config, fan_in.deliver_for(replica.idx),
-                            attempts=2)  # never retried: each replica's part is its own
+                            attempts=2, counted=False)  # never retried: each replica's part is its own
                     for replica in targets]
         with self._lock:  # the loop in a method of its own: see monarch_nb.wire.interrupts
             generations = self._count_sent(targets)
