@@ -24,8 +24,8 @@ from pathlib import Path
 from ..protocol import agent_ops, envelope, gpus, router_ops
 from ..protocol.records import LOST_EXIT_CODE
 from ..wire.aio import AioEndpoint
-from .mesh_ops import MeshOps
 from . import state
+from .mesh_ops import MeshOps
 from .records import HostRecord
 from .registry import Registry
 from .supervision import Supervision
