@@ -97,6 +97,32 @@ def test_a_feed_that_meets_a_dead_hub_waits_for_the_recovered_one_instead_of_end
     assert not watch.running
 
 
+def test_the_widget_marks_its_tree_stale_while_the_hub_is_down_and_live_once_recovered(retained, monkeypatch):
+    # Silence never makes this feed subscribe again: only the cluster's own check of its
+    # hub can tell it. The widget went on showing the last tree (all healthy), unmarked,
+    # while the hub was dead.
+    from monarch_nb.notebook.health_widget import HealthWidget
+
+    monkeypatch.setattr(health_watch, "SILENT_S", float("inf"))
+    retained.host_mesh().spawn_procs(per_host={"gpus": 1}, name="stale")
+    widget = HealthWidget(retained, tick_s=3600.0)
+    try:
+        assert wait_until(lambda: widget.state_of("proc:stale/0") == "healthy", 15)
+        os.kill(retained._info["hub_pid"], signal.SIGKILL)
+        assert wait_until(lambda: "is down" in widget._summary.value, 10), "the widget never said it was not live"
+        assert f"monarch-nb cluster recover {retained.name}" in widget._summary.value
+        assert widget._watch.hub_down and widget.ended is None
+        assert widget.state_of("proc:stale/0") == "healthy"  # the last tree, kept
+        shown = widget.refreshes
+        monarch_nb.Cluster.recover(retained.name)
+        assert wait_until(lambda: widget.refreshes > shown, 15), "no tree from the recovered hub"
+        assert "is down" not in widget._summary.value and widget.ended is None
+        assert widget.state_of("proc:stale/0") == "healthy"
+    finally:
+        widget.close()
+    assert not widget._watch.running
+
+
 def test_a_feed_ends_at_once_when_another_client_stops_the_cluster(retained):
     # It showed the last tree ("2/2 procs healthy") for the whole grace period (30 s
     # here) and then ended saying the hub died and was not recovered.

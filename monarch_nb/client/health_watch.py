@@ -42,13 +42,16 @@ class HealthWatch:
     stopped")``/``"disconnected"``) or its hub fails (``on_end(reason)``; a hub that
     died on this machine is waited for, until the cluster's grace period ends, and the
     feed goes on with the recovered one); :meth:`stop`
-    ends it without calling ``on_end``. Exceptions from the callbacks are printed and
-    end the feed (a display that can't draw should not keep asking)."""
+    ends it without calling ``on_end``. While its hub is down and may yet be recovered,
+    ``on_stale(reason)`` (if given) is called once: the last tree is no longer kept
+    current; the next ``on_tree`` is the recovered hub's. Exceptions from the callbacks
+    are printed and end the feed (a display that can't draw should not keep asking)."""
 
     def __init__(self, cluster, on_tree: Callable[[dict], None], on_end: Callable[[str], None],
-                 tick_s: float = TICK_S, min_interval_s: float = MIN_INTERVAL_S):
+                 tick_s: float = TICK_S, min_interval_s: float = MIN_INTERVAL_S,
+                 on_stale: Callable[[str], None] | None = None):
         self.cluster = cluster
-        self._on_tree, self._on_end = on_tree, on_end
+        self._on_tree, self._on_end, self._on_stale = on_tree, on_end, on_stale
         self._tick_s, self._min_interval_s = tick_s, min_interval_s
         self._id = uuid.uuid4().hex
         self._deltas: queue.Queue = queue.Queue()
@@ -109,14 +112,22 @@ class HealthWatch:
                 if self._new_hub.is_set():
                     self._new_hub.clear()
                     tree, self.hub_down = None, False  # the old hub's subscription died with it
+                if reason is None and not self.hub_down and getattr(self.cluster, "_hub_lost_since", None) is not None:
+                    # Its cluster found the hub dead (on this machine, within about a
+                    # second): the subscription died with it. Before, the last tree
+                    # (all healthy) showed on, unmarked, until SILENT_S of silence.
+                    tree = None
+                    self._went_down()
                 if reason is None and tree is None and not self.hub_down:
                     try:
                         tree, seq = self._subscribe()
                     except MonarchNbError as e:
                         # A hub known dead here may be recovered within its grace: wait
                         # for the cluster to find the new one (_ended says when not).
-                        self.hub_down = bool(discovery.hub_process_problem(self.cluster._info))
-                        reason = None if self.hub_down else self._ended() or f"no live updates: {e}"
+                        if discovery.hub_process_problem(self.cluster._info):
+                            self._went_down()
+                        else:
+                            reason = self._ended() or f"no live updates: {e}"
                     else:
                         fresh, heard = True, time.monotonic()
                 if reason is None:
@@ -145,6 +156,14 @@ class HealthWatch:
             self._unsubscribe()
             self._forget_hub()
             self._tell_hub_done()
+
+    def _went_down(self) -> None:
+        """The hub is dead and may be recovered: wait for the new one (``_new_hub``),
+        telling the display (``on_stale``) that the tree it shows is the last one."""
+        self.hub_down = True
+        if self._on_stale is not None and not self._stopped.is_set():
+            self._on_stale(f"no live updates: the hub of cluster {self.cluster.name!r} is down; they resume "
+                           f"once it is recovered (`monarch-nb cluster recover {self.cluster.name}`)")
 
     def _wait_for_delta(self) -> None:
         """Until a delta is queued, the feed is stopped, or ``CHECK_S`` passed."""

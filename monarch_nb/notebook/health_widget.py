@@ -167,7 +167,7 @@ class HealthWidget(VBox):
         widget_subshell.mark(self, self._summary)
         if initial is not None:
             self._show(initial)
-        self._watch = HealthWatch(cluster, self._show, self._end, tick_s, min_interval_s)
+        self._watch = HealthWatch(cluster, self._show, self._end, tick_s, min_interval_s, on_stale=self._stale)
 
     @property
     def refreshes(self) -> int:
@@ -186,6 +186,14 @@ class HealthWidget(VBox):
             children = (self._summary, self._gone, *(v.widget for v in kept.values()))
             if self.children != children:
                 self.children = children
+
+    def _stale(self, reason: str) -> None:
+        """The hub is down: the tree stays, marked as the last one (the recovered hub's
+        first tree replaces it, unmarked)."""
+        if self.tree is None:
+            self._summary.value = f"no health tree ({html.escape(reason)})"
+        else:
+            self._show(self.tree, note=reason)
 
     def _end(self, reason: str) -> None:
         self.ended = reason
