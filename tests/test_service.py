@@ -98,6 +98,33 @@ def test_batcher_sends_a_full_batch_at_once_and_a_partial_one_at_its_timeout():
         batcher.add("k", 7, size=4, timeout=1)
 
 
+def test_a_restart_budget_allows_max_restarts_within_any_window_and_more_as_they_leave_it():
+    from monarch_nb.service.restarts import RestartBudget
+
+    budget = RestartBudget(2, window_s=10.0)
+    for now in (0.0, 1.0):
+        assert budget.allows(now)
+        budget.spend(now)
+    assert not budget.allows(9.9)  # 2 within the last 10 s
+    assert budget.allows(10.0)  # the first has left the window
+    budget.spend(10.0)
+    assert not budget.allows(10.5) and budget.allows(11.0)
+    whole_life = RestartBudget(1, window_s=None)
+    whole_life.spend(0.0)
+    assert not whole_life.allows(1e9)
+    assert not RestartBudget(0, window_s=10.0).allows(0.0)
+
+
+def test_replica_mesh_names_keep_one_length_however_many_times_a_replica_is_replaced():
+    from monarch_nb.service.restarts import longest_mesh_name, replica_mesh_name
+
+    key = "svc-abc123"
+    names = {replica_mesh_name(key, 3, generation) for generation in range(1, 10**7, 9973)}
+    assert {len(name) for name in names} == {len(f"{key}-r3g0")}
+    assert replica_mesh_name(key, 0, 11) == replica_mesh_name(key, 0, 1) != replica_mesh_name(key, 0, 2)
+    assert longest_mesh_name(key, 12) == f"{key}-r11g9"
+
+
 def test_percentiles_are_nearest_rank():
     values = [float(v) for v in range(1, 101)]
     assert (percentile(values, 50), percentile(values, 99), percentile([], 50)) == (50.0, 99.0, 0.0)
@@ -415,10 +442,70 @@ def test_health_check_options_are_checked_at_once(host):
 def test_a_service_name_its_replicas_meshes_could_not_take_is_refused_at_once(cluster, host):
     # A 52-character name served until its 10th restart, whose mesh name was 65 long.
     meshes = set(cluster.info()["proc_meshes"])
-    for name, options in (("a/b", {}), ("has space", {}), ("é", {}), ("x" * 52, {"max_restarts": 99})):
+    for name, options in (("a/b", {}), ("has space", {}), ("é", {}), ("x" * 53, {})):
         with pytest.raises(ValueError, match="names its replicas' meshes.*give 1-"):
             Worker.options(hosts=host, name=name, **options).as_service()
     assert set(cluster.info()["proc_meshes"]) == meshes  # nothing was started
+
+
+def test_a_service_name_fits_its_meshes_however_many_restarts_are_allowed(services):
+    # The generation in a mesh name grew with each restart: a 52-character name was
+    # refused with max_restarts=99 (its 100th restart's name, 65 long, was too long for
+    # a mesh), and no bound on a service's restarts over its life could be allowed.
+    svc = services(1, name="x" * 52, max_restarts=99).wait_ready(BOUND_S)
+    assert svc.pid.route().get(timeout=BOUND_S) == svc.replicas[0].procs.pids[0]
+
+
+def test_the_restart_window_is_checked_at_once(host):
+    for value in (0, -1, "600", True):
+        with pytest.raises(ValueError, match=r"restart_window_s=.*give seconds > 0 \(or None: max_restarts counts"):
+            Worker.options(hosts=host, restart_window_s=value).as_service()
+
+
+def test_a_replica_is_replaced_again_once_its_earlier_restarts_leave_the_window(services):
+    # max_restarts counted over the service's life: a generator that ran for days and
+    # lost a replica now and then (an OOM on one long sequence) ended with none.
+    svc = services(2, max_restarts=1, restart_window_s=1.0).wait_ready(BOUND_S)
+    replica = svc.replicas[0]
+    for restarts in (1, 2):
+        assert wait_until(lambda: _budget_allows(svc, replica), BOUND_S)  # the restart before has left the window
+        killed = replica.procs.pids[0]
+        os.kill(killed, signal.SIGKILL)
+        assert wait_until(lambda: replica.restarts == restarts and replica.state is ReplicaState.HEALTHY,
+                          BOUND_S), svc.get_metrics()
+        assert killed not in replica.procs.pids
+    assert set(svc.pid.fanout().get(timeout=BOUND_S)) == {r.procs.pids[0] for r in svc.replicas}
+
+
+def _budget_allows(svc, replica) -> bool:
+    with svc._lock:  # (the service's lock guards a budget)
+        return replica.budget.allows(time.monotonic())
+
+
+def test_a_replica_replaced_more_times_than_it_has_names_reuses_them_and_never_takes_a_stale_mesh(
+        cluster, host, services, monkeypatch):
+    # Names are reused (a bounded name, however many restarts); a mesh of the name a
+    # replacement takes that is still registered (its stop failed) must not be handed
+    # back as the new one: the hub returns an existing mesh of that name and extent.
+    from monarch_nb.service import restarts
+
+    monkeypatch.setattr(restarts, "GENERATION_SLOTS", 2)
+    svc = services(1, max_restarts=5).wait_ready(BOUND_S)
+    replica = svc.replicas[0]
+    first = replica.actors.name
+    stale = host.spawn_procs(per_host={"procs": 1}, name=f"{svc._key}-r0g0").pids[0]  # the next name
+    seen = [first]
+    for restarts_so_far in (1, 2):
+        old = replica.procs.pids[0]
+        os.kill(old, signal.SIGKILL)
+        assert wait_until(lambda: replica.restarts == restarts_so_far and replica.state is ReplicaState.HEALTHY,
+                          BOUND_S), svc.get_metrics()
+        assert replica.procs.pids[0] not in (old, stale)
+        seen.append(replica.actors.name)
+    assert seen == [first, f"{svc._key}-r0g0", first]  # bounded: the first name again
+    assert wait_until(lambda: not pids_alive([stale]), BOUND_S)  # stopped, not served from
+    assert svc.pid.route().get(timeout=BOUND_S) == replica.procs.pids[0]
+    assert [m for m in cluster.info()["proc_meshes"] if m.startswith(svc._key)] == [first]
 
 
 def test_a_fanout_made_while_a_replacement_starts_reaches_it_before_it_serves(services):

@@ -59,6 +59,15 @@ def test_grouping_keeps_each_replicas_newest_proc_mesh_and_tells_same_named_serv
     assert sorted(two) == ["a", "b"]  # one name, two services: keyed by their keys
 
 
+def test_an_adopted_service_keeps_its_restart_window_and_one_recorded_before_windows_gets_the_default():
+    from monarch_nb.service.adopt import restart_budget_of
+    from monarch_nb.service.defaults import RESTART_WINDOW_S
+
+    assert restart_budget_of({records.MAX_RESTARTS: 2, records.RESTART_WINDOW_S: 5.0}) == (2, 5.0)
+    assert restart_budget_of({records.MAX_RESTARTS: 2, records.RESTART_WINDOW_S: None}) == (2, None)
+    assert restart_budget_of({records.MAX_RESTARTS: 2}) == (2, RESTART_WINDOW_S)
+
+
 def test_a_recovered_hub_knows_which_proc_meshes_are_replicas(tmp_path):
     from monarch_nb.hub import state
     from monarch_nb.hub.records import ProcMeshRecord, ProcRecord

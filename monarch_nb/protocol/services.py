@@ -14,13 +14,17 @@ SERVICE = "service"  # hub_ops.SPAWN_PROCS field and proc mesh record key: the r
 
 # Keys of the record.
 NAME = "name"  # the service's name (``options(name=...)``, default the class name in lower case)
-KEY = "key"  # unique in the cluster: NAME-<6 hex>; its replicas' meshes are named KEY-r<idx>g<generation>
+# unique in the cluster: NAME-<6 hex>; its replicas' meshes are named KEY-r<idx>g<generation modulo 10>
+# (one digit: a name used again after 9 other starts of the replica; service.restarts)
+KEY = "key"
 CLASS = "class"  # the actor class's qualified name, for display
 REPLICA = "replica"  # this proc mesh's replica index, 0..REPLICAS-1
 REPLICAS = "replicas"  # how many replicas the service has
 GENERATION = "generation"  # 1 for a replica's first procs, +1 for each replacement by new procs
 PROCS = "procs"  # procs per host of each replica
-MAX_RESTARTS = "max_restarts"  # replacements allowed per replica
+MAX_RESTARTS = "max_restarts"  # replacements allowed per replica within RESTART_WINDOW_S
+# seconds (None: within the service's life); absent from records written before it existed
+RESTART_WINDOW_S = "restart_window_s"
 ENDPOINTS = "endpoints"  # endpoint -> {BATCH_SIZE, BATCH_TIMEOUT, IDEMPOTENT, ROUTER}
 
 # Keys of an endpoint's entry.

@@ -16,6 +16,7 @@ from typing import Callable
 from ..client.cluster import Cluster, default_cluster
 from ..client.runtime import runtime
 from ..protocol import services as records
+from . import defaults
 from .endpoint_config import EndpointConfig
 from .replica import Replica, ReplicaState
 from .routers import LeastLoadedRouter, RoundRobinRouter, Router
@@ -60,8 +61,10 @@ def adopt(cluster: Cluster, info: dict, record: dict, on_replica_start: Callable
     configs = {endpoint: EndpointConfig(BUILT_IN_ROUTERS.get(c.get(records.ROUTER) or ""), c[records.BATCH_SIZE],
                                         c[records.BATCH_TIMEOUT], c[records.IDEMPOTENT])
                for endpoint, c in record[records.ENDPOINTS].items()}
+    max_restarts, restart_window_s = restart_budget_of(record)
     service._setup(record[records.NAME], record[records.KEY], configs, record[records.REPLICAS], record[records.PROCS],
-                   record[records.MAX_RESTARTS], on_replica_start, cluster.host_mesh(), record[records.CLASS])
+                   max_restarts, on_replica_start, cluster.host_mesh(), record[records.CLASS],
+                   restart_window_s=restart_window_s)
     with service._lock:  # the loop in a function of its own: see monarch_nb.wire.interrupts
         failed = _serve_from_records(service, cluster, info, record)
     for replica, mesh, why in failed:
@@ -69,6 +72,15 @@ def adopt(cluster: Cluster, info: dict, record: dict, on_replica_start: Callable
     if service._health is not None:  # (the defaults: a service's options are not kept with the hub)
         service._health.start()
     return service
+
+
+def restart_budget_of(record: dict) -> tuple[int, float | None]:
+    """The restart budget kept in a service's ``record``: (``max_restarts``,
+    ``restart_window_s``). A record written before the window existed gets the default
+    window: its service counted over its whole life only because no window could be
+    given, and the replicas' earlier restarts are not counted again (this client does
+    not know when they were)."""
+    return record[records.MAX_RESTARTS], record.get(records.RESTART_WINDOW_S, defaults.RESTART_WINDOW_S)
 
 
 def _serve_from_records(service: Service, cluster: Cluster, info: dict, record: dict) -> list[tuple[Replica, str, str]]:

@@ -1,8 +1,9 @@
 """A service's replicas over their lives (the half of ``Service`` that is not routing):
 started on threads of their own, marked failed on supervision's news of their actors,
 replaced (new procs and actor; or, for a service adopted after a kernel restart,
-restarted in place), left ``UNHEALTHY`` past the restart bound, and recorded with the hub
-so that the health tree and later clients know them (``protocol.services``).
+restarted in place), left ``UNHEALTHY`` past its restart budget (``restarts``), and
+recorded with the hub so that the health tree and later clients know them
+(``protocol.services``).
 
 Nothing polls: ``actors_gone`` events, and calls that failed with ``SupervisionError``,
 are what mark a replica failed.
@@ -22,11 +23,12 @@ from . import health_checks
 from .endpoint_config import EndpointConfig
 from .errors import ServiceError
 from .replica import Replica, ReplicaState
+from .restarts import replica_mesh_name
 from .sessions import Sessions
 
 # A failed start is tried again after this long, twice as long after each failure in a row
 # (at most RETRY_MAX_S): a replacement that fails for a passing reason (GPU memory not yet
-# freed, a file not yet written) does not spend every restart the bound allows at once.
+# freed, a file not yet written) does not spend every restart the budget allows at once.
 RETRY_S = 0.5
 RETRY_MAX_S = 8.0
 
@@ -46,6 +48,7 @@ class ReplicaLifecycle:
     _configs: dict[str, EndpointConfig]
     _procs: int
     _max_restarts: int
+    _restart_window_s: float | None
     _on_start: Callable[[Replica], None] | None
     _hosts: HostMesh
     _lock: threading.RLock
@@ -97,7 +100,7 @@ class ReplicaLifecycle:
             replica.last_failure = _first_cause(why)
             replica.failed_at = time.monotonic()
             self._sessions.replica_failed(replica.idx)
-            if replica.restarts >= self._max_restarts:
+            if not replica.budget.allows(time.monotonic()):
                 replica.state = ReplicaState.UNHEALTHY
                 broken = replica.procs
                 self._changed.notify_all()
@@ -124,7 +127,7 @@ class ReplicaLifecycle:
     def _start(self, replica: Replica, broken: Any) -> None:
         """Start ``replica`` (again, after ``broken``, its failed procs, are stopped):
         new procs, the actor, the hook. A failed attempt is retried while the restart
-        bound allows (each attempt after the first start counts as a restart), then the
+        budget allows (each attempt after the first start counts as a restart), then the
         replica is left ``UNHEALTHY``."""
         if self._class is None:
             self._restart_in_place(replica)
@@ -138,19 +141,19 @@ class ReplicaLifecycle:
             with self._lock:
                 if self._stopped:
                     return
-                if replica.generation > 0:  # not its first start: a restart, within the bound
-                    if replica.restarts >= self._max_restarts:
-                        replica.state = ReplicaState.UNHEALTHY
-                        self._changed.notify_all()
-                        break
-                    replica.restarts += 1
+                if replica.generation > 0 and not self._take_restart(replica):  # not its first start
+                    break
                 replica.generation += 1
-                mesh = f"{self._key}-r{replica.idx}g{replica.generation}"
+                mesh = replica_mesh_name(self._key, replica.idx, replica.generation)
+                self._gone.discard(mesh)  # a name used again: its older mesh's death is not this one's
                 self._handle_failures_of(mesh)
                 record = self._record(replica.idx, replica.generation)
             procs = None
             try:
-                procs = self._hosts.spawn_procs(per_host={"procs": self._procs}, name=mesh, _service=record)
+                # replace=True: a mesh of that name still registered (an earlier stop failed) is
+                # stopped, where the hub would hand it back as if it were the new one
+                procs = self._hosts.spawn_procs(per_host={"procs": self._procs}, name=mesh, replace=True,
+                                                _service=record)
                 actors: Any = procs.spawn(mesh, self._class, *self._args, raise_init_errors=True, **self._kwargs)
                 with self._lock:
                     replica.serve_from(procs, actors)
@@ -160,7 +163,7 @@ class ReplicaLifecycle:
                     self._on_start(replica)
                 if self._serve_when_caught_up(replica, mesh):
                     break
-            except Exception as e:  # noqa: BLE001 - counted against the bound; the others serve meanwhile
+            except Exception as e:  # noqa: BLE001 - counted against the budget; the others serve meanwhile
                 with self._lock:
                     self._by_mesh.pop(mesh, None)
                     replica.last_failure = f"start failed: {_describe(e)}"
@@ -175,6 +178,19 @@ class ReplicaLifecycle:
                 self._stop_procs(procs)
             return
         self._release_waiting()
+
+    def _take_restart(self, replica: Replica) -> bool:
+        """Count a restart of ``replica`` now if its budget allows one; else leave it
+        out for good (``UNHEALTHY``). Returns whether it may restart. The caller holds the
+        lock."""
+        now = time.monotonic()
+        if not replica.budget.allows(now):
+            replica.state = ReplicaState.UNHEALTHY
+            self._changed.notify_all()
+            return False
+        replica.budget.spend(now)
+        replica.restarts += 1
+        return True
 
     def _fanout_args(self, endpoint: str, args: tuple, kwargs: dict) -> tuple:
         raise NotImplementedError  # Service's
@@ -250,17 +266,18 @@ class ReplicaLifecycle:
     def _restart_in_place(self, replica: Replica) -> None:
         """Replace an adopted service's failed ``replica`` (this client has no class to
         spawn a new mesh from): its procs are restarted, and the hub makes its actor again
-        from the constructor arguments it kept; then the hook. Within the restart bound,
+        from the constructor arguments it kept; then the hook. Within the restart budget,
         as :meth:`_start`."""
         while True:
             with self._lock:
                 if self._stopped:
                     return
-                if replica.actors is None or replica.restarts >= self._max_restarts:
+                if replica.actors is None:
                     replica.state = ReplicaState.UNHEALTHY
                     self._changed.notify_all()
                     break
-                replica.restarts += 1
+                if not self._take_restart(replica):
+                    break
                 replica.generation += 1
                 actors, procs = replica.actors, replica.procs
                 mesh = actors._name
@@ -275,7 +292,7 @@ class ReplicaLifecycle:
                 if not self._serve_when_caught_up(replica, mesh):
                     return
                 break
-            except Exception as e:  # noqa: BLE001 - counted against the bound
+            except Exception as e:  # noqa: BLE001 - counted against the budget
                 with self._lock:
                     self._by_mesh.pop(mesh, None)
                     replica.last_failure = f"restart failed: {_describe(e)}"
@@ -285,7 +302,8 @@ class ReplicaLifecycle:
         """Tell supervision that this service handles the failures of ``mesh`` (its
         replica's proc and actor mesh): replacing a replica is this service's job, not
         something to print under the cell. The caller holds the lock."""
-        self._handled.append(mesh)
+        if mesh not in self._handled:  # (a name used again: see restarts.GENERATION_SLOTS)
+            self._handled.append(mesh)
         runtime().supervision.mark_handled(self._cluster_id, [mesh], f"service {self.name!r}")
 
     def _record(self, idx: int, generation: int) -> dict:
@@ -293,6 +311,7 @@ class ReplicaLifecycle:
         return {services.NAME: self.name, services.KEY: self._key, services.CLASS: self._class_name,
                 services.REPLICA: idx, services.REPLICAS: len(self.replicas), services.GENERATION: generation,
                 services.PROCS: self._procs, services.MAX_RESTARTS: self._max_restarts,
+                services.RESTART_WINDOW_S: self._restart_window_s,
                 services.ENDPOINTS: {name: {services.BATCH_SIZE: c.batch_size, services.BATCH_TIMEOUT: c.batch_timeout,
                                             services.IDEMPOTENT: c.idempotent, services.ROUTER: _router_name(c.router)}
                                      for name, c in self._configs.items()}}

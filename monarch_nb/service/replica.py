@@ -9,13 +9,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from .defaults import MAX_RESTARTS, RESTART_WINDOW_S
+from .restarts import RestartBudget
+
 LATENCY_WINDOW = 1024  # latencies kept per replica for the percentiles (the most recent)
 
 
 class ReplicaState(str, enum.Enum):
     """``INITIALIZING`` (procs and actor starting) → ``HEALTHY`` (serving) → on a failure
     ``RECOVERING`` (being replaced) → ``HEALTHY``, or ``UNHEALTHY`` once it failed more
-    than the restart bound allows (left out for good) → ``STOPPED`` (shut down)."""
+    often than its restart budget allows (left out for good) → ``STOPPED`` (shut down)."""
 
     INITIALIZING = "initializing"
     HEALTHY = "healthy"
@@ -48,9 +51,10 @@ class ReplicaStats:
 class Replica:
     """Replica ``idx`` of a service. ``procs`` and ``actors`` are the current proc mesh
     and actor mesh (``None`` until its first start; new ones after each replacement);
-    ``restarts`` counts replacements, ``last_failure`` says why it last failed and
-    ``recoveries_s`` how long each replacement took (seconds from the failure being seen
-    to the replica serving again)."""
+    ``restarts`` counts replacements over its life (``budget`` says how many more it may
+    have now), ``last_failure`` says why it last failed and ``recoveries_s`` how long
+    each replacement took (seconds from the failure being seen to the replica serving
+    again)."""
 
     idx: int
     state: ReplicaState = ReplicaState.INITIALIZING
@@ -58,6 +62,7 @@ class Replica:
     actors: Any = None
     generation: int = 0  # its meshes' names end with it: a failure of an older one is old news
     restarts: int = 0
+    budget: RestartBudget = field(default_factory=lambda: RestartBudget(MAX_RESTARTS, RESTART_WINDOW_S), repr=False)
     last_failure: str = ""
     recoveries_s: list[float] = field(default_factory=list)
     failed_at: float = 0.0  # time.monotonic() when its last failure was seen

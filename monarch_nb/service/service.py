@@ -32,7 +32,7 @@ from ..client.future import Future
 from ..client.host_mesh import HostMesh
 from ..client.runtime import runtime
 from ..errors import SupervisionError
-from . import health_checks
+from . import defaults, health_checks, restarts
 from .batcher import Batcher
 from .calls import FanIn, Request, to_batch, to_future
 from .endpoint import ServiceEndpoint
@@ -59,24 +59,29 @@ class Service(ReplicaLifecycle):
     ``on_replica_start(replica)`` runs after each start of a replica, first or after a
     replacement, before it serves (e.g. to load weights into ``replica.actors``); what
     it raises counts as a failed start. A replica is replaced at most ``max_restarts``
-    times (failed starts included), then left ``UNHEALTHY``.
+    times (failed starts included) within any ``restart_window_s`` seconds (``None``:
+    within the service's whole life); one that fails past that is left ``UNHEALTHY``.
+    Raises ``ValueError``/``TypeError`` for bad options, naming the option and the fix.
     """
 
     def __init__(self, actor_class: type, args: tuple, kwargs: dict, *, procs: int = 1, num_replicas: int = 1,
-                 hosts: HostMesh | None = None, name: str | None = None, max_restarts: int = 3,
+                 hosts: HostMesh | None = None, name: str | None = None, max_restarts: int = defaults.MAX_RESTARTS,
                  on_replica_start: Callable[[Replica], None] | None = None,
                  health_check_period_s: float | None = health_checks.PERIOD_S,
-                 health_check_timeout_s: float = health_checks.TIMEOUT_S):
+                 health_check_timeout_s: float = health_checks.TIMEOUT_S,
+                 restart_window_s: float | None = defaults.RESTART_WINDOW_S):
         for what, value, least in (("procs", procs, 1), ("num_replicas", num_replicas, 1),
                                    ("max_restarts", max_restarts, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"{actor_class.__name__}.options({what}={value!r}): give an int >= {least}")
-        for what, seconds in (("health_check_period_s", health_check_period_s),
-                              ("health_check_timeout_s", health_check_timeout_s)):
-            if (seconds is not None or what.endswith("timeout_s")) and (
+        for what, seconds, none_means in (("health_check_period_s", health_check_period_s, "no health checks"),
+                                          ("health_check_timeout_s", health_check_timeout_s, None),
+                                          ("restart_window_s", restart_window_s,
+                                           "max_restarts counts over the service's whole life")):
+            if (seconds is not None or none_means is None) and (
                     isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0):
                 raise ValueError(f"{actor_class.__name__}.options({what}={seconds!r}): give seconds > 0"
-                                 + (" (or None: no health checks)" if what.endswith("period_s") else ""))
+                                 + (f" (or None: {none_means})" if none_means else ""))
         if hosts is not None and not isinstance(hosts, HostMesh):
             raise TypeError(f"{actor_class.__name__}.options(hosts={hosts!r}): give a HostMesh (e.g. "
                             "cluster.host_mesh()) or None for this_host()")
@@ -92,7 +97,7 @@ class Service(ReplicaLifecycle):
         # The key is unique in the cluster: replicas' meshes are named after it, and their
         # deaths are recognised by those names.
         key = f"{name}-{secrets.token_hex(3)}"
-        longest = f"{key}-r{num_replicas - 1}g{max_restarts + 1}"  # its last replica's last restart
+        longest = restarts.longest_mesh_name(key, num_replicas)  # however many restarts
         if not isinstance(name, str) or not cluster_dir.is_valid_name(longest):
             room = cluster_dir.MAX_NAME_CHARS - (len(longest) - len(str(name)))
             raise ValueError(f"{actor_class.__name__}.options(name={name!r}): the name of a service names its "
@@ -101,7 +106,7 @@ class Service(ReplicaLifecycle):
         self._setup(name, key, configs, num_replicas, procs, max_restarts,
                     on_replica_start, hosts if hosts is not None else this_host(),
                     f"{actor_class.__module__}.{actor_class.__qualname__}",
-                    (health_check_period_s, health_check_timeout_s))
+                    (health_check_period_s, health_check_timeout_s), restart_window_s)
         for replica in self.replicas:
             self._start_thread(replica, broken=None)
         if self._health is not None:
@@ -110,11 +115,14 @@ class Service(ReplicaLifecycle):
     def _setup(self, name: str, key: str, configs: dict[str, EndpointConfig], num_replicas: int, procs: int,
                max_restarts: int, on_replica_start: Callable[[Replica], None] | None, hosts: HostMesh,
                class_name: str, checks: tuple[float | None, float] = (health_checks.PERIOD_S,
-                                                                      health_checks.TIMEOUT_S)) -> None:
+                                                                      health_checks.TIMEOUT_S),
+               restart_window_s: float | None = defaults.RESTART_WINDOW_S) -> None:
         """The state of a new service or of one adopted from the hub's records.
-        ``checks``: the health checks' period (``None``: none) and timeout, in seconds."""
+        ``checks``: the health checks' period (``None``: none) and timeout, in seconds;
+        each replica may be replaced ``max_restarts`` times within ``restart_window_s``."""
         self.name, self._key, self._configs, self._class_name = name, key, configs, class_name
-        self._procs, self._max_restarts, self._on_start = procs, max_restarts, on_replica_start
+        self._procs, self._on_start = procs, on_replica_start
+        self._max_restarts, self._restart_window_s = max_restarts, restart_window_s
         self._routers: dict[str, Router] = {n: make_router(c.router) for n, c in self._configs.items()}
         # No loop runs directly in a `with self._lock:` (or `self._changed`) block: each is
         # in a method of its own called under the lock. On Python 3.12+ a loop's back-edge
@@ -123,7 +131,8 @@ class Service(ReplicaLifecycle):
         # monarch_nb.wire.interrupts).
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
-        self.replicas = [Replica(i) for i in range(num_replicas)]
+        self.replicas = [Replica(i, budget=restarts.RestartBudget(max_restarts, restart_window_s))
+                         for i in range(num_replicas)]
         self._by_mesh: dict[str, Replica] = {}  # current actor mesh name -> its replica
         self._gone: set[str] = set()  # our actor meshes reported gone
         self._waiting: list[Request] = []  # routed while no replica was healthy
