@@ -16,8 +16,8 @@ import pytest
 from monarch_nb.actor import Actor, endpoint
 from monarch_nb.errors import ActorError, SupervisionError
 from monarch_nb.service import (LeastLoadedRouter, NoHealthyReplica, ReplicaState, RoundRobinRouter, Router,
-                                ServiceOptions, ServiceStopped, SessionMoved, SessionRouter, UnknownSession,
-                                service_endpoint)
+                                ServiceError, ServiceOptions, ServiceStopped, SessionMoved, SessionRouter,
+                                UnknownSession, service_endpoint)
 from monarch_nb.service.batcher import Batcher
 from monarch_nb.service.lifecycle import RETRY_S
 from monarch_nb.service.replica import percentile
@@ -160,6 +160,15 @@ class Worker(Actor):
     def charge(self, seconds: float) -> int:
         time.sleep(seconds)
         return os.getpid()
+
+    @endpoint
+    def nap(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return os.getpid()
+
+    @service_endpoint(batch_size=4, batch_timeout=0.2)
+    def drop_last(self, xs: list) -> list:
+        return xs[:-1]  # one result short: not one per request
 
     @service_endpoint(batch_size=8, batch_timeout=0.2)
     def square(self, xs: list) -> list:
@@ -583,6 +592,40 @@ def test_an_exception_in_a_batch_fails_only_that_batchs_requests(services):
     assert [f.get(timeout=BOUND_S)[0] for f in good] == [x * x for x in range(8)]
 
 
+def test_a_batch_whose_results_are_not_one_per_request_counts_each_request_as_failed(services):
+    # Its callers got the ServiceError, and get_metrics() said failed 0.
+    svc = services(1).wait_ready(BOUND_S)
+    futures = [svc.drop_last.route(i) for i in range(4)]  # one full batch
+    for future in futures:
+        with pytest.raises(ServiceError, match="got 4 requests and returned 3 results"):
+            future.get(timeout=BOUND_S)
+    metrics = svc.get_metrics()
+    assert (metrics.failed, metrics.replicas[0]["failed"], metrics.retried) == (4, 4, 0)
+
+
+def test_a_request_in_flight_at_shutdown_fails_without_counting_as_retried(services):
+    # Its replica stopped under it, the service counted it retried, then failed it.
+    svc = services(2).wait_ready(BOUND_S)
+    future = svc.nap.route(BOUND_S)
+    assert wait_until(lambda: sum(r.stats.in_flight for r in svc.replicas) == 1, BOUND_S)
+    svc.shutdown()
+    with pytest.raises(ServiceStopped):
+        future.get(timeout=BOUND_S)
+    metrics = svc.get_metrics()
+    assert (metrics.retried, metrics.failed) == (0, 1)
+
+
+def test_metrics_list_the_pids_of_healthy_replicas_only(services):
+    # A replica failed for good still listed the pid of its dead proc.
+    svc = services(2, max_restarts=0).wait_ready(BOUND_S)
+    dead = svc.replicas[0].procs.pids[0]
+    os.kill(dead, signal.SIGKILL)
+    assert wait_until(lambda: svc.replicas[0].state is ReplicaState.UNHEALTHY, BOUND_S)
+    assert [r["pids"] for r in svc.get_metrics().replicas] == [[], svc.replicas[1].procs.pids]
+    svc.shutdown()
+    assert [r["pids"] for r in svc.get_metrics().replicas] == [[], []]
+
+
 def test_a_broadcast_that_raises_says_so_on_stderr(services, capsys):
     # It was dropped without a word (a weight load given an argument it refused).
     svc = services(2).wait_ready(BOUND_S)
@@ -617,7 +660,7 @@ def test_bad_options_and_unknown_endpoints_get_clear_errors(host):
         Worker.options(replicas=2)
     svc = ServiceOptions(Worker, num_replicas=1, hosts=host).as_service()
     try:
-        with pytest.raises(AttributeError, match="no endpoint 'nope'.*endpoints: charge, crash, echo"):
+        with pytest.raises(AttributeError, match="no endpoint 'nope'.*endpoints: charge, crash, drop_last, echo"):
             svc.nope
         with pytest.raises(TypeError, match=r"use \.route"):
             svc.pid.call()

@@ -3,6 +3,7 @@ delivery of a batch's results to its callers, and the gathering of a fanout's re
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -19,9 +20,10 @@ Deliver = Callable[[Any, "BaseException | None"], None]
 @dataclass
 class Request:
     """One routed call (or one batch of them) on its way to a replica. ``deliver(value,
-    error)`` resolves the callers' futures; ``exclude`` holds the (replica idx,
-    generation) pairs it already failed on; ``attempts`` counts sends (a retry is the
-    second)."""
+    error)`` resolves the callers' futures, with the reply passed through ``unpack``
+    first when given (which raises :class:`ServiceError` for a reply it can't take, a
+    failure of the request's); ``exclude`` holds the (replica idx, generation) pairs it
+    already failed on; ``attempts`` counts sends (a retry is the second)."""
 
     endpoint: str
     args: tuple
@@ -33,6 +35,7 @@ class Request:
     counted: bool = True  # its failure is a caller's error (a fanout's part's is not: see FanIn)
     attempts: int = 0
     exclude: set = field(default_factory=set)
+    unpack: Callable[[Any], Any] | None = None
 
 
 def to_future(future: Future) -> Deliver:
@@ -61,22 +64,22 @@ def batch_results(values: Any, count: int, what: str) -> list:
     return list(values)
 
 
-def to_batch(futures: list[Future], what: str) -> Deliver:
-    """A deliver function for one batch call (``what``: ``service.endpoint``): result
-    ``i`` (:func:`batch_results`) goes to ``futures[i]``; an error, or a result that is
-    not one per request, fails them all."""
+def to_batch(futures: list[Future]) -> Deliver:
+    """A deliver function for one batch call, given its results unpacked
+    (:func:`batch_unpacker`): result ``i`` goes to ``futures[i]``; an error fails them all."""
 
-    def deliver(values: Any, error: BaseException | None) -> None:
-        results: list = [None] * len(futures)
-        if error is None:
-            try:
-                results = batch_results(values, len(futures), what)
-            except ServiceError as e:
-                error = e
-        for future, result in zip(futures, results):
-            future._resolve(None if error is not None else result, error)
+    def deliver(results: Any, error: BaseException | None) -> None:
+        for i, future in enumerate(futures):
+            future._resolve(None if error is not None else results[i], error)
 
     return deliver
+
+
+def batch_unpacker(count: int, what: str) -> Callable[[Any], list]:
+    """The ``Request.unpack`` of a batch call of ``count`` requests (``what``:
+    ``service.endpoint``): :func:`batch_results`, which raises for a reply that is not
+    one result per request."""
+    return functools.partial(batch_results, count=count, what=what)
 
 
 class FanIn:

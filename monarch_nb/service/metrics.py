@@ -8,9 +8,12 @@ from dataclasses import dataclass
 @dataclass
 class ServiceMetrics:
     """Per replica (``Replica.metrics()``: state, requests, failed, in flight, latency
-    p50/p99 in seconds, restarts, last failure, pids), and for the service: open
-    sessions, requests waiting for a replica (none healthy yet), requests retried on
-    another replica after theirs failed, and requests whose caller got an error."""
+    p50/p99 in seconds, restarts, last failure, and ``pids``: its live procs' while it is
+    healthy, none otherwise), and for the service: open sessions, requests waiting for
+    a replica (none healthy yet), requests sent again to another replica after theirs
+    died under them (``retried``), and requests whose caller got an error (``failed``:
+    a batch counts each of its requests, also when its results were not one per
+    request)."""
 
     service: str
     replicas: list[dict]

@@ -106,9 +106,11 @@ class Replica:
 
     def metrics(self) -> dict:
         """What ``Service.get_metrics()`` reports of it: state, requests, failed,
-        in-flight, latency p50/p99 (seconds), restarts, last failure, pids."""
+        in-flight, latency p50/p99 (seconds), restarts, last failure, pids (of its procs
+        while it is healthy; none while it starts, is replaced, is failed for good or
+        stopped, when its procs are dead, being stopped or not yet serving)."""
         lat = self.stats.latencies
-        pids = list(self.procs.pids) if self.procs is not None and self.state is not ReplicaState.STOPPED else []
+        pids = list(self.procs.pids) if self.procs is not None and self.state is ReplicaState.HEALTHY else []
         return {"replica": self.idx, "state": self.state.value, "requests": self.stats.requests,
                 "failed": self.stats.failed, "in_flight": self.stats.in_flight,
                 "latency_p50_s": percentile(lat, 50), "latency_p99_s": percentile(lat, 99),

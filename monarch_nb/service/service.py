@@ -34,7 +34,7 @@ from ..client.runtime import runtime
 from ..errors import SupervisionError
 from . import defaults, health_checks, restarts
 from .batcher import Batcher
-from .calls import FanIn, Request, to_batch, to_future
+from .calls import FanIn, Request, batch_unpacker, to_batch, to_future
 from .endpoint import ServiceEndpoint
 from .endpoint_config import EndpointConfig, endpoint_configs
 from .lifecycle import ReplicaLifecycle
@@ -232,7 +232,9 @@ class Service(ReplicaLifecycle):
 
     def get_metrics(self) -> ServiceMetrics:
         """Per replica: state, requests, failed, in flight, latency p50/p99 (s),
-        restarts; for the service: sessions, waiting, retried and failed requests."""
+        restarts, pids (of a healthy replica's procs); for the service: sessions,
+        waiting, retried (sent again to another replica) and failed (their caller got an
+        error) requests. See :class:`ServiceMetrics`."""
         with self._lock:
             return ServiceMetrics(self.name, self._replica_metrics(), len(self._sessions),
                                   len(self._waiting), self._retried, self._failed)
@@ -336,9 +338,9 @@ class Service(ReplicaLifecycle):
         """A full or timed-out batch: one call taking the list of its requests."""
         endpoint: str = key[0]  # type: ignore[index]
         sess_id: str | None = key[1]  # type: ignore[index]
-        deliver = to_batch([future for _, future in items], f"{self.name}.{endpoint}")
+        deliver = to_batch([future for _, future in items])
         self._submit(Request(endpoint, ([item for item, _ in items],), {}, self._configs[endpoint], deliver,
-                             sess_id, count=len(items)))
+                             sess_id, count=len(items), unpack=batch_unpacker(len(items), f"{self.name}.{endpoint}")))
 
     def _submit(self, request: Request) -> None:
         """Send ``request`` to a replica, or keep it until one is healthy; what can't
@@ -374,6 +376,8 @@ class Service(ReplicaLifecycle):
             replica.stats.in_flight += request.count
             replica.stats.requests += request.count
             request.attempts += 1
+            if request.exclude:  # sent again, after its replica died under it
+                self._retried += request.count
         for sid, was, now in moved:
             warnings.warn(SessionMoved(f"service {self.name!r}: session {sid} moved from replica {was}, which failed, "
                                        f"to replica {now}; state replica {was} kept for it is gone"), stacklevel=2)
@@ -410,6 +414,11 @@ class Service(ReplicaLifecycle):
     def _finished(self, request: Request, replica: Replica, generation: int, started: float,
                   value: Any, error: BaseException | None) -> None:
         """A replica answered ``request`` (or failed it): deliver, or retry once."""
+        if error is None and request.unpack is not None:
+            try:
+                value = request.unpack(value)
+            except ServiceError as e:  # (a batch's results not one per request): counted as failed below
+                error = e
         latency = time.perf_counter() - started
         with self._lock:
             stats = replica.stats
@@ -422,8 +431,6 @@ class Service(ReplicaLifecycle):
             return
         if isinstance(error, SupervisionError) and self._replica_died(replica, generation):
             if request.config.idempotent and request.attempts < 2:
-                with self._lock:
-                    self._retried += request.count
                 request.exclude.add((replica.idx, generation))
                 self._submit(request)
                 return
