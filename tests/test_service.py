@@ -615,6 +615,17 @@ def test_a_request_in_flight_at_shutdown_fails_without_counting_as_retried(servi
     assert (metrics.retried, metrics.failed) == (0, 1)
 
 
+def test_a_fanout_in_flight_at_shutdown_raises_service_stopped_as_a_route_does(services):
+    # It raised SupervisionError: its replicas' procs were stopped under it.
+    svc = services(2).wait_ready(BOUND_S)
+    future = svc.nap.fanout(BOUND_S)
+    assert wait_until(lambda: all(r.stats.in_flight == 1 for r in svc.replicas), BOUND_S)
+    svc.shutdown()
+    with pytest.raises(ServiceStopped, match="was shut down"):
+        future.get(timeout=BOUND_S)
+    assert svc.get_metrics().failed == 1
+
+
 def test_metrics_list_the_pids_of_healthy_replicas_only(services):
     # A replica failed for good still listed the pid of its dead proc.
     svc = services(2, max_restarts=0).wait_ready(BOUND_S)

@@ -33,7 +33,8 @@ class ServiceEndpoint:
         Non-blocking: with no replica healthy yet (starting, or being replaced) the call
         waits in the service and is sent when one is. The future raises the endpoint's
         ``ActorError``; ``SupervisionError`` only for an ``idempotent=False`` endpoint
-        whose replica failed under it (others run once more elsewhere).
+        whose replica failed under it (others run once more elsewhere);
+        ``ServiceStopped`` when the service is shut down before it is answered.
 
         Raises at once ``ServiceStopped`` after ``shutdown()``, ``NoHealthyReplica`` when
         every replica failed for good, ``UnknownSession`` for a ``sess_id`` not started
@@ -48,7 +49,8 @@ class ServiceEndpoint:
         first time are waited for, and so is a replacement when none is healthy); returns
         a ``Future`` of the list of their results in replica order. A replica that fails during the call is left out of the list (it
         is being replaced); an endpoint that raises makes the future raise its
-        ``ActorError``. Raises at once as :meth:`route`."""
+        ``ActorError``; a shutdown before every replica answered makes it raise
+        ``ServiceStopped``. Raises at once as :meth:`route`."""
         return self._service._fanout(self._name, args, kwargs)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:

@@ -245,7 +245,8 @@ class Service(ReplicaLifecycle):
 
     def shutdown(self, timeout: float = 120.0) -> Future:
         """Stop every replica's procs (and the actors on them); requests still waiting
-        for a replica or a batch fail with :class:`ServiceStopped`, later calls raise it.
+        for a replica or a batch, and routes and fanouts in flight, fail with
+        :class:`ServiceStopped`; later calls raise it.
         Waits up to ``timeout`` seconds for replicas being started to finish starting
         (then stops them too). Blocks until done; returns a finished ``Future[None]`` (to
         ``await`` or ignore). A second call does nothing."""
@@ -429,6 +430,9 @@ class Service(ReplicaLifecycle):
         if error is None:
             request.deliver(value, None)
             return
+        if isinstance(error, SupervisionError) and self._stopped:  # shutdown() stopped its procs under it
+            self._give_up(request, self._stopped_under(replica, error))
+            return
         if isinstance(error, SupervisionError) and self._replica_died(replica, generation):
             if request.config.idempotent and request.attempts < 2:
                 request.exclude.add((replica.idx, generation))
@@ -440,6 +444,14 @@ class Service(ReplicaLifecycle):
                     "the one it was sent to again: the request itself may kill them (a crash, the memory it "
                     "takes); it is not sent a third time)", error.failures)
         self._give_up(request, error)
+
+    def _stopped_under(self, replica: Replica, error: SupervisionError) -> ServiceStopped:
+        """What a call's caller gets when shutdown() stopped ``replica`` under it (the
+        supervision ``error`` it failed with as the cause): ``ServiceStopped``, as for a
+        request still waiting, routed or fanned out alike."""
+        stopped = ServiceStopped(f"service {self.name!r} was shut down while the call ran on replica {replica.idx}")
+        stopped.__cause__ = error
+        return stopped
 
     def _give_up(self, request: "Request | tuple[Any, Future]", error: BaseException) -> None:
         if isinstance(request, Request):
