@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 import os
 import signal
+import sys
 import threading
 
 import pytest
@@ -23,7 +24,7 @@ from monarch_nb.errors import ActorError, SupervisionError
 from monarch_nb.host.router import Casts, Relays, batch_frames
 from monarch_nb.protocol import envelope, proc_ops, router_ops
 from monarch_nb.wire import frames as wire_frames
-from monarch_nb.wire import serialize
+from monarch_nb.wire import serialize, shm
 from monarch_nb.wire.mailbox import Mailbox
 from monarch_nb.wire.remote_error import unpack_exception
 
@@ -98,6 +99,31 @@ def test_a_reducer_that_raises_comes_back_as_the_folds_error_not_the_ranks():
     assert failure.header[envelope.RANK] == 1 and failure.header[router_ops.FOLD_FAILED]
     assert "cannot fold" in str(unpack_exception(serialize.loads(failure.body))[0])
     assert next(e for e in entries if e.header[envelope.OK]).header[router_ops.FOLDED] == [0]
+
+
+class _ExitsWhenLoaded:
+    def __reduce__(self):
+        return sys.exit, ("a value that exits when unpickled",)
+
+
+def test_a_reducer_or_a_value_that_exits_is_the_folds_error_and_the_router_goes_on():
+    # SystemExit went past the router's handlers: its thread ended and its host was lost.
+    def exits(a, b):
+        sys.exit("the reducer gave up")
+
+    casts = Casts()
+    casts.open(("me", 7), {0: "p/0", 1: "p/1"}, exits)
+    casts.reply(("me", 7), *_reply(0, 1))
+    casts.reply(("me", 7), *_reply(1, 2))
+    casts.open(("me", 8), {0: "p/0", 1: "p/1"}, operator.add)
+    casts.reply(("me", 8), *_reply(0, 1))
+    casts.reply(("me", 8), *_reply(1, _ExitsWhenLoaded()))
+    failures = [e for e in casts.take()["me"] if not e.header[envelope.OK]]
+    assert [(f.header[envelope.PORT], f.header[envelope.RANK], f.header[router_ops.FOLD_FAILED]) for f in failures] \
+        == [(7, 1, True), (8, 1, True)]
+    raised = [unpack_exception(serialize.loads(f.body))[0] for f in failures]
+    assert [type(e) for e in raised] == [SystemExit, SystemExit]
+    assert [str(e) for e in raised] == ["the reducer gave up", "a value that exits when unpickled"]
 
 
 def test_a_folded_value_that_cannot_be_pickled_fails_every_rank_it_folds():
@@ -483,8 +509,6 @@ def test_a_large_argument_reaches_every_actor_of_a_host_as_a_value_of_its_own(ro
     # and each maps it private: one actor's writes are not another's.
     import numpy as np
 
-    from monarch_nb.wire import shm
-
     _, _, mesh = routed
     array = np.zeros(2 * shm.MIN_BYTES // 8, np.int64)
     got = mesh.bump.call(array).get(timeout=BOUND_S).values()
@@ -608,6 +632,21 @@ def test_what_a_reducer_raises_at_the_routers_is_what_the_reduce_raises_as_when_
     with pytest.raises(Exception, match="lock") as raised:
         mesh.one.reduce(lock_of).get(timeout=BOUND_S)
     assert not isinstance(raised.value, ActorError)  # the fold's error, not the ranks'
+
+
+def test_a_reducer_that_exits_fails_the_reduce_and_every_host_lives_on(routed, monkeypatch):
+    # Through the routers it ended every host's router thread, and so every host; called
+    # directly, the client's fold left the call waiting for ever.
+    _, _, mesh = routed
+
+    def exits(a, b):
+        sys.exit("the reducer gave up")
+
+    for setting in (router_ops.ROUTER_ON, router_ops.ROUTER_OFF):
+        monkeypatch.setenv(router_ops.ROUTER_ENV, setting)
+        with pytest.raises(SystemExit, match="the reducer gave up"):
+            mesh.one.reduce(exits).get(timeout=BOUND_S)
+        assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == HOSTS * PER_HOST
 
 
 def test_each_callers_calls_reach_each_actor_in_the_order_sent(routed):
@@ -767,6 +806,36 @@ def test_a_proc_killed_mid_call_fails_that_call_and_the_others_answer(routed, tm
     with pytest.raises(SupervisionError) as raised:
         pending.get(timeout=BOUND_S)
     assert f"1 of {HOSTS * PER_HOST} ranks" in str(raised.value), str(raised.value)
+    procs.restart_failed()
+
+
+def test_large_calls_queued_to_a_killed_proc_leave_no_shared_memory_once_its_death_is_known(routed, tmp_path):
+    # Their segments stayed in /dev/shm until the host's sweep, 5 to 20 s later: the router
+    # never let go of a dead proc's actors, as a client does.
+    c, procs, mesh = routed
+    victim_rank = PER_HOST * 3 + 2
+    victim = mesh.slice(hosts=3, gpus=2)
+    gate = tmp_path / "gate"
+    gate.touch()
+    holding = victim.hold.call_one(str(gate))
+    queued = [victim.same.call_one(bytes(2 * shm.MIN_BYTES)) for _ in range(2)]  # behind the hold, unread
+    cluster_id = c._info["cluster_id"]
+    # Segment names: mnb-<cluster>-<sender pid>-<receiver's port>-<random>.
+    to_victim = f"-{mesh._addresses[victim_rank].rpartition(':')[2]}-"
+    assert wait_until(lambda: sum(to_victim in name for name in shm._segments(cluster_id)) == 2, BOUND_S)
+    pid = procs.pids[victim_rank]
+    os.kill(pid, signal.SIGKILL)
+    gate.unlink()
+    for future in (holding, *queued):
+        with pytest.raises(SupervisionError):
+            future.get(timeout=BOUND_S)
+
+    def exit_recorded() -> bool:  # the agent tells the hub after letting go of the proc's actors
+        proc = c.info()["proc_meshes"]["routed"]["procs"][victim_rank]
+        return proc["pid"] == pid and proc["exit_code"] is not None
+
+    assert wait_until(exit_recorded, BOUND_S)
+    assert shm._segments(cluster_id) == []
     procs.restart_failed()
 
 

@@ -209,8 +209,11 @@ class Endpoint(Generic[P, R]):
                 timer.cancel()
             gather.close()
             supervision.unwatch(port, targets)
-            value, error = finish(results, [failures[k] for k in sorted(failures)],
-                                  [failures[k] for k in sorted(dead_ranks)])
+            try:  # what finishing raises (a reducer's, sys.exit's too) is the call's error: no future left waiting
+                value, error = finish(results, [failures[k] for k in sorted(failures)],
+                                      [failures[k] for k in sorted(dead_ranks)])
+            except BaseException as e:  # noqa: BLE001
+                value, error = None, e
             future._resolve(value, error)
 
         @protected
@@ -374,10 +377,8 @@ class Endpoint(Generic[P, R]):
             for r in results:
                 if isinstance(r, _FoldFailed):  # at a router
                     return None, r.error
-            try:
-                return functools.reduce(reducer, [r for r in results if r is not FOLDED_AWAY]), None
-            except Exception as e:  # noqa: BLE001 - the user's reducer: the future raises it
-                return None, e
+            # What the user's reducer raises, the future raises (_gather's settle).
+            return functools.reduce(reducer, [r for r in results if r is not FOLDED_AWAY]), None
 
         return self._gather(ranks, args, kwargs, finish, reducer)
 

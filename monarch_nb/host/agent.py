@@ -371,6 +371,8 @@ class HostAgent:
         expected = proc_id in self.stopping
         self.stopping.discard(proc_id)
         self.exited[proc_id] = code
+        if self.router is not None:
+            self.router.proc_exited(proc_id)
         try:
             if self.leaving is not None:
                 await asyncio.shield(self.leaving)  # a cancelled waiter must not cancel it for the others

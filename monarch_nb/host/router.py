@@ -113,11 +113,13 @@ class Casts:
             return
         del cast.waiting[rank]
         if cast.reducer is not None and header.get(envelope.OK):
+            # What the user's reducer, or the unpickling of a value, raises is the reduce's
+            # error: any exception, sys.exit's too (ending this thread lost the host).
             try:
                 value = serialize.loads(body, buffers)
                 cast.value = value if not cast.folded else cast.reducer(cast.value, value)
                 cast.folded.append(rank)
-            except Exception as e:  # noqa: BLE001 - the user's reducer, or an unpicklable value: the reduce's error
+            except BaseException as e:  # noqa: BLE001
                 self._queue(client, _failure(port, rank, e, fold=True))
         elif cast.coalesce and not buffers and header.get(envelope.OK) and header.keys() <= _PLAIN_REPLY \
                 and len(body) <= SAME_MAX_BYTES:
@@ -152,9 +154,9 @@ class Casts:
             return
         del self._open[route]
         if cast.folded:
-            try:
+            try:  # the folded value's pickling is the user's code: what it raises is every folded rank's error
                 body, buffers = serialize.dumps(cast.value, "a folded value")
-            except Exception as e:  # noqa: BLE001 - the folded value can't travel: the error of every rank it folds
+            except BaseException as e:  # noqa: BLE001
                 failure = _failure(cast.port, cast.folded[0], e, fold=True)
                 failure.header[router_ops.FOLDED] = cast.folded
                 self._queue(route[0], failure)
@@ -280,6 +282,9 @@ class Router:
         self.casts_seen = 0  # CASTs delivered (for tests and benches)
         self.relays = Relays()
         self._reducers: dict[bytes, Callable] = {}
+        # proc id -> the addresses of its actors this router sent calls to (proc_exited)
+        self._actors_of: dict[str, set[str]] = {}
+        self._actors_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="monarch-nb-router", daemon=True)
 
@@ -290,6 +295,16 @@ class Router:
         """End the router's thread (waits up to ``timeout`` s)."""
         self._stopping.set()
         self._thread.join(timeout)
+
+    def proc_exited(self, proc_id: str) -> None:
+        """(Any thread: the agent's, once it reaped the proc.) Close the sockets to the
+        actors of proc ``proc_id`` and unlink the shared-memory segments of the calls
+        queued to them that they never took (``Outbox.discard``): they held a large
+        argument in ``/dev/shm`` until the host's next sweep, 5 to 20 s later."""
+        with self._actors_lock:
+            addresses = self._actors_of.pop(proc_id, ())
+        for address in addresses:
+            sockets.Outbox.discard(address)
 
     # the thread --------------------------------------------------------------------------
     def _run(self) -> None:
@@ -366,19 +381,36 @@ class Router:
             call[envelope.REPLY], call[envelope.PORT] = self.address, route
             try:
                 reducer = self._reducer(header)
-            except Exception:  # noqa: BLE001 - e.g. its module can't be imported here: the client folds
+            except BaseException:  # noqa: BLE001 - e.g. its module can't be imported here, or exits: the client folds
                 reducer = None
             self.casts.open(route, {rank: proc for _, rank, proc in targets}, reducer,
                             coalesce=bool(header.get(router_ops.COALESCE)))
         frames = wire_frames.encode(self.cluster_id, call, message.body, message.buffers, sign_at_send=True)
         self.casts_seen += 1
+        with self._actors_lock:
+            for address, _, proc_id in targets:
+                self._actors_of.setdefault(proc_id, set()).add(address)
         with shm.sharing():  # large arguments written to shared memory once for the host's actors
-            for address, rank, _ in targets:
-                try:
-                    self.outbox.send(address, frames, wait=False)
-                except ClusterError as e:
-                    if route is not None:
-                        self.casts.fail_rank(route, rank, e, died=True)
+            for address, rank, proc_id in targets:
+                error = self._deliver(address, proc_id, frames)
+                if error is not None and route is not None:
+                    self.casts.fail_rank(route, rank, error, died=True)
+
+    def _deliver(self, address: str, proc_id: str, frames: list) -> BaseException | None:
+        """Send a call to the local actor at ``address`` of proc ``proc_id``; returns the
+        error that fails it instead. Nothing goes to a proc known gone, and a send to one
+        found gone just after is let go (:meth:`proc_exited` may have run before it):
+        either would keep its large arguments in shared memory until the host's sweep."""
+        why = self._proc_exit(proc_id)
+        if why is not None:
+            return SupervisionError(why)
+        try:
+            self.outbox.send(address, frames, wait=False)
+        except ClusterError as e:
+            return e
+        if self._proc_exit(proc_id) is not None:
+            sockets.Outbox.discard(address)  # (the call fails through Casts.proc_gone)
+        return None
 
     def _interrupt(self, header: dict) -> None:
         """Pass a client's interrupt on to each proc it names; answered by ``_answer_relays``."""
