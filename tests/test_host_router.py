@@ -861,6 +861,44 @@ def test_a_killed_host_agent_is_a_host_lost_and_its_calls_fail(tmp_path, monkeyp
     assert wait_until(lambda: not cluster_processes(c.path), 15), cluster_processes(c.path)
 
 
+def _all_threads_stopped(pid: int) -> bool:
+    return all(_thread_state(pid, tid) == "T" for tid in os.listdir(f"/proc/{pid}/task"))
+
+
+def _thread_state(pid: int, tid: str) -> str:
+    with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+        return stat.read().rpartition(")")[2].split()[0]
+
+
+def test_a_call_failed_while_its_host_agent_was_stopped_is_not_run_when_it_comes_back(monkeypatch):
+    # The call waited in the stopped router's inbox; its caller was told the host was
+    # lost; the host was taken back, and the router delivered it: a call reported failed
+    # ran (a caller that retries on SupervisionError did the work twice).
+    monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_ON)
+    c = Cluster.start_ephemeral(hosts=2)
+    agent = None
+    try:
+        procs = c.host_mesh().spawn_procs(per_host={"gpus": 1}, name="two")
+        mesh = procs.spawn("rec", Recorder)
+        assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == 2
+        agent = next(h["pid"] for h in c.info()["hosts"] if h["host_id"] == "host1")
+        os.kill(agent, signal.SIGSTOP)
+        # Every thread stopped (its router's too) before the call is sent: one sent just
+        # before ran, and only its reply waited, which is the usual lost host's doubt.
+        assert wait_until(lambda: _all_threads_stopped(agent), BOUND_S)
+        with pytest.raises(SupervisionError, match="lost"):
+            mesh.record.call("while stopped", 1).get(timeout=BOUND_S)
+        os.kill(agent, signal.SIGCONT)
+        assert wait_until(lambda: not any(h["lost"] for h in c.info()["hosts"]), BOUND_S), "host1 not taken back"
+        assert mesh.seen_by.call("while stopped").get(timeout=BOUND_S).values() == [[1], []]
+        assert mesh.record.call("after", 2).get(timeout=BOUND_S).values() == [2, 2]  # and it relays again
+    finally:
+        if agent is not None:
+            os.kill(agent, signal.SIGCONT)
+        c.stop()
+    assert wait_until(lambda: not cluster_processes(c.path), 15), cluster_processes(c.path)
+
+
 def test_a_bad_router_setting_is_refused_naming_the_choices(routed, monkeypatch):
     _, _, mesh = routed
     monkeypatch.setenv(router_ops.ROUTER_ENV, "sometimes")

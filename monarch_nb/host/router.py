@@ -23,7 +23,10 @@ A Ctrl-C over a routed mesh comes as one ``INTERRUPT`` per host too: the router 
 it on to each local proc and answers once for them all (:class:`Relays`).
 
 A local proc that exits fails its pending calls here at once (a supervision failure),
-without a round trip through the hub. A router that dies takes its agent's process
+without a round trip through the hub. A router that did not run for ``STALL_S`` (its
+agent stopped, hung or starved) refuses the calls sent before it ran again: the hub may
+have found the host lost meanwhile, and their callers been told they failed; delivered
+late, a call reported failed would have run. A router that dies takes its agent's process
 along (it is a thread of it), and a router whose thread fails makes its agent leave: the
 hub loses the host, and supervision fails the calls.
 """
@@ -54,6 +57,10 @@ DRAIN_MAX = 512  # replies taken in before a flush, when they keep coming
 GATHER_MS = 1
 HOLD_MAX_S = 0.002
 REDUCERS_KEPT = 64  # unpickled reducers remembered (by their pickled bytes)
+# This thread did not run for this long (its agent stopped, hung or starved), beyond its
+# waits: long enough that the hub may have found the host lost (hub.heartbeats: 3 s of
+# silence, from a heartbeat up to 0.5 s before the stop) and clients failed its calls.
+STALL_S = 2.0
 # Replies up to this size are compared with the one queued before them, to be sent once
 # with the ranks that gave it (router_ops.SAME); larger ones are rarely alike.
 SAME_MAX_BYTES = 1024
@@ -285,6 +292,9 @@ class Router:
         # proc id -> the addresses of its actors this router sent calls to (proc_exited)
         self._actors_of: dict[str, set[str]] = {}
         self._actors_lock = threading.Lock()
+        self.stalls = 0  # times this thread found it had not run for STALL_S (for tests)
+        self._ran_at = self._cpu_at = 0.0  # monotonic and thread CPU time when it last looked (_note_running)
+        self._stale_before = 0.0  # Unix time: casts stamped before it are refused (_note_running)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="monarch-nb-router", daemon=True)
 
@@ -308,8 +318,10 @@ class Router:
 
     # the thread --------------------------------------------------------------------------
     def _run(self) -> None:
+        self._ran_at, self._cpu_at = time.monotonic(), time.thread_time()
         try:
             while not self._stopping.is_set():
+                self._note_running()
                 if self.inbox.poll(POLL_MS):
                     self._drain()
                     self._gather_more()
@@ -327,6 +339,20 @@ class Router:
             self.outbox.close_thread_sockets()
             self.inbox.close(0)
             self._ctx.term()
+
+    def _note_running(self) -> None:
+        """Called as the thread turns and before each cast: time since the last call that
+        is neither its CPU time nor its waits (at most a poll's, ``POLL_MS``) is time it
+        did not run. Past ``STALL_S``, casts stamped before now are refused (:meth:`_cast`)."""
+        now, cpu = time.monotonic(), time.thread_time()
+        idle = (now - self._ran_at) - (cpu - self._cpu_at)
+        self._ran_at, self._cpu_at = now, cpu
+        if idle > STALL_S:
+            self.stalls += 1
+            self._stale_before = time.time()
+            print(f"monarch_nb router {self.host_id}: did not run for {idle:.1f} s (its host agent stopped, hung "
+                  "or starved); the calls sent meanwhile are refused, not run: their callers may have been "
+                  "told the host was lost", file=sys.stderr)
 
     def _gather_more(self) -> None:
         """While calls still wait on replies, take in those that follow closely, up to
@@ -373,6 +399,10 @@ class Router:
         header = message.header
         call = dict(header[router_ops.CALL])
         targets = header[router_ops.TARGETS]
+        self._note_running()
+        if message.sent_at < self._stale_before:
+            self._refuse_stale(call, header, targets, message.sent_at)
+            return
         if header.get(router_ops.CLIENT):
             call[proc_ops.VIA] = [self.address, header[router_ops.CLIENT]]
         route = None
@@ -395,6 +425,21 @@ class Router:
                 error = self._deliver(address, proc_id, frames)
                 if error is not None and route is not None:
                     self.casts.fail_rank(route, rank, error, died=True)
+
+    def _refuse_stale(self, call: dict, header: dict, targets: list, sent_at: float) -> None:
+        """Answer each target of a cast sent before this router's stall with a failure,
+        not delivering it (a broadcast, unanswered, is dropped)."""
+        if envelope.PORT not in call:
+            return
+        route = (call[envelope.REPLY], call[envelope.PORT])
+        error = SupervisionError(
+            f"host {self.host_id} did not relay this call: its router did not run for a while (its host agent "
+            f"stopped, hung or starved) and the call, sent {time.time() - sent_at:.1f} s ago, was refused rather "
+            f"than run late, since the hub may have found the host lost meanwhile; it was not run")
+        self.casts.open(route, {rank: proc for _, rank, proc in targets},
+                        coalesce=bool(header.get(router_ops.COALESCE)))
+        for _, rank, _ in targets:
+            self.casts.fail_rank(route, rank, error, died=True)
 
     def _deliver(self, address: str, proc_id: str, frames: list) -> BaseException | None:
         """Send a call to the local actor at ``address`` of proc ``proc_id``; returns the

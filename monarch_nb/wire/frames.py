@@ -212,6 +212,7 @@ class Message:
     header: dict
     body: Any = None  # bytes-like pickle stream, or None
     buffers: list = field(default_factory=list)  # bytes-like: memoryviews, or bytes/bytearray made on arrival
+    sent_at: float = 0.0  # when its sender stamped it (Unix time, s, the sender's clock); 0.0 if not known
 
     _given: bool = False  # value() has handed out the bytearray buffers once
 
@@ -483,7 +484,8 @@ def decode(frames: list, guard: ReplayGuard | None) -> Message:
             else _mac(key, stamp, parts)
         if not hmac.compare_digest(signature, prefix[_SIG]):
             raise BadMessage("bad signature")
-        if guard is not None and not guard.accept(*_STAMP.unpack(stamp)):
+        sender, seq, sent_at = _STAMP.unpack(stamp)
+        if guard is not None and not guard.accept(sender, seq, sent_at):
             raise BadMessage("replayed")
         try:
             header = pickle.loads(parts[0])
@@ -497,7 +499,7 @@ def decode(frames: list, guard: ReplayGuard | None) -> Message:
         raise
     body = parts[1] if memoryview(parts[1]).nbytes else None
     # A bytes or bytearray buffer (wire.shm read it into one) is the value itself.
-    return Message(header, body, [b if type(b) in _OWNING else memoryview(b) for b in parts[2:]])
+    return Message(header, body, [b if type(b) in _OWNING else memoryview(b) for b in parts[2:]], sent_at)
 
 
 _OWNING = (bytes, bytearray)
