@@ -3,6 +3,8 @@ stepping in the same procs, and rejoins with a healthy group's state."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from monarch_nb import Cluster
@@ -345,6 +347,87 @@ def test_a_replacement_killed_before_it_rejoins_under_group_loops_is_respawned_b
     assert [rg.groups[0].procs.pids, rg.groups[2].procs.pids] == healthy_pids
     assert loops.stop(timeout=BOUND_S) and loops.failed == {0: 0, 1: 1, 2: 0}
     assert pids_alive(killed) == []
+
+
+class StartsFlakily(Counter):
+    """A Counter whose constructor raises while ``flag`` exists (the file the test
+    creates), removing it first when ``once``: a respawn that fails for a passing cause."""
+
+    def __init__(self, flag: str, once: bool):
+        if os.path.exists(flag):
+            if once:
+                os.remove(flag)
+            raise RuntimeError("the rendezvous failed")
+        super().__init__()
+
+
+@pytest.fixture
+def flaky_groups(cluster, tmp_path):
+    """``make(once, **options)``: 2 groups × 1 proc of :class:`StartsFlakily`, and the flag
+    that makes their next constructors fail (created by the test)."""
+    made = []
+    flag = tmp_path / "fail-next-start"
+
+    def make(once: bool, **options):
+        made.append(ReplicaGroups(cluster.host_mesh(), "flaky", StartsFlakily, str(flag), once, num_groups=2,
+                                  per_group={"gpus": 1}, on_join=_copy_state, **options))
+        return made[-1], flag
+
+    yield make
+    for g in made:
+        g.stop()
+
+
+def _kill_group(rg, index):
+    lost = rg.groups[index].procs.pids
+    inject_fault(rg.groups[index].procs, "kill", ranks=[0])
+    assert wait_until(lambda: pids_alive(lost) == [], BOUND_S)
+    return lost
+
+
+def test_a_replacement_whose_start_fails_once_is_respawned_again_counting_toward_max_restarts(flaky_groups):
+    rg, flag = flaky_groups(once=True, max_restarts=5)
+    rg.call("step")
+    flag.touch()
+    lost = _kill_group(rg, 1)
+    assert sorted(rg.call("step")) == [0]
+    assert rg.wait_healthy(BOUND_S)
+    status = rg.status()[1]
+    assert status["state"] == "healthy", status
+    assert status["restarts"] == 2, status  # the respawn that failed and the one that rejoined
+    assert status["last_failure"].startswith("recovery failed: ActorError"), status
+    assert "the rendezvous failed" in status["last_failure"], status
+    after = rg.call("step")
+    assert sorted(after) == [0, 1] and after[1].values() == after[0].values()
+    assert not set(rg.groups[1].procs.pids) & set(lost)
+
+
+def test_a_replacement_that_keeps_failing_to_start_stays_out_after_max_restarts(flaky_groups):
+    rg, flag = flaky_groups(once=False, max_restarts=2)
+    rg.call("step")
+    flag.touch()
+    _kill_group(rg, 1)
+    assert sorted(rg.call("step")) == [0]
+    assert wait_until(lambda: rg.groups[1].state is GroupState.FAILED, BOUND_S), rg.status()
+    status = rg.status()[1]
+    assert status["restarts"] == 2, status  # both respawns tried, each counted
+    assert status["last_failure"].startswith("recovery failed: ActorError"), status
+    assert rg.wait_healthy(BOUND_S)  # a group failed for good does not count (its docstring)
+    assert sorted(rg.call("step")) == [0]
+
+
+def test_a_replacement_whose_start_fails_once_under_group_loops_is_respawned_by_its_loop(flaky_groups):
+    rg, flag = flaky_groups(once=True, max_restarts=5)
+    loops = rg.run("step")
+    assert loops.wait(lambda: min(loops.steps.values()) >= 3, BOUND_S)
+    flag.touch()
+    _kill_group(rg, 1)
+    assert loops.wait(lambda: rg.groups[1].state is GroupState.FAILED or rg.groups[1].is_healthy
+                      and rg.groups[1].restarts == 2, BOUND_S), rg.status()
+    assert rg.groups[1].is_healthy, rg.status()
+    at = dict(loops.steps)
+    assert loops.wait(lambda: all(loops.steps[i] > at[i] + 2 for i in range(2)), BOUND_S)  # its loop steps on
+    assert loops.stop(timeout=BOUND_S) and loops.failed == {0: 0, 1: 1}
 
 
 def test_every_group_failing_at_once_recovers_all_and_a_call_meanwhile_is_a_clear_error(groups):

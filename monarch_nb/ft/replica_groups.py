@@ -41,6 +41,12 @@ QUORUMS = ("controller", "torchft")
 SPARE_IMPORTS = ("torch", "torch.distributed", "torch._dynamo")
 # What a failed step raises: a proc died, an endpoint raised, the step passed step_timeout.
 STEP_FAILURES = (SupervisionError, ActorError, TimeoutError)
+# A replacement that failed before it rejoined is respawned after this long, twice as long
+# after each such failure in a row (at most RESPAWN_RETRY_MAX_S), as a service's replicas
+# are (service.lifecycle): a passing cause (a flaky rendezvous, memory not yet freed) does
+# not spend every restart max_restarts allows at once.
+RESPAWN_RETRY_S = 0.5
+RESPAWN_RETRY_MAX_S = 8.0
 
 
 def why_step_failed(error: BaseException) -> str:
@@ -71,6 +77,7 @@ class ReplicaGroup:
     recoveries_s: list[float] = field(default_factory=list)
     failed_at: float = 0.0  # time.monotonic() when its last failure was seen
     strikes: int = 0  # failures on the hosts it runs on now (reallocate_after)
+    respawns_failed: int = 0  # replacements in a row that failed before rejoining (paces the next)
     # Where its last recovery's time went (s): teardown, procs, torch_distributed, actors, join.
     recovery_phases: dict[str, float] = field(default_factory=dict)
 
@@ -97,8 +104,9 @@ class ReplicaGroups:
     ``group.actors`` there (e.g. read through an ``RDMABuffer`` the donor's actors
     return). ``max_restarts``: a group
     that fails more often is left out (``GroupState.FAILED``); a replacement that fails
-    before it rejoins (``on_join`` raises: its procs died, or the hook failed) counts as
-    a restart and is respawned again. ``step_timeout`` (seconds,
+    before it rejoins (its procs or constructors failed, or ``on_join`` raised: its procs
+    died, or the hook failed) counts as a restart and is respawned again, after
+    ``RESPAWN_RETRY_S`` (doubling with each such failure in a row). ``step_timeout`` (seconds,
     ``None``: no limit): a group whose step takes longer is taken as hung and recovered.
 
     ``quorum="torchft"`` (torchft installed) starts TorchFT's lighthouse as an actor
@@ -185,6 +193,7 @@ class ReplicaGroups:
         self._recoveries: list[threading.Thread] = []
         self._spawned = 0  # proc meshes made so far: each gets a fresh name
         self._stopping = False  # stop() called: no group is respawned or admitted any more
+        self._stopped = threading.Event()  # set with _stopping: ends a pause before a respawn
         self._loops: StepLoops | None = None  # run()'s, once called
         self._num_groups = num_groups
         # Failures of the groups' meshes are this object's to recover, not to print under
@@ -407,9 +416,10 @@ class ReplicaGroups:
             failed = self._admit(group) if group.state is GroupState.JOINING else None
 
     def wait_healthy(self, timeout: float | None = None) -> bool:
-        """Block until no group is recovering (``timeout`` seconds, ``None``: no limit),
-        then admit the recovered ones; returns whether every group that is not failed for
-        good is healthy again."""
+        """Block until no group is recovering (``timeout`` seconds, ``None``: no limit):
+        each respawned, or failed for good after ``max_restarts``; then admit the
+        recovered ones. Returns whether every group that is not failed for good is healthy
+        again: a group ``FAILED`` (``status()`` says why) does not make it ``False``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             for thread in list(self._recoveries):
@@ -436,6 +446,7 @@ class ReplicaGroups:
         lighthouse's. Blocks until all have stopped."""
         with self._lock:
             self._stopping = True
+        self._stopped.set()
         if self._loops is not None:
             self._loops.stop(wait=False)
         for group in self.groups:
@@ -476,19 +487,14 @@ class ReplicaGroups:
             if self._on_join is not None:
                 self._on_join(group, next(iter(self.healthy()), None))
         except Exception as e:  # noqa: BLE001 - the group is recovered again or stays out; the others go on
-            with self._lock:
-                group.restarts += 1  # this respawn was a restart, though the group never stepped
-                group.strikes += 1
-                group.last_failure = f"on_join failed: {type(e).__name__}: {e}"
-                retry = not self._stopping and group.restarts < self._max_restarts
-                group.state = GroupState.RECOVERING if retry else GroupState.FAILED
-            if retry:
+            if self._respawn_failed(group, f"on_join failed: {type(e).__name__}: {e}"):
                 return group.procs
             self._retire(group)
             return None
         with self._lock:
             group.recovery_phases["join"] = time.monotonic() - started
             group.restarts += 1
+            group.respawns_failed = 0
             group.recoveries_s.append(time.monotonic() - group.failed_at)
             group.state = GroupState.HEALTHY
         if self.spare is not None:
@@ -526,22 +532,49 @@ class ReplicaGroups:
         group.failed_at = time.monotonic()
         return broken
 
+    def _respawn_failed(self, group: ReplicaGroup, why: str) -> bool:
+        """Count a replacement of ``group`` that failed before it rejoined as a restart
+        (and a strike on its hosts); returns whether it is respawned again (``RECOVERING``:
+        within ``max_restarts`` and not stopping), else it is ``FAILED`` with ``why``."""
+        with self._lock:
+            group.restarts += 1  # this respawn was a restart, though the group never stepped
+            group.strikes += 1
+            group.respawns_failed += 1
+            group.last_failure = why
+            retry = not self._stopping and group.restarts < self._max_restarts
+            group.state = GroupState.RECOVERING if retry else GroupState.FAILED
+        return retry
+
     def _recover(self, group: ReplicaGroup, broken: ProcMesh) -> None:
         """Tear the group down (its live ranks hold a torch.distributed group that lost a
-        member) and start it again; it joins at the next step (``_admit_joining``)."""
+        member) and start it again, as often as its replacement fails to start within
+        ``max_restarts`` (after ``RESPAWN_RETRY_S``, doubling); it joins at the next step
+        (``_admit_joining``), unless it failed for good (``FAILED``)."""
         phases: dict[str, float] = {}
+        old_hosts = hosts_of(broken)
         try:
             started = time.monotonic()
             self._tear_down(broken)  # a hung rank too: its agent kills what does not exit
             phases["teardown"] = time.monotonic() - started
-            procs, actors = self._spawn(group.index, phases, self._take_spare(group.index))
-            if hosts_of(procs) != hosts_of(broken):
-                group.strikes = 0  # on other hosts: it counts again from there
         except Exception as e:  # noqa: BLE001 - reported in status(), the other groups go on
             with self._lock:
                 group.state, group.last_failure = GroupState.FAILED, f"recovery failed: {type(e).__name__}: {e}"
             self._give_back(group)
             return
+        while True:
+            if group.respawns_failed:
+                self._stopped.wait(min(RESPAWN_RETRY_MAX_S, RESPAWN_RETRY_S * 2 ** (group.respawns_failed - 1)))
+            if self._stopping:
+                return  # stop() sets every group STOPPED
+            try:
+                procs, actors = self._spawn(group.index, phases, self._take_spare(group.index))
+                break
+            except Exception as e:  # noqa: BLE001 - counted against max_restarts; the other groups go on
+                if not self._respawn_failed(group, f"recovery failed: {type(e).__name__}: {e}"):
+                    self._give_back(group)
+                    return
+        if hosts_of(procs) != old_hosts:
+            group.strikes = 0  # on other hosts: it counts again from there
         with self._lock:
             stopping = self._stopping
             if not stopping:
