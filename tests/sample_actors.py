@@ -54,6 +54,18 @@ class Counter(Actor):
         time.sleep(delays.get(rank, 0.0))
         return rank
 
+    @endpoint
+    def raise_or_hold(self, failing_rank: int, gate_path: str) -> int:
+        """Rank ``failing_rank`` raises ``CustomError`` at once; the others return once
+        the file ``gate_path`` is gone (as ranks waiting in a collective the failed one
+        never joins)."""
+        rank = current_rank().rank
+        if rank == failing_rank:
+            raise CustomError(f"rank {rank} gave up")
+        while os.path.exists(gate_path):
+            time.sleep(0.05)
+        return rank
+
     def helper(self) -> str:  # deliberately not an endpoint
         return "local"
 

@@ -10,8 +10,9 @@ import time
 import pytest
 
 from monarch_nb.actor import (ActorError, Extent, MessageTooLarge, RemoteException, SerializationError,
-                              ValueMesh, current_rank, this_proc)
+                              SupervisionError, ValueMesh, current_rank, this_proc)
 from conftest import pids_alive, wait_until
+from monarch_nb.client import endpoint as endpoint_module
 from monarch_nb.wire.mailbox import Mailbox
 from monarch_nb.client.runtime import runtime
 from sample_actors import (AsyncActor, AsyncCaller, BadInit, Caller, Counter, CustomError, Failing, Named,
@@ -263,6 +264,53 @@ def test_a_timed_out_call_says_it_still_runs_and_how_to_stop_it(counters):
                                            r"\('procs4'; in a notebook %monarch interrupt counters\)"):
         fut.get(timeout=0.05)
     assert fut.get(timeout=30) == "late"
+
+
+def test_a_rank_that_raised_while_others_run_on_is_told_on_stderr_and_named_by_a_timeout(
+        counters, tmp_path, capsys, monkeypatch):
+    # The call waited for the other ranks in silence: if they waited on the failed one
+    # (a collective), until its timeout, which named neither the rank nor its error.
+    monkeypatch.setattr(endpoint_module, "RAISED_NOTICE_S", 0.1)
+    gate = tmp_path / "gate"
+    gate.touch()
+    future = counters.raise_or_hold.call(1, str(gate))
+    told: list[str] = []
+
+    def heard() -> bool:
+        with pytest.raises(TimeoutError):
+            future.get(timeout=0.2)  # (a wait is what takes in this client's replies)
+        told.append(capsys.readouterr().err)
+        return "gave up" in "".join(told)
+
+    assert wait_until(heard, 30)
+    assert "counters.raise_or_hold: rank {'gpus': 1/4} raised CustomError: rank 1 gave up over 0.1 s ago, and the " \
+           "call still waits for 3 other rank(s)" in "".join(told)
+    with pytest.raises(TimeoutError, match=r"did not finish within 0.05 s; rank \{'gpus': 1/4\} raised CustomError: "
+                                           r"rank 1 gave up \(the ranks still out may be waiting on them"):
+        future.get(timeout=0.05)
+    gate.unlink()
+    with pytest.raises(ActorError, match="rank 1 gave up"):
+        future.get(timeout=30)
+    assert "gave up" not in capsys.readouterr().err  # told once
+
+
+def test_a_call_stopped_after_a_rank_raised_names_what_it_raised(host, tmp_path):
+    # Its error said only that the procs were stopped: the rank's own error was lost.
+    procs = host.spawn_procs(per_host={"gpus": 2}, name="stopped_after")
+    try:
+        (tmp_path / "gate").touch()
+        future = procs.spawn("c", Counter).raise_or_hold.call(1, str(tmp_path / "gate"))
+
+        def rank_1_answered() -> bool:
+            with pytest.raises(TimeoutError):
+                future.get(timeout=0.2)
+            return future._answered() == 1
+
+        assert wait_until(rank_1_answered, 30)
+    finally:
+        procs.stop()
+    with pytest.raises(SupervisionError, match=r"before that, rank \{'gpus': 1/2\} raised CustomError: rank 1 gave up"):
+        future.get(timeout=30)
 
 
 def test_futures_are_awaitable(counters):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import sys
+import threading
 from typing import Any, Awaitable, Callable, Concatenate, Generic, Iterator, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from ..errors import ActorError, CallCycleError, RemoteFailure, SerializationError, SupervisionError, reports_a_failure
@@ -51,6 +53,10 @@ class _FoldFailed:
 # Once an actor of a call died (its proc living on), how long (seconds) the call still waits for its other
 # ranks to answer or die before it raises (see ``Endpoint._gather``).
 DEATH_GRACE_S = 0.5
+# A rank raised and the call still waits for others this long after (seconds): say so on
+# stderr (under the cell), once. Ranks waiting on the failed one (a collective it never
+# joins) never answer, and the call waited in silence until its timeout, or for ever.
+RAISED_NOTICE_S = 5.0
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -202,10 +208,11 @@ class Endpoint(Generic[P, R]):
         dead_ranks: set[int] = set()  # failed by supervision (not an endpoint that raised)
         targets = {addresses[b]: b for b in bases}
         grace: list = []  # the timer that ends the wait on the ranks still out once one died
+        notice: list = []  # the timer that tells of a rank that raised while others run on
 
         def settle() -> None:
             remaining[0] = 0
-            for timer in grace:
+            for timer in (*grace, *notice):
                 timer.cancel()
             gather.close()
             supervision.unwatch(port, targets)
@@ -276,6 +283,8 @@ class Endpoint(Generic[P, R]):
                 # death (a signal, the OOM killer) comes from outside the call: it fails
                 # the call at once, as it did.
                 grace.append(supervision.end_grace_later(mesh._cluster_id, port, DEATH_GRACE_S))
+            elif failures and not notice:
+                notice.append(_notice_later(f"{mesh._name}.{self._name}", failures, remaining))
             if interrupted is not None:
                 raise interrupted  # the client's own Ctrl-C, now that the reply is accounted for
 
@@ -300,7 +309,7 @@ class Endpoint(Generic[P, R]):
                                       lambda: [b for b, i in by_base.items() if i not in answered],
                                       None if routes is None else lambda b: routes[addresses[b]][0]))
         future._ranks = len(view_ranks)
-        future._why_slow = lambda: _timeout_hint(mesh, self._name, by_base)
+        future._why_slow = lambda: _raised_hint(failures) + _timeout_hint(mesh, self._name, by_base)
         future._answered = lambda: len(view_ranks) - remaining[0]
         return future
 
@@ -329,6 +338,9 @@ class Endpoint(Generic[P, R]):
         if dead:
             reports = "\n".join(str(f.exception) for f in dead)
             count = f"\n({len(dead)} of {total} ranks)" if total > 1 else ""
+            raised = {i: f for i, f in enumerate(failures) if not any(f is d for d in dead)}
+            if raised:  # (lost from the message before: a call stopped after a rank raised said only "stopped")
+                count += f"\nbefore that, {_raised(raised)}"
             error = SupervisionError(f"Endpoint call {self._mesh._name}.{self._name}() failed, {reports}{count}",
                                      failures)
             if any(reports_a_failure(str(f.exception)) for f in dead) and hasattr(error, "add_note"):  # 3.11+
@@ -597,6 +609,39 @@ def _unpickle_reply(message: wire_frames.Message, extent: Extent, rank: int) -> 
 # (``router_ops.SAME``): nothing can change them. Any other value is unpickled once per
 # rank, so that no two ranks' values are one object.
 _SHAREABLE = frozenset((type(None), bool, int, float, complex, str, bytes))
+
+
+def _raised(failures: dict[int, RemoteFailure]) -> str:
+    """``rank(s) {..} raised E: text`` (the first one's error) for the ranks of a call
+    that raised so far."""
+    points = [failures[k].point for k in sorted(failures)]
+    first = failures[min(failures)].exception
+    return f"{'rank' if len(points) == 1 else 'ranks'} {', '.join(map(str, points))} raised {type(first).__name__}: {first}"
+
+
+def _raised_hint(failures: dict[int, RemoteFailure]) -> str:
+    """For a call that timed out: the ranks that raised meanwhile (``""`` if none): those
+    still running may be waiting on them."""
+    if not failures:
+        return ""
+    return f"; {_raised(dict(failures))} (the ranks still out may be waiting on them, e.g. in a collective)"
+
+
+def _notice_later(call: str, failures: dict[int, RemoteFailure], remaining: list[int]) -> threading.Timer:
+    """In ``RAISED_NOTICE_S``, say on stderr that ranks of ``call`` raised while
+    ``remaining[0]`` others still run (once; cancel the timer when the call ends first)."""
+    def tell() -> None:
+        if remaining[0] > 0:
+            print(f"monarch_nb: {call}: {_raised(dict(failures))} over {RAISED_NOTICE_S:g} s ago, and the call "
+                  f"still waits for {remaining[0]} other rank(s). If they wait on the failed ones (a collective they "
+                  "never join), they never answer: interrupt them (procs.interrupt(); %monarch interrupt), or, "
+                  "blocked where an interrupt can't land (a gloo or NCCL wait), stop or restart their procs",
+                  file=sys.stderr)
+
+    timer = threading.Timer(RAISED_NOTICE_S, tell)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _timeout_hint(mesh: "ActorMesh", endpoint: str, by_base: dict[int, int]) -> str:
