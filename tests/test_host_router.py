@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import pytest
 
@@ -21,6 +22,7 @@ from monarch_nb.actor import Actor, endpoint
 from monarch_nb.client.cluster import Cluster
 from monarch_nb.client.runtime import runtime
 from monarch_nb.errors import ActorError, SupervisionError
+from monarch_nb.host.folds import Folds
 from monarch_nb.host.router import Casts, Relays, batch_frames
 from monarch_nb.protocol import envelope, proc_ops, router_ops
 from monarch_nb.wire import frames as wire_frames
@@ -70,18 +72,30 @@ def test_a_batch_reaches_each_port_of_the_client_as_separate_replies():
     assert got == [(1, 1, "b"), (2, 0, "other call"), (1, 0, "a")]
 
 
+def _pickled(reducer) -> bytes:
+    """``reducer`` as a client sends it (``router_ops.REDUCE``)."""
+    return serialize.dumps(reducer)[0]
+
+
+def _take_folded(casts: Casts, folds: Folds) -> dict:
+    """``casts``' replies once what is due is folded, as a router does (``host.folds``)."""
+    for client, entry in folds.run(casts.take_folds()):
+        casts.queue(client, entry)
+    return casts.take()
+
+
 def test_a_reducer_folds_the_values_that_succeeded_into_one_reply_and_failures_pass_through():
-    casts = Casts()
+    casts, folds = Casts(), Folds()
     route = ("me", 3)
-    casts.open(route, {0: "p/0", 1: "p/1", 2: "p/2", 3: "p/3"}, operator.add)
+    casts.open(route, {0: "p/0", 1: "p/1", 2: "p/2", 3: "p/3"}, _pickled(operator.add))
     casts.reply(route, *_reply(0, 1))
     casts.reply(route, *_reply(2, 4))
-    assert casts.take() == {}  # folded values wait for the last rank of this host
+    assert _take_folded(casts, folds) == {}  # folded values wait for the last rank of this host
     casts.reply(route, *_reply(1, "boom", ok=False))
-    failed = casts.take()["me"]
+    failed = _take_folded(casts, folds)["me"]
     assert [e.header[envelope.RANK] for e in failed] == [1] and not failed[0].header[envelope.OK]
     casts.reply(route, *_reply(3, 8))
-    (folded,) = casts.take()["me"]
+    (folded,) = _take_folded(casts, folds)["me"]
     assert folded.header[router_ops.FOLDED] == [0, 2, 3] and folded.header[envelope.OK]
     assert serialize.loads(folded.body) == 13
 
@@ -90,11 +104,11 @@ def test_a_reducer_that_raises_comes_back_as_the_folds_error_not_the_ranks():
     def bad(a, b):
         raise ValueError("cannot fold")
 
-    casts = Casts()
-    casts.open(("me", 4), {0: "p/0", 1: "p/1"}, bad)
+    casts, folds = Casts(), Folds()
+    casts.open(("me", 4), {0: "p/0", 1: "p/1"}, _pickled(bad))
     casts.reply(("me", 4), *_reply(0, 1))
     casts.reply(("me", 4), *_reply(1, 2))
-    entries = casts.take()["me"]
+    entries = _take_folded(casts, folds)["me"]
     failure = next(e for e in entries if not e.header[envelope.OK])
     assert failure.header[envelope.RANK] == 1 and failure.header[router_ops.FOLD_FAILED]
     assert "cannot fold" in str(unpack_exception(serialize.loads(failure.body))[0])
@@ -111,14 +125,14 @@ def test_a_reducer_or_a_value_that_exits_is_the_folds_error_and_the_router_goes_
     def exits(a, b):
         sys.exit("the reducer gave up")
 
-    casts = Casts()
-    casts.open(("me", 7), {0: "p/0", 1: "p/1"}, exits)
+    casts, folds = Casts(), Folds()
+    casts.open(("me", 7), {0: "p/0", 1: "p/1"}, _pickled(exits))
     casts.reply(("me", 7), *_reply(0, 1))
     casts.reply(("me", 7), *_reply(1, 2))
-    casts.open(("me", 8), {0: "p/0", 1: "p/1"}, operator.add)
+    casts.open(("me", 8), {0: "p/0", 1: "p/1"}, _pickled(operator.add))
     casts.reply(("me", 8), *_reply(0, 1))
     casts.reply(("me", 8), *_reply(1, _ExitsWhenLoaded()))
-    failures = [e for e in casts.take()["me"] if not e.header[envelope.OK]]
+    failures = [e for e in _take_folded(casts, folds)["me"] if not e.header[envelope.OK]]
     assert [(f.header[envelope.PORT], f.header[envelope.RANK], f.header[router_ops.FOLD_FAILED]) for f in failures] \
         == [(7, 1, True), (8, 1, True)]
     raised = [unpack_exception(serialize.loads(f.body))[0] for f in failures]
@@ -128,11 +142,11 @@ def test_a_reducer_or_a_value_that_exits_is_the_folds_error_and_the_router_goes_
 
 def test_a_folded_value_that_cannot_be_pickled_fails_every_rank_it_folds():
     # Only its first rank was answered: the client waited for the others until its timeout.
-    casts = Casts()
-    casts.open(("me", 6), {0: "p/0", 1: "p/1", 2: "p/2"}, lambda a, b: threading.Lock())
+    casts, folds = Casts(), Folds()
+    casts.open(("me", 6), {0: "p/0", 1: "p/1", 2: "p/2"}, _pickled(lambda a, b: threading.Lock()))
     for rank in range(3):
         casts.reply(("me", 6), *_reply(rank, rank))
-    (failure,) = casts.take()["me"]
+    (failure,) = _take_folded(casts, folds)["me"]
     assert not failure.header[envelope.OK] and failure.header[router_ops.FOLDED] == [0, 1, 2]
     assert failure.header[router_ops.FOLD_FAILED]
     assert "lock" in str(unpack_exception(serialize.loads(failure.body))[0])
@@ -592,6 +606,7 @@ def test_a_router_whose_thread_fails_says_so_and_ends():
     assert wait_until(lambda: failures, 10) and str(failures[0]) == "a bug in the router"
     router._thread.join(10)
     assert not router._thread.is_alive()
+    router.stop(10)  # its folds' thread too
 
 
 def test_a_reducer_the_routers_cannot_load_or_the_client_cannot_pickle_folds_in_the_client(routed):
@@ -647,6 +662,25 @@ def test_a_reducer_that_exits_fails_the_reduce_and_every_host_lives_on(routed, m
         with pytest.raises(SystemExit, match="the reducer gave up"):
             mesh.one.reduce(exits).get(timeout=BOUND_S)
         assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == HOSTS * PER_HOST
+
+
+def test_a_slow_reducer_holds_up_its_own_reduce_and_nothing_else_on_its_hosts(routed, tmp_path):
+    # It ran on the router's thread: every call, reply and port value through those hosts
+    # waited for it (a sum of large tensors, a reducer that blocks).
+    _, _, mesh = routed
+    gate = str(tmp_path / "gate")
+    open(gate, "w").close()
+
+    def waits(a, b):
+        while os.path.exists(gate):
+            time.sleep(0.02)
+        return a + b
+
+    folding = mesh.one.reduce(waits)
+    assert mesh.value.call(1).get(timeout=BOUND_S).values() == [100 + r for r in range(HOSTS * PER_HOST)]
+    assert not folding.done()
+    os.unlink(gate)
+    assert folding.get(timeout=BOUND_S) == HOSTS * PER_HOST
 
 
 def test_each_callers_calls_reach_each_actor_in_the_order_sent(routed):

@@ -11,9 +11,10 @@ argument written to shared memory once for all of them, ``wire.shm.sharing``). T
 actors verify it again, reply to the router, and the router sends what has arrived to
 each client in one batch each time its inbox is drained (:class:`Casts`): replies
 stream back as they complete, none held for the slowest. With a reducer the router
-folds the values that succeeded into one reply per host; without, replies that are
-byte for byte alike and come one after another (a train step's ``None``) go as one
-naming their ranks, for a caller that asked (``COALESCE``).
+folds the values that succeeded into one reply per host, on a thread of its own
+(``host.folds``: the reducer is the user's code, and must hold up nothing else);
+without, replies that are byte for byte alike and come one after another (a train
+step's ``None``) go as one naming their ranks, for a caller that asked (``COALESCE``).
 
 Order: every call of a client to an actor of a routed mesh goes through this one
 router, on one socket each way, so a caller's calls reach an actor in the order sent.
@@ -46,8 +47,9 @@ import zmq
 from ..errors import ClusterError, SupervisionError
 from ..protocol import envelope, proc_ops, router_ops
 from ..wire import frames as wire_frames
-from ..wire import serialize, shm, sockets
-from ..wire.remote_error import pack_exception
+from ..wire import shm, sockets
+from .folds import FoldThread
+from .replies import Entry, failure
 
 POLL_MS = 50  # how long the router's poll waits (and how often it looks for exited procs)
 DRAIN_MAX = 512  # replies taken in before a flush, when they keep coming
@@ -56,7 +58,6 @@ DRAIN_MAX = 512  # replies taken in before a flush, when they keep coming
 # others (a batch costs the client one receive and one signature check; bench_scale).
 GATHER_MS = 1
 HOLD_MAX_S = 0.002
-REDUCERS_KEPT = 64  # unpickled reducers remembered (by their pickled bytes)
 # This thread did not run for this long (its agent stopped, hung or starved), beyond its
 # waits: long enough that the hub may have found the host lost (hub.heartbeats: 3 s of
 # silence, from a heartbeat up to 0.5 s before the stop) and clients failed its calls.
@@ -68,49 +69,40 @@ _PLAIN_REPLY = frozenset((envelope.OK, envelope.PORT, envelope.RANK))  # a reply
 
 
 @dataclass
-class Entry:
-    """One reply to send a client: its header (with the client's port) and body."""
-
-    header: dict
-    body: Any  # bytes-like
-    buffers: list = field(default_factory=list)
-    same: bytes | None = None  # the body, for a plain reply that identical ones may join (SAME)
-
-
-@dataclass
 class _Cast:
     """A call's delivery on this host, until every destination answered."""
 
     port: Hashable  # the client's port
     waiting: dict[int, str]  # base rank -> proc id, of the destinations yet to answer
-    reducer: Callable[[Any, Any], Any] | None = None
+    reducer: bytes | None = None  # pickled (router_ops.REDUCE): its values are folded (host.folds)
     coalesce: bool = False  # identical replies go as one (router_ops.COALESCE)
-    folded: list[int] = field(default_factory=list)  # ranks whose values ``value`` folds
-    value: Any = None
 
 
 class Casts:
     """The calls in progress on this host and the replies ready to go back (pure logic,
-    no sockets: the router's thread only)."""
+    no sockets: the router's thread only). The values of a reduce are not folded here
+    but given as jobs to fold (:meth:`take_folds`, for ``host.folds``)."""
 
     def __init__(self):
         self._open: dict[tuple[str, Hashable], _Cast] = {}  # (client address, port) -> its cast
         self._ready: dict[str, list[Entry]] = {}  # client address -> replies to send, in arrival order
+        self._folds: list[tuple] = []  # jobs for host.folds, in order
 
     @property
     def waiting(self) -> bool:
         return bool(self._open)
 
     def open(self, route: tuple[str, Hashable], ranks: dict[int, str],
-             reducer: Callable[[Any, Any], Any] | None = None, coalesce: bool = False) -> None:
+             reducer: bytes | None = None, coalesce: bool = False) -> None:
         """Expect one reply from each of ``ranks`` (base rank -> proc id) for the client
-        route ``(address, port)``; with ``coalesce``, a reply identical to the one queued
-        just before it joins that one (``router_ops.SAME``) instead of going on its own."""
+        route ``(address, port)``; with ``reducer`` (pickled), their values are to be
+        folded; with ``coalesce``, a reply identical to the one queued just before it
+        joins that one (``router_ops.SAME``) instead of going on its own."""
         if ranks:
             self._open[route] = _Cast(route[1], dict(ranks), reducer, coalesce)
 
     def reply(self, route: tuple[str, Hashable], header: dict, body, buffers=()) -> None:
-        """A local actor's reply for ``route``: queued for its client, or folded."""
+        """A local actor's reply for ``route``: queued for its client, or to fold."""
         client, port = route
         cast = self._open.get(route)
         rank = header.get(envelope.RANK)
@@ -120,14 +112,7 @@ class Casts:
             return
         del cast.waiting[rank]
         if cast.reducer is not None and header.get(envelope.OK):
-            # What the user's reducer, or the unpickling of a value, raises is the reduce's
-            # error: any exception, sys.exit's too (ending this thread lost the host).
-            try:
-                value = serialize.loads(body, buffers)
-                cast.value = value if not cast.folded else cast.reducer(cast.value, value)
-                cast.folded.append(rank)
-            except BaseException as e:  # noqa: BLE001
-                self._queue(client, _failure(port, rank, e, fold=True))
+            self._folds.append(("value", route, cast.reducer, header, body, list(buffers)))
         elif cast.coalesce and not buffers and header.get(envelope.OK) and header.keys() <= _PLAIN_REPLY \
                 and len(body) <= SAME_MAX_BYTES:
             self._queue_same(client, Entry(header, body, same=bytes(body)))
@@ -140,7 +125,7 @@ class Casts:
         cast = self._open.get(route)
         if cast is None or cast.waiting.pop(rank, None) is None:
             return
-        self._queue(route[0], _failure(cast.port, rank, error, died))
+        self._queue(route[0], failure(cast.port, rank, error, died))
         self._close_if_done(route, cast)
 
     def proc_gone(self, gone: Callable[[str], str | None]) -> None:
@@ -156,21 +141,21 @@ class Casts:
         ready, self._ready = self._ready, {}
         return ready
 
+    def take_folds(self) -> list[tuple]:
+        """The jobs to fold (``host.folds.Folds.run``) since the last take, in order."""
+        jobs, self._folds = self._folds, []
+        return jobs
+
+    def queue(self, client: str, entry: Entry) -> None:
+        """Queue ``entry`` for ``client`` (a reply made elsewhere: a fold)."""
+        self._queue(client, entry)
+
     def _close_if_done(self, route: tuple[str, Hashable], cast: _Cast) -> None:
         if cast.waiting:
             return
         del self._open[route]
-        if cast.folded:
-            try:  # the folded value's pickling is the user's code: what it raises is every folded rank's error
-                body, buffers = serialize.dumps(cast.value, "a folded value")
-            except BaseException as e:  # noqa: BLE001
-                failure = _failure(cast.port, cast.folded[0], e, fold=True)
-                failure.header[router_ops.FOLDED] = cast.folded
-                self._queue(route[0], failure)
-                return
-            header = {envelope.PORT: cast.port, envelope.RANK: cast.folded[0], envelope.OK: True,
-                      router_ops.FOLDED: cast.folded}
-            self._queue(route[0], Entry(header, body, [b.raw() for b in buffers]))
+        if cast.reducer is not None:
+            self._folds.append(("done", route, cast.reducer))
 
     def _queue(self, client: str, entry: Entry) -> None:
         self._ready.setdefault(client, []).append(entry)
@@ -238,18 +223,6 @@ class Relays:
         return done
 
 
-def _failure(port: Hashable, rank: int, error: BaseException, died: bool = False, fold: bool = False) -> Entry:
-    """``error`` as ``rank``'s reply: a rank that failed (``died``: its proc is gone), or
-    with ``fold``, the reducer that failed folding its value (``router_ops.FOLD_FAILED``)."""
-    header = {envelope.PORT: port, envelope.RANK: rank, envelope.OK: False}
-    if died:
-        header[proc_ops.DIED] = True
-    if fold:
-        header[router_ops.FOLD_FAILED] = True
-    body, _ = serialize.dumps(pack_exception(error))
-    return Entry(header, body)
-
-
 def batch_frames(cluster_id: str, entries: list[Entry]) -> list:
     """One signed frame set holding ``entries`` (none with buffers): their headers in
     ``BATCH``, their bodies one after another."""
@@ -272,7 +245,7 @@ class Router:
     """One host's router. :meth:`start` it; :meth:`stop` ends its thread.
 
     ``proc_exit(proc_id)``: why a proc of this host is gone (``None`` while it runs),
-    asked from the router's thread while calls wait. ``on_failure(error)``: the thread
+    asked from the router's thread while calls wait. ``onfailure(error)``: the thread
     ended on an error of its own (the agent then leaves: the host is lost)."""
 
     def __init__(self, cluster_id: str, host_id: str, proc_exit: Callable[[str], str | None],
@@ -288,13 +261,13 @@ class Router:
         self.casts = Casts()
         self.casts_seen = 0  # CASTs delivered (for tests and benches)
         self.relays = Relays()
-        self._reducers: dict[bytes, Callable] = {}
         # proc id -> the addresses of its actors this router sent calls to (proc_exited)
         self._actors_of: dict[str, set[str]] = {}
         self._actors_lock = threading.Lock()
         self.stalls = 0  # times this thread found it had not run for STALL_S (for tests)
         self._ran_at = self._cpu_at = 0.0  # monotonic and thread CPU time when it last looked (_note_running)
         self._stale_before = 0.0  # Unix time: casts stamped before it are refused (_note_running)
+        self._folds = FoldThread(host_id)  # reduces' values folded off this thread (host.folds)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="monarch-nb-router", daemon=True)
 
@@ -302,9 +275,10 @@ class Router:
         self._thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
-        """End the router's thread (waits up to ``timeout`` s)."""
+        """End the router's thread and its folds' (waits up to ``timeout`` s for each)."""
         self._stopping.set()
         self._thread.join(timeout)
+        self._folds.stop(timeout)
 
     def proc_exited(self, proc_id: str) -> None:
         """(Any thread: the agent's, once it reaped the proc.) Close the sockets to the
@@ -320,15 +294,20 @@ class Router:
     def _run(self) -> None:
         self._ran_at, self._cpu_at = time.monotonic(), time.thread_time()
         try:
+            poller = zmq.Poller()
+            poller.register(self.inbox, zmq.POLLIN)
+            poller.register(self._folds.wake_fd, zmq.POLLIN)  # folds done (host.folds)
             while not self._stopping.is_set():
                 self._note_running()
-                if self.inbox.poll(POLL_MS):
+                if self.inbox in dict(poller.poll(POLL_MS)):
                     self._drain()
                     self._gather_more()
-                self._flush()
                 if self.casts.waiting:
                     self.casts.proc_gone(self._proc_exit)
-                    self._flush()
+                self._folds.submit(self.casts.take_folds())
+                for client, entry in self._folds.take():
+                    self.casts.queue(client, entry)
+                self._flush()
                 if self.relays.waiting:
                     self._answer_relays()
         except BaseException as e:  # a bug: the calls it carries would wait for nothing
@@ -409,11 +388,7 @@ class Router:
         if envelope.PORT in call:
             route = (call[envelope.REPLY], call[envelope.PORT])
             call[envelope.REPLY], call[envelope.PORT] = self.address, route
-            try:
-                reducer = self._reducer(header)
-            except BaseException:  # noqa: BLE001 - e.g. its module can't be imported here, or exits: the client folds
-                reducer = None
-            self.casts.open(route, {rank: proc for _, rank, proc in targets}, reducer,
+            self.casts.open(route, {rank: proc for _, rank, proc in targets}, header.get(router_ops.REDUCE),
                             coalesce=bool(header.get(router_ops.COALESCE)))
         frames = wire_frames.encode(self.cluster_id, call, message.body, message.buffers, sign_at_send=True)
         self.casts_seen += 1
@@ -478,17 +453,6 @@ class Router:
         for (client, port), missed in self.relays.due(time.monotonic()):
             self._send(client, wire_frames.encode(self.cluster_id, {envelope.PORT: port, envelope.RANK: 0,
                                                                     envelope.OK: True, router_ops.MISSED: missed}))
-
-    def _reducer(self, header: dict) -> Callable | None:
-        pickled = header.get(router_ops.REDUCE)
-        if pickled is None:
-            return None
-        reducer = self._reducers.get(pickled)
-        if reducer is None:
-            if len(self._reducers) >= REDUCERS_KEPT:
-                self._reducers.clear()
-            reducer = self._reducers[pickled] = serialize.loads(pickled)
-        return reducer
 
     def _flush(self) -> None:
         for client, entries in self.casts.take().items():
