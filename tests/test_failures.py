@@ -43,6 +43,10 @@ class Worker(Actor):
         os._exit(code)
 
     @endpoint
+    def give_up(self) -> None:
+        raise SystemExit("given up")  # a BaseException: the actor dies, its proc lives on
+
+    @endpoint
     def segfault(self) -> None:
         ctypes.string_at(0)
 
@@ -340,6 +344,18 @@ def test_restart_failed_respawns_only_dead_procs_and_keeps_healthy_state(workers
     assert procs.restart_failed() == []  # nothing failed: nothing to do
     tree = procs._hub().request("health", timeout=30)
     assert all(p["state"] == "healthy" for h in tree["hosts"] for p in h["procs"] if p["pid"] in new)
+
+
+def test_restart_with_no_ranks_restarts_an_actor_that_died_while_its_proc_lives_on(workers, unhandled):
+    # Only failed procs were restarted: an actor dead of SystemExit stayed dead, though the
+    # error said "restart() on actor mesh 'workers' restarts its failed ranks".
+    procs, mesh, pids = workers
+    with pytest.raises(SupervisionError):
+        mesh.slice(gpus=1).give_up.call_one().get(timeout=30)
+    assert mesh.restart() == [1]
+    assert mesh.count.call().get(timeout=30).values() == [("t", 1)] * 4
+    assert mesh.pid.call().get(timeout=30).values()[1] != pids[1]
+    assert mesh.restart() == []  # nothing failed: nothing to do
 
 
 def test_restarting_a_live_rank_fails_its_pending_call_and_serves_again(workers, tmp_path):

@@ -180,9 +180,16 @@ class ActorMesh(MeshHandle, Generic[A]):
 
     # lifecycle -----------------------------------------------------------------------
     @_yields_to_endpoint
+    def _gone_ranks(self) -> list[int]:
+        """The view ranks whose actor this client knows gone (``Supervision.why_dead``)."""
+        supervision = runtime().supervision
+        return [r for r, base in enumerate(self._shape.base_ranks_of(list(range(len(self)))))
+                if supervision.why_dead(self._cluster_id, self._addresses[base], self._name, base) is not None]
+
     def restart(self, ranks: list[int] | None = None, timeout: float = 120.0) -> list[int]:
         """Restart the procs under ``ranks`` of this mesh (view ranks of this handle;
-        default: every failed one) and re-create the actors that lived on them, of this
+        default: those whose actor is known gone, its proc dead or not, or if none, every
+        failed proc of its proc mesh) and re-create the actors that lived on them, of this
         and any other mesh, from their original constructor arguments. Live procs named
         in ``ranks`` are stopped first (their pending calls fail with
         ``SupervisionError``); other ranks are untouched. Returns the restarted proc
@@ -195,6 +202,8 @@ class ActorMesh(MeshHandle, Generic[A]):
         if record is None:
             raise ValueError(f"actor mesh {self._name!r} was stopped; spawn it again")
         proc_ranks = None
+        if ranks is None:
+            ranks = self._gone_ranks() or None
         if ranks is not None:
             if isinstance(ranks, (str, bytes)) or not all(isinstance(r, int) for r in ranks):
                 raise TypeError(f"restart(ranks=...) takes a list of int ranks, not {ranks!r}")
