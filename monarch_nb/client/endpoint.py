@@ -616,7 +616,8 @@ def _raised(failures: dict[int, RemoteFailure]) -> str:
     that raised so far."""
     points = [failures[k].point for k in sorted(failures)]
     first = failures[min(failures)].exception
-    return f"{'rank' if len(points) == 1 else 'ranks'} {', '.join(map(str, points))} raised {type(first).__name__}: {first}"
+    which = f"{'rank' if len(points) == 1 else 'ranks'} {', '.join(map(str, points))}"
+    return f"{which} raised {type(first).__name__}: {first}"
 
 
 def _raised_hint(failures: dict[int, RemoteFailure]) -> str:
