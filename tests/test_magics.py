@@ -284,6 +284,19 @@ def test_the_cli_and_the_magic_take_the_same_fold_switch(kernel, talkers):
     # only rank 3 had printed it).
     out = kernel.run("%monarch logs talkers --grep '^followed' --tail 1")
     assert [line for line in out.splitlines() if line.startswith("[")] == ["[talkers 0-3] followed"], out
+    # With a query, --fold is that query's: it was taken as the switch of the output under
+    # cells, which it turned off for good, and the query was dropped.
+    out = kernel.run("%monarch logs --grep '^followed' --tail 4 --fold off")
+    assert sorted(line for line in out.splitlines() if line.startswith("[")) == [
+        f"[talkers {r}] followed" for r in range(4)], out
+    out = kernel.run("talkers.say_followed.call().get()")
+    assert "[talkers 0-3] followed" in out.splitlines(), out
+    # Alone, it is that switch.
+    assert "folding of the output under cells off" in kernel.run("%monarch logs --fold off")
+    out = kernel.run("talkers.say_followed.call().get()")
+    kernel.run("%monarch logs --fold on")
+    assert sorted(line for line in out.splitlines() if line.startswith("[")) == [
+        f"[talkers {r}] followed" for r in range(4)], out
 
 
 def test_spawn_arguments_are_python_call_arguments(kernel, talkers):

@@ -55,6 +55,9 @@ class _Parser(MagicArgumentParser):
         raise UsageError(f"{self.prog}: {message}; {' '.join(usage.format_help().split())}")
 
 
+LOGS_TAIL = 50  # lines %monarch logs shows, unless told (--tail)
+
+
 def _parser() -> MagicArgumentParser:
     parser = _Parser(prog="%monarch", add_help=False,
                                  description="Drive a monarch_nb cluster from the notebook.")
@@ -83,7 +86,7 @@ def _parser() -> MagicArgumentParser:
     log = verbs.add_parser("logs", help="lines from the cluster's log store")
     log.add_argument("mesh", nargs="?")
     log.add_argument("--ranks", default=None)
-    log.add_argument("--tail", type=int, default=50)
+    log.add_argument("--tail", type=int, default=None, help=f"lines shown (default {LOGS_TAIL})")
     log.add_argument("--since", type=float, default=None, help="seconds ago")
     log.add_argument("--grep", default=None)
     log.add_argument("--stream", choices=("stdout", "stderr"), default=None)
@@ -343,18 +346,23 @@ class MonarchMagics(Magics):
         stopped = runtime().cluster
         if args.tail is not None and args.tail < 1:
             raise UsageError(f"%monarch logs: --tail {args.tail}: give a number of lines >= 1")
+        tail = LOGS_TAIL if args.tail is None else args.tail
+        live = runtime().lines.folder
+        if args.fold is not None and not any((args.mesh, args.ranks, args.tail, args.since, args.grep, args.stream,
+                                              args.follow)):
+            # Alone, the switch of the output under cells from now on; with a query, that
+            # query's (it used to switch both, and drop the query).
+            live.enabled = args.fold == "on"
+            print(f"monarch: folding of the output under cells {args.fold}")
+            return
+        fold = live.enabled if args.fold is None else args.fold == "on"
         if stopped is not None and stopped._stopped:  # the lines kept of the cluster this kernel stopped
             since = -args.since if args.since is not None else None
             ranks = parse_ranks(args.ranks) if args.ranks else None
             self._show_last(lambda tail: stopped.logs(mesh=args.mesh, ranks=ranks, stream=args.stream, since=since,
-                                                      grep=args.grep, tail=tail), args.tail)
+                                                      grep=args.grep, tail=tail), tail, fold)
             return
         cluster = self._cluster()
-        if args.fold is not None:
-            runtime().lines.folder.enabled = args.fold == "on"
-            print(f"monarch: folding {'on' if args.fold == 'on' else 'off'}")
-            if args.mesh is None and not args.follow:
-                return
         mesh_name = None
         if args.mesh is not None:
             mesh = self.shell.user_ns.get(args.mesh)
@@ -362,7 +370,7 @@ class MonarchMagics(Magics):
         ranks = parse_ranks(args.ranks) if args.ranks else None
         since = -args.since if args.since is not None else None
         found = self._show_last(lambda tail: cluster.logs(mesh=mesh_name, ranks=ranks, stream=args.stream,
-                                                          since=since, grep=args.grep, tail=tail), args.tail)
+                                                          since=since, grep=args.grep, tail=tail), tail, fold)
         if not found and not args.follow:
             missing = logs.no_such_mesh(cluster.info(), mesh_name) if mesh_name is not None else None
             if missing is not None:
@@ -376,19 +384,15 @@ class MonarchMagics(Magics):
                                             stream=args.stream, grep=args.grep, after_seq=last)
                 if reply["records"]:
                     last = reply["records"][-1][logs.SEQ]
-                    self._show_records(reply["records"])
+                    logs.print_sink(logs.fold_records(reply["records"], fold))
         except KeyboardInterrupt:
             return
 
     @staticmethod
-    def _show_records(records: list[list]) -> None:
-        logs.print_sink(logs.fold_records(records, runtime().lines.folder.enabled))
-
-    @staticmethod
-    def _show_last(query: Callable[[int | None], list[dict]], tail: int | None) -> list[dict]:
-        """Show the last ``tail`` lines (as shown: folded lines count once) of what
-        ``query(n)`` (``Cluster.logs`` with its filters, the last ``n`` records) finds;
-        returns the records it read last."""
+    def _show_last(query: Callable[[int | None], list[dict]], tail: int | None, fold: bool) -> list[dict]:
+        """Show the last ``tail`` lines (as shown: folded lines count once, with ``fold``)
+        of what ``query(n)`` (``Cluster.logs`` with its filters, the last ``n`` records)
+        finds; returns the records it read last."""
         found: list[dict] = []
 
         def fetch(n: int | None) -> list[list]:
@@ -396,9 +400,9 @@ class MonarchMagics(Magics):
             return [[r[f] for f in LOG_FIELDS] for r in found]
 
         if tail is None:
-            logs.print_sink(logs.fold_records(fetch(None), runtime().lines.folder.enabled))
+            logs.print_sink(logs.fold_records(fetch(None), fold))
         else:
-            logs.print_sink(logs.tail_shown(fetch, tail, runtime().lines.folder.enabled))
+            logs.print_sink(logs.tail_shown(fetch, tail, fold))
         return found
 
     def _interrupt(self, args, cell=None) -> None:
