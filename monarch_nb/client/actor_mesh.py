@@ -179,13 +179,13 @@ class ActorMesh(MeshHandle, Generic[A]):
         return f"{self._proc_mesh_name}/{self._name}"
 
     # lifecycle -----------------------------------------------------------------------
-    @_yields_to_endpoint
     def _gone_ranks(self) -> list[int]:
         """The view ranks whose actor this client knows gone (``Supervision.why_dead``)."""
         supervision = runtime().supervision
         return [r for r, base in enumerate(self._shape.base_ranks_of(list(range(len(self)))))
                 if supervision.why_dead(self._cluster_id, self._addresses[base], self._name, base) is not None]
 
+    @_yields_to_endpoint
     def restart(self, ranks: list[int] | None = None, timeout: float = 120.0) -> list[int]:
         """Restart the procs under ``ranks`` of this mesh (view ranks of this handle;
         default: those whose actor is known gone, its proc dead or not, or if none, every
