@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from monarch_nb.actor import ActorError, SupervisionError
-from monarch_nb.client.debugger import Debugger
+from monarch_nb.client.debugger import Debugger, _location
 from monarch_nb.client.hub_client import HubClient
 from monarch_nb.errors import InvalidRequest
 from monarch_nb.protocol import hub_ops
@@ -43,6 +43,32 @@ def clean_debugger(dbg):
     dbg.clear_breakpoints()
     dbg.post_mortem(False)
     assert wait_until(lambda: not dbg.paused(), 10)
+
+
+class _Shapes:
+    """Methods whose first statement a line reader got wrong (see the test below)."""
+
+    def commented(self, x):  # a signature ending in a comment
+        if x:
+            x = 0
+        return x
+
+    def one_line(self, x): return x + 1  # noqa: E704
+
+    def documented(self):
+        """A docstring runs no code: a breakpoint there is never hit."""
+        return 1
+
+
+def test_a_breakpoint_by_function_name_goes_on_its_first_statement_that_runs():
+    # It went inside the `if` (a signature ending in a comment: a line that may never
+    # run) and on the decorator line (a one-line method), with nothing said.
+    lines = {name: _location(getattr(_Shapes, name), None)[1] for name in ("commented", "one_line", "documented")}
+    with open(__file__) as source:
+        text = source.read().splitlines()
+    assert {name: text[n - 1].strip() for name, n in lines.items()} == {
+        "commented": "if x:", "one_line": "def one_line(self, x): return x + 1  # noqa: E704",
+        "documented": "return 1"}
 
 
 def test_breakpoint_pauses_every_rank_eval_in_all_then_continue_returns(dbg, paused4, cluster):

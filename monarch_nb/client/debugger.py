@@ -8,10 +8,12 @@ cluster's (kept by the hub, so they outlive this client).
 
 from __future__ import annotations
 
+import ast
 import inspect
 import linecache
 import os
 import socket
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, fields
@@ -483,7 +485,7 @@ def _location(where, line: int | None) -> tuple[str, int]:
         except (TypeError, OSError) as e:
             raise InvalidRequest(f"breakpoint in {where!r}: can't find its source ({e})") from None
     if line is None:
-        return file, _first_body_line(file, first)
+        return file, _first_statement_line(target) or _first_body_line(file, first)
     try:
         last = first + len(inspect.getsourcelines(target)[0]) - 1
     except (TypeError, OSError):
@@ -514,6 +516,27 @@ def _function_at(where, line: int) -> dict | None:
         except (OSError, TypeError):
             continue
     return None
+
+
+def _first_statement_line(target) -> int | None:
+    """The line (in its file) of the first statement of function ``target``'s body that
+    runs: not its docstring, which compiles to no code, so a breakpoint there is never
+    hit. A signature ending in a comment, or a body on the ``def`` line, are read right
+    (:func:`_first_body_line`, reading lines, put the breakpoint on a later line, or on
+    the decorator). ``None`` when the source can't be parsed."""
+    try:
+        lines, start = inspect.getsourcelines(target)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (TypeError, OSError, SyntaxError):
+        return None
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    body = node.body
+    docstring = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+        and isinstance(body[0].value.value, str)
+    statement = body[1] if docstring and len(body) > 1 else body[0]
+    return start + statement.lineno - 1
 
 
 def _first_body_line(file: str, first: int) -> int:
