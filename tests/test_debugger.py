@@ -161,6 +161,24 @@ def test_where_locals_and_next_on_one_rank(dbg, paused4):
     assert future.get(timeout=30) == 22
 
 
+def test_an_interrupt_leaves_a_rank_paused_at_a_breakpoint_paused_and_inspectable(dbg, paused4, procs4):
+    # The interrupt ended the rank's wait in the debugger, which did not know: the rank was
+    # still listed as paused, `where` showed nothing, `eval` failed ("no user frame").
+    future = paused4.slice(gpus=2).work.call_one(3)
+    dbg.wait_paused(1, "paused", timeout=60)
+    procs4.interrupt()
+    with pytest.raises(TimeoutError):
+        future.get(timeout=1.0)  # the rank is still paused, and its call with it
+    assert dbg.where("paused", 2)[0].line == BREAK_LINE
+    assert dbg.eval("y", "paused", 2)[("paused", 2)] == "32"
+    dbg.continue_("paused", 2)
+    try:  # the interrupt lands after the continue if that came within the proc's retry window
+        assert future.get(timeout=30) == 33
+    except ActorError as e:
+        assert "KeyboardInterrupt" in str(e)
+    assert wait_until(lambda: not dbg.paused(), 10)
+
+
 def test_double_continue_is_harmless(dbg, paused4):
     future = paused4.slice(gpus=0).work.call_one(1)
     stop = dbg.wait_paused(1, "paused", timeout=60)[0]

@@ -28,6 +28,8 @@ import sys
 import threading
 from typing import Any
 
+from ..wire import interrupts
+
 SUPPORTED = ((1, 8, 22), (1, 9, 0))  # debugpy versions trusted: [low, high)
 
 CONSTANTS = "_pydevd_bundle.pydevd_constants"
@@ -151,6 +153,7 @@ def connect_private() -> socket.socket:
     if global_debugger() is not None:
         raise RuntimeError("pydevd already runs in this process (debugpy.listen or pydevd.settrace was called), "
                            "outside monarch_nb's debugger")
+    _keep_interrupts_out_of_suspends(pydevd)
     if not callable(getattr(pydevd, "start_client", None)):
         raise RuntimeError(f"debugpy {_version_text()}: pydevd has no start_client to hand its connection to; "
                            "install a debugpy in " + _span())
@@ -183,6 +186,19 @@ def connect_private() -> socket.socket:
         raise RuntimeError(f"debugpy {_version_text()}: pydevd did not connect through start_client; "
                            "install a debugpy in " + _span())
     return ours
+
+
+def _keep_interrupts_out_of_suspends(pydevd) -> None:
+    """Mark pydevd's suspend loop as code an interrupt does not land in
+    (``wire.interrupts.protected``): a Ctrl-C or ``procs.interrupt()`` aimed at a rank
+    paused at a breakpoint ended its wait there without pydevd knowing, so the rank was
+    still listed as paused (``where`` showed nothing, ``eval`` failed, an async actor
+    stayed wedged). It now waits, paused, until it is continued; the interrupt still
+    lands if that is within the proc's retry window (``proc.server.INTERRUPT_FOR_S``)."""
+    for name in ("do_wait_suspend", "_do_wait_suspend"):
+        function = getattr(pydevd.PyDB, name, None)
+        if hasattr(function, "__code__"):  # (a Python function: pydevd changed if not, and nothing is marked)
+            interrupts.protected(function)
 
 
 def _span() -> str:
