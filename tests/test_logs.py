@@ -25,6 +25,36 @@ from kernels import TESTS
 from sample_actors import Printer
 
 
+def _routed_lines(origins: list[str | None], clients: dict[str, bool]) -> dict[str, list[str | None]]:
+    """Which client the hub sends each line to: one line per origin, to clients of
+    ``clients`` (client id -> whether it takes lines); returns client id -> origins."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from monarch_nb.hub.log_ops import LogOps
+    from monarch_nb.hub.logstore import LogStore
+
+    sent: dict[str, list] = {}
+
+    class Net:
+        async def send(self, address, header):
+            sent.setdefault(address, []).extend(record[7] for record in header["records"])
+
+    table = {c: SimpleNamespace(wants_lines=wants, log_address=c, log_seq=0) for c, wants in clients.items()}
+    ops = LogOps(LogStore(None), SimpleNamespace(), SimpleNamespace(table=table), Net(), "cluster")
+    lines = [(0.0, "p/0", "stdout", "m", 0, origin, f"line of {origin}", 8) for origin in origins]
+    asyncio.run(ops.log_lines({"host_id": "h0", "lines": lines}, None))
+    return sent
+
+
+def test_a_line_goes_to_the_client_whose_call_caused_it_and_a_gone_clients_to_nobody():
+    # A restarted kernel's call went on printing, and its lines showed under another
+    # notebook's running cell as that notebook's own.
+    sent = _routed_lines(["a:cell-1", None, "proc-client:x", "gone:cell-3"], {"a": True, "b": True,
+                                                                            "proc-client": False})
+    assert sent == {"a": ["a:cell-1", None, "proc-client:x"], "b": [None, "proc-client:x"]}
+
+
 class Collected:
     """A sink that keeps what the log receiver shows."""
 

@@ -30,7 +30,10 @@ class LogOps:
 
     async def log_lines(self, header, message) -> None:
         """Store a batch from a host agent and pass each line on to the client whose call
-        caused it (origin ``CLIENT_ID:...``); lines nobody's call caused go to every client."""
+        caused it (origin ``CLIENT_ID:...``); lines nobody's call caused, or a client's
+        that takes no lines (a proc), go to every client. Lines of a call whose client is
+        gone (a restarted kernel's, an ended script's) are only stored (``%monarch logs``):
+        sent to every client, they showed under another notebook's running cell as its own."""
         records = self.store.add(header[agent_ops.HOST_ID], header["lines"])
         clients = self._clients.table
         by_client: dict[str, list] = {}
@@ -39,6 +42,8 @@ class LogOps:
             owner = origin.partition(":")[0] if origin else None
             if owner in clients and clients[owner].wants_lines:
                 targets = [owner]
+            elif owner is not None and owner not in clients:
+                continue
             else:
                 targets = [c for c, r in clients.items() if r.wants_lines]
             for client_id in targets:
