@@ -226,6 +226,7 @@ def test_interrupt_magic_stops_a_running_endpoint(kernel, talkers):
     ("%monarch procs p --per-host gpus", "write LABEL=SIZE"),
     ("%monarch frobnicate", "invalid choice: 'frobnicate'"),
     ("%monarch exec workers", "exec is a cell magic"),
+    ("%monarch logs --since -5", "--since -5: give how many seconds ago, a number > 0"),  # (it showed every line)
 ])
 def test_mistakes_raise_a_one_line_usage_error(kernel, talkers, line, message):
     with pytest.raises(CellError) as info:

@@ -346,6 +346,8 @@ class MonarchMagics(Magics):
         stopped = runtime().cluster
         if args.tail is not None and args.tail < 1:
             raise UsageError(f"%monarch logs: --tail {args.tail}: give a number of lines >= 1")
+        if args.since is not None and not args.since > 0:
+            raise UsageError(f"%monarch logs: --since {args.since:g}: give how many seconds ago, a number > 0")
         tail = LOGS_TAIL if args.tail is None else args.tail
         live = runtime().lines.folder
         if args.fold is not None and not any((args.mesh, args.ranks, args.tail, args.since, args.grep, args.stream,
