@@ -91,6 +91,28 @@ def test_bad_memory_is_refused_at_once():
     buffer.drop()
 
 
+def test_a_buffer_keeps_its_tensors_memory_when_the_tensor_gets_another(holders, backend):
+    # It kept the tensor, not its storage: `weights.data = new` freed the memory the
+    # buffer named; a read returned freed heap, a write corrupted the owner's heap.
+    weights = torch.arange(1 << 20, dtype=torch.int32).to(torch.uint8)
+    buffer = RDMABuffer(weights)
+    expected = bytes(weights.numpy())
+    weights.data = torch.ones(4, dtype=torch.uint8)  # the old storage is the buffer's alone now
+    assert holders.slice(gpus=1).read.call_one(buffer).get(timeout=30) == expected
+    buffer.drop()
+
+
+def test_a_buffer_over_read_only_memory_is_read_and_never_written(holders, backend):
+    # A reader's write_from rewrote an immutable bytes object.
+    frozen = bytes(range(256)) * 16
+    buffer = RDMABuffer(memoryview(frozen))
+    assert holders.slice(gpus=1).read.call_one(buffer).get(timeout=30) == frozen
+    with pytest.raises(ValueError, match="read-only memory: it can be read, not written"):
+        buffer.write_from(memoryview(bytearray(16)))
+    assert frozen == bytes(range(256)) * 16
+    buffer.drop()
+
+
 def test_reading_a_dropped_buffer_fails(holders, backend):
     owner = holders.slice(gpus=0)
     buffer = owner.create.call_one().get()

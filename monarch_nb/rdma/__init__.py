@@ -142,6 +142,7 @@ class RDMABuffer:
             raise ValueError("Cannot create RDMABuffer with size 0.")
         self._size, self._addr = memory.nbytes, memory.addr  # addr: 0 for CUDA memory
         self._cuda = memory.device is not None
+        self._readonly = memory.readonly  # a read-only memoryview's (bytes): write_from refuses it
         self._ipc = device.export(memory.device) if self._cuda else None
         self._token, self._token_addr = _registry.add(memory)
         self._pid, self._boot = os.getpid(), _BOOT
@@ -319,7 +320,11 @@ class RDMAAction:
         return self
 
     def write_remote(self, dst: RDMABuffer, src: Any) -> "RDMAAction":
-        """Queue a write of ``src`` into ``dst``; ``ValueError`` if ``src`` is larger than ``dst``."""
+        """Queue a write of ``src`` into ``dst``; ``ValueError`` if ``src`` is larger than
+        ``dst``, or ``dst`` is over read-only memory (a memoryview of ``bytes``)."""
+        if getattr(dst, "_readonly", False):
+            raise ValueError(f"{dst!r} is over read-only memory: it can be read, not written "
+                             "(make it over a bytearray, a writable memoryview or a tensor)")
         memory = local_memory(src, writable=False)
         if memory.nbytes > dst.size():
             raise ValueError(f"source of {memory.nbytes} bytes is larger than the {dst.size()}-byte RDMABuffer")

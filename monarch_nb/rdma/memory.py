@@ -32,12 +32,13 @@ def address_of(view: memoryview) -> tuple[int, Any]:
 class Local:
     """``nbytes`` of this process's memory: host memory at ``addr``, or, when ``device``
     is set, that CUDA tensor (1-D, contiguous; ``addr`` is 0). ``keep`` is what keeps
-    the memory alive while a transfer uses it."""
+    the memory alive while a transfer uses it (or, registered, for the buffer's life);
+    ``readonly``: nothing may be written into it."""
 
-    __slots__ = ("addr", "nbytes", "keep", "device")
+    __slots__ = ("addr", "nbytes", "keep", "device", "readonly")
 
-    def __init__(self, addr: int, nbytes: int, keep: Any, device: Any = None):
-        self.addr, self.nbytes, self.keep, self.device = addr, nbytes, keep, device
+    def __init__(self, addr: int, nbytes: int, keep: Any, device: Any = None, readonly: bool = False):
+        self.addr, self.nbytes, self.keep, self.device, self.readonly = addr, nbytes, keep, device, readonly
 
     def put(self, start: int, data: memoryview) -> None:
         """Copy ``data`` (bytes, any host memory) into this memory at byte ``start``."""
@@ -79,12 +80,15 @@ def local_memory(obj: Any, writable: bool) -> Local:
         if obj.device.type != "cpu":
             raise NotImplementedError(f"monarch_nb.rdma supports CPU and CUDA tensors, not {obj.device.type} "
                                       "ones; copy it to the CPU first")
-        return Local(obj.data_ptr(), nbytes, obj)
+        # The storage, not the tensor: `t.data = other` or a `resize_` that moves it frees the
+        # memory at data_ptr() while the tensor lives on (a registered buffer then read
+        # freed memory, and a write into it corrupted the owner's heap).
+        return Local(obj.data_ptr(), nbytes, (obj, obj.untyped_storage()))
     if isinstance(obj, memoryview):
         if obj.ndim != 1 or not obj.c_contiguous:
             raise ValueError(f"RDMA memory must be a 1-D C-contiguous memoryview, got shape {obj.shape}")
         if writable and obj.readonly:
             raise ValueError("RDMA destination is read-only; pass a writable memoryview")
         addr, keep = address_of(obj)
-        return Local(addr, obj.nbytes, keep)
+        return Local(addr, obj.nbytes, keep, readonly=obj.readonly)
     raise ValueError(f"RDMA memory must be a torch.Tensor or memoryview, got {type(obj).__name__}")

@@ -93,6 +93,8 @@ class Registry:
             raise ValueError(f"range {offset}+{length} is outside the {size}-byte RDMABuffer")
         if header[envelope.OP] == rdma_ops.READ:
             return memory.get(offset, length, self._staging_of(length) if memory.device is not None else None)
+        if memory.readonly:  # (RDMAAction refuses it first: a reader's handle says so)
+            raise ValueError("the RDMABuffer is over read-only memory: it can be read, not written")
         data = memoryview(message.value()).cast("B")
         memory.put(offset, data[:min(length, data.nbytes)])
         return None
