@@ -217,6 +217,26 @@ def test_torch_dtypes_and_grad_flag_survive(dtype):
     assert back.requires_grad and torch.equal(back.detach(), g.detach())
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta", "ignore:The PyTorch API of nested tensors")
+def test_tensors_stock_pickle_sends_travel_as_it_sends_them():
+    # A conjugate view, a CSR tensor or a nested one failed with a bare RuntimeError
+    # (numpy() refuses them); an expanded one became its contiguous copy (a 4 MiB message
+    # for a tensor of 1 element: stock pickle sends 401 bytes).
+    complex_ = torch.tensor([1 + 2j, 3 - 1j])
+    for t in (complex_.conj(), torch.tensor([[0., 1.], [2., 0.]]).to_sparse_csr(),
+              torch.tensor([1., 2.])._neg_view()):
+        back = _round_trip(t)
+        assert back.layout == t.layout and torch.equal(back.to_dense().resolve_conj().resolve_neg(),
+                                                       t.to_dense().resolve_conj().resolve_neg())
+    nested = _round_trip(torch.nested.nested_tensor([torch.arange(3.), torch.arange(2.)]))
+    assert nested.is_nested and [x.tolist() for x in nested.unbind()] == [[0., 1., 2.], [0., 1.]]
+    expanded = torch.zeros(1).expand(1 << 20)
+    stream, buffers = serialize.dumps(expanded)
+    assert len(stream) + sum(b.raw().nbytes for b in buffers) < 4096
+    back = _round_trip(expanded)
+    assert back.shape == expanded.shape and back.stride() == (0,) and not back.any()
+
+
 @pytest.fixture(scope="module")
 def arrays(host):
     procs = host.spawn_procs(per_host={"gpus": 2}, name="arrays")

@@ -83,7 +83,14 @@ def _as_array(data):
 
 
 def _reduce_tensor(tensor, reduce_cuda):
-    if tensor.is_sparse or tensor.is_quantized:
+    import torch
+
+    # Only a plain dense tensor goes out of band here; the others as stock pickle sends
+    # them (torch's own reduce): a sparse, quantized or nested one, one with its conjugate
+    # or negative bit set (numpy() refuses those), and one with a stride of 0 (an
+    # ``expand``: its storage is a few elements, its contiguous copy may be gigabytes).
+    if tensor.layout is not torch.strided or tensor.is_quantized or tensor.is_nested or tensor.is_conj() \
+            or tensor.is_neg() or 0 in tensor.stride():
         return NotImplemented
     # Imported here, with the first tensor: a client that never sends one (or a fresh
     # one, connecting) does not compile and load the CUDA paths.
