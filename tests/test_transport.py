@@ -202,6 +202,19 @@ def test_small_and_strided_memoryviews_round_trip():
             view.format, view.shape, view.tolist(), view.readonly)
 
 
+def test_a_memoryview_that_cannot_be_rebuilt_is_refused_at_send_and_an_empty_one_travels():
+    # Sent, it failed in the actor before the endpoint ran (or its reply could not be read).
+    from monarch_nb.errors import SerializationError
+
+    for view in (memoryview(np.arange(4, dtype=">f8")), memoryview(np.zeros(3, dtype=[("a", "<i4"), ("b", "<f8")])),
+                 memoryview(np.zeros((0, 5)))):
+        with pytest.raises(SerializationError, match="can't be rebuilt where it arrives; send bytes"):
+            serialize.dumps({"weights": view})
+    for empty in (memoryview(b""), memoryview(np.zeros(0))):
+        back = _round_trip(empty)
+        assert (back.format, back.shape) == (empty.format, (0,))
+
+
 def _round_trip(obj):
     stream, buffers = serialize.dumps(obj)
     return serialize.loads(stream, [b.raw() for b in buffers])

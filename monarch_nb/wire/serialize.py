@@ -121,7 +121,26 @@ _BYTES_LIKE = frozenset((bytes, bytearray, memoryview))
 
 
 def _rebuild_memoryview(buffer, fmt, shape):
+    if len(shape) == 1 and not shape[0]:  # empty: cast refuses a shape holding a 0
+        return memoryview(buffer).cast("B").cast(fmt)
     return memoryview(buffer).cast("B").cast(fmt, shape)
+
+
+def _check_rebuildable(view: memoryview) -> None:
+    """Raise ``PicklingError`` (a ``SerializationError`` from :func:`dumps`) for a
+    memoryview that :func:`_rebuild_memoryview` can't make again on arrival: a format
+    ``memoryview.cast`` refuses (byte order or struct syntax: ``>d``, ``T{...}``) or a
+    shape holding a 0. It was sent, and the call failed in the actor before the endpoint
+    ran (or its reply could not be read). Stock pickle refuses every memoryview."""
+    try:
+        memoryview(bytearray(view.itemsize)).cast("B").cast(view.format)
+        ok = 0 not in view.shape or view.ndim == 1
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise pickle.PicklingError(
+            f"a memoryview of format {view.format!r} and shape {view.shape} can't be rebuilt where it arrives; "
+            "send bytes(view), or a numpy array (np.asarray(view)) which keeps its dtype and shape")
 
 
 class _Unpickler(pickle.Unpickler):
@@ -165,6 +184,8 @@ class _Pickler(cloudpickle.Pickler):
 
     def persistent_id(self, obj):
         kind = type(obj)
+        if kind is memoryview:
+            _check_rebuildable(obj)
         if kind in _BYTES_LIKE and (obj.nbytes if kind is memoryview else len(obj)) >= OUT_OF_BAND_MIN_BYTES:
             known = self._ids.get(id(obj))
             if known is not None:  # the same object again: the same (memoized) id, one frame
