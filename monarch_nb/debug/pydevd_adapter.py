@@ -197,7 +197,7 @@ def _keep_interrupts_out_of_suspends(pydevd) -> None:
     lands if that is within the proc's retry window (``proc.server.INTERRUPT_FOR_S``)."""
     for name in ("do_wait_suspend", "_do_wait_suspend"):
         function = getattr(pydevd.PyDB, name, None)
-        if hasattr(function, "__code__"):  # (a Python function: pydevd changed if not, and nothing is marked)
+        if callable(function) and hasattr(function, "__code__"):  # (pydevd changed if not: nothing is marked)
             interrupts.protected(function)
 
 

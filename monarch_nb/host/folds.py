@@ -29,7 +29,9 @@ from .replies import Entry, failure
 REDUCERS_KEPT = 64  # unpickled reducers remembered (by their pickled bytes)
 
 Route = tuple[str, Hashable]  # (client address, client port)
-# ("value", route, pickled reducer, reply header, body, buffers), or ("done", route, pickled reducer)
+# The jobs, in order: (VALUE, route, pickled reducer, reply header, body, buffers) for a
+# value to fold; (DONE, route) once every rank of a reduce on this host answered.
+VALUE, DONE = "value", "done"
 Job = tuple
 
 
@@ -52,11 +54,11 @@ class Folds:
 
     def run(self, jobs: list[Job]) -> list[tuple[str, Entry]]:
         out: list[tuple[str, Entry]] = []
-        for job in jobs:
-            if job[0] == "value":
-                self._value(out, *job[1:])
+        for kind, *fields in jobs:
+            if kind == VALUE:
+                self._value(out, *fields)
             else:
-                self._done(out, *job[1:])
+                self._done(out, *fields)
         return out
 
     def _fold_of(self, route: Route, pickled: bytes) -> _Fold:
@@ -92,7 +94,7 @@ class Folds:
         except BaseException as e:  # noqa: BLE001
             out.append((client, failure(port, rank, e, fold=True)))
 
-    def _done(self, out: list, route: Route, pickled: bytes) -> None:
+    def _done(self, out: list, route: Route) -> None:
         client, port = route
         fold = self._open.pop(route, None)
         if fold is None or not fold.folded:

@@ -48,6 +48,7 @@ from ..errors import ClusterError, SupervisionError
 from ..protocol import envelope, proc_ops, router_ops
 from ..wire import frames as wire_frames
 from ..wire import shm, sockets
+from . import folds
 from .folds import FoldThread
 from .replies import Entry, failure
 
@@ -86,7 +87,7 @@ class Casts:
     def __init__(self):
         self._open: dict[tuple[str, Hashable], _Cast] = {}  # (client address, port) -> its cast
         self._ready: dict[str, list[Entry]] = {}  # client address -> replies to send, in arrival order
-        self._folds: list[tuple] = []  # jobs for host.folds, in order
+        self._fold_jobs: list[tuple] = []  # for host.folds, in order
 
     @property
     def waiting(self) -> bool:
@@ -112,7 +113,7 @@ class Casts:
             return
         del cast.waiting[rank]
         if cast.reducer is not None and header.get(envelope.OK):
-            self._folds.append(("value", route, cast.reducer, header, body, list(buffers)))
+            self._fold_jobs.append((folds.VALUE, route, cast.reducer, header, body, list(buffers)))
         elif cast.coalesce and not buffers and header.get(envelope.OK) and header.keys() <= _PLAIN_REPLY \
                 and len(body) <= SAME_MAX_BYTES:
             self._queue_same(client, Entry(header, body, same=bytes(body)))
@@ -143,7 +144,7 @@ class Casts:
 
     def take_folds(self) -> list[tuple]:
         """The jobs to fold (``host.folds.Folds.run``) since the last take, in order."""
-        jobs, self._folds = self._folds, []
+        jobs, self._fold_jobs = self._fold_jobs, []
         return jobs
 
     def queue(self, client: str, entry: Entry) -> None:
@@ -155,7 +156,7 @@ class Casts:
             return
         del self._open[route]
         if cast.reducer is not None:
-            self._folds.append(("done", route, cast.reducer))
+            self._fold_jobs.append((folds.DONE, route))
 
     def _queue(self, client: str, entry: Entry) -> None:
         self._ready.setdefault(client, []).append(entry)

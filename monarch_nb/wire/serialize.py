@@ -133,8 +133,8 @@ def _check_rebuildable(view: memoryview) -> None:
     shape holding a 0. It was sent, and the call failed in the actor before the endpoint
     ran (or its reply could not be read). Stock pickle refuses every memoryview."""
     try:
-        memoryview(bytearray(view.itemsize)).cast("B").cast(view.format)
-        ok = 0 not in view.shape or view.ndim == 1
+        memoryview(bytearray(view.itemsize)).cast("B").cast(view.format)  # type: ignore[call-overload]  # any format
+        ok = 0 not in (view.shape or ()) or view.ndim == 1
     except (TypeError, ValueError):
         ok = False
     if not ok:
