@@ -171,11 +171,8 @@ def test_an_interrupt_leaves_a_rank_paused_at_a_breakpoint_paused_and_inspectabl
         future.get(timeout=1.0)  # the rank is still paused, and its call with it
     assert dbg.where("paused", 2)[0].line == BREAK_LINE
     assert dbg.eval("y", "paused", 2)[("paused", 2)] == "32"
-    dbg.continue_("paused", 2)
-    try:  # the interrupt lands after the continue if that came within the proc's retry window
-        assert future.get(timeout=30) == 33
-    except ActorError as e:
-        assert "KeyboardInterrupt" in str(e)
+    dbg.continue_("paused", 2)  # the interrupt was dropped: the call runs on (it hung, the interrupt
+    assert future.get(timeout=30) == 33  # deferred and landing in pydevd's code on the way back)
     assert wait_until(lambda: not dbg.paused(), 10)
 
 

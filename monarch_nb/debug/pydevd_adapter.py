@@ -189,16 +189,16 @@ def connect_private() -> socket.socket:
 
 
 def _keep_interrupts_out_of_suspends(pydevd) -> None:
-    """Mark pydevd's suspend loop as code an interrupt does not land in
-    (``wire.interrupts.protected``): a Ctrl-C or ``procs.interrupt()`` aimed at a rank
+    """Mark pydevd's suspend loop as code where an interrupt is dropped
+    (``wire.interrupts.refusing``): a Ctrl-C or ``procs.interrupt()`` aimed at a rank
     paused at a breakpoint ended its wait there without pydevd knowing, so the rank was
     still listed as paused (``where`` showed nothing, ``eval`` failed, an async actor
-    stayed wedged). It now waits, paused, until it is continued; the interrupt still
-    lands if that is within the proc's retry window (``proc.server.INTERRUPT_FOR_S``)."""
+    stayed wedged); deferred instead, it landed in pydevd's own code as the rank was
+    continued, and the rank hung. It stays paused until it is continued, then runs on."""
     for name in ("do_wait_suspend", "_do_wait_suspend"):
         function = getattr(pydevd.PyDB, name, None)
         if callable(function) and hasattr(function, "__code__"):  # (pydevd changed if not: nothing is marked)
-            interrupts.protected(function)
+            interrupts.refusing(function)
 
 
 def _span() -> str:

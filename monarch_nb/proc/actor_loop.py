@@ -165,10 +165,13 @@ class ActorThread:
         in the user code this thread actor is running, if it is running some now. It
         lands at the next Python bytecode: a blocking C call finishes first. False when
         the actor is not in user code at this instant (the caller may try again), and
-        for anything but ``KeyboardInterrupt`` into an ``async`` actor."""
+        for anything but ``KeyboardInterrupt`` into an ``async`` actor. True, and dropped,
+        for a thread paused in the debugger (``wire.interrupts.refusing``)."""
         ident = self.thread.ident
         if self.on_main_thread or ident is None:
             return False
+        if interrupts.refuses(sys._current_frames().get(ident)):
+            return True  # paused in the debugger: dropped, and not tried again (wire.interrupts.refusing)
         if self._async is not None and exception is not KeyboardInterrupt:
             return False
         if self._async is not None and (self.stopping or not self._gate.acquire(blocking=False)):

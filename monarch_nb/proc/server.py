@@ -91,6 +91,8 @@ class ProcServer:
             return
         if on_main.in_user_code(frame):
             raise KeyboardInterrupt
+        if interrupts.refuses(frame):
+            return  # paused in the debugger: dropped, not tried again
         calls = on_main.calls
 
         def retry() -> None:

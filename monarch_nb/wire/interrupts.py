@@ -52,6 +52,7 @@ F = TypeVar("F", bound=Callable)
 REDELIVER_S = 0.002  # how soon a deferred interrupt is tried again (seconds)
 
 _marks: dict[types.CodeType, bool] = {}  # code -> True: protected, False: checkpoint
+_refusing: set[types.CodeType] = set()  # code where an interrupt is dropped (refusing)
 _main_ident = threading.main_thread().ident
 
 
@@ -60,6 +61,24 @@ def protected(fn: F) -> F:
     until it has returned."""
     _marks[fn.__code__] = True
     return fn
+
+
+def refusing(fn: F) -> F:
+    """Mark ``fn``: an interrupt aimed at a thread running it (or anything it calls) is
+    dropped, neither landing nor deferred (a thread paused in the debugger: an interrupt
+    ended its wait behind the debugger's back, and one deferred until it runs again
+    landed in the debugger's own code on its way back)."""
+    _refusing.add(fn.__code__)
+    return fn
+
+
+def refuses(frame: types.FrameType | None) -> bool:
+    """Whether an interrupt aimed at the stack of ``frame`` is to be dropped (:func:`refusing`)."""
+    while frame is not None:
+        if frame.f_code in _refusing:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def checkpoint(fn: F) -> F:
