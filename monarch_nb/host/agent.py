@@ -371,8 +371,11 @@ class HostAgent:
         expected = proc_id in self.stopping
         self.stopping.discard(proc_id)
         self.exited[proc_id] = code
-        if self.router is not None:
-            self.router.proc_exited(proc_id)
+        router = self.router
+        if router is not None:
+            # Best effort (shared memory the sweep takes later anyway): what it raises
+            # must not keep the hub from hearing of the exit, which the calls wait on.
+            self._housekeep("letting go of the exited proc's actors", lambda: router.proc_exited(proc_id))
         try:
             if self.leaving is not None:
                 await asyncio.shield(self.leaving)  # a cancelled waiter must not cancel it for the others
