@@ -156,13 +156,24 @@ def _chunk(guard: frames.ReplayGuard, stream_id: bytes, size: int) -> None:
 
 
 def test_streams_arriving_together_are_all_kept_whatever_their_total(value, monkeypatch):
-    monkeypatch.setenv("MONARCH_NB_MAX_MESSAGE_BYTES", str(2 * stream.MIN_BYTES))  # each stream's limit
+    monkeypatch.setenv("MONARCH_NB_MAX_MESSAGE_BYTES", str(2 * stream.MIN_BYTES))
     guard = frames.ReplayGuard()
-    for n in range(4):  # 4x the limit in all
+    for n in range(4):  # 4x this process's own limit in all
         _chunk(guard, bytes([n]) * 16, 2 * stream.MIN_BYTES)
     assert len(guard.streams) == 4
-    with pytest.raises(frames.BadMessage, match="did not start"):  # one stream over the limit
-        _chunk(guard, b"x" * 16, 2 * stream.MIN_BYTES + 1)
+
+
+def test_a_message_over_the_receivers_own_limit_arrives_since_its_senders_limit_governs(value, monkeypatch):
+    # A client started with a larger MONARCH_NB_MAX_MESSAGE_BYTES than a proc on another
+    # host: its call's stream was dropped at the proc unseen and the call waited for ever
+    # (through shared memory, on one host, the same message always arrived).
+    messages = routed(frames.encode_value("streams", {"k": 2}, value, sign_at_send=True))
+    monkeypatch.setenv("MONARCH_NB_MAX_MESSAGE_BYTES", str(stream.MIN_BYTES))  # the receiver's, under value's size
+    before = frames.dropped()
+    assert np.array_equal(receive(messages, frames.ReplayGuard()).value(), value)
+    assert frames.dropped() == before
+    with pytest.raises(frames.MessageTooLarge, match="over the"):  # its own sends are held to it
+        frames.encode_value("streams", {}, value, sign_at_send=True)
 
 
 @pytest.mark.parametrize("raw", ["abc", "-1", "0", "1.5"])

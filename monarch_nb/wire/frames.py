@@ -99,7 +99,7 @@ MAX_FRAME_BYTES = stream.MIN_BYTES
 
 
 def max_message_bytes() -> int:
-    """Largest message (all frames, bytes) sent or accepted: ``MONARCH_NB_MAX_MESSAGE_BYTES``,
+    """Largest message (all frames, bytes) this process sends: ``MONARCH_NB_MAX_MESSAGE_BYTES``,
     default 2 GiB. Raises ``ValueError`` naming the variable and its value when that is
     not a whole number of bytes above 0."""
     raw = os.environ.get("MONARCH_NB_MAX_MESSAGE_BYTES")
@@ -152,7 +152,7 @@ class ReplayGuard:
 
     def __init__(self):
         self.started = time.time()
-        self.streams = stream.Streams(max_message_bytes)
+        self.streams = stream.Streams()
         self._senders: dict[bytes, list[int]] = {}  # sender -> [newest seq, bitmap of the window below it]
 
     def accept(self, sender: bytes, seq: int, sent_at: float) -> bool:

@@ -172,8 +172,7 @@ def wait_idle(streams: "Streams", poll: Callable[[int], Any]) -> None:
 class Streams:
     """The streams one inbox is receiving (used by that inbox's thread only)."""
 
-    def __init__(self, limit: Callable[[], int]):
-        self._limit = limit  # the largest stream, in bytes
+    def __init__(self):
         self._open: dict[bytes, _Stream] = {}  # stream id -> stream
         self._clock = 0.0  # seconds spent reading while streams were open (tick)
         self._last = _now()
@@ -208,7 +207,7 @@ class Streams:
         stream = self._open.get(stream_id)
         try:
             if stream is None:
-                if offset != 0 or size < MIN_BYTES or size > self._limit():
+                if offset != 0 or size < MIN_BYTES:
                     raise StreamError(f"chunk at byte {offset} of a stream of {size} bytes that did not start")
                 stream = self._open[stream_id] = _Stream(keys, kind, size, self._clock)
                 reading.streams = (self, getattr(reading, "socket", None))
