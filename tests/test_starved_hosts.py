@@ -200,3 +200,28 @@ def test_spawning_on_a_host_lost_while_its_agent_is_stopped_says_it_may_come_bac
     assert wait_until(lambda: not c.info()["hosts"][0]["lost"], 60)
     assert procs.spawn("pid", Pid).pid.call_one().get(timeout=60) == procs.pids[0]
     c.host_mesh().spawn_procs(per_host={"gpus": 1}, name="q").stop()
+
+
+def test_an_agent_on_the_hubs_machine_excuses_its_cpu_waits_before_any_hub_alive(tmp_path):
+    # The hub's pid came only with its first HUB_ALIVE. A spawn's load starved the hub
+    # before that reached a new agent, whose hub silence then all counted: under 16 hosts
+    # x 8 procs on 2 loaded cores, an agent stopped every proc mid-spawn ("hub silent for
+    # 2.0 s") and the spawn failed. From the start it now counts only what the hub ran.
+    from monarch_nb.host.agent import HostAgent
+    from monarch_nb.wire import frames
+
+    frames.register_key("starved-agent", b"k" * 32)
+    runnable = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a hub that never sends
+    try:
+        told = HostAgent("starved-agent", str(tmp_path), "tcp://127.0.0.1:1", "h0", 2.0, hub_pid=runnable.pid)
+        untold = HostAgent("starved-agent", str(tmp_path), "tcp://127.0.0.1:1", "h1", 2.0)
+        try:
+            # 60 s of silence of a process that ran for less: the rest it waited for a CPU.
+            assert told.hub_cpu.counted(60.0) < 2.0
+            assert untold.hub_cpu.counted(60.0) == 60.0  # a hub elsewhere: all of it counts
+        finally:
+            told.net.close()
+            untold.net.close()
+    finally:
+        runnable.kill()
+        runnable.wait()

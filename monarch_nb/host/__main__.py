@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 from pathlib import Path
 
 from .. import cluster_dir, fd_limit, notices
@@ -35,7 +36,8 @@ def main() -> None:
     wire_frames.register_key(info["cluster_id"], cluster_dir.key_of(info))
 
     async def run() -> None:
-        agent = HostAgent(info["cluster_id"], args.cluster_dir, args.hub, args.host_id, args.grace, args.node)
+        agent = HostAgent(info["cluster_id"], args.cluster_dir, args.hub, args.host_id, args.grace, args.node,
+                          hub_pid=info.get("hub_pid") if info.get("hostname") == socket.gethostname() else None)
         await agent.run()
 
     asyncio.run(run())

@@ -53,7 +53,9 @@ REAP_EVERY = 10  # heartbeats between two reapings of orphans that exited
 
 class HostAgent:
     def __init__(self, cluster_id: str, cluster_dir: str, hub: str, host_id: str, grace_s: float,
-                 node: str = ""):
+                 node: str = "", hub_pid: int | None = None):
+        """``hub_pid``: the process of the hub that started this agent, when it runs on
+        this machine (its cluster.json says so), until its first ``HUB_ALIVE`` says again."""
         self.net = AioEndpoint(cluster_id)
         self.cluster_id = cluster_id
         self.node = node
@@ -64,7 +66,11 @@ class HostAgent:
         self.grace_s = grace_s
         self.hub_seen = time.monotonic()
         self.hub_cpu = Watched()  # the hub's waits for a CPU, when it runs on this machine
-        self._hub_here: int | None = None  # the hub's pid, when its HUB_ALIVE says it runs on this machine
+        self.hub_cpu.heard(hub_pid)
+        # The hub's pid, when its HUB_ALIVE says it runs on this machine. Known from the start:
+        # a spawn's load can starve the hub before its first HUB_ALIVE reaches a new agent,
+        # which then took it for gone and stopped (16 hosts x 8 procs, 2 loaded cores).
+        self._hub_here: int | None = hub_pid
         self._hub_starving = False  # its silence past the grace period is excused now (said once)
         self.procs: dict[str, ProcProcess] = {}
         self.launcher = ProcLauncher(f"host agent {host_id}", cluster_dir)
