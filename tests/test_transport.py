@@ -250,6 +250,24 @@ def test_tensors_stock_pickle_sends_travel_as_it_sends_them():
     assert back.shape == expanded.shape and back.stride() == (0,) and not back.any()
 
 
+def test_a_dense_tensor_in_another_memory_order_keeps_its_strides():
+    # channels_last (what vision models train in) and transposes arrived as contiguous
+    # copies: the receiver's convolutions then ran in another memory format, or it
+    # converted back at a cost. Stock pickle keeps strides; so does this, with no copy.
+    for t in (torch.randn(4, 3, 8, 8).to(memory_format=torch.channels_last),
+              torch.randn(2, 3, 4, 8, 8).to(memory_format=torch.channels_last_3d),
+              torch.randn(1, 3, 1, 64).to(memory_format=torch.channels_last),  # size-1 dims
+              torch.randn(300, 200).t(), torch.randn(64, 64).bfloat16().t(),
+              torch.randn(50, 40, requires_grad=True).t()):
+        back = _round_trip(t)
+        assert back.stride() == t.stride() and back.dtype == t.dtype and torch.equal(back.detach(), t.detach())
+        assert back.requires_grad == t.requires_grad
+    gapped = torch.randn(300, 200)[:, ::2]  # a slice with gaps: its elements only, not the storage around them
+    stream, buffers = serialize.dumps(gapped)
+    assert sum(b.raw().nbytes for b in buffers) == gapped.numel() * gapped.element_size()
+    assert torch.equal(_round_trip(gapped), gapped)
+
+
 @pytest.fixture(scope="module")
 def arrays(host):
     procs = host.spawn_procs(per_host={"gpus": 2}, name="arrays")
@@ -284,6 +302,9 @@ def test_noncontiguous_and_strided_tensors_round_trip(arrays):
     t = torch.arange(64).reshape(8, 8).t()[::2]
     assert torch.equal(arrays.slice(gpus=0).echo.call_one(t).get(), t)
     assert torch.equal(arrays.slice(gpus=0).scaled.call_one(t, 2).get(), t * 2)
+    images = torch.randn(8, 3, 64, 64).to(memory_format=torch.channels_last)  # 384 KiB: out of band
+    back = arrays.slice(gpus=0).echo.call_one(images).get()
+    assert back.is_contiguous(memory_format=torch.channels_last) and torch.equal(back, images)
 
 
 def test_unsigned_and_badly_signed_messages_are_never_unpickled(arrays, tmp_path):

@@ -54,12 +54,16 @@ PROTOCOL = 5
 OUT_OF_BAND_MIN_BYTES = 1 << 16
 
 
-def _rebuild_tensor(array, torch_dtype, requires_grad):
+def _rebuild_tensor(array, torch_dtype, requires_grad, dims=None):
+    """``dims``: the sender's dimensions in the order ``array`` holds them (a permuted
+    tensor's layout, see :func:`_memory_order`), put back in place here."""
     import torch
 
     tensor = torch.from_numpy(array)
     if tensor.dtype != torch_dtype:
         tensor = tensor.view(torch_dtype)
+    if dims is not None:
+        tensor = tensor.permute([dims.index(d) for d in range(len(dims))])
     if requires_grad:
         tensor.requires_grad_(True)
     return tensor
@@ -82,6 +86,14 @@ def _as_array(data):
         return None if as_int is None else data.view(as_int).numpy()
 
 
+def _memory_order(data) -> list[int] | None:
+    """For a tensor whose elements fill its memory without gaps in some order of its
+    dimensions (``channels_last``, a transpose): those dimensions, outermost first, such
+    that ``data.permute(order)`` is contiguous; ``None`` for one with gaps (a slice)."""
+    order = sorted(range(data.dim()), key=lambda d: -data.stride(d))  # (stable: ties keep their order)
+    return order if data.permute(order).is_contiguous() else None
+
+
 def _reduce_tensor(tensor, reduce_cuda):
     import torch
 
@@ -101,12 +113,17 @@ def _reduce_tensor(tensor, reduce_cuda):
     if tensor.device.type != "cpu":
         return NotImplemented
     data = tensor.detach()
+    dims = None
     if not data.is_contiguous():
-        data = data.contiguous()
+        # Dense in another order (channels_last, a transpose): its memory as it lies, and
+        # the order to view it back in, so its strides (and memory format) arrive as they
+        # were; with gaps (a slice): its contiguous copy, not the storage around it.
+        dims = _memory_order(data)
+        data = data.contiguous() if dims is None else data.permute(dims)
     array = _as_array(data)
     if array is None:
         return NotImplemented
-    return (_rebuild_tensor, (array, tensor.dtype, tensor.requires_grad))
+    return (_rebuild_tensor, (array, tensor.dtype, tensor.requires_grad, dims))
 
 
 def _reduce_code(code: types.CodeType):
