@@ -71,7 +71,7 @@ def test_break_on_a_notebook_class_then_list_where_eval_continue(kernel):
         re.search(r"Cell In\[\d+\], line 6 +work", row) for row in rows), listed
     where = kernel.run("%monarch debug where steppers 3")
     assert re.search(r"#0 work at Cell In\[\d+\], line 6", where) and "y = x * 10 + current_rank().rank" in where  # the cell's own source
-    assert kernel.run("%monarch debug eval steppers[1,3] x * 100").strip() == "[steppers 1,3] 200"
+    assert kernel.run("%monarch debug eval steppers[1, 3] x * 100").strip() == "[steppers 1,3] 200"
     moved = kernel.run("%monarch debug next steppers[1]")
     assert re.match(r"\[steppers 1\] at Cell In\[\d+\], line 7 in work", moved), moved
     assert kernel.run("%monarch debug locals steppers 1").count("y = 21") == 1
@@ -81,6 +81,15 @@ def test_break_on_a_notebook_class_then_list_where_eval_continue(kernel):
         kernel.run("%monarch debug continue steppers[1]")
     assert kernel.run("print(list(fut.get(timeout=30).values()))").strip() == "[21, 22, 23, 24]"
     assert "no paused ranks" in kernel.run("%monarch debug")
+
+
+def test_debug_eval_takes_ranks_written_with_spaces():
+    # "t[0, 1] x" was cut at its first space: target "t[0,", expression "1] x".
+    from monarch_nb.notebook.debug_magics import split_eval
+
+    assert split_eval("trainers[0, 1] loss * 2") == ("trainers[0, 1]", "loss * 2")
+    assert split_eval(" trainers  batch[0, 1] ") == ("trainers", "batch[0, 1]")
+    assert split_eval("trainers[0-3]") == ("", "") == split_eval("trainers")  # a usage error
 
 
 def test_mistakes_are_one_line_usage_errors(kernel):

@@ -40,6 +40,8 @@ HELP = """\
   %monarch debug --post-mortem on|off                     pause ranks at unhandled endpoint errors"""
 
 _TARGET = re.compile(r"^(?P<mesh>[^\[\]\s]+)(?:\[(?P<ranks>[0-9,\- ]*)\])?$")
+# `debug eval`'s target and expression: ranks may be written with spaces ("t[0, 2] x").
+_EVAL = re.compile(r"^\s*(?P<target>[^\[\]\s]+(?:\[[^\]]*\])?)\s+(?P<expression>.*\S.*)$", re.S)
 _relays: list = []  # relays opened by `%monarch debug attach` (live until the kernel exits)
 
 
@@ -57,6 +59,12 @@ def _debugger(magics):
 def _mesh_name(magics, name: str) -> str:
     value = magics.shell.user_ns.get(name)
     return value.name if isinstance(value, ActorMesh) else name
+
+
+def split_eval(tail: str) -> tuple[str, str]:
+    """``MESH[RANKS] EXPR`` -> (target, expression), ``("", "")`` when either is missing."""
+    match = _EVAL.match(tail)
+    return (match["target"], match["expression"].strip()) if match else ("", "")
 
 
 def _target(magics, text: str) -> tuple[str, list[int] | None]:
@@ -209,8 +217,8 @@ def _debug(magics, rest: str):
             print(json.dumps(config, indent=2))
         return None
     if action == "eval":
-        target, _, expression = tail.strip().partition(" ")
-        if not target or not expression.strip():
+        target, expression = split_eval(tail)
+        if not target or not expression:
             raise UsageError("%monarch debug eval MESH[RANKS] EXPR, e.g. %monarch debug eval trainers[0-3] loss")
         mesh, ranks = _target(magics, target)
         results = dbg.eval(expression.strip(), mesh, ranks)
