@@ -486,6 +486,26 @@ def test_a_replica_is_replaced_again_once_its_earlier_restarts_leave_the_window(
     assert set(svc.pid.fanout().get(timeout=BOUND_S)) == {r.procs.pids[0] for r in svc.replicas}
 
 
+def test_a_replica_out_past_its_budget_is_tried_again_once_its_window_frees_a_restart(services):
+    # Left UNHEALTHY for good, a burst of failures (3 OOMs within 10 minutes on long
+    # sequences) cost an RL generator that replica for the rest of a days-long run.
+    window_s = 15.0
+    svc = services(2, max_restarts=1, restart_window_s=window_s).wait_ready(BOUND_S)
+    replica = svc.replicas[0]
+    os.kill(replica.procs.pids[0], signal.SIGKILL)
+    assert wait_until(lambda: replica.restarts == 1 and replica.state is ReplicaState.HEALTHY, BOUND_S)
+    assert not _budget_allows(svc, replica)  # its one restart of the window is spent
+    killed = replica.procs.pids[0]
+    os.kill(killed, signal.SIGKILL)
+    assert wait_until(lambda: replica.state is ReplicaState.UNHEALTHY, BOUND_S)
+    assert not pids_alive([killed])
+    survivor = svc.replicas[1].procs.pids[0]
+    assert {svc.pid.route().get(timeout=BOUND_S) for _ in range(4)} == {survivor}  # the other serves meanwhile
+    assert wait_until(lambda: replica.state is ReplicaState.HEALTHY, window_s + BOUND_S), svc.get_metrics()
+    assert replica.restarts == 2 and killed not in replica.procs.pids
+    assert set(svc.pid.fanout().get(timeout=BOUND_S)) == {r.procs.pids[0] for r in svc.replicas}
+
+
 def _budget_allows(svc, replica) -> bool:
     with svc._lock:  # (the service's lock guards a budget)
         return replica.budget.allows(time.monotonic())

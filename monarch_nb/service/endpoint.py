@@ -37,7 +37,7 @@ class ServiceEndpoint:
         ``ServiceStopped`` when the service is shut down before it is answered.
 
         Raises at once ``ServiceStopped`` after ``shutdown()``, ``NoHealthyReplica`` when
-        every replica failed for good, ``UnknownSession`` for a ``sess_id`` not started
+        every replica is out past its restart budget, ``UnknownSession`` for a ``sess_id`` not started
         (or terminated), and ``TypeError`` for a batching endpoint given anything but one
         request argument."""
         return self._service._route(self._name, args, kwargs)

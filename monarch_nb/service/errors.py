@@ -10,8 +10,8 @@ class ServiceError(MonarchNbError, RuntimeError):
 
 
 class NoHealthyReplica(ServiceError):
-    """Every replica of the service is failed for good (past its restart bound) or
-    stopped: nothing can serve the request. ``svc.get_metrics()`` says why each one is."""
+    """Every replica of the service is out past its restart budget (until its window
+    frees a restart) or stopped: nothing can serve the request now. ``svc.get_metrics()`` says why each one is."""
 
 
 class ServiceStopped(ServiceError):

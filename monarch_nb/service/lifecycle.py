@@ -100,18 +100,13 @@ class ReplicaLifecycle:
             replica.last_failure = _first_cause(why)
             replica.failed_at = time.monotonic()
             self._sessions.replica_failed(replica.idx)
-            if not replica.budget.allows(time.monotonic()):
-                replica.state = ReplicaState.UNHEALTHY
-                broken = replica.procs
-                self._changed.notify_all()
-            else:
-                replica.state = ReplicaState.RECOVERING
-                self._changed.notify_all()
-                self._start_thread(replica, broken=replica.procs)
-                return
-        # Left out for good: its procs go, and requests waiting may have nowhere to go.
-        threading.Thread(target=self._stop_procs, args=(broken,), daemon=True).start()
-        self._release_waiting()
+            spent = not replica.budget.allows(time.monotonic())
+            # Spent: out until its window frees a restart (_start waits for that).
+            replica.state = ReplicaState.UNHEALTHY if spent else ReplicaState.RECOVERING
+            self._changed.notify_all()
+            self._start_thread(replica, broken=replica.procs)
+        if spent:
+            self._release_waiting()  # requests waiting for it may have nowhere to go
 
     def _start_thread(self, replica: Replica, broken: Any) -> None:
         thread = threading.Thread(target=self._start, args=(replica, broken), daemon=True,
@@ -141,8 +136,13 @@ class ReplicaLifecycle:
             with self._lock:
                 if self._stopped:
                     return
-                if replica.generation > 0 and not self._take_restart(replica):  # not its first start
+                spent = replica.generation > 0 and not self._take_restart(replica)  # not its first start
+            if spent:
+                if not self._wait_out_budget(replica):
                     break
+                failed = 0
+                continue
+            with self._lock:
                 replica.generation += 1
                 mesh = replica_mesh_name(self._key, replica.idx, replica.generation)
                 self._gone.discard(mesh)  # a name used again: its older mesh's death is not this one's
@@ -181,8 +181,8 @@ class ReplicaLifecycle:
 
     def _take_restart(self, replica: Replica) -> bool:
         """Count a restart of ``replica`` now if its budget allows one; else leave it
-        out for good (``UNHEALTHY``). Returns whether it may restart. The caller holds the
-        lock."""
+        out (``UNHEALTHY``: see :meth:`_wait_out_budget`). Returns whether it may restart.
+        The caller holds the lock."""
         now = time.monotonic()
         if not replica.budget.allows(now):
             replica.state = ReplicaState.UNHEALTHY
@@ -190,6 +190,22 @@ class ReplicaLifecycle:
             return False
         replica.budget.spend(now)
         replica.restarts += 1
+        return True
+
+    def _wait_out_budget(self, replica: Replica) -> bool:
+        """``replica`` is left ``UNHEALTHY``, its restart budget spent: wait until its
+        window frees a restart, then mark it ``RECOVERING`` and return True to try again;
+        False (out for good) with no window, or once the service is shut down."""
+        self._release_waiting()
+        at = replica.budget.next_allowed()
+        if at is None:
+            return False
+        self._pause(at - time.monotonic())
+        with self._lock:
+            if self._stopped:
+                return False
+            replica.state = ReplicaState.RECOVERING
+            self._changed.notify_all()
         return True
 
     def _fanout_args(self, endpoint: str, args: tuple, kwargs: dict) -> tuple:
@@ -276,8 +292,12 @@ class ReplicaLifecycle:
                     replica.state = ReplicaState.UNHEALTHY
                     self._changed.notify_all()
                     break
-                if not self._take_restart(replica):
+                spent = not self._take_restart(replica)
+            if spent:
+                if not self._wait_out_budget(replica):
                     break
+                continue
+            with self._lock:
                 replica.generation += 1
                 actors, procs = replica.actors, replica.procs
                 mesh = actors._name

@@ -18,7 +18,8 @@ LATENCY_WINDOW = 1024  # latencies kept per replica for the percentiles (the mos
 class ReplicaState(str, enum.Enum):
     """``INITIALIZING`` (procs and actor starting) → ``HEALTHY`` (serving) → on a failure
     ``RECOVERING`` (being replaced) → ``HEALTHY``, or ``UNHEALTHY`` once it failed more
-    often than its restart budget allows (left out for good) → ``STOPPED`` (shut down)."""
+    often than its restart budget allows (left out until its ``restart_window_s`` frees a
+    restart, then ``RECOVERING`` again) → ``STOPPED`` (shut down)."""
 
     INITIALIZING = "initializing"
     HEALTHY = "healthy"
@@ -107,7 +108,7 @@ class Replica:
     def metrics(self) -> dict:
         """What ``Service.get_metrics()`` reports of it: state, requests, failed,
         in-flight, latency p50/p99 (seconds), restarts, last failure, pids (of its procs
-        while it is healthy; none while it starts, is replaced, is failed for good or
+        while it is healthy; none while it starts, is replaced, is out past its budget or
         stopped, when its procs are dead, being stopped or not yet serving)."""
         lat = self.stats.latencies
         pids = list(self.procs.pids) if self.procs is not None and self.state is ReplicaState.HEALTHY else []

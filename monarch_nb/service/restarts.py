@@ -5,9 +5,11 @@ A restart budget counts over a sliding window, as Kubernetes does for a crash-lo
 container (its back-off resets once the container has run 10 minutes): a service that
 runs for days and loses a replica now and then (an OOM on one long sequence) replaces it
 every time, while a replica that fails again and again (bad weights, a request that kills
-whatever runs it) is left out once it spends the budget within one window. Counted over
-the service's whole life, as before, occasional failures added up until no replica was
-left.
+whatever runs it) is left out once it spends the budget within one window, until the
+window frees a restart, when it is tried again (as Kubernetes tries a crash-looping
+container again after its back-off): at most ``limit`` starts per window, for ever.
+Counted over the service's whole life, as before, occasional failures added up until no
+replica was left; left out for good, a burst of them did.
 """
 
 from __future__ import annotations
@@ -50,6 +52,14 @@ class RestartBudget:
             while self._times and self._times[0] <= now - self.window_s:
                 self._times.popleft()
         return len(self._times) < self.limit
+
+    def next_allowed(self) -> float | None:
+        """When a restart will next be within the budget (monotonic seconds), once it is
+        spent now: when its oldest restart leaves the window; ``None`` when never (no
+        window, or a limit of 0)."""
+        if self.window_s is None or self.limit == 0:
+            return None
+        return self._times[0] + self.window_s if self._times else 0.0
 
     def spend(self, now: float) -> None:
         """Count a restart at ``now`` (after :meth:`allows` said yes)."""

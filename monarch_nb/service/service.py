@@ -186,7 +186,7 @@ class Service(ReplicaLifecycle):
 
     def wait_healthy(self, timeout: float | None = None) -> bool:
         """Block until no replica is starting or being replaced (``timeout`` seconds);
-        returns whether every replica not failed for good is healthy."""
+        returns whether every replica not out past its restart budget is healthy."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._changed:
             return not self._wait_out(STARTING, deadline)
@@ -316,7 +316,8 @@ class Service(ReplicaLifecycle):
                 self._check_session(sess_id)
             if config.batching and not any(r.state is ReplicaState.HEALTHY or r.state in STARTING
                                            for r in self.replicas):
-                raise NoHealthyReplica(f"service {self.name!r}: every replica failed for good; see get_metrics()")
+                raise NoHealthyReplica(f"service {self.name!r}: every replica is out, past its restart budget (each is "
+                                       "tried again once restart_window_s frees a restart); see get_metrics()")
         future: Future = Future(runtime(), f"{self.name}.{endpoint}.route")
         if config.batching:
             if kwargs or len(args) != 1:
@@ -490,7 +491,8 @@ class Service(ReplicaLifecycle):
                 self._fanouts.append(run)
                 return future
             if not any(r.state is ReplicaState.HEALTHY for r in self.replicas):
-                raise NoHealthyReplica(f"service {self.name!r}: every replica failed for good; see get_metrics()")
+                raise NoHealthyReplica(f"service {self.name!r}: every replica is out, past its restart budget (each is "
+                                       "tried again once restart_window_s frees a restart); see get_metrics()")
         run()
         return future
 
