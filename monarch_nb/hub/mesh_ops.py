@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from typing import Awaitable, Callable
 
 from .. import cluster_dir
@@ -64,6 +65,10 @@ class MeshOps:
         # Actors of meshes a recovering hub forgot (every proc of theirs was gone): address ->
         # (mesh name, rank, report), told to each client that joins, as dead_actors are.
         self.forgotten: dict[str, tuple[str, int, str]] = {}
+        # Given the statuses procs sent as their new actors were constructed (proc id ->
+        # [age, status, address], as a heartbeat brings them) and when (monotonic); set by
+        # the hub: a health() right after the spawn then asks none of them again.
+        self.on_statuses: Callable[[dict, float], None] | None = None
 
     @contextlib.asynccontextmanager
     async def _one_spawn_at_a_time(self, key: str):
@@ -239,6 +244,10 @@ class MeshOps:
                 raise HubError(f"actor mesh {name!r} was not created: {self._registry.describe(gone[0])} exited "
                                "while its actors were being constructed; spawn it again on live procs")
             self._registry.actor_meshes[key] = record
+            statuses = {mesh.procs[r].proc_id: [0.0, reply.header[proc_ops.STATUS], mesh.procs[r].address]
+                        for r, reply in zip(header["proc_ranks"], replies) if proc_ops.STATUS in reply.header}
+            if statuses and self.on_statuses is not None:
+                self.on_statuses(statuses, time.monotonic())
             for address in record.addresses:  # (a port of a forgotten actor the OS gave again)
                 self.forgotten.pop(address, None)
             await self._registry.save(record)  # on disk before the reply: a recovered hub has it

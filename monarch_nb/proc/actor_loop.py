@@ -86,7 +86,8 @@ class ActorThread:
     def __init__(self, cluster_id: str, mesh_name: str, point: Point, proc_id: str,
                  spawn: wire_frames.Message, reply_to: tuple[str, int], outbox: sockets.Outbox,
                  main_thread: bool = False, hub: str | None = None,
-                 on_endpoint_error: Callable[[BaseException, str], None] | None = None):
+                 on_endpoint_error: Callable[[BaseException, str], None] | None = None,
+                 proc_status: Callable[[], dict] | None = None):
         self.cluster_id = cluster_id
         self.mesh_name = mesh_name
         self.point = point
@@ -95,6 +96,9 @@ class ActorThread:
         # Called in this thread with (exception, endpoint) when an endpoint raises, before
         # the error is replied (the proc's hooks: the debugger's post-mortem).
         self._on_endpoint_error = on_endpoint_error
+        # The proc's status (ProcServer.status), sent with the answer to the spawn: the hub
+        # then knows what the new actor does (idle) without asking every proc again.
+        self._proc_status = proc_status
         # message kind -> handler(instance, message, reply_to); one returning STOP ends the loop
         self._kinds: dict[str, Callable] = {
             proc_ops.CALL: self._call, proc_ops.SUPERVISE: self._supervise_message, proc_ops.STOP: self._stop,
@@ -290,8 +294,10 @@ class ActorThread:
         self._spawn = None  # drop the class/argument buffers
         set_call_origin(None)
         if error is None:
-            send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank,
-                       value=None, extra={proc_ops.ADDRESS: self.address})
+            extra = {proc_ops.ADDRESS: self.address}
+            if self._proc_status is not None:
+                extra[proc_ops.STATUS] = self._proc_status()
+            send_reply(self.outbox, self.cluster_id, self._reply_to, self.point.rank, value=None, extra=extra)
         else:
             type_name, text, tb, _ = pack_exception(error, 1)
             cause = f"{type_name.rsplit('.', 1)[-1]}: {text}"

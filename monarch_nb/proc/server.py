@@ -219,7 +219,7 @@ class ProcServer:
         actor = ActorThread(self.cluster_id, mesh, point, self.proc_id, message,
                             (header[envelope.REPLY], header[envelope.PORT]), self.outbox, main_thread=main,
                             hub=header[envelope.REPLY] if self.has_hub else None,
-                            on_endpoint_error=self._endpoint_error)
+                            on_endpoint_error=self._endpoint_error, proc_status=self.status)
         for hook in self.spawn_hooks:
             hook(header)
         self.actors[mesh] = actor
