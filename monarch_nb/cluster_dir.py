@@ -2,7 +2,10 @@
 
 Each cluster has a directory ``$MONARCH_NB_HOME/clusters/NAME/`` (default home
 ``~/.local/share/monarch_nb``), mode 0700, holding ``cluster.json`` (addresses and
-the signing key, mode 0600). Files are written atomically (temp file + rename).
+the signing key, mode 0600). Files are written atomically (a temporary file under a
+random name, created exclusively, then renamed). The home must be this user's alone
+(``private_paths``): one that another local user made first, or may write in, is
+refused before anything is written there or read from it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import os
 import re
 import secrets
 from pathlib import Path
+
+from .private_paths import unsafe_folder
 
 
 def home() -> Path:
@@ -35,14 +40,35 @@ def bad_home(error: OSError) -> ValueError:
                       "MONARCH_NB_HOME to a directory you can write, or one that can be made")
 
 
+def check_home() -> None:
+    """Raise ``ValueError`` (as for any home that can't serve) naming the home, what is
+    wrong and the fix when another local user could change it or a folder above it
+    (``private_paths``); nothing when it does not exist yet (it is made 0700)."""
+    folder = home()
+    try:
+        problem = unsafe_folder(folder)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise bad_home(e) from None
+    if problem is not None:
+        env = os.environ.get("MONARCH_NB_HOME")
+        where = f"MONARCH_NB_HOME={env}" if env else f"monarch_nb's home {folder}"
+        raise ValueError(f"{where} is not yours alone: {problem}. Another local user could take this cluster's "
+                              "key from it and run code as you. Use a folder only you can write (e.g. mkdir -m 700 "
+                              "~/monarch_nb_home and set MONARCH_NB_HOME to it), or unset MONARCH_NB_HOME")
+
+
 def make_folder(path: Path) -> None:
     """``mkdir -p path`` (mode 0700) under the home; raises :func:`bad_home`'s error when
     the home's path can't be a folder (a file in the way, a parent that can't be made
-    or written)."""
+    or written), and :func:`check_home`'s when the home is not this user's alone."""
+    check_home()
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
     except (FileNotFoundError, NotADirectoryError, FileExistsError, PermissionError) as e:
         raise bad_home(e) from None
+    check_home()  # (made now, as a parent: the same rules)
 
 
 def kept_logs_path(name: str) -> Path:
@@ -128,6 +154,10 @@ def create(name: str) -> tuple[Path, dict]:
 
 
 def read_info(path: Path) -> dict:
+    """The ``cluster.json`` of the cluster directory ``path``; raises
+    :func:`check_home`'s error when the home is not this user's alone (its key and hub
+    address may be another user's)."""
+    check_home()
     with open(path / "cluster.json") as f:
         return json.load(f)
 
@@ -137,11 +167,17 @@ def key_of(info: dict) -> bytes:
 
 
 def write_json(target: Path, data: dict) -> None:
-    """Atomically replace ``target`` with ``data`` as JSON, mode 0600."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
+    """Atomically replace ``target`` with ``data`` as JSON, mode 0600 (through a new file
+    under a random name: never one that is there already, nor a link)."""
+    tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # (a full disk: none left behind under its random name)
+        raise

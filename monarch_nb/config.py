@@ -29,6 +29,7 @@ def table(name: str) -> dict[str, Any]:
     """The ``[name]`` table of the config file; ``{}`` without the file or the table.
     Raises ``ValueError`` naming the file for TOML it can't read, or naming
     ``MONARCH_NB_HOME`` when that is a file."""
+    cluster_dir.check_home()  # (another user's home would be another user's settings)
     try:
         text = path().read_text()
     except FileNotFoundError:

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from ..private_paths import not_private
 from ..proc import cell_files
 
 RUNTIME_DIR = str(Path(__file__).resolve().parent.parent)  # monarch_nb/: never shown or stepped into
@@ -49,7 +50,7 @@ def materialize(path: str, source: str) -> None:
         return
     try:
         here = os.fstat(fd)
-        problem = cell_files.not_private(here, folder)
+        problem = not_private(here, folder)
         if problem is not None:
             print(f"monarch_nb: not writing {path} for its breakpoints: {problem}; its breakpoints don't bind "
                   f"in this proc (remove {folder}, or run the kernel with TMPDIR set to a folder of your own)",

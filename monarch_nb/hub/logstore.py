@@ -30,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 from .. import config
+from ..private_paths import unsafe_folder
 
 RING_LINES = 200_000
 RETRY_S = 2.0  # how often writes are tried again after the disk failed
@@ -270,10 +271,14 @@ def keep(db: Path, target: Path) -> None:
     the retention's age or beyond its bytes in total (:func:`retention`). Never raises:
     a store that can't be kept is said on stderr (``hub.log``)."""
     try:
+        problem = unsafe_folder(target.parent) if target.parent.exists() else None
+        if problem is not None:  # (a folder another user made: what the actors printed would be theirs to read)
+            raise PermissionError(f"{problem}; remove {target.parent}")
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         for suffix in ("", "-wal", "-shm"):
             source, kept = Path(f"{db}{suffix}"), Path(f"{target}{suffix}")
             if source.exists():
+                os.chmod(source, 0o600)  # (sqlite made it by the umask; its folder was private)
                 os.replace(source, kept)
             else:
                 kept.unlink(missing_ok=True)  # a kept store's WAL must not meet another's file

@@ -22,13 +22,13 @@ another under that name (``_identity``).
 
 from __future__ import annotations
 
-import grp
 import json
 import os
-import pwd
 import stat
 import sys
 from pathlib import Path
+
+from ..private_paths import not_private
 
 RECORD_ENV = "MONARCH_NB_CELL_FILES"  # the record a proc appends to (set by its host agent)
 
@@ -137,27 +137,3 @@ def _remove(folder: str, identity: list[int], name: str | None) -> int:
         os.close(fd)
 
 
-def not_private(folder: os.stat_result, path: str) -> str | None:
-    """What makes the folder ``path`` (its ``fstat``) unsafe to write or remove in, or
-    None: it belongs to another user, or others than its owner may write in it (its
-    group may, when that group is the owner's own: ``_own_group``)."""
-    if folder.st_uid != os.geteuid():
-        try:
-            owner = pwd.getpwuid(folder.st_uid).pw_name
-        except KeyError:
-            owner = "unknown"
-        return f"{path} belongs to another user ({owner}, uid {folder.st_uid})"
-    if folder.st_mode & stat.S_IWOTH or (folder.st_mode & stat.S_IWGRP and not _own_group(folder.st_gid)):
-        return f"{path} may be written by other users (mode {stat.S_IMODE(folder.st_mode):o})"
-    return None
-
-
-def _own_group(gid: int) -> bool:
-    """Is ``gid`` a group of this user alone (a user private group: named as the user,
-    no other members)? A kernel started with umask 002 makes its folders group-writable
-    for such a group, which lets in no one else."""
-    try:
-        group, user = grp.getgrgid(gid), pwd.getpwuid(os.geteuid())
-    except KeyError:
-        return False
-    return gid == user.pw_gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
