@@ -201,3 +201,29 @@ def test_a_spawn_of_a_billion_procs_is_refused_at_once_and_the_hub_serves_on(hos
         assert procs.spawn("still", Target).note.call_one("served").get(timeout=60) == "served"
     finally:
         procs.stop()
+
+
+def test_a_signed_debug_request_naming_no_reply_address_leaves_the_procs_debugger_serving(host):
+    # A port without a reply address ended the proc's debugger thread (its error reply
+    # failed as the request had): no breakpoint, stack or continue was answered again there.
+    from monarch_nb.client.runtime import runtime
+    from monarch_nb.protocol import debug as debug_ops
+    from monarch_nb.protocol import envelope, proc_ops
+
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="baddebug")
+    try:
+        control, cid = procs._procs[0]["address"], procs._cluster_id
+
+        def answered() -> bool:
+            reply = runtime().mailbox.request(control, cid, {envelope.OP: proc_ops.DEBUG, debug_ops.ACTION: "nonsense"},
+                                              timeout=10)
+            return reply is not None and "error" in reply.value()
+
+        assert answered()
+        for header in ({envelope.OP: proc_ops.DEBUG, debug_ops.ACTION: "x", envelope.PORT: 1},
+                       {envelope.OP: proc_ops.DEBUG, debug_ops.ACTION: debug_ops.STOPS, envelope.PORT: 1},
+                       {envelope.OP: proc_ops.DEBUG, debug_ops.ACTION: "x", envelope.PORT: "1", envelope.REPLY: 5}):
+            runtime().mailbox.send(control, frames.encode(cid, header))  # (the connection answered() takes: in order)
+        assert answered()
+    finally:
+        procs.stop()

@@ -28,6 +28,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from .. import cluster_dir
@@ -172,9 +173,8 @@ class ProcDebugger:
 
     def _stops(self, header: dict) -> None:
         """A recovered hub asks what is paused here (answered in the header: it never unpickles)."""
-        if envelope.PORT in header:
-            send_reply(self.server.outbox, self.server.cluster_id, (header[envelope.REPLY], header[envelope.PORT]),
-                       0, extra={"stops": list(self.stops.values())})
+        send_reply(self.server.outbox, self.server.cluster_id, _reply_to(header), 0,
+                   extra={"stops": list(self.stops.values())})
 
     def _config(self, header: dict) -> None:
         self.config = header[debug_ops.CONFIG]
@@ -208,36 +208,37 @@ class ProcDebugger:
 
     def _worker(self) -> None:
         while True:
-            timeout = None
-            wake_at = [d for _, d in self._steps.values()] + self._rechecks
-            if wake_at:
-                timeout = max(0.0, min(wake_at) - time.monotonic())
             try:
-                kind, item = self._work.get(timeout=timeout)
-            except queue.Empty:
-                kind, item = None, None
-            try:
-                if kind == "event":
-                    self._event(item)
-                elif kind == "request":
-                    self._request(item)
-                elif kind == "config":
-                    self._apply_config()
-                    if envelope.PORT in item:  # in the header: the hub never unpickles
-                        send_reply(self.server.outbox, self.server.cluster_id,
-                                   (item[envelope.REPLY], item[envelope.PORT]), 0, value={"armed": self.armed},
-                                   extra={debug_ops.BOUND: sorted(self._bound.items())})
-            except Exception as e:  # keep serving; the requester gets the error
-                if kind in ("request", "config") and envelope.PORT in item:
-                    self._reply(item, {"error": f"{type(e).__name__}: {e}"})
-                else:
-                    import traceback
+                self._work_once()
+            except Exception:  # noqa: BLE001 - a bug or a malformed request must not end the proc's debugger
+                traceback.print_exc()
 
-                    traceback.print_exc()
-            due = [t for t in self._rechecks if t <= time.monotonic()]
-            if kind is not None or due:
-                self._rechecks = [t for t in self._rechecks if t not in due]
-                self._untrace_if_idle()
+    def _work_once(self) -> None:
+        timeout = None
+        wake_at = [d for _, d in self._steps.values()] + self._rechecks
+        if wake_at:
+            timeout = max(0.0, min(wake_at) - time.monotonic())
+        try:
+            kind, item = self._work.get(timeout=timeout)
+        except queue.Empty:
+            kind, item = None, None
+        try:
+            if kind == "event":
+                self._event(item)
+            elif kind == "request":
+                self._request(item)
+            elif kind == "config":
+                self._apply_config()
+                self._reply(item, {"armed": self.armed}, extra={debug_ops.BOUND: sorted(self._bound.items())})
+        except Exception as e:  # keep serving; the requester gets the error
+            if kind in ("request", "config") and _reply_to(item) is not None:
+                self._reply(item, {"error": f"{type(e).__name__}: {e}"})
+            else:
+                traceback.print_exc()
+        due = [t for t in self._rechecks if t <= time.monotonic()]
+        if kind is not None or due:
+            self._rechecks = [t for t in self._rechecks if t not in due]
+            self._untrace_if_idle()
             now = time.monotonic()
             for tid, (header, deadline) in list(self._steps.items()):
                 if deadline <= now:
@@ -475,10 +476,12 @@ class ProcDebugger:
                 self._traced = False
 
     # replies and the hub ---------------------------------------------------------------
-    def _reply(self, header: dict, value: dict) -> None:
-        if envelope.PORT in header:
-            send_reply(self.server.outbox, self.server.cluster_id, (header[envelope.REPLY], header[envelope.PORT]), 0,
-                       value=value)
+    def _reply(self, header: dict, value: dict, extra: dict | None = None) -> None:
+        """Answer ``header``'s request with ``value`` (``extra``: header fields, which the
+        hub reads without unpickling), if it says where (a reply address and port)."""
+        reply_to = _reply_to(header)
+        if reply_to is not None:
+            send_reply(self.server.outbox, self.server.cluster_id, reply_to, 0, value=value, extra=extra)
 
     def _tell_hub(self, header: dict) -> None:
         identity = proc_identity()
@@ -540,3 +543,10 @@ def _endpoint_failed(exc: BaseException, endpoint: str) -> None:
     session = _debugger
     if session is not None and session.config.get("post_mortem"):
         session.endpoint_failed(exc, endpoint)
+
+
+def _reply_to(header: dict) -> tuple[str, int] | None:
+    """Where a request wants its answer, or ``None`` when it does not say in full (a
+    signed but malformed request: a port without an address used to end the thread)."""
+    reply, port = header.get(envelope.REPLY), header.get(envelope.PORT)
+    return (reply, port) if isinstance(reply, str) and isinstance(port, int) else None
