@@ -26,6 +26,7 @@ import asyncio
 import secrets
 import sys
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..protocol import debug as debug_actions
 from ..protocol import envelope, events, hub_ops, proc_ops
@@ -77,6 +78,9 @@ class DebugRegistry:
         self._announcer = announcer
         self._recovered = recovered
         self.state = DebugState()
+        # Called with a proc's id when one of its threads paused or ran on (set by the hub:
+        # the health tree's status of that proc is stale now, whatever its age).
+        self.on_proc_changed: Callable[[str], None] | None = None
 
     # from procs ----------------------------------------------------------------------
     async def debug_stopped(self, header, message):
@@ -89,12 +93,17 @@ class DebugRegistry:
         stop.update(proc_mesh=mesh.name, proc_rank=rank, host_id=proc.host_id,
                     host=host.hostname if host is not None else stop.get("host"))
         self.state.stops[stop["key"]] = stop
+        if self.on_proc_changed is not None:
+            self.on_proc_changed(proc.proc_id)
         await self._changed()
         self._sweep_start()
         return None
 
     async def debug_resumed(self, header, message):
         gone = [self.state.stops.pop(k, None) for k in header["keys"]]
+        if self.on_proc_changed is not None:
+            for stop in filter(None, gone):
+                self.on_proc_changed(stop["proc_id"])
         if any(gone):
             await self._changed()
         return None

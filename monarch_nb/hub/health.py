@@ -249,6 +249,11 @@ class Health:
         self.heard(statuses, now)
         self._from_start.update(statuses)
 
+    def stale(self, proc_id: str) -> None:
+        """What proc ``proc_id`` does changed in a way the hub heard of (a thread paused in
+        the debugger, or ran on): its status is asked for again at the next ``health()``."""
+        self._heard.pop(proc_id, None)
+
     async def health(self, header, message):
         """The health tree (see ``tree``), from the statuses heartbeats brought; a live
         proc whose status is older than ``STATUS_FRESH_S`` is asked for, in parallel with

@@ -126,6 +126,7 @@ class Hub:
         self.heartbeats.on_statuses = self.health.heard
         launcher.on_statuses = self.health.started  # what new procs said as they started
         self.meshes.on_statuses = self.health.heard  # what procs said as their new actors were made
+        self.debug.on_proc_changed = self.health.stale  # a pause or resume: ask that proc again
         self.heartbeats.want_statuses = self.health.wanted
         self.health.on_activity = self.health_feed.changed
         self.announcer.health_listeners.append(self.health_feed.changed)
