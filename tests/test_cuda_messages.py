@@ -421,3 +421,34 @@ def test_by_default_a_real_cuda_tensor_goes_by_ipc_to_an_actor_of_this_host(gpu,
         assert wait_until(lambda: keeper.kept() == 0, cuda_ipc.LINGER_S + 5)
     finally:
         procs.stop()
+
+
+def _hold_silent_connections(address: str, count: int) -> int:
+    """(As another user) open ``count`` connections to a keeper and send nothing; how many
+    the keeper closed unread within 10 s each."""
+    import socket
+
+    held = []
+    for _ in range(count):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(address)
+        sock.settimeout(10)
+        held.append(sock)
+    closed = 0
+    for sock in held:
+        try:
+            closed += sock.recv(1) == b""
+        except OSError:  # still open after 10 s: held by a thread of the keeper's
+            pass
+        sock.close()
+    return closed
+
+
+def test_another_users_connections_to_the_keeper_are_closed_unread_and_cost_no_thread(own_keeper):
+    # Its name is listed in /proc/net/unix; each silent connection of another user held
+    # a thread of the owner's process for as long as it stayed open (500 -> 502 threads).
+    from second_user import run_as_other_user
+
+    threads = threading.active_count()
+    assert run_as_other_user(_hold_silent_connections, own_keeper.address, 40) == 40
+    assert own_keeper.refused == 40 and threading.active_count() <= threads

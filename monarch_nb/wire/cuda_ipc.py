@@ -63,6 +63,7 @@ AUTO, ALWAYS, NEVER = "auto", "1", "0"  # its values (see mode())
 _MODES = (AUTO, ALWAYS, NEVER)
 LINGER_S = 1.0
 UNCLAIMED_S = 120.0
+CLAIM_TIMEOUT_S = 10.0  # a connection of the owner's that sends no claim within this is closed
 RECEIVE_TIMEOUT_S = 120.0  # a receiver's wait for each answer of its sender's keeper
 _LENGTH = struct.Struct(channel.LENGTH_FORMAT)
 
@@ -122,6 +123,7 @@ class Keeper:
         self._closed = False
         self.claims = 0  # claims served since start
         self.staged = 0  # of them, answered with the bytes (the receiver could not open the handle)
+        self.refused = 0  # connections of other users, closed unread
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(self.address)
         self._sock.listen(64)
@@ -178,14 +180,26 @@ class Keeper:
                 continue
             except OSError:  # closed
                 return
+            # Another user's connection is closed here, before it costs a thread: the
+            # socket's name is listed in /proc/net/unix, and a claim read on a thread first
+            # let anyone hold one thread of this process per silent connection.
+            try:
+                uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+            except OSError:
+                uid = None
+            if uid != os.getuid():
+                self.refused += 1
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         kept = None
         try:
-            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+            conn.settimeout(CLAIM_TIMEOUT_S)  # a claim is sent as the connection opens
             claim = _recv_exact(conn, 1 + channel.TOKEN_BYTES)
-            if uid != os.getuid() or claim[:1] != channel.CLAIM:
+            conn.settimeout(None)
+            if claim[:1] != channel.CLAIM:
                 return
             with self._lock:
                 kept = self._kept.get(bytes(claim[1:]))
