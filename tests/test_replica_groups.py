@@ -4,6 +4,7 @@ stepping in the same procs, and rejoins with a healthy group's state."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -605,3 +606,27 @@ def test_a_group_that_fails_k_times_on_its_host_moves_to_a_free_one(hosts4):
         assert hosts_of(rg.groups[0].procs) == ["host2"]  # not host0 again, nor group 1's host1
     finally:
         rg.stop()
+
+
+def test_a_donor_that_dies_during_on_join_costs_the_joining_group_nothing(groups):
+    # The joining group was charged a failed respawn (restarts + 1, one step nearer
+    # max_restarts, respawned again from scratch) for its donor's death.
+    donors: list[int] = []
+
+    def on_join_whose_first_donor_dies(group, donor):
+        donors.append(donor.index)
+        if len(donors) == 1:
+            os.kill(donor.procs.pids[0], signal.SIGKILL)
+            assert wait_until(lambda: donor.actors._gone_ranks(), BOUND_S)  # (the client heard of it)
+        _copy_state(group, donor)
+
+    rg = groups(max_restarts=3, on_join=on_join_whose_first_donor_dies)
+    rg.call("step")
+    lost = _fail_group_and_wait_for_its_replacement(rg, 1)
+    replacement_of_1 = rg.groups[1].procs.pids
+    stepped = rg.call("step")  # admits group 1: its first donor dies, its second serves
+    assert len(donors) == 2 and donors[0] != donors[1] and 1 not in donors[:2]
+    assert 1 in stepped and rg.groups[1].restarts == 1 and rg.groups[1].procs.pids == replacement_of_1
+    assert rg.wait_healthy(BOUND_S)  # the dead donor is found by its own step and recovered
+    assert wait_until(lambda: sorted(rg.call("step")) == [0, 1, 2], BOUND_S), rg.status()
+    assert pids_alive(lost) == []

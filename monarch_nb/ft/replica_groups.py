@@ -476,21 +476,33 @@ class ReplicaGroups:
 
     def _admit(self, group: ReplicaGroup) -> ProcMesh | None:
         """``on_join`` for respawned ``group`` from a healthy donor, then ``HEALTHY``.
-        When ``on_join`` raises (the new procs died before the group rejoined, or the hook
-        failed), the respawn counts as a restart that failed: returns the procs to recover
-        again (``RECOVERING``) while within ``max_restarts``, else stops them
-        (``FAILED``). Nothing while the groups stop."""
+        When ``on_join`` raises because its donor died (the donor's actors are known gone,
+        the group's are not), it runs again from another donor (or ``None``), at no cost
+        to the group. When it raises otherwise (the new procs died before the group
+        rejoined, or the hook failed), the respawn counts as a restart that failed:
+        returns the procs to recover again (``RECOVERING``) while within
+        ``max_restarts``, else stops them (``FAILED``). Nothing while the groups stop."""
         if self._stopping:
             return None
         started = time.monotonic()
-        try:
-            if self._on_join is not None:
-                self._on_join(group, next(iter(self.healthy()), None))
-        except Exception as e:  # noqa: BLE001 - the group is recovered again or stays out; the others go on
-            if self._respawn_failed(group, f"on_join failed: {type(e).__name__}: {e}"):
-                return group.procs
-            self._retire(group)
-            return None
+        tried: list[ReplicaGroup] = []  # donors that died under an on_join
+        while True:
+            donor = next((g for g in self.healthy() if g not in tried), None)
+            try:
+                if self._on_join is not None:
+                    self._on_join(group, donor)
+                break
+            except Exception as e:  # noqa: BLE001 - the group is recovered again or stays out; the others go on
+                if donor is not None and donor.actors._gone_ranks() and not group.actors._gone_ranks():
+                    # The donor died under it, not the joining group: no strike on the group;
+                    # the join is tried again from another donor (the dead one's own step or
+                    # loop finds its failure and recovers it, as any).
+                    tried.append(donor)
+                    continue
+                if self._respawn_failed(group, f"on_join failed: {type(e).__name__}: {e}"):
+                    return group.procs
+                self._retire(group)
+                return None
         with self._lock:
             group.recovery_phases["join"] = time.monotonic() - started
             group.restarts += 1
