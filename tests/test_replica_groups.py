@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -36,6 +37,10 @@ class Counter(Actor):
     @endpoint
     def load(self, steps: int) -> None:
         self.steps = steps
+
+    @endpoint
+    def nap(self, seconds: float) -> None:
+        time.sleep(seconds)
 
 
 def _copy_state(group, donor):
@@ -630,3 +635,27 @@ def test_a_donor_that_dies_during_on_join_costs_the_joining_group_nothing(groups
     assert rg.wait_healthy(BOUND_S)  # the dead donor is found by its own step and recovered
     assert wait_until(lambda: sorted(rg.call("step")) == [0, 1, 2], BOUND_S), rg.status()
     assert pids_alive(lost) == []
+
+
+def test_an_on_join_that_hangs_past_the_step_timeout_is_a_failed_replacement_not_a_stall(groups):
+    # It ran unbounded on the caller's thread: a weight copy stuck on the joining group (a
+    # rank waiting in a collective) stalled every group's training for good.
+    joins: list[int] = []
+
+    def on_join_hanging_once(group, donor):
+        joins.append(group.index)
+        if len(joins) == 1:
+            group.actors.slice(gpus=0).nap.call_one(600).get()
+        _copy_state(group, donor)
+
+    rg = groups(max_restarts=3, on_join=on_join_hanging_once, step_timeout=5.0)
+    rg.call("step")
+    lost = _fail_group_and_wait_for_its_replacement(rg, 1)
+    hung = rg.groups[1].procs.pids
+    started = time.monotonic()
+    assert sorted(rg.call("step")) == [0, 2]  # bounded by step_timeout; the others stepped
+    assert time.monotonic() - started < 5.0 + BOUND_S / 2
+    assert rg.status()[1]["last_failure"] == "on_join failed: TimeoutError: on_join of group 1 did not finish " \
+                                            "within step_timeout=5.0 s"
+    assert rg.wait_healthy(BOUND_S) and sorted(rg.call("step")) == [0, 1, 2]
+    assert rg.groups[1].restarts == 2 and pids_alive(lost + hung) == []

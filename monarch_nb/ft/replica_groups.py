@@ -28,6 +28,7 @@ from ..client.value_mesh import ValueMesh
 from ..client.runtime import runtime
 from ..errors import ActorError, ClusterError, SupervisionError
 from ..protocol import hub_ops
+from .bounded import call_within
 from .group_allocations import AllocationPlacement
 from .placement import SPARE, HostPlacement, hosts_of
 from .step_loops import StepLoops
@@ -107,7 +108,9 @@ class ReplicaGroups:
     before it rejoins (its procs or constructors failed, or ``on_join`` raised: its procs
     died, or the hook failed) counts as a restart and is respawned again, after
     ``RESPAWN_RETRY_S`` (doubling with each such failure in a row). ``step_timeout`` (seconds,
-    ``None``: no limit): a group whose step takes longer is taken as hung and recovered.
+    ``None``: no limit): a group whose step takes longer is taken as hung and recovered;
+    an ``on_join`` that takes longer is a replacement that failed (its hook is left
+    running on a thread of its own).
 
     ``quorum="torchft"`` (torchft installed) starts TorchFT's lighthouse as an actor
     (``self.lighthouse``, on a proc of its own, needing ``min_replicas`` groups for a
@@ -490,7 +493,7 @@ class ReplicaGroups:
             donor = next((g for g in self.healthy() if g not in tried), None)
             try:
                 if self._on_join is not None:
-                    self._on_join(group, donor)
+                    call_within(self._on_join, (group, donor), self._step_timeout, f"on_join of group {group.index}")
                 break
             except Exception as e:  # noqa: BLE001 - the group is recovered again or stays out; the others go on
                 if donor is not None and donor.actors._gone_ranks() and not group.actors._gone_ranks():
