@@ -48,6 +48,10 @@ STATUS_TIMEOUT_S = 1.0  # a proc whose control loop does not answer within this 
 # second (host.status_poll.POLL_S), so only a proc that stopped answering its agent, or
 # an agent that stopped beating, is asked again by the hub.
 STATUS_FRESH_S = 2.5
+# A status a proc sent with its answer to an actor spawn is used for this long: what the
+# new actors do is known, idle, as they are made, and a call made right after shows busy
+# within it, as a heartbeat's status (polled each second, used for STATUS_FRESH_S) would.
+CONSTRUCTED_FRESH_S = 2.0
 # Host agents ask their procs only while someone watches: for this long after a
 # health(), and while a subscriber is open (hub.health_feed keeps it wanted).
 WANTED_AFTER_HEALTH_S = 30.0
@@ -248,6 +252,13 @@ class Health:
         status is asked for again (what the actors do can only come from the proc)."""
         self.heard(statuses, now)
         self._from_start.update(statuses)
+
+    def constructed(self, statuses: dict, now: float) -> None:
+        """Statuses procs sent with their answers to an actor spawn (as ``heard`` takes
+        them), used for ``CONSTRUCTED_FRESH_S``: a ``health()`` right after the spawn
+        asks none of them again."""
+        self.heard({proc_id: [age_s + STATUS_FRESH_S - CONSTRUCTED_FRESH_S, status, address]
+                    for proc_id, (age_s, status, address) in statuses.items()}, now)
 
     def stale(self, proc_id: str) -> None:
         """What proc ``proc_id`` does changed in a way the hub heard of (a thread paused in

@@ -125,7 +125,7 @@ class Hub:
         self.health_feed = HealthFeed(self.health, net, self.clients, info["cluster_id"])
         self.heartbeats.on_statuses = self.health.heard
         launcher.on_statuses = self.health.started  # what new procs said as they started
-        self.meshes.on_statuses = self.health.heard  # what procs said as their new actors were made
+        self.meshes.on_statuses = self.health.constructed  # what procs said as their new actors were made
         self.debug.on_proc_changed = self.health.stale  # a pause or resume: ask that proc again
         self.heartbeats.want_statuses = self.health.wanted
         self.health.on_activity = self.health_feed.changed
