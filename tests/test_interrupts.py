@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import sys
 import time
 from pathlib import Path
@@ -230,3 +231,55 @@ def test_no_with_block_of_code_a_ctrl_c_lands_in_can_be_left_at_a_loop_back_edge
             found += [f"{path.relative_to(package.parent)}:{line}" for line in _back_edges_outside_their_with(code)]
     assert found == [], (f"loop back-edges where a KeyboardInterrupt leaves its with block without __exit__: {found}; "
                          "move the loop into a function called from the block (see monarch_nb.wire.interrupts)")
+
+
+_ASYNC_MAIN = '''
+import asyncio
+from monarch_nb.actor import Actor, endpoint, this_host, current_rank
+
+class Printer(Actor):
+    @endpoint
+    async def f(self, x):
+        print(f"printed by rank {current_rank().rank}", flush=True)
+        return x + 1
+
+async def main():
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    print(list((await procs.spawn("printer", Printer).f.call(1)).values()))
+
+asyncio.run(main())
+'''
+
+
+def test_an_asyncio_run_script_ends_with_its_actors_lines_and_no_error(tmp_path):
+    # On Python 3.12+, no thread may start at interpreter shutdown: the cluster's stop at
+    # exit started the Ctrl-C redeliverer first (no await had), raised, and the actors'
+    # last lines were never shown, with a traceback instead (a new user's Monarch port: 5 of 5).
+    script = tmp_path / "async_main.py"
+    script.write_text(_ASYNC_MAIN)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "MONARCH_NB_HOME": str(tmp_path / "home")})
+    assert done.returncode == 0, done.stderr
+    assert "[2, 2]" in done.stdout and "Exception ignored" not in done.stderr, (done.stdout, done.stderr)
+    assert {line.split("] ", 1)[-1] for line in done.stdout.splitlines() if "printed by" in line} == \
+        {"printed by rank 0", "printed by rank 1"}, done.stdout
+
+
+def test_no_thread_to_start_at_interpreter_shutdown_leaves_ctrl_c_handling_off_not_raising(monkeypatch):
+    # What Python 3.12 does at shutdown, on any version: the redeliverer can't start.
+    from monarch_nb.wire import interrupts
+
+    def refuse(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(interrupts, "_redeliverer", None)
+    monkeypatch.setattr(interrupts, "_wake_pid", -1)
+    monkeypatch.setattr(interrupts, "_wake_r", interrupts._wake_r)
+    monkeypatch.setattr(interrupts, "_wake_w", interrupts._wake_w)
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    try:
+        interrupts._start_redeliverer()  # raised, and an atexit Cluster.stop ended there
+        assert interrupts._redeliverer is None  # tried again at the next guard, if there is one
+    finally:
+        os.close(interrupts._wake_r)  # (the pipe it made; monkeypatch puts the process's back)
+        os.close(interrupts._wake_w)

@@ -151,8 +151,12 @@ def _start_redeliverer() -> None:
         _set_pid()
         _wake_r, _wake_w = os.pipe()
         os.set_blocking(_wake_w, False)
-        _redeliverer = threading.Thread(target=_redeliver, name="monarch-nb-interrupts", daemon=True)
-        _redeliverer.start()
+        redeliverer = threading.Thread(target=_redeliver, name="monarch-nb-interrupts", daemon=True)
+        try:
+            redeliverer.start()
+        except RuntimeError:  # at interpreter shutdown (3.12+: no new thread; an atexit stop): no Ctrl-C left to defer
+            return
+        _redeliverer = redeliverer
 
 
 _wake_pid = -1
