@@ -283,6 +283,35 @@ def test_hub_killed_and_recovered_keeps_every_mesh_and_actor_state(clusters):
     assert not third.path.exists()
 
 
+def test_a_hub_recovered_while_one_host_is_dead_keeps_the_live_hosts_and_their_state(clusters):
+    # The recovering hub put the hosts that answered in its registry with the dead hub's
+    # last_seen, after waiting ADOPT_TIMEOUT_S on the dead one: its first heartbeat found
+    # every live host silent past HOST_TIMEOUT_S, failed all their procs and calls, and
+    # took them back a second later (Slurm and local hosts: every time).
+    clusters.append("onedead")
+    cluster = monarch_nb.Cluster.start("onedead", hosts=3, grace_s=30)
+    hosts = cluster.host_mesh()
+    counters = [hosts.slice(hosts=h).spawn_procs(per_host={"gpus": 1}, name=f"p{h}").spawn("c", Counter, 10 * h)
+                for h in (0, 2)]
+    for mesh in counters:
+        mesh.incr.call(1).get(timeout=60)
+    os.kill(cluster.info()["hosts"][1]["pid"], signal.SIGKILL)  # host1's agent: a dead host
+    assert wait_until(lambda: cluster.info()["hosts"][1]["lost"], 60)
+    os.kill(cluster._info["hub_pid"], signal.SIGKILL)
+    recovered = _cli("cluster", "recover", "onedead")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    again = monarch_nb.connect("onedead")
+    started, rounds = time.monotonic(), 0
+    while time.monotonic() - started < 8:  # past the heartbeats that failed every live host
+        for mesh in counters:
+            mesh.incr.call(1).get(timeout=60)
+        rounds += 1
+    assert [m.get.call_one().get(timeout=60) for m in counters] == [1 + rounds, 21 + rounds]  # state kept
+    log = (cluster.path / "hub.log").read_text(errors="replace")
+    assert not re.search(r"host agent host[02] .*procs are lost", log), log[-3000:]
+    assert not [h for h in again.info()["hosts"] if h["lost"]]  # host1 dropped, host0 and host2 live
+
+
 def test_a_recover_whose_hub_died_before_it_was_ready_can_be_recovered_again(clusters):
     # The recovering hub writes cluster.json without the hub's address until it is
     # ready; one that died then (killed, or failed adopting) left a cluster that

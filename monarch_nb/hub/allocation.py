@@ -88,6 +88,10 @@ class Allocation:
                 print(f"monarch_nb hub: host agent {host.host_id} (pid {host.pid}) did not answer; "
                       "dropping its procs", file=sys.stderr)
                 continue
+            # Heard now: its saved last_seen is the dead hub's, and with it the first
+            # heartbeat after these answers (up to ADOPT_TIMEOUT_S, waiting on a dead host)
+            # found every live host silent past HOST_TIMEOUT_S and failed all their calls.
+            host.last_seen = time.monotonic()
             registry.hosts[host.host_id] = host
             live = set(reply.header["procs"])
             exited.update({p: code for p, code in reply.header["exited"].items() if p not in live})
