@@ -23,7 +23,7 @@ from monarch_nb.client.launch import HUB_LOG, launch_hub
 from monarch_nb.hub.heartbeats import HOST_TIMEOUT_S
 from monarch_nb.starvation import counted_silence, cpu_wait
 
-from conftest import cluster_processes, system_part_missing, wait_until
+from conftest import cluster_processes, pids_alive, system_part_missing, wait_until
 
 _names = itertools.count()
 
@@ -200,6 +200,24 @@ def test_spawning_on_a_host_lost_while_its_agent_is_stopped_says_it_may_come_bac
     assert wait_until(lambda: not c.info()["hosts"][0]["lost"], 60)
     assert procs.spawn("pid", Pid).pid.call_one().get(timeout=60) == procs.pids[0]
     c.host_mesh().spawn_procs(per_host={"gpus": 1}, name="q").stop()
+
+
+def test_stopping_procs_on_a_host_lost_while_its_agent_is_stopped_returns_at_once_and_they_stop_later(retained):
+    # The hub asked the silent agent and waited STOP_TIMEOUT_S (10 s) for its answer, and
+    # so did the user's procs.stop(), before respawning elsewhere (Slurm, routers on: 10.01 s).
+    c = retained()
+    procs = c.host_mesh().spawn_procs(per_host={"gpus": 2}, name="p")
+    agent = psutil.Process(c.info()["hosts"][0]["pid"])
+    agent.suspend()
+    try:
+        assert wait_until(lambda: c.info()["hosts"][0]["lost"], 60)
+        started = time.monotonic()
+        procs.stop()
+        stopped_s = time.monotonic() - started
+    finally:
+        agent.resume()
+    assert stopped_s < 5.0, f"procs.stop() took {stopped_s:.1f} s"
+    assert wait_until(lambda: not pids_alive(procs.pids), 60)  # stopped once the agent ran again: no orphan
 
 
 def test_an_agent_on_the_hubs_machine_excuses_its_cpu_waits_before_any_hub_alive(tmp_path):

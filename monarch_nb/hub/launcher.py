@@ -27,6 +27,7 @@ class ProcLauncher:
         # Given the statuses the new procs reported as they started (as a heartbeat brings
         # them: hub_ops.AGENT_STATUSES) and when they came (monotonic); set by the hub.
         self.on_statuses: Callable[[dict, float], None] | None = None
+        self._unanswered: set[asyncio.Future] = set()  # stop requests to silent hosts, not waited for
 
     async def start(self, ids_by_host: dict[str, list[str]], launch: dict,
                     env_by_proc: dict[str, dict] | None = None) -> list[ProcRecord]:
@@ -84,12 +85,26 @@ class ProcLauncher:
     async def stop(self, procs: list[ProcRecord]) -> None:
         """Have the host agents stop ``procs`` (those of hosts the registry still holds;
         none of a host that failed for good, its agent gone: asking it waited
-        ``STOP_TIMEOUT_S`` for nothing, and so did the user's ``ProcMesh.stop()``)."""
+        ``STOP_TIMEOUT_S`` for nothing, and so did the user's ``ProcMesh.stop()``).
+        A host lost for its silence is asked without waiting for its answer."""
         hosts = {h: record for h, record in self._registry.hosts.items() if not (record.lost and record.cause)}
         by_host: dict[str, list[str]] = {}
         for p in procs:
             by_host.setdefault(p.host_id, []).append(p.proc_id)
-        await asyncio.gather(*(
-            self._net.request(hosts[h].address, {envelope.OP: agent_ops.STOP_PROCS, agent_ops.PROC_IDS: ids},
-                              timeout=STOP_TIMEOUT_S)
-            for h, ids in by_host.items() if h in hosts), return_exceptions=True)
+        answers = []
+        for h, ids in by_host.items():
+            if h not in hosts:
+                continue
+            ask = self._net.request(hosts[h].address, {envelope.OP: agent_ops.STOP_PROCS, agent_ops.PROC_IDS: ids},
+                                    timeout=STOP_TIMEOUT_S)
+            if hosts[h].lost:
+                # Silent (stopped, hung): the request waits in its queue and stops those
+                # procs once the agent runs again; nobody waits for it (ProcMesh.stop()
+                # waited STOP_TIMEOUT_S for that answer).
+                unanswered = asyncio.ensure_future(ask)
+                self._unanswered.add(unanswered)
+                unanswered.add_done_callback(self._unanswered.discard)
+                unanswered.add_done_callback(lambda f: f.cancelled() or f.exception())  # (retrieved: not logged)
+            else:
+                answers.append(ask)
+        await asyncio.gather(*answers, return_exceptions=True)
