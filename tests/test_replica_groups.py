@@ -659,3 +659,18 @@ def test_an_on_join_that_hangs_past_the_step_timeout_is_a_failed_replacement_not
                                             "within step_timeout=5.0 s"
     assert rg.wait_healthy(BOUND_S) and sorted(rg.call("step")) == [0, 1, 2]
     assert rg.groups[1].restarts == 2 and pids_alive(lost + hung) == []
+
+
+def test_a_host_a_recovered_hub_no_longer_knows_counts_as_lost_for_placement():
+    # A recovered hub drops the hosts that did not answer it; placement took them for live
+    # and free, and every group's next recovery chose the dead host and failed there ("can't
+    # start procs on lost host(s) (host1: unknown)"), each failure costing a restart.
+    from types import SimpleNamespace
+
+    from monarch_nb.ft.placement import lost_hosts
+
+    info = {"hosts": [{"host_id": "host0", "lost": False}, {"host_id": "host2", "lost": True}],
+            "allocations": {"more": {"hosts": [{"host_id": "more0", "lost": False}]}}}
+    hub = SimpleNamespace(request=lambda op, timeout: info)
+    hosts = SimpleNamespace(_hosts=["host0", "host1", "host2", "host3"], _hub=lambda: hub)
+    assert lost_hosts(hosts) == {"host1", "host2", "host3"}

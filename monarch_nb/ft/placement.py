@@ -87,8 +87,11 @@ def _stop_quietly(procs: ProcMesh) -> None:
 
 def lost_hosts(hosts: HostMesh) -> set[str]:
     """The ids of the hosts of ``hosts``'s cluster, added allocations' included, whose
-    agent the hub counts as lost (asks the hub)."""
-    return {h["host_id"] for h in every_host(hosts._hub().request(hub_ops.INFO, timeout=30.0)) if h["lost"]}
+    agent the hub counts as lost, and those of ``hosts`` it no longer knows (a recovered
+    hub drops the hosts that did not answer it; asks the hub)."""
+    listed = every_host(hosts._hub().request(hub_ops.INFO, timeout=30.0))
+    known = {h["host_id"] for h in listed}
+    return {h["host_id"] for h in listed if h["lost"]} | {h for h in hosts._hosts if h not in known}
 
 
 def tear_down(procs: ProcMesh, lost: set[str]) -> None:
