@@ -131,3 +131,11 @@ def test_logging_option_is_accepted_and_checked(procs4):
     assert procs4.logging_option(stream_to_client=True, aggregate_window_sec=None).get() is None
     with pytest.raises(ValueError, match="stream_to_client"):
         procs4.logging_option(stream_to_client=False, aggregate_window_sec=5)
+    # Monarch's is async def; its getting-started example runs it with asyncio.run
+    # ("a coroutine was expected, got <Future ...>"), others await it.
+    assert asyncio.run(procs4.logging_option(stream_to_client=True, aggregate_window_sec=3)) is None
+
+    async def awaited():
+        return await procs4.logging_option()
+
+    assert asyncio.run(awaited()) is None

@@ -225,3 +225,18 @@ class Future(Generic[R]):
         state = "done" if self._done else "pending"
         return f"<Future {self._description} {state}>"
 
+
+class FinishedCoroutine(Future):
+    """A :meth:`Future.finished` future that is also a coroutine, for what Monarch
+    declares ``async def`` and programs pass to ``asyncio.run`` (``asyncio.run(
+    procs.logging_option(...))``, in Monarch's getting-started example); ``get()`` and
+    ``await`` work as on any future."""
+
+    def send(self, _value: Any) -> None:
+        raise StopIteration(self.get(0))
+
+    def throw(self, typ, value=None, traceback=None):
+        raise typ if value is None else value
+
+    def close(self) -> None:
+        pass

@@ -17,7 +17,7 @@ from ..wire import serialize, sockets
 from . import progress, workspace_sync
 from .actor_mesh import ActorMesh, hidden_endpoints
 from .control import abandon_spawn, init_error
-from .future import Future
+from .future import FinishedCoroutine, Future
 from .host_routes import may_route
 from .mesh_handle import MeshHandle
 from .runtime import runtime
@@ -242,12 +242,12 @@ class ProcMesh(MeshHandle):
         keeps every line in the hub's log store (``cluster.logs()``): the streaming
         options are checked and change nothing. Raises ``ValueError`` for
         ``aggregate_window_sec`` without ``stream_to_client`` (as Monarch does). Blocks
-        until every proc has the level; returns a finished ``Future[None]`` (Monarch's
-        is awaited)."""
+        until every proc has the level; returns a finished ``Future[None]`` that is a
+        coroutine too (Monarch's is ``async def``: awaited, or given to ``asyncio.run``)."""
         if aggregate_window_sec is not None and not stream_to_client:
             raise ValueError("aggregate_window_sec needs stream_to_client=True")
         self._run_setup(None, 1, functools.partial(set_root_log_level, level))
-        return Future.finished(runtime(), f"{self._name}.logging_option")
+        return FinishedCoroutine.finished(runtime(), f"{self._name}.logging_option")
 
     def _run_setup(self, proc_bind: list[dict[str, str]] | None, procs_per_host: int,
                    bootstrap: Callable[[], object] | None) -> None:
