@@ -21,6 +21,7 @@ from .future import FinishedCoroutine, Future
 from .host_routes import may_route
 from .mesh_handle import MeshHandle
 from .runtime import runtime
+from .spawn_digest import spawn_digests
 from .value_mesh import ValueMesh
 
 T = TypeVar("T", bound=Actor)
@@ -124,6 +125,8 @@ class ProcMesh(MeshHandle):
         bar = progress.Later(rt.bar_factory, f"{name}: {actor_class.__name__}.__init__", len(self), lambda: None)
         fields = dict(extent=dict(self.extent), class_name=class_name, endpoints=endpoints, methods=methods,
                       replace=replace, raise_init_errors=raise_init_errors, o=rt.origin(),
+                      **{hub_ops.SPAWN_DIGESTS: spawn_digests(actor_class, args, kwargs,
+                                                              len(body) + sum(b.raw().nbytes for b in buffers))},
                       main_thread=getattr(actor_class, "_monarch_main_thread", False), owner=owner_of_new_meshes())
         host_ids = {str(p.get("host_id")) for p in self._procs}
         routed = may_route(len(self), len(host_ids), lambda: control.machines(host_ids))

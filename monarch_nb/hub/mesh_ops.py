@@ -180,8 +180,14 @@ class MeshOps:
                                                message)
             if existing is not None:
                 same = existing.proc_ranks == header["proc_ranks"] and existing.class_name == header["class_name"]
+                differs = _differing(existing.digests, header.get(hub_ops.SPAWN_DIGESTS))
                 if header.get("replace"):
                     await self.stop_actor_mesh(existing)
+                elif same and differs:
+                    raise HubError(f"an actor mesh named {name!r} exists on proc mesh {mesh.name!r}, made from "
+                                   f"{differs} ({existing.class_name}); it still runs that: pass replace=True to "
+                                   "stop it and make this one, or choose another name (cluster.actor_meshes"
+                                   f"[{existing.key!r}] is the live one)", "ValueError")
                 elif same:
                     return self.actor_mesh_view(existing)
                 else:
@@ -227,7 +233,7 @@ class MeshOps:
             failures = {r.header[envelope.RANK]: bytes(r.body) for r in replies if not r.header[envelope.OK]}
             record = ActorMeshRecord(name, mesh.name, header["proc_ranks"], header["extent"], header["class_name"],
                                      header["endpoints"], header.get("methods", []), addresses, payload_id,
-                                     owner=header.get("owner"))
+                                     owner=header.get("owner"), digests=header.get(hub_ops.SPAWN_DIGESTS))
             if failures and (raise_init_errors or abandoned):
                 await self.stop_actor_mesh(record)
                 return {"failures": failures}
@@ -433,3 +439,12 @@ def _with_rank_env(bound: list[dict], rank_env: list[dict] | None, procs: int) -
     if len(rank_env) != procs:
         raise HubError(f"spawn_procs gave {len(rank_env)} per-rank environments for {procs} procs", "ValueError")
     return [{**(bound[r] if bound else {}), **rank_env[r]} for r in range(procs)]
+
+
+def _differing(kept: dict | None, asked: dict | None) -> str:
+    """What of a spawn (``asked``: its digests) differs from the live mesh's construction
+    (``kept``), in words ("" when nothing known does): ``client.spawn_digest``."""
+    kept, asked = kept or {}, asked or {}
+    what = {"code": "other code of its class", "args": "other constructor arguments"}
+    return " and ".join(words for key, words in what.items()
+                        if kept.get(key) is not None and asked.get(key) is not None and kept[key] != asked[key])

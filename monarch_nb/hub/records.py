@@ -90,6 +90,7 @@ class ActorMeshRecord:
     payload_id: str  # the constructor payload is kept in the state dir under this id
     created: float = field(default_factory=time.time)
     owner: dict | None = None  # the actor that spawned it (mesh, rank, address); None: a client
+    digests: dict | None = None  # {"code", "args"} of its construction (client.spawn_digest); None: not known
 
     @property
     def key(self) -> str:
