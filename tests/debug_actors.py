@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from monarch_nb.actor import Actor, current_rank, endpoint
+from monarch_nb.actor import Actor, context, endpoint
 
 BREAK_LINE = 18  # the line after breakpoint() in Paused.work: where a rank pauses
 
@@ -12,7 +12,7 @@ BREAK_LINE = 18  # the line after breakpoint() in Paused.work: where a rank paus
 class Paused(Actor):
     @endpoint
     def work(self, x: int) -> int:
-        rank = current_rank().rank
+        rank = context().actor_instance.rank.rank
         y = x * 10 + rank
         breakpoint()
         z = y + 1
@@ -20,13 +20,13 @@ class Paused(Actor):
 
     @endpoint
     def compute(self, x: int) -> int:
-        rank = current_rank().rank
+        rank = context().actor_instance.rank.rank
         total = x + rank  # COMPUTE_LINE: breakpoints from the client go here
         return total * 2
 
     @endpoint
     def fail(self, x: int) -> int:
-        doomed = x + current_rank().rank
+        doomed = x + context().actor_instance.rank.rank
         raise ValueError(f"bad batch {doomed}")
 
     @endpoint
@@ -63,6 +63,6 @@ class AsyncPaused(Actor):
         import asyncio
 
         await asyncio.sleep(0)
-        y = x * 10 + current_rank().rank
+        y = x * 10 + context().actor_instance.rank.rank
         breakpoint()
         return y + 1

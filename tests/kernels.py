@@ -14,12 +14,12 @@ from jupyter_client import KernelManager
 # A notebook cell defining an actor whose endpoint has a line to break on
 # (``Worker.compute:4``, ``y = ...``): the debugger tests and bench_break_after_restart.
 WORKER = textwrap.dedent("""\
-    from monarch_nb.actor import Actor, endpoint, current_rank
+    from monarch_nb.actor import Actor, endpoint, context
 
     class Worker(Actor):
         @endpoint
         def compute(self, x):
-            y = x + current_rank().rank
+            y = x + context().actor_instance.rank.rank
             return y
     """)
 

@@ -14,6 +14,12 @@ from pathlib import Path
 from monarch_nb.actor import Actor, current_rank, current_size, context, endpoint
 
 
+def own_rank() -> int:
+    """This actor's rank in its own mesh, whatever slice a call was sent to (current_rank()
+    is the rank in that slice, as in Monarch)."""
+    return context().actor_instance.rank.rank
+
+
 class Counter(Actor):
     def __init__(self, start: int = 0):
         self.value = start
@@ -38,9 +44,13 @@ class Counter(Actor):
 
     @endpoint
     def whoami(self) -> dict:
+        """This actor's place in its mesh (``rank``, ``point``, ``size``), and where it
+        appears in what the call was sent to (``message_*``: Monarch's current_rank())."""
         ctx = context()
-        return {"rank": current_rank().rank, "point": dict(current_rank()), "size": current_size(),
-                "mesh": ctx.actor_instance.mesh_name, "pid": os.getpid()}
+        me = ctx.actor_instance.rank
+        return {"rank": me.rank, "point": dict(me), "size": dict(me.extent),
+                "message_rank": current_rank().rank, "message_point": dict(current_rank()),
+                "message_size": current_size(), "mesh": ctx.actor_instance.mesh_name, "pid": os.getpid()}
 
     @endpoint
     def slow_echo(self, x, seconds: float):
@@ -50,7 +60,7 @@ class Counter(Actor):
     @endpoint
     def echo_after(self, delays: dict) -> int:
         """Return this rank after sleeping ``delays[rank]`` seconds (default 0)."""
-        rank = current_rank().rank
+        rank = own_rank()
         time.sleep(delays.get(rank, 0.0))
         return rank
 
@@ -59,7 +69,7 @@ class Counter(Actor):
         """Rank ``failing_rank`` raises ``CustomError`` at once; the others return once
         the file ``gate_path`` is gone (as ranks waiting in a collective the failed one
         never joins)."""
-        rank = current_rank().rank
+        rank = own_rank()
         if rank == failing_rank:
             raise CustomError(f"rank {rank} gave up")
         while os.path.exists(gate_path):
@@ -83,13 +93,13 @@ class UnpicklableError(Exception):
 class Failing(Actor):
     @endpoint
     def fail_on(self, ranks: list, exc_kind: str = "value"):
-        if current_rank().rank in ranks:
+        if own_rank() in ranks:
             if exc_kind == "custom":
-                raise CustomError(f"custom failure on {current_rank().rank}")
+                raise CustomError(f"custom failure on {own_rank()}")
             if exc_kind == "unpicklable":
                 raise UnpicklableError("cannot travel")
-            raise ValueError(f"bad value on rank {current_rank().rank}")
-        return current_rank().rank
+            raise ValueError(f"bad value on rank {own_rank()}")
+        return own_rank()
 
     @endpoint
     def return_unpicklable(self):
@@ -111,7 +121,7 @@ class Rendezvous(Actor):
 
     @endpoint
     def meet(self, directory: str, n: int, timeout: float = 20.0) -> bool:
-        Path(directory, str(current_rank().rank)).touch()
+        Path(directory, str(own_rank())).touch()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if len(os.listdir(directory)) >= n:
@@ -252,11 +262,11 @@ class Printer(Actor):
         out = sys.stderr if stream == "stderr" else sys.stdout
         for line in lines:
             print(line, file=out)
-        return current_rank().rank
+        return own_rank()
 
     @endpoint
     def numbered(self, n: int) -> int:
-        rank = current_rank().rank
+        rank = own_rank()
         for i in range(n):
             print(f"r{rank} line {i}")
         return n
@@ -282,3 +292,12 @@ class Printer(Actor):
         for i in range(n):
             print(f"last words {i}")
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class AsyncWhere(Actor):
+    @endpoint
+    async def where(self) -> tuple:
+        """Monarch's current_rank() and current_size() after an await (the call's own
+        message_rank across its steps)."""
+        await asyncio.sleep(0.01)
+        return current_rank().rank, current_size(), own_rank()

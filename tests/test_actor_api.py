@@ -15,7 +15,7 @@ from conftest import pids_alive, wait_until
 from monarch_nb.client import endpoint as endpoint_module
 from monarch_nb.wire.mailbox import Mailbox
 from monarch_nb.client.runtime import runtime
-from sample_actors import (AsyncActor, AsyncCaller, BadInit, Caller, Counter, CustomError, Failing, Named,
+from sample_actors import (AsyncActor, AsyncCaller, AsyncWhere, BadInit, Caller, Counter, CustomError, Failing, Named,
                            NotAnActor, Rendezvous, Sized)
 
 
@@ -50,6 +50,26 @@ def test_state_persists_per_actor_across_calls(procs4):
 
 def test_call_one_on_single_actor_slice(counters):
     assert counters.slice(gpus=3).whoami.call_one().get()["rank"] == 3
+
+
+def test_current_rank_is_the_actors_point_in_the_slice_a_call_was_sent_to_as_in_monarch(counters, procs4):
+    # It was the actor's place in its whole mesh: a call to ranks 2-3 ran at ranks 2 and
+    # 3 of size 4, where Monarch's current_rank() (context().message_rank) says 0 and 1 of
+    # size 2 (work sharded by it went to the wrong shards). The actor's own place is
+    # context().actor_instance.rank.
+    halves = counters.slice(gpus=slice(2, 4)).whoami.call().get().values()
+    assert [(v["message_rank"], v["message_size"], v["rank"]) for v in halves] == [(0, {"gpus": 2}, 2),
+                                                                                   (1, {"gpus": 2}, 3)]
+    one = counters.slice(gpus=3).whoami.call_one().get()
+    assert (one["message_rank"], one["message_point"], one["message_size"], one["rank"]) == (0, {}, {}, 3)
+    every = counters.whoami.call().get().values()
+    assert [v["message_rank"] for v in every] == [0, 1, 2, 3] and every[0]["message_size"] == {"gpus": 4}
+    strided = counters.slice(gpus=slice(1, 4, 2)).flatten("r").whoami.call().get().values()
+    assert [(v["message_point"], v["rank"]) for v in strided] == [({"r": 0}, 1), ({"r": 1}, 3)]
+    picked = counters.whoami.choose().get()  # one actor of the mesh called: its point in the mesh
+    assert picked["message_rank"] == picked["rank"]
+    waiting = procs4.spawn("where", AsyncWhere).slice(gpus=slice(1, 3)).where.call().get().values()
+    assert waiting == [(0, {"gpus": 2}, 1), (1, {"gpus": 2}, 2)]
 
 
 def test_call_one_on_many_actors_raises_value_error_naming_size(counters):

@@ -19,17 +19,17 @@ from kernels import WORKER, CellError, Kernel
 NAME = "dbg-magics"
 
 STEPPER = textwrap.dedent("""\
-    from monarch_nb.actor import Actor, endpoint, current_rank
+    from monarch_nb.actor import Actor, endpoint, context
 
     class Stepper(Actor):
         @endpoint
         def work(self, x):
-            y = x * 10 + current_rank().rank
+            y = x * 10 + context().actor_instance.rank.rank
             return y + 1
 
         @endpoint
         def halt(self, x):
-            y = x + current_rank().rank
+            y = x + context().actor_instance.rank.rank
             breakpoint()
             return y
     """)  # line 6 of this cell: `y = x * 10 + ...`; line 13: after breakpoint() in halt
@@ -70,7 +70,7 @@ def test_break_on_a_notebook_class_then_list_where_eval_continue(kernel):
     assert [row.split()[1] for row in rows] == ["1", "3"] and all(
         re.search(r"Cell In\[\d+\], line 6 +work", row) for row in rows), listed
     where = kernel.run("%monarch debug where steppers 3")
-    assert re.search(r"#0 work at Cell In\[\d+\], line 6", where) and "y = x * 10 + current_rank().rank" in where  # the cell's own source
+    assert re.search(r"#0 work at Cell In\[\d+\], line 6", where) and "y = x * 10 + context().actor_instance.rank.rank" in where  # the cell's own source
     assert kernel.run("%monarch debug eval steppers[1, 3] x * 100").strip() == "[steppers 1,3] 200"
     moved = kernel.run("%monarch debug next steppers[1]")
     assert re.match(r"\[steppers 1\] at Cell In\[\d+\], line 7 in work", moved), moved
@@ -220,7 +220,7 @@ def test_a_breakpoint_by_name_binds_after_a_restart_with_the_class_in_a_cell_of_
                "fut = moved.compute.call(5)\nc.debugger.wait_paused(1, 'moved', timeout=60)")
     rows = [line for line in kernel.run("%monarch debug").splitlines() if line.startswith("moved ")]
     assert [row.split()[1] for row in rows] == ["1"] and "Cell of an earlier kernel, line 6" in rows[0], rows
-    assert "y = x + current_rank().rank" in kernel.run("%monarch debug where moved 1")
+    assert "y = x + context().actor_instance.rank.rank" in kernel.run("%monarch debug where moved 1")
     assert "continued moved rank(s) 1" in kernel.run("%monarch debug continue moved")
     assert kernel.run("print(list(fut.get(timeout=30).values()))").strip() == "[5, 6]"
     kernel.run("%monarch break --clear\nmoved_procs = c.proc_meshes['moved_procs']\nmoved_procs.stop()")

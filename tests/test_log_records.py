@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from monarch_nb.actor import Actor, current_rank, endpoint
+from monarch_nb.actor import Actor, context, endpoint
 from monarch_nb.proc import stdio
 
 MB = 1 << 20
@@ -35,7 +35,7 @@ class Writer(Actor):
             sys.stdout.write(piece)
         sys.stdout.write("\n")
         print(f"{label} after")
-        return current_rank().rank
+        return context().actor_instance.rank.rank
 
     @endpoint
     def long_raw_line(self, label: str, nbytes: int) -> None:

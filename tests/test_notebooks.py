@@ -69,7 +69,7 @@ def test_debugging_notebook_pauses_inspects_and_continues_ranks(tmp_path):
 
 def test_a_monarch_program_runs_with_only_its_imports_changed(tmp_path):
     nb, text = _run_without_errors("from_monarch", tmp_path)
-    assert "[12, 12, 11, 11]" in text and "rank 3 of {'gpus': 4}" in text  # broadcast, slicing
+    assert "[12, 12, 11, 11]" in text and "rank 3 of {'gpus': 4}, called at {} of {}" in text  # broadcast, slicing
     assert "[(1, 0), (1, 1), (1, 2)]" in text  # a port passed to an actor
     assert "caught ZeroDivisionError" in text and "actor died: True" in text and "later calls fail too" in text
     assert "['worker 0', 'worker 1', 'worker 2', 'worker 3']" in text  # one controller for all

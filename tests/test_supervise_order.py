@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from monarch_nb.actor import Actor, Channel, MeshFailure, Port, SupervisionError, current_rank, endpoint, this_host
+from monarch_nb.actor import Actor, Channel, MeshFailure, Port, SupervisionError, context, endpoint, this_host
 
 ROUNDS = 3  # children killed per test: the order must hold every time, not by luck
 
@@ -20,7 +20,7 @@ class Child(Actor):
     @endpoint
     async def die(self, rank: int) -> None:
         """Rank ``rank`` dies, the others answer."""
-        if current_rank().rank == rank:
+        if context().actor_instance.rank.rank == rank:
             raise SystemExit(3)  # a BaseException: the actor dies, its proc lives on
 
     @endpoint
@@ -31,7 +31,7 @@ class Child(Actor):
     @endpoint
     async def die_or_hold(self, rank: int, gate: str) -> int:
         """Rank ``rank`` dies; the others run on until the file ``gate`` exists."""
-        me = current_rank().rank
+        me = context().actor_instance.rank.rank
         if me == rank:
             raise SystemExit(3)
         while not os.path.exists(gate):
@@ -40,7 +40,7 @@ class Child(Actor):
 
     @endpoint
     async def alive(self) -> int:
-        return current_rank().rank
+        return context().actor_instance.rank.rank
 
     @endpoint
     async def exit_proc(self) -> None:

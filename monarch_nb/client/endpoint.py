@@ -110,7 +110,8 @@ class Endpoint(Generic[P, R]):
         if deaths is None:
             deaths = rt.supervision.deaths
         rt.supervision.raise_armed(mesh._cluster_id, mesh._name)
-        header: dict = {envelope.KIND: proc_ops.CALL, proc_ops.ENDPOINT: self._name, proc_ops.ORIGIN: rt.origin()}
+        header: dict = {envelope.KIND: proc_ops.CALL, proc_ops.ENDPOINT: self._name, proc_ops.ORIGIN: rt.origin(),
+                        proc_ops.VIEW: mesh._shape.spec()}  # (each actor's message_rank: its point there)
         chain = call_chain.current()
         if chain and route is not None:  # a broadcast: nobody waits on it, so it holds nobody up
             header[proc_ops.CHAIN] = chain

@@ -179,7 +179,7 @@ class Shape:
     coordinates ``c`` maps to base rank ``offset + sum(c[i] * strides[i])``.
     """
 
-    __slots__ = ("extent", "offset", "strides", "_ranks")
+    __slots__ = ("extent", "offset", "strides", "_ranks", "_spec")
 
     def __init__(self, extent: Extent, offset: int = 0, strides: tuple[int, ...] | None = None):
         self.extent = extent
@@ -192,6 +192,7 @@ class Shape:
             strides = tuple(reversed(strides))
         self.strides = tuple(strides)
         self._ranks: list[int] | None = None  # computed on first use; shapes are immutable
+        self._spec: tuple | None = None  # likewise (every call to a mesh sends it)
 
     @classmethod
     def of(cls, sizes: Mapping[str, int]) -> "Shape":
@@ -218,6 +219,26 @@ class Shape:
                 raise IndexError(f"rank {rank} is out of range for {self.extent!r} ({n} elements)")
             bases.append(table[rank])
         return bases
+
+    def point_of_base(self, base: int) -> "Point | None":
+        """The point of this view at base-mesh rank ``base``, ``None`` when the view
+        does not hold it (O(points) the first time, then a list search)."""
+        try:
+            return self.extent.point(self._base_list().index(base))
+        except ValueError:
+            return None
+
+    def spec(self) -> tuple:
+        """``(labels, sizes, offset, strides)``: what :meth:`from_spec` makes it again
+        from (plain tuples: a message header carries it)."""
+        if self._spec is None:
+            self._spec = (tuple(self.extent.labels), tuple(self.extent.sizes), self.offset, self.strides)
+        return self._spec
+
+    @classmethod
+    def from_spec(cls, spec: tuple) -> "Shape":
+        labels, sizes, offset, strides = spec
+        return cls(Extent(dict(zip(labels, sizes))), offset, tuple(strides))
 
     def base_ranks(self) -> list[int]:
         """Base-mesh rank of every point of the view, in the view's rank order."""

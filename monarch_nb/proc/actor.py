@@ -251,15 +251,24 @@ def current_context() -> Context | None:
     return getattr(_current, "ctx", None)
 
 
+def set_message_rank(point: Point | None) -> None:
+    """Called by the actor loop around each message: this actor's point in the mesh or
+    slice the message was sent to (``None``: its own point in its mesh)."""
+    _current.message_rank = point
+
+
 def context() -> Context:
     """The context of the actor handling the current message on this thread. Outside
-    an actor (in the client) the actor instance is the client, at rank ``{}``."""
+    an actor (in the client) the actor instance is the client, at rank ``{}``.
+    ``message_rank`` is where this actor appears in what the message was sent to (a
+    slice's point, as in Monarch), ``actor_instance.rank`` its place in its own mesh."""
     ctx = getattr(_current, "ctx", None)
     if ctx is None:
         import os
 
         return Context(ActorInstance("client", _CLIENT_POINT, "client", os.getpid()), _CLIENT_POINT)
-    return ctx
+    point = getattr(_current, "message_rank", None)
+    return ctx if point is None else Context(ctx.actor_instance, point)
 
 
 def current_actor_name() -> str:
@@ -269,10 +278,14 @@ def current_actor_name() -> str:
 
 
 def current_rank() -> Point:
-    """This actor's point in its mesh (``.rank`` is the int rank); ``{}`` in the client."""
-    return context().actor_instance.rank
+    """This actor's point in the mesh or slice the current message was sent to
+    (``context().message_rank``, as in Monarch: a call to ``mesh.slice(gpus=slice(2, 4))``
+    runs at ranks 0 and 1; ``.rank`` is the int rank); ``{}`` in the client. Its place in
+    its own mesh is ``context().actor_instance.rank``."""
+    return context().message_rank
 
 
 def current_size() -> dict[str, int]:
-    """This actor's mesh extent as a dict, e.g. ``{"hosts": 2, "gpus": 8}``; ``{}`` in the client."""
-    return dict(context().actor_instance.rank.extent)
+    """The extent of the mesh or slice the current message was sent to, as a dict (e.g.
+    ``{"hosts": 2, "gpus": 8}``); ``{}`` in the client."""
+    return dict(context().message_rank.extent)

@@ -47,7 +47,7 @@ from typing import Any, Callable
 import zmq
 
 from ..errors import MeshFailure, SupervisionError, actor_gone_report, actor_name
-from ..mesh import Point
+from ..mesh import Point, Shape
 from ..protocol import envelope, hub_ops, proc_ops
 from ..protocol.states import STATE, Activity
 from ..wire import frames as wire_frames
@@ -55,12 +55,14 @@ from ..wire import interrupts, sockets
 from ..wire import port as wire_port
 from ..wire.remote_error import pack_exception
 from . import activity, call_chain, forked_child
-from .actor import Actor, ActorInstance, Context, _set_current, endpoint_names, is_endpoint, takes_port
+from .actor import (Actor, ActorInstance, Context, _set_current, endpoint_names, is_endpoint, set_message_rank,
+                    takes_port)
 from .async_actor import AsyncServer
 from .stdio import end_of_call, set_call_origin
 
 
 CANCELLED_KEPT = 4096  # interrupted calls remembered per actor (a call comes at most once)
+_VIEWS_KEPT = 64  # views (meshes and slices called) whose point an actor keeps
 # How long a dying actor waits for the hub to answer its report before answering its
 # callers (the hub answers in milliseconds; only a stalled or dead hub makes it wait).
 REPORT_WAIT_S = 2.0
@@ -99,6 +101,7 @@ class ActorThread:
         # The proc's status (ProcServer.status), sent with the answer to the spawn: the hub
         # then knows what the new actor does (idle) without asking every proc again.
         self._proc_status = proc_status
+        self._view_points: dict = {}  # proc_ops.VIEW -> this actor's point there (message_rank_of)
         # message kind -> handler(instance, message, reply_to); one returning STOP ends the loop
         self._kinds: dict[str, Callable] = {
             proc_ops.CALL: self._call, proc_ops.SUPERVISE: self._supervise_message, proc_ops.STOP: self._stop,
@@ -374,6 +377,7 @@ class ActorThread:
                 traceback.print_exc()
             finally:
                 set_call_origin(None)
+                set_message_rank(None)
                 call_chain.set_chain(None)
                 # Not held while the next message arrives: a large one's memory can then
                 # be reused for it (the VMs here take seconds for 1 GiB of fresh pages).
@@ -422,8 +426,29 @@ class ActorThread:
                                         "before this call ran", stopped=True), extra={proc_ops.DIED: True})
             return
         set_call_origin(message.header.get(proc_ops.ORIGIN))
+        set_message_rank(self.message_rank_of(message.header))
         call_chain.set_chain(self.chain(message, holds=True))
         self._handle(instance, message.header[proc_ops.ENDPOINT], message, reply_to)
+
+    def message_rank_of(self, header: dict) -> Point | None:
+        """This actor's point in the mesh or slice a call was sent to (``proc_ops.VIEW``:
+        Monarch's ``message_rank``), ``None`` (its own point) when the call does not
+        say. Kept per view: a handle sends the same one call after call."""
+        spec = header.get(proc_ops.VIEW)
+        try:
+            return self._view_points[spec]
+        except KeyError:
+            pass
+        except TypeError:  # unhashable: not a view this runtime sent
+            return None
+        try:
+            point = Shape.from_spec(spec).point_of_base(self.point.rank) if spec is not None else None
+        except (TypeError, ValueError):
+            point = None
+        if len(self._view_points) >= _VIEWS_KEPT:
+            self._view_points.clear()
+        self._view_points[spec] = point
+        return point
 
     def chain(self, message: wire_frames.Message, holds: bool) -> call_chain.Chain:
         """The chain of actors waiting on the call ``message`` asks for, this one

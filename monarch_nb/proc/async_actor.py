@@ -31,11 +31,12 @@ import traceback
 import zmq
 
 from ..errors import MeshFailure
+from ..mesh import Point
 from ..protocol import envelope, proc_ops
 from ..wire import frames as wire_frames
 from ..wire import sockets, stream
 from . import call_chain
-from .actor import is_concurrent
+from .actor import is_concurrent, set_message_rank
 from .stdio import set_call_origin
 
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
@@ -58,9 +59,10 @@ class _Stepped:
     A cancellation of its task is thrown into ``coro`` as ``KeyboardInterrupt`` when
     the call was interrupted, as ``CancelledError`` otherwise."""
 
-    def __init__(self, actor, coro, call: _Call, origin: str | None, name: str, chain: call_chain.Chain = ()):
+    def __init__(self, actor, coro, call: _Call, origin: str | None, name: str, chain: call_chain.Chain = (),
+                 message_rank: Point | None = None):
         self._actor, self._coro, self._call, self._origin, self._name = actor, coro, call, origin, name
-        self._chain = chain
+        self._chain, self._message_rank = chain, message_rank
 
     def __await__(self):
         actor, coro = self._actor, self._coro
@@ -68,12 +70,14 @@ class _Stepped:
         while True:
             set_call_origin(self._origin)  # calls interleave: each step prints for its own caller
             call_chain.set_chain(self._chain)  # ... and calls on for its own chain
+            set_message_rank(self._message_rank)  # ... at its own message_rank
             if thrown is None:
                 yielded, error = actor._call_user(actor.step_endpoint, coro.send, value, self._name)
             else:
                 yielded, error = actor._call_user(actor.step_endpoint, coro.throw, thrown, self._name)
             set_call_origin(None)
             call_chain.set_chain(None)
+            set_message_rank(None)
             if error is not None:
                 if isinstance(error, StopIteration):
                     return error.value, None
@@ -278,15 +282,18 @@ class AsyncServer:
         method, args, kwargs, explicit = prepared
         origin = message.header.get(proc_ops.ORIGIN)
         chain = actor.chain(message, holds=not is_concurrent(method))
+        message_rank = actor.message_rank_of(message.header)
         actor.begin(name)
         try:
             call_chain.set_chain(chain)  # a plain ``def`` endpoint runs whole in this first step
+            set_message_rank(message_rank)
             try:
                 result, error = actor._call_user(method, *args, **kwargs)
             finally:
                 call_chain.set_chain(None)
+                set_message_rank(None)
             if error is None and asyncio.iscoroutine(result):
-                result, error = await _Stepped(actor, result, call, origin, name, chain)
+                result, error = await _Stepped(actor, result, call, origin, name, chain, message_rank)
         finally:
             actor.end()
         if actor.stopping and isinstance(error, asyncio.CancelledError):  # not a fault: no actor dies of it

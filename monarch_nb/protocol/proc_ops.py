@@ -64,6 +64,7 @@ CONNECT = "connect"  # connect to CALLER (a client that picked its mesh), where 
 # Header keys of actor messages.
 ENDPOINT = "ep"  # the endpoint a CALL is for
 ORIGIN = "o"  # ``CLIENT_ID:...`` of the call that caused this message: where its output is shown
+VIEW = "vw"  # CALL: the mesh or slice it was sent to (``Shape.spec``): the receiver's ``message_rank`` is its point there
 CHAIN = "w"  # CALL: the actors held up waiting along the calls that led to it (proc.call_chain)
 FAILURE = "failure"  # SUPERVISE: the failure event
 HANDLED = "handled"  # SUPERVISE's reply: did __supervise__ handle it
