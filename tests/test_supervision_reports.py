@@ -97,3 +97,21 @@ def test_a_mesh_failure_reads_as_monarchs_with_our_cause():
 def test_an_actor_is_named_by_class_mesh_and_each_dimensions_index_of_size():
     assert actor_name("m.C", "trainers", {"hosts": 2, "gpus": 4}, 5) == "m.C trainers{'hosts': 1/2, 'gpus': 1/4}"
     assert actor_name("m.C", "ctl", {}, 0) == "m.C ctl{}"
+
+
+def test_an_unhandled_failure_is_reported_by_clients_not_by_actors_that_joined_the_hub(monkeypatch):
+    # An actor that once called another mesh joined the hub to hear of deaths, and then
+    # printed every unhandled failure of the cluster as its own ("[actor_0 1] monarch_nb:
+    # unhandled failure: ... d ..."), under whichever cell it last served (4 of 4).
+    from monarch_nb.client import supervision as client_supervision
+    from monarch_nb.protocol import envelope, events
+
+    event = {envelope.OP: events.SUPERVISION, events.CLUSTER: "c1",
+             "failure": {"kind": "proc_failed", "meshes": ["d"], "ranks": [1], "why": "d rank 1: exited with code 7"}}
+    for identity, told in ((None, 1), ({"cluster_dir": "/nowhere", "proc_id": "procs1/1"}, 0)):
+        heard: list = []
+        watcher = client_supervision.Supervision(lambda: None)
+        watcher.set_failure_hook(lambda cluster, failure, owner: heard.append((cluster, failure.meshes)))
+        monkeypatch.setattr(client_supervision, "proc_identity", lambda identity=identity: identity)
+        watcher.on_event(event)
+        assert heard == [("c1", ("d",))] * told

@@ -28,6 +28,7 @@ from collections import OrderedDict
 from typing import Callable
 
 from ..errors import MeshFailure, SupervisionError
+from ..proc.actor import proc_identity
 from ..protocol import envelope, events, proc_ops
 from ..protocol.states import FailureKind
 from ..wire import frames as wire_frames
@@ -214,7 +215,10 @@ class Supervision:
             self.actors_back(event)
         elif op == events.SUPERVISION:
             failure = MeshFailure.from_event(event["failure"])
-            if self.handled_by(event[events.CLUSTER], failure) is None:
+            # An actor that joined the hub to call other meshes hears these too, but an
+            # unhandled failure is the client's to report (a mesh an actor owns reaches
+            # its __supervise__, not this): it printed other meshes' failures as its own.
+            if self.handled_by(event[events.CLUSTER], failure) is None and proc_identity() is None:
                 self._hook(event[events.CLUSTER], failure, event["failure"].get("owner"))
                 self._call_fault_hook(failure)
             with self._heard_changed:
