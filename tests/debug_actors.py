@@ -51,6 +51,12 @@ class Paused(Actor):
         time.sleep(seconds)
         return seconds
 
+    @endpoint
+    def doze(self, seconds: float) -> float:
+        breakpoint()
+        time.sleep(seconds)  # a `next` from the line above runs this for `seconds`
+        return seconds
+
 
 COMPUTE_LINE = 24
 

@@ -161,6 +161,14 @@ def test_where_locals_and_next_on_one_rank(dbg, paused4):
     assert future.get(timeout=30) == 22
 
 
+def test_a_next_over_a_slow_line_answers_still_running_after_its_wait_and_the_call_ends(dbg, paused4):
+    future = paused4.slice(gpus=3).doze.call_one(4.0)
+    dbg.wait_paused(1, "paused", timeout=60)
+    assert dbg.next("paused", [3], wait_s=1.0) == {3: None}  # answered after its wait: the 4 s sleep runs on
+    assert future.get(timeout=60) == 4.0
+    assert not dbg.paused()
+
+
 def test_an_interrupt_leaves_a_rank_paused_at_a_breakpoint_paused_and_inspectable(dbg, paused4, procs4):
     # The interrupt ended the rank's wait in the debugger, which did not know: the rank was
     # still listed as paused, `where` showed nothing, `eval` failed ("no user frame").

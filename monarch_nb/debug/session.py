@@ -239,11 +239,11 @@ class ProcDebugger:
         if kind is not None or due:
             self._rechecks = [t for t in self._rechecks if t not in due]
             self._untrace_if_idle()
-            now = time.monotonic()
-            for tid, (header, deadline) in list(self._steps.items()):
-                if deadline <= now:
-                    del self._steps[tid]
-                    self._reply(header, {"running": True})
+        now = time.monotonic()
+        for tid, (header, deadline) in list(self._steps.items()):
+            if deadline <= now:
+                del self._steps[tid]
+                self._reply(header, {"running": True})
 
     def _event(self, message: dict) -> None:
         event, body = message.get("event"), message.get("body") or {}
