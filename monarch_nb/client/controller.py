@@ -42,5 +42,5 @@ def get_or_spawn_controller(name: str, Class: type[A], *args: Any, **kwargs: Any
     with unowned():  # the cluster's, wherever asked from
         first_host = default_cluster().host_mesh().slice(hosts=0)  # an int drops the dimension: extent {}
         procs = first_host.spawn_procs(per_host={}, name=CONTROLLERS)
-        mesh = procs.spawn(name, Class, *args, **kwargs)
+        mesh = procs._spawn(name, Class, args, kwargs, same_construction=False)
     return Future.finished(runtime(), f"get_or_spawn_controller({name!r})", mesh)

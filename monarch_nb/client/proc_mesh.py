@@ -106,12 +106,22 @@ class ProcMesh(MeshHandle):
         With ``raise_init_errors=True`` the spawn instead raises :class:`ActorError`
         (with every failed rank) and the mesh is not created.
 
-        Spawning a ``name`` that exists returns the live mesh when class and procs match
-        (re-running a cell works); otherwise it raises ``ValueError``, unless
-        ``replace=True`` stops the old mesh first. Raises ``TypeError`` when
-        ``actor_class`` is not an ``Actor`` subclass, ``SerializationError`` when the
-        class or arguments can't be pickled.
+        Spawning a ``name`` that exists returns the live mesh when this spawn would make
+        the same one (its procs, class, the class's code and the constructor arguments:
+        re-running a cell works, in a restarted kernel too; ``client.spawn_digest``);
+        otherwise it raises ``ValueError`` saying what differs, unless ``replace=True``
+        stops the old mesh first. Raises ``TypeError`` when ``actor_class`` is not an
+        ``Actor`` subclass, ``SerializationError`` when the class or arguments can't be
+        pickled.
         """
+        return self._spawn(name, actor_class, args, kwargs, replace, init_timeout, raise_init_errors)
+
+    def _spawn(self, name: str, actor_class: type[T], args: tuple, kwargs: dict, replace: bool = False,
+               init_timeout: float | None = None, raise_init_errors: bool = False,
+               same_construction: bool = True) -> T:
+        """:meth:`spawn`; ``same_construction=False``: a live mesh of that name is returned
+        whatever code and arguments it was made from (controllers: any client's
+        ``get_or_spawn_controller`` gets the one there is)."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"spawn(name, actor_class, ...) needs a mesh name string first, got {name!r}")
         if init_timeout is not None and not init_timeout > 0:  # (NaN too)
@@ -126,7 +136,8 @@ class ProcMesh(MeshHandle):
         fields = dict(extent=dict(self.extent), class_name=class_name, endpoints=endpoints, methods=methods,
                       replace=replace, raise_init_errors=raise_init_errors, o=rt.origin(),
                       **{hub_ops.SPAWN_DIGESTS: spawn_digests(actor_class, args, kwargs,
-                                                              len(body) + sum(b.raw().nbytes for b in buffers))},
+                                                              len(body) + sum(b.raw().nbytes for b in buffers))
+                         if same_construction else None},
                       main_thread=getattr(actor_class, "_monarch_main_thread", False), owner=owner_of_new_meshes())
         host_ids = {str(p.get("host_id")) for p in self._procs}
         routed = may_route(len(self), len(host_ids), lambda: control.machines(host_ids))
