@@ -357,3 +357,55 @@ def test_a_lost_hub_coming_back_lets_calls_through_but_a_cluster_this_client_sto
     client.cluster_stopped("c", "stopped by this client")
     client.hub_back("c")
     assert dead_now(3) == {"tcp://127.0.0.1:4000": "stopped by this client"}
+
+
+_HANDLED_SCRIPT = '''
+import time
+from monarch_nb.actor import Actor, endpoint, this_host
+
+
+class Kid(Actor):
+    @endpoint
+    def die(self):
+        raise SystemExit(3)
+
+
+class Parent(Actor):
+    def __init__(self):
+        self.kids = this_host().spawn_procs(per_host={"gpus": 1}).spawn("kids", Kid)
+        self.seen = []
+
+    def __supervise__(self, failure):
+        self.seen.append(failure.mesh_name)
+        return True
+
+    @endpoint
+    def kill_kid(self):
+        try:
+            self.kids.die.call_one().get()
+        except Exception:
+            pass
+
+    @endpoint
+    def handled(self):
+        return self.seen
+
+
+parent = this_host().spawn_procs(per_host={"gpus": 1}).spawn("parent", Parent)
+parent.kill_kid.call_one().get()
+deadline = time.monotonic() + 60
+while not parent.handled.call_one().get() and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("handled", parent.handled.call_one().get())
+'''
+
+
+def test_a_failure_an_owner_handled_is_not_news_on_a_scripts_terminal(tmp_path):
+    # The ephemeral hub (whose stderr is its script's) said "monarch_nb hub: parent rank 0
+    # handled: kids rank 0: die raised SystemExit: 3" on every such failure (8 of 8).
+    script = tmp_path / "handled.py"
+    script.write_text(_HANDLED_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "MONARCH_NB_HOME": str(tmp_path / "home")})
+    assert done.returncode == 0 and "handled ['kids']" in done.stdout, (done.stdout, done.stderr)
+    assert "handled:" not in done.stderr, done.stderr

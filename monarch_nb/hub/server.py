@@ -111,7 +111,8 @@ class Hub:
         # Set once a recovering hub has adopted its predecessor's agents and meshes (at
         # once otherwise): what a client joining before then is told waits for it.
         self.adopted = asyncio.Event()
-        self.supervision = Supervision(registry, net, self.announcer, self.logs.store, self.meshes)
+        self.supervision = Supervision(registry, net, self.announcer, self.logs.store, self.meshes,
+                                       says_handled=not ephemeral)
         self.meshes.actor_died = self.supervision.actor_died
         self.restarts = Restarts(registry, net, launcher, self.supervision, self.meshes, self.debug)
         self.allocation = Allocation(self.allocator, hosts, path, registry, net, self.supervision, self.meshes,

@@ -75,7 +75,11 @@ class Supervision:
     and stops the meshes they owned."""
 
     def __init__(self, registry: Registry, net: AioEndpoint, announcer: Announcer, store: LogStore,
-                 meshes: MeshOps):
+                 meshes: MeshOps, says_handled: bool = True):
+        """``says_handled``: note failures an owner handled on stderr (a retained hub's is
+        hub.log; an ephemeral one's is its script's terminal, where a handled failure is
+        no news)."""
+        self._says_handled = says_handled
         self._registry = registry
         self._net = net
         self._announcer = announcer
@@ -299,8 +303,9 @@ class Supervision:
             outcome = await self._outcome(verdict)
             if outcome.get("handled") or outcome.get("owner_died"):
                 verdict_text = "died of it" if outcome.get("owner_died") else "handled"
-                print(f"monarch_nb hub: {owner['mesh']} rank {owner['rank']} {verdict_text}: {failure['why']}",
-                      file=sys.stderr)
+                if self._says_handled:
+                    print(f"monarch_nb hub: {owner['mesh']} rank {owner['rank']} {verdict_text}: {failure['why']}",
+                          file=sys.stderr)
                 return  # the owner's own failure (ACTOR_FAILED) carries this one on up
             why = failure["why"] + (f"; not handled by {owner['mesh']} rank {owner['rank']}"
                                     + (f" ({outcome['error']})" if outcome.get("error") else ""))
