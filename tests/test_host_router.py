@@ -8,6 +8,7 @@ procs over eight local host agents of four procs each (issue 24's size for CI), 
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import signal
@@ -23,7 +24,8 @@ from monarch_nb.client.cluster import Cluster
 from monarch_nb.client.runtime import runtime
 from monarch_nb.errors import ActorError, SupervisionError
 from monarch_nb.host.folds import Folds
-from monarch_nb.host.router import Casts, Relays, batch_frames
+from monarch_nb.host.replies import Entry
+from monarch_nb.host.router import RELAYED_FORGET_S, Casts, Relays, batch_frames
 from monarch_nb.protocol import envelope, proc_ops, router_ops
 from monarch_nb.wire import frames as wire_frames
 from monarch_nb.wire import serialize, shm
@@ -164,9 +166,44 @@ def test_identical_replies_in_a_row_go_as_one_naming_their_ranks_and_nothing_ove
     casts.reply(route, *_reply(4, "boom", ok=False))
     casts.reply(route, *_reply(5, "boom", ok=False))  # a failure goes alone, whatever it is like
     entries = casts.take()["me"]
+    # (rank 2's names no other rank, but says it may be joined further on, at a relay)
     assert [(e.header[envelope.RANK], e.header.get(router_ops.SAME)) for e in entries] == [
-        (3, [0, 1]), (9, None), (2, None), (4, None), (5, None)]
+        (3, [0, 1]), (9, None), (2, []), (4, None), (5, None)]
     assert serialize.loads(entries[0].body) is None
+
+
+def test_a_relay_joins_alike_replies_of_several_hosts_and_counts_those_still_out():
+    # As a client's relay: other hosts' routers send their batches here, each reply that
+    # may be joined marked with SAME. Alike ones join across hosts; a port's value
+    # between them is not overtaken; a failure goes alone.
+    casts, none = Casts(), serialize.dumps(None)[0]
+    route = ("me", 12)
+    casts.expect_relayed(route, 7, now=0.0)
+    casts.pass_on("me", Entry({envelope.RANK: 0, envelope.OK: True, envelope.PORT: 12, router_ops.SAME: [1, 2]},
+                              memoryview(none)))
+    casts.pass_on("me", Entry({envelope.RANK: 3, envelope.OK: True, envelope.PORT: 12, router_ops.SAME: []}, none))
+    casts.pass_on("me", Entry({envelope.RANK: 9, envelope.OK: True, envelope.PORT: 15}, none))  # a port's value
+    casts.pass_on("me", Entry({envelope.RANK: 4, envelope.OK: True, envelope.PORT: 12, router_ops.SAME: [5]}, none))
+    assert casts.waiting  # rank 6 is still out
+    casts.pass_on("me", Entry({envelope.RANK: 6, envelope.OK: False, envelope.PORT: 12}, serialize.dumps("boom")[0]))
+    assert not casts.waiting
+    entries = casts.take()["me"]
+    assert [(e.header[envelope.RANK], e.header.get(router_ops.SAME)) for e in entries] == [
+        (0, [1, 2, 3]), (9, None), (4, [5]), (6, None)]
+    # The relay's own host's replies join those passed on, and the other way round.
+    casts.open(("me", 13), {0: "p/0"}, coalesce=True)
+    casts.pass_on("me", Entry({envelope.RANK: 1, envelope.OK: True, envelope.PORT: 13, router_ops.SAME: []}, none))
+    casts.reply(("me", 13), *_reply(0, None))
+    assert [(e.header[envelope.RANK], e.header[router_ops.SAME]) for e in casts.take()["me"]] == [(1, [0])]
+
+
+def test_a_relay_waits_for_replies_of_a_host_lost_no_longer_than_their_time():
+    casts = Casts()
+    casts.expect_relayed(("me", 14), 2, now=100.0)
+    casts.forget_relayed(100.0 + RELAYED_FORGET_S - 1)
+    assert casts.waiting
+    casts.forget_relayed(100.0 + RELAYED_FORGET_S)
+    assert not casts.waiting
 
 
 def test_replies_alike_stay_apart_unless_the_caller_asked_and_when_large_or_with_buffers():
@@ -890,6 +927,60 @@ def test_a_killed_host_agent_is_a_host_lost_and_its_calls_fail(tmp_path, monkeyp
             pending.get(timeout=BOUND_S)
         assert wait_until(lambda: pids_alive([agents["host1"], procs.pids[1]]) == [], BOUND_S)
         assert mesh.slice(hosts=0).value.call(1).get(timeout=BOUND_S).values() == [100]
+    finally:
+        c.stop()
+    assert wait_until(lambda: not cluster_processes(c.path), 15), cluster_processes(c.path)
+
+
+def test_a_routed_call_leaves_the_client_as_one_message_to_its_relay(routed, monkeypatch):
+    # The relay passes it on to the other hosts' routers; relays off, one per host.
+    _, _, mesh = routed
+    mesh.one.call().get(timeout=BOUND_S)  # the route table is learnt (one hub request) before counting
+    mailbox = runtime().mailbox
+    sent: list[str] = []
+    send = Mailbox.send.__get__(mailbox)
+
+    def counting(address, frames, *args, **kwargs):
+        sent.append(address)
+        return send(address, frames, *args, **kwargs)
+
+    monkeypatch.setattr(mailbox, "send", counting)
+    expected = [100 + r for r in range(HOSTS * PER_HOST)]
+    assert mesh.value.call(1).get(timeout=BOUND_S).values() == expected
+    assert len(sent) == 1, sent
+    sent.clear()
+    monkeypatch.setenv(router_ops.RELAY_ENV, router_ops.ROUTER_OFF)
+    assert mesh.value.call(1).get(timeout=BOUND_S).values() == expected
+    assert len(sent) == len(set(sent)) == HOSTS, sent
+    monkeypatch.setenv(router_ops.RELAY_ENV, "maybe")
+    with pytest.raises(ValueError, match=router_ops.RELAY_ENV):
+        mesh.value.call(1)
+
+
+def test_a_call_relayed_through_a_lost_host_fails_and_the_next_goes_through_another(tmp_path, monkeypatch):
+    # The call's own ranks live on (none is on the relay's host): without the relay's
+    # loss failing it, it waited for replies that went to a dead router.
+    monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_ON)
+    c = Cluster.start_ephemeral(hosts=3)
+    try:
+        procs = c.host_mesh().spawn_procs(per_host={"gpus": 1}, name="three")
+        mesh = procs.spawn("rec", Recorder)
+        assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == 3
+        relay_of = functools.partial(runtime().host_routes.relay, mesh._cluster_id, (),
+                                     runtime().supervision.router_lost)
+        relay = relay_of()
+        (relay_host,) = [h for h in c.info()["hosts"] if h["router"] == relay]
+        assert relay_host["host_id"] == "host0"  # the first host's, in rank order
+        others = mesh.slice(hosts=slice(1, 3))
+        gate = tmp_path / "gate"
+        gate.touch()
+        pending = others.hold.call(str(gate))
+        os.kill(relay_host["pid"], signal.SIGKILL)
+        gate.unlink()
+        with pytest.raises(SupervisionError, match="relayed through"):
+            pending.get(timeout=BOUND_S)
+        assert others.value.call(1).get(timeout=BOUND_S).values() == [100, 101]
+        assert relay_of() not in (relay, None)
     finally:
         c.stop()
     assert wait_until(lambda: not cluster_processes(c.path), 15), cluster_processes(c.path)

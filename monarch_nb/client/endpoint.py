@@ -119,7 +119,8 @@ class Endpoint(Generic[P, R]):
             header.update(route)
         routes = rt.host_routes.routes(mesh)
         if routes is not None:
-            self._cast(routes, addresses, header, args, kwargs, reducer, coalesce=gather is not None)
+            self._cast(routes, addresses, header, args, kwargs, reducer, coalesce=gather is not None,
+                       port=None if gather is None or route is None else route[envelope.PORT])
             return routes
         frames = wire_frames.encode_value(mesh._cluster_id, header, (args, kwargs),
                                           what=f"an argument of {mesh._name}.{self._name}", sign_at_send=True,
@@ -150,11 +151,15 @@ class Endpoint(Generic[P, R]):
         return None
 
     def _cast(self, routes: dict, addresses: list[str], header: dict, args: tuple, kwargs: dict,
-              reducer: Callable | None, coalesce: bool) -> None:
-        """One ``CAST`` per host router (``host.router``): the call's header and arguments
-        once, and the actors of ``addresses`` on that host. ``coalesce``: the replies go
-        to a :meth:`_gather`, which takes identical ones as one (``router_ops.SAME``)."""
+              reducer: Callable | None, coalesce: bool, port: int | None) -> None:
+        """One ``CAST`` to this client's relay router, which passes it on to the other
+        hosts' (``router_ops.RELAY``), or, relays off, one per host router
+        (``host.router``): the call's header and arguments once, and the actors of
+        ``addresses`` on each host. ``coalesce``: the replies go to a :meth:`_gather`,
+        which takes identical ones as one (``router_ops.SAME``). ``port``: that gather's,
+        which fails if the relay's host is lost while it waits."""
         mesh = self._mesh
+        supervision = runtime().supervision
         body, buffers = serialize.dumps((args, kwargs), f"an argument of {mesh._name}.{self._name}")
         raw = [b.raw() for b in buffers]
         by_router: dict[str, list] = {}
@@ -170,6 +175,15 @@ class Endpoint(Generic[P, R]):
                 pass  # the routers pass the values on, and this client folds them, as it does for a direct call
         if coalesce:
             cast[router_ops.COALESCE] = True
+        relay = runtime().host_routes.relay(mesh._cluster_id, by_router, supervision.router_lost)
+        if relay is not None:
+            cast[router_ops.TARGETS] = by_router.pop(relay, [])
+            if by_router:
+                cast[router_ops.RELAY] = by_router
+            if port is not None:
+                supervision.watch_relay(mesh._cluster_id, port, relay)
+            mailbox.send(relay, wire_frames.encode(mesh._cluster_id, cast, body, raw, sign_at_send=True))
+            return
         for router, targets in by_router.items():
             cast[router_ops.TARGETS] = targets
             mailbox.send(router, wire_frames.encode(mesh._cluster_id, cast, body, raw, sign_at_send=True))
@@ -228,6 +242,16 @@ class Endpoint(Generic[P, R]):
         def on_reply(_key, message: wire_frames.Message) -> None:
             if message.header.get(proc_ops.GRACE_OVER):
                 if remaining[0]:
+                    settle()
+                return
+            if message.header.get(router_ops.RELAY_LOST):  # every rank still out went with the relay
+                if remaining[0]:
+                    _, lost, _ = _read_reply(message, mesh.extent, view_ranks[0])
+                    error = lost.exception if lost is not None else SupervisionError("the relay router was lost")
+                    for j in range(len(view_ranks)):
+                        if j not in answered:
+                            failures[j] = RemoteFailure(mesh.extent.point(view_ranks[j]), error, "")
+                            dead_ranks.add(j)
                     settle()
                 return
             i = by_base.get(message.header["rank"])

@@ -8,6 +8,13 @@ the same path (client -> its host's router -> the actor), which is what keeps a
 caller's calls to one actor in the order sent. The table of a mesh (actor address ->
 router, base rank, proc) comes from the hub once, then is kept until the mesh's
 addresses change (a restart).
+
+A client sends each routed call as one message, to one router of the cluster, its relay,
+which passes it on to the other hosts' routers and sends their replies back with its
+own (``MONARCH_NB_ROUTER_RELAY``, see :func:`relay_policy`): the client then sends and
+receives about one message per call, not one per host. Every routed call of the client
+to that cluster goes through the same relay, so each actor's calls still take one path;
+another is taken only once the relay's host is lost (the calls relayed through it fail).
 """
 
 from __future__ import annotations
@@ -75,6 +82,25 @@ def _policy_of(setting: str) -> RouterPolicy:
     return RouterPolicy(threshold, across_machines=False)
 
 
+def relay_policy() -> bool:
+    """Whether routed calls go through one relay router (``MONARCH_NB_ROUTER_RELAY``:
+    unset or ``on``) or to each host's router from the client (``off``). Raises
+    ``ValueError`` for anything else."""
+    return _relay_of(os.environ.get(router_ops.RELAY_ENV, ""))
+
+
+@functools.lru_cache(maxsize=4)
+def _relay_of(setting: str) -> bool:
+    value = setting.strip().lower()
+    if value in ("", router_ops.ROUTER_ON):
+        return True
+    if value == router_ops.ROUTER_OFF:
+        return False
+    raise ValueError(f"{router_ops.RELAY_ENV}={value!r}: give {router_ops.ROUTER_ON!r} (one router relays each "
+                     f"routed call to the others) or {router_ops.ROUTER_OFF!r} (the client sends to every host's "
+                     "router itself)")
+
+
 def may_route(actors: int, hosts: int, machines: Callable[[], int]) -> bool:
     """Whether calls to a mesh of ``actors`` actors on ``hosts`` hosts may go through the
     host routers (``router_policy``; ``machines()``, asked only when the policy needs
@@ -95,6 +121,24 @@ class HostRoutes:
         # (None: to be called directly whatever the policy), the machines of its hosts).
         # One entry per mesh: a restart's new addresses replace it.
         self._tables: dict[tuple[str, str], tuple[tuple[str, ...], dict[str, Route] | None, int]] = {}
+        self._relays: dict[str, str] = {}  # cluster id -> the router this client's routed calls go through
+
+    def relay(self, cluster_id: str, routers, lost: Callable[[str, str], str | None]) -> str | None:
+        """The router this client's routed calls to ``cluster_id`` go through
+        (``relay_policy``), ``None`` when each goes to its host's router. It stays the
+        same until ``lost(cluster_id, router)`` says its host was lost; then the first of
+        ``routers`` (this call's, in rank order) not lost takes its place."""
+        if not relay_policy():
+            return None
+        with self._lock:
+            relay = self._relays.get(cluster_id)
+        if relay is not None and lost(cluster_id, relay) is None:
+            return relay
+        relay = next((r for r in routers if lost(cluster_id, r) is None), None)
+        if relay is not None:
+            with self._lock:
+                self._relays[cluster_id] = relay
+        return relay
 
     def routes(self, mesh) -> dict[str, Route] | None:
         """The routes of ``mesh`` (an ``ActorMesh``: not imported, it imports this through

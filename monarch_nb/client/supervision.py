@@ -29,7 +29,7 @@ from typing import Callable
 
 from ..errors import MeshFailure, SupervisionError
 from ..proc.actor import proc_identity
-from ..protocol import envelope, events, proc_ops
+from ..protocol import envelope, events, proc_ops, router_ops
 from ..protocol.states import FailureKind
 from ..wire import frames as wire_frames
 from ..wire import sockets
@@ -82,6 +82,11 @@ class Supervision:
         # (cluster id, actor or proc mesh) -> who handles its failures (e.g. "service 'policy'")
         self._handled: dict[tuple[str, str], str] = {}
         self._heard_changed = threading.Condition()
+        # Relays (host routers this client's routed calls go through: router_ops.RELAY):
+        # port -> (cluster id, router address), of the calls waiting on one; and
+        # (cluster id, router address) -> why, of those lost with their host.
+        self._relayed: dict[int, tuple[str, str]] = {}
+        self._lost_routers: dict[tuple[str, str], str] = _Recent()
         # Counts actors_gone reports: a sender that saw it change while it sent checks its
         # targets again (a socket closed for a dead actor may have been made again by it).
         self.deaths = 0
@@ -148,7 +153,50 @@ class Supervision:
         with self._lock:
             self._unwatch(port, addresses)
 
+    # relays -------------------------------------------------------------------------------
+    def router_lost(self, cluster_id: str, router: str) -> str | None:
+        """Why the host router at ``router`` of ``cluster_id`` is known lost (its host
+        was), or ``None``."""
+        return self._lost_routers.get((cluster_id, router))
+
+    def watch_relay(self, cluster_id: str, port: int, router: str) -> None:
+        """Note that the call at ``port`` waits on replies relayed through ``router``: if
+        its host is lost, the call fails (``router_ops.RELAY_LOST``), at once if it is
+        already. :meth:`unwatch` of the port ends it."""
+        with self._lock:
+            self._relayed[port] = (cluster_id, router)
+            why = self._lost_routers.get((cluster_id, router))
+        if why is not None:
+            self._fail_relayed(cluster_id, port, router, why)
+
+    def _routers_gone(self, cluster_id: str, routers: dict) -> None:
+        """The hub's news that the hosts of ``routers`` (address -> why) were lost: the
+        calls relayed through one of them fail, ranks still out and all."""
+        with self._lock:
+            failing = self._note_routers_gone(cluster_id, routers)
+        for port, router, why in failing:
+            self._fail_relayed(cluster_id, port, router, why)
+
+    def _note_routers_gone(self, cluster_id: str, routers: dict) -> list[tuple[int, str, str]]:
+        """Record ``routers`` lost; the calls relayed through them, as (port, router, why).
+        The caller holds the lock (a loop of its own: see ``__init__``)."""
+        for router, why in routers.items():
+            self._lost_routers[(cluster_id, router)] = why
+        failing = [(port, router, routers[router]) for port, (cid, router) in self._relayed.items()
+                   if cid == cluster_id and router in routers]
+        for port, _, _ in failing:
+            del self._relayed[port]
+        return failing
+
+    def _fail_relayed(self, cluster_id: str, port: int, router: str, why: str) -> None:
+        mailbox = self._mailbox()
+        header = {envelope.PORT: port, envelope.OK: False, proc_ops.DIED: True, router_ops.RELAY_LOST: True}
+        error = SupervisionError(f"the host router {router} this call was relayed through was lost with its host "
+                                 f"({why}); the ranks still out may or may not have run it")
+        mailbox.send(mailbox.address, wire_frames.encode_value(cluster_id, header, pack_exception(error)))
+
     def _unwatch(self, port: int, addresses) -> None:
+        self._relayed.pop(port, None)
         for address in addresses:
             ports = self._waiting.get(address)
             if ports is not None:
@@ -271,6 +319,9 @@ class Supervision:
         alone = bool(event.get(proc_ops.ALONE))  # an actor's death, not its proc's
         for port, cluster_id, base_rank, reason in pending:
             self.fail(cluster_id, port, base_rank, reason, alone)
+        routers = event.get(events.ROUTERS_GONE)
+        if routers:
+            self._routers_gone(cluster, routers)
 
     def actors_back(self, event: dict) -> None:
         """The hub's news that actors reported gone with a lost host live again (its agent

@@ -23,6 +23,14 @@ names it as ``VIA``; ``wire.port``): its values reach the client with the batche
 A Ctrl-C over a routed mesh comes as one ``INTERRUPT`` per host too: the router passes
 it on to each local proc and answers once for them all (:class:`Relays`).
 
+A router may also be a client's relay (``router_ops.RELAY``): the client's one cast per
+call names the other hosts' destinations by their routers, and this router passes it on
+to each of them as itself; they send what they have for that client here
+(``UPSTREAM``), and it goes on to the client in this router's own batches, replies alike
+across hosts joined into one. Since the client sends every routed call through its one
+relay, and each router sends everything for that client through it, an actor's calls
+and replies (its port values too) still take one path each way.
+
 A local proc that exits fails its pending calls here at once (a supervision failure),
 without a round trip through the hub. A router that did not run for ``STALL_S`` (its
 agent stopped, hung or starved) refuses the calls sent before it ran again: the hub may
@@ -66,6 +74,9 @@ STALL_S = 2.0
 # Replies up to this size are compared with the one queued before them, to be sent once
 # with the ranks that gave it (router_ops.SAME); larger ones are rarely alike.
 SAME_MAX_BYTES = 1024
+# A relay holds its batches for replies still out on other hosts (as for its own) for
+# at most this long after it passed a call on: a host lost meanwhile never answers.
+RELAYED_FORGET_S = 60.0
 _PLAIN_REPLY = frozenset((envelope.OK, envelope.PORT, envelope.RANK))  # a reply with nothing but its value
 
 
@@ -88,10 +99,27 @@ class Casts:
         self._open: dict[tuple[str, Hashable], _Cast] = {}  # (client address, port) -> its cast
         self._ready: dict[str, list[Entry]] = {}  # client address -> replies to send, in arrival order
         self._fold_jobs: list[tuple] = []  # for host.folds, in order
+        # (client address, port) -> [replies still out on the other hosts of a call this
+        # router relayed, monotonic time to stop counting them]
+        self._relayed: dict[tuple[str, Hashable], list] = {}
 
     @property
     def waiting(self) -> bool:
-        return bool(self._open)
+        """Whether replies are still out (batches are held a little for them)."""
+        return bool(self._open) or bool(self._relayed)
+
+    def expect_relayed(self, route: tuple[str, Hashable], count: int, now: float) -> None:
+        """``count`` replies for ``route`` are to come from the other hosts' routers (this
+        router relayed the call): :attr:`waiting` until they did, or for
+        ``RELAYED_FORGET_S``."""
+        if count:
+            self._relayed[route] = [count, now + RELAYED_FORGET_S]
+
+    def forget_relayed(self, now: float) -> None:
+        """Stop waiting for relayed replies past their time (a host lost meanwhile)."""
+        for route, (_, until) in list(self._relayed.items()):
+            if now >= until:
+                del self._relayed[route]
 
     def open(self, route: tuple[str, Hashable], ranks: dict[int, str],
              reducer: bytes | None = None, coalesce: bool = False) -> None:
@@ -166,12 +194,36 @@ class Casts:
         same port when that one is byte for byte the same reply. Only the one just
         before: a reply joined to an earlier one would overtake what came between (a
         port's values that its actor sent before returning)."""
+        if not self._join(client, entry, [entry.header[envelope.RANK]]):
+            entry.header[router_ops.SAME] = []  # (may be joined further on, at a relay: pass_on)
+            self._queue(client, entry)
+
+    def pass_on(self, client: str, entry: Entry) -> None:
+        """Queue ``entry``, a reply another host's router sent here for ``client`` (this
+        router is that client's relay). One that router marked as one alike replies may
+        join (``SAME``) joins the one queued just before it when byte for byte the same."""
+        header = entry.header
+        same = header.get(router_ops.SAME)
+        expected = self._relayed.get((client, header.get(envelope.PORT)))
+        if expected is not None:  # one reply naming the ranks it stands for (SAME, FOLDED) counts for each
+            expected[0] -= len({header.get(envelope.RANK), *(same or ()), *header.get(router_ops.FOLDED, ())})
+            if expected[0] <= 0:
+                del self._relayed[(client, header.get(envelope.PORT))]
+        if same is not None and not entry.buffers and header.get(envelope.OK) and len(entry.body) <= SAME_MAX_BYTES:
+            entry.same = bytes(entry.body)
+            if self._join(client, entry, [header[envelope.RANK], *same]):
+                return
+        self._queue(client, entry)
+
+    def _join(self, client: str, entry: Entry, ranks: list) -> bool:
+        """Name ``ranks`` in the entry queued last for ``client`` when it is ``entry``'s
+        reply byte for byte, for the same port; whether it did."""
         queued = self._ready.get(client)
         last = queued[-1] if queued else None
-        if last is not None and last.same == entry.same and last.header[envelope.PORT] == entry.header[envelope.PORT]:
-            last.header.setdefault(router_ops.SAME, []).append(entry.header[envelope.RANK])
-            return
-        self._queue(client, entry)
+        if last is None or last.same != entry.same or last.header[envelope.PORT] != entry.header[envelope.PORT]:
+            return False
+        last.header.setdefault(router_ops.SAME, []).extend(ranks)
+        return True
 
 
 @dataclass
@@ -224,11 +276,14 @@ class Relays:
         return done
 
 
-def batch_frames(cluster_id: str, entries: list[Entry]) -> list:
+def batch_frames(cluster_id: str, entries: list[Entry], relayed_for: str | None = None) -> list:
     """One signed frame set holding ``entries`` (none with buffers): their headers in
-    ``BATCH``, their bodies one after another."""
+    ``BATCH``, their bodies one after another; ``relayed_for``: sent to a relay, for
+    that client (``FOR``)."""
     bodies = [memoryview(e.body).cast("B") if not isinstance(e.body, bytes) else e.body for e in entries]
     header = {router_ops.BATCH: [e.header for e in entries], router_ops.LENGTHS: [len(b) for b in bodies]}
+    if relayed_for is not None:
+        header[router_ops.FOR] = relayed_for
     return wire_frames.encode(cluster_id, header, b"".join(bodies))
 
 
@@ -262,6 +317,9 @@ class Router:
         self.casts = Casts()
         self.casts_seen = 0  # CASTs delivered (for tests and benches)
         self.relays = Relays()
+        # client address -> the relay its replies go through (router_ops.UPSTREAM), for
+        # the clients whose last cast came through one
+        self._upstream: dict[str, str] = {}
         # proc id -> the addresses of its actors this router sent calls to (proc_exited)
         self._actors_of: dict[str, set[str]] = {}
         self._actors_lock = threading.Lock()
@@ -305,6 +363,7 @@ class Router:
                     self._gather_more()
                 if self.casts.waiting:
                     self.casts.proc_gone(self._proc_exit)
+                    self.casts.forget_relayed(time.monotonic())
                 self._folds.submit(self.casts.take_folds())
                 for client, entry in self._folds.take():
                     self.casts.queue(client, entry)
@@ -367,6 +426,16 @@ class Router:
         if op == router_ops.INTERRUPT:
             self._interrupt(header)
             return
+        client = header.get(router_ops.FOR)
+        if client is not None:  # another router's replies for a client this one relays for
+            if router_ops.BATCH in header:
+                for sub, body in unbatch(header, message.body):
+                    self.casts.pass_on(client, Entry(sub, body))
+            else:
+                lone = {k: v for k, v in header.items() if k != router_ops.FOR}
+                self.casts.pass_on(client, Entry(lone, message.body if message.body is not None else b"",
+                                                 list(message.buffers)))
+            return
         route = header.get(envelope.PORT)
         if isinstance(route, int):  # a proc's answer to an interrupt passed on (or a late one)
             self.relays.answered(route, header.get(envelope.RANK, -1))
@@ -379,15 +448,27 @@ class Router:
         header = message.header
         call = dict(header[router_ops.CALL])
         targets = header[router_ops.TARGETS]
+        relay: dict = header.get(router_ops.RELAY) or {}
         self._note_running()
         if message.sent_at < self._stale_before:
-            self._refuse_stale(call, header, targets, message.sent_at)
+            self._refuse_stale(call, header, [*targets, *itertools.chain.from_iterable(relay.values())],
+                               message.sent_at)
             return
-        if header.get(router_ops.CLIENT):
-            call[proc_ops.VIA] = [self.address, header[router_ops.CLIENT]]
+        client = header.get(router_ops.CLIENT)
+        if client:
+            call[proc_ops.VIA] = [self.address, client]
+            upstream = header.get(router_ops.UPSTREAM)
+            if upstream:
+                self._upstream[client] = upstream
+            else:
+                self._upstream.pop(client, None)
+        if relay:
+            self._relay(message, relay)
         route = None
         if envelope.PORT in call:
             route = (call[envelope.REPLY], call[envelope.PORT])
+            if relay:
+                self.casts.expect_relayed(route, sum(len(t) for t in relay.values()), time.monotonic())
             call[envelope.REPLY], call[envelope.PORT] = self.address, route
             self.casts.open(route, {rank: proc for _, rank, proc in targets}, header.get(router_ops.REDUCE),
                             coalesce=bool(header.get(router_ops.COALESCE)))
@@ -401,6 +482,32 @@ class Router:
                 error = self._deliver(address, proc_id, frames)
                 if error is not None and route is not None:
                     self.casts.fail_rank(route, rank, error, died=True)
+
+    def _relay(self, message: wire_frames.Message, relay: dict) -> None:
+        """Pass a client's cast on to the routers of ``relay`` (router address -> its
+        targets), as this router, their replies to come back here (``UPSTREAM``). A
+        router that can't be reached fails its targets' ranks here."""
+        header = message.header
+        sub = {envelope.OP: router_ops.CAST, router_ops.CALL: header[router_ops.CALL],
+               router_ops.CLIENT: header.get(router_ops.CLIENT), router_ops.UPSTREAM: self.address}
+        for key in (router_ops.REDUCE, router_ops.COALESCE):
+            if key in header:
+                sub[key] = header[key]
+        call = header[router_ops.CALL]
+        for router, targets in relay.items():
+            sub[router_ops.TARGETS] = targets
+            try:
+                self.outbox.send(router, wire_frames.encode(self.cluster_id, sub, message.body, message.buffers,
+                                                            sign_at_send=True), wait=False)
+            except ClusterError as e:
+                if envelope.PORT in call:
+                    route = (call[envelope.REPLY], call[envelope.PORT])
+                    self.casts.open(route, {rank: proc for _, rank, proc in targets},
+                                    coalesce=bool(header.get(router_ops.COALESCE)))
+                    for _, rank, _ in targets:
+                        self.casts.fail_rank(route, rank, SupervisionError(
+                            f"the router {router} of its host could not be reached from the relay on host "
+                            f"{self.host_id}: {e}"), died=True)
 
     def _refuse_stale(self, call: dict, header: dict, targets: list, sent_at: float) -> None:
         """Answer each target of a cast sent before this router's stall with a failure,
@@ -457,20 +564,22 @@ class Router:
 
     def _flush(self) -> None:
         for client, entries in self.casts.take().items():
+            upstream = self._upstream.get(client)  # this client's relay, or None: straight to it
             small: list[Entry] = []
             for entry in entries:  # in arrival order: one with buffers goes alone, after those before it
                 if not entry.buffers:
                     small.append(entry)
                     continue
-                self._send_batch(client, small)
+                self._send_batch(client, upstream, small)
                 small = []
-                self._send(client, wire_frames.encode(self.cluster_id, entry.header, entry.body, entry.buffers,
-                                                      sign_at_send=True))
-            self._send_batch(client, small)
+                header = entry.header if upstream is None else {**entry.header, router_ops.FOR: client}
+                self._send(upstream or client, wire_frames.encode(self.cluster_id, header, entry.body,
+                                                                  entry.buffers, sign_at_send=True))
+            self._send_batch(client, upstream, small)
 
-    def _send_batch(self, client: str, entries: list[Entry]) -> None:
+    def _send_batch(self, client: str, upstream: str | None, entries: list[Entry]) -> None:
         if entries:
-            self._send(client, batch_frames(self.cluster_id, entries))
+            self._send(upstream or client, batch_frames(self.cluster_id, entries, relayed_for=client if upstream else None))
 
     def _send(self, client: str, frames: list) -> None:
         try:

@@ -396,7 +396,7 @@ class MeshOps:
             self._registry.save(record)
 
     async def actors_gone(self, deaths: list[tuple[ProcMeshRecord, int, ProcRecord, str]],
-                          stopped: bool = False) -> set[str]:
+                          stopped: bool = False, routers: dict[str, str] | None = None) -> set[str]:
         """These procs died (mesh, rank, proc, why), or were ``stopped``: every client
         learns, in one event, which actors went with them and why, so that calls waiting
         on them fail now (``SupervisionError``, naming every dead rank) instead of never.
@@ -410,7 +410,10 @@ class MeshOps:
             for record, i in self._registry.actors_on(mesh.name, rank):
                 actors[record.addresses[i]] = (record.name, i,
                                                record.gone_report(i, why, stopped, proc_exit=proc.exit_code))
-        await self._announcer.announce({envelope.OP: events.ACTORS_GONE, "actors": actors})
+        event = {envelope.OP: events.ACTORS_GONE, "actors": actors}
+        if routers:
+            event[events.ROUTERS_GONE] = routers  # (a client's calls relayed through one fail)
+        await self._announcer.announce(event)
         for _, _, proc, _ in deaths:  # no more sockets to them (a host taken back makes new ones)
             self._net.forget(proc.address)
         for address in actors:

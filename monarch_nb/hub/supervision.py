@@ -108,8 +108,8 @@ class Supervision:
         print(f"monarch_nb hub: host agent {host.host_id} (pid {host.pid}) silent for {silent_s:.1f} s; "
               "its procs are lost", file=sys.stderr)
         lost = self._lose_procs_of(host)
-        await self.procs_died(lost, False, f"was lost with its host {host.hostname} (agent pid {host.pid} silent "
-                                           f"for {silent_s:.1f} s)")
+        why = f"was lost with its host {host.hostname} (agent pid {host.pid} silent for {silent_s:.1f} s)"
+        await self.procs_died(lost, False, why, routers=_router_of(host, why))
         self._save_procs([proc for _, _, proc in lost])
 
     async def host_failed(self, host: HostRecord, cause: str) -> None:
@@ -120,7 +120,8 @@ class Supervision:
         self._net.forget(host.address)  # gone for good: nothing queued for it may hold the hub's exit
         print(f"monarch_nb hub: host {host.host_id} ({host.node or host.hostname}) failed: {cause}", file=sys.stderr)
         lost = self._lose_procs_of(host)
-        await self.procs_died(lost, False, f"was lost with its host {host.node or host.hostname}: {cause}")
+        why = f"was lost with its host {host.node or host.hostname}: {cause}"
+        await self.procs_died(lost, False, why, routers=_router_of(host, why))
         self._save_procs([proc for _, _, proc in lost])
 
     async def host_back(self, host: HostRecord) -> None:
@@ -183,11 +184,12 @@ class Supervision:
         return lost
 
     async def procs_died(self, deaths: list[tuple[ProcMeshRecord, int, ProcRecord]], expected: bool,
-                         cause: str | None = None) -> None:
+                         cause: str | None = None, routers: dict[str, str] | None = None) -> None:
         """Every client learns, in one event, which actors died with these procs and why,
         so that calls waiting on them fail now (``SupervisionError``, naming every dead
         rank) instead of never; each unexpected death then goes to its mesh's owner, or
-        to the clients as unhandled."""
+        to the clients as unhandled. ``routers``: the host routers lost with them
+        (address -> why), named in the same event (calls relayed through them fail)."""
         dying = [(mesh, rank, proc, self._death_cause(proc, expected, cause)) for mesh, rank, proc in deaths]
         failures = []
         for mesh, rank, proc, why in [] if expected else dying:
@@ -198,7 +200,7 @@ class Supervision:
                               "meshes": sorted({r.name for r, _ in hit}), "ranks": sorted({i for _, i in hit}),
                               "why": why, "endpoint": None, "report": report}, mesh.owner))
         verdicts = await asyncio.gather(*(self._tell_owner(failure, owner) for failure, owner in failures))
-        gone = await self._meshes.actors_gone(dying, stopped=expected)
+        gone = await self._meshes.actors_gone(dying, stopped=expected, routers=routers)
         for (failure, owner), verdict in zip(failures, verdicts):
             asyncio.ensure_future(self._settle(failure, owner, verdict))
         self._meshes.stop_orphans(gone)
@@ -320,3 +322,8 @@ class Supervision:
             return {"handled": False, "error": f"the owner did not answer within {SUPERVISE_TIMEOUT_S} s"}
         return {"handled": bool(reply.header.get(proc_ops.HANDLED)), "error": reply.header.get(envelope.ERROR),
                 "owner_died": bool(reply.header.get(proc_ops.OWNER_DIED))}
+
+
+def _router_of(host: HostRecord, why: str) -> dict[str, str]:
+    """``host``'s router (address -> ``why`` it is gone), as ``events.ROUTERS_GONE`` names it."""
+    return {host.router: f"host agent {host.host_id} {why}"} if host.router else {}

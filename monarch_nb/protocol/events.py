@@ -14,6 +14,9 @@ LOG_LINES = "log_lines"  # log records for this client (``seq``: its batch count
 HEALTH_DELTA = "health_delta"  # a subscriber's tree changed (hub_ops.HEALTH_SUBSCRIBE): SUBSCRIPTION, TREE_SEQ, DELTA
 DELTA = "delta"  # HEALTH_DELTA: what changed (protocol.health_tree), from version TREE_SEQ - 1 to TREE_SEQ
 ACTORS_GONE = "actors_gone"  # actors died or were stopped: address -> (mesh, rank, why: the whole report)
+# In ACTORS_GONE: the routers of the hosts lost (router address -> why): a client's calls
+# relayed through one of them (router_ops.RELAY) fail, and it takes another relay
+ROUTERS_GONE = "routers_gone"
 ACTORS_BACK = "actors_back"  # actors of a lost host live again: address -> (mesh, rank)
 SUPERVISION = "supervision"  # a failure no owning actor handled (``failure``)
 DEBUG_CHANGED = "debug_changed"  # the list of threads paused in the debugger changed (``stops``, ``SEQ``)

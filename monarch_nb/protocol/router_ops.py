@@ -9,6 +9,14 @@ the replies back to the client in batches: one message holding the headers of se
 replies (``BATCH``) and their bodies one after another (``LENGTHS`` bytes each). With
 ``REDUCE``, the router folds the values that succeeded into one reply naming every rank
 it covers (``FOLDED``).
+
+Relaying (one message per call at the client, whatever the hosts): a client may send
+one ``CAST`` to one router, its *relay*, naming the destinations of the other hosts by
+their routers (``RELAY``). The relay passes the cast on to each of those routers as
+itself (``UPSTREAM``: its own address), and they send their batches for that client
+to the relay (``FOR``: the client), which sends them on with its own, joining replies
+that are byte for byte alike across hosts (``SAME``). A client relays all of its routed
+calls of a cluster through one relay, so every call to an actor takes one path.
 """
 
 from __future__ import annotations
@@ -32,6 +40,11 @@ CLIENT = "client"  # the calling client's inbox (its ports' values go back throu
 # The caller takes identical replies as one (SAME): a call's own replies, waited on as a
 # whole (not a port's values, whose order with the replies matters to the receiver).
 COALESCE = "coalesce"
+# {router address: TARGETS of that router's host}: pass this cast on to each (as this
+# router), and their replies back to the client through this one
+RELAY = "relay"
+# In a cast a relay passed on: the relay's address; what goes to CLIENT goes there instead
+UPSTREAM = "upstream"
 
 # Header keys of INTERRUPT, and of its answer.
 PROCS = "procs"  # [[a proc's control address, [the routes of its calls to interrupt]], ...]
@@ -42,6 +55,10 @@ INTERRUPT_WAIT_MAX_S = 10.0
 # Header keys of a batch of replies (sent to the client's mailbox, with envelope.PORT).
 BATCH = "batch"  # [reply header, ...]: each as the actor sent it, less the port
 LENGTHS = "lengths"  # the byte length of each reply's body, in the order of BATCH
+FOR = "for"  # in a batch (or a lone reply) sent to a relay: the client it goes on to
+# In a failure a client sends itself: its relay was lost (its host), and every rank of the
+# call still out with it (their replies would have come back through it)
+RELAY_LOST = "relay_lost"
 FOLDED = "folded"  # in a reply header: the base ranks whose values this one value folds
 # In a failure's header: the reducer raised (or its value could not be pickled) while it
 # folded this rank's value: the reduce fails with that error, as a fold in the client would,
@@ -56,3 +73,6 @@ SAME = "same"
 ROUTER_ENV = "MONARCH_NB_ROUTER"
 ROUTER_OFF = "off"
 ROUTER_ON = "on"
+# Whether a client sends each routed call to one relay router (on, the default) or to
+# every host's router itself (off).
+RELAY_ENV = "MONARCH_NB_ROUTER_RELAY"
