@@ -15,12 +15,15 @@ allocator makes them). For each, a retained cluster is started, and:
                echo processes (ROUTER -> N DEALERs -> back), same N, same machine
   routed       over several hosts, the same calls through the host routers
                (``MONARCH_NB_ROUTER=on``, ``host.router``) beside the direct ones, same
-               mesh, same run: call all, ``reduce(operator.add)``, the client's CPU per
+               mesh, same run, two ways: ``per_host``, one message from the client to
+               each host's router (``MONARCH_NB_ROUTER_RELAY=off``), and ``routed``, one
+               message to the client's relay router, which passes it on (the default):
+               call all, ``reduce(operator.add)``, the client's CPU per
                call (ms: its process's user+system time, which also counts its zmq I/O
                thread and ~15 ms/s of background threads; and the calling thread's alone,
                which encodes, sends, receives and decodes) and the messages its mailbox
                receives per call (a router's batch counts once); and the open files of a
-               fresh client that picked the mesh and called it twice, routers off / on
+               fresh client that picked the mesh and called it twice, each way
   broadcast    median client-side cost of ``broadcast()`` to N actors, ms (it does not wait)
   health       first ``health()`` after the spawn (and the hub's CPU for it), then the
                median of 10, ms
@@ -154,10 +157,16 @@ class Received:
         del self._mailbox._dispatch
 
 
-def call_figures(mesh, n: int, routed: bool) -> dict:
+# How a call reaches the actors: the environment of each (MODES: name -> settings).
+MODES = {"direct": {router_ops.ROUTER_ENV: router_ops.ROUTER_OFF},
+         "per_host": {router_ops.ROUTER_ENV: router_ops.ROUTER_ON, router_ops.RELAY_ENV: router_ops.ROUTER_OFF},
+         "routed": {router_ops.ROUTER_ENV: router_ops.ROUTER_ON, router_ops.RELAY_ENV: router_ops.ROUTER_ON}}
+
+
+def call_figures(mesh, n: int, mode: str) -> dict:
     """Median wall ms, client CPU ms and messages received per call over all ``n``
-    actors of ``mesh``, and per ``reduce(operator.add)``; through the host routers or not."""
-    os.environ[router_ops.ROUTER_ENV] = router_ops.ROUTER_ON if routed else router_ops.ROUTER_OFF
+    actors of ``mesh``, and per ``reduce(operator.add)``; called as ``MODES[mode]`` says."""
+    os.environ.update(MODES[mode])
     try:
         assert len(mesh.ping.call().get()) == n  # the route table is learnt here (one hub request)
         walls = []
@@ -178,7 +187,8 @@ def call_figures(mesh, n: int, routed: bool) -> dict:
         out.update(reduce_ms=statistics.median(walls) * 1e3, reduce_msgs=received.count / ROUNDS)
         return out
     finally:
-        os.environ.pop(router_ops.ROUTER_ENV, None)
+        for name in MODES[mode]:
+            os.environ.pop(name, None)
 
 
 def cluster_processes(path: str) -> dict[str, list[psutil.Process]]:
@@ -234,8 +244,8 @@ def measure(name: str, hosts: int, per_host: int) -> dict:
             calls.append(time.perf_counter() - started)
         row["call_all_ms"] = statistics.median(calls) * 1e3
         if hosts > 1:  # direct, then through the routers, on the same mesh
-            for how, routed in (("direct", False), ("routed", True)):
-                for key, value in call_figures(mesh, n, routed).items():
+            for how in MODES:
+                for key, value in call_figures(mesh, n, how).items():
                     row[f"{how}_{key}"] = value
         sends = []
         for _ in range(ROUNDS):
@@ -263,7 +273,8 @@ def measure(name: str, hosts: int, per_host: int) -> dict:
             row["fresh_client_ms" if key == "total" else f"fresh_{key}_ms"] = fresh[key] * 1e3
         if hosts > 1:  # a client whose calls go through the routers holds sockets per host
             row["direct_client_fds"] = fresh["fds"]
-            row["routed_client_fds"] = fresh_client(name, {router_ops.ROUTER_ENV: router_ops.ROUTER_ON})["fds"]
+            for how in ("per_host", "routed"):
+                row[f"{how}_client_fds"] = fresh_client(name, MODES[how])["fds"]
 
         started = time.perf_counter()
         procs.stop().get()
@@ -292,7 +303,7 @@ COLUMNS = [("procs", "{:d}"), ("spawn_s", "{:.2f}"), ("bare_floor_s", "{:.2f}"),
 
 
 ROUTED_COLUMNS = [("hosts", "{:d}"), ("procs", "{:d}"), ("raw_floor_ms", "{:.2f}")] + [
-    (f"{how}_{key}", fmt) for how in ("direct", "routed")
+    (f"{how}_{key}", fmt) for how in MODES
     for key, fmt in (("call_ms", "{:.2f}"), ("cpu_ms", "{:.2f}"), ("thread_cpu_ms", "{:.2f}"), ("msgs", "{:.1f}"),
                      ("reduce_ms", "{:.2f}"), ("reduce_msgs", "{:.1f}"), ("client_fds", "{:d}"))]
 
@@ -317,8 +328,10 @@ def table(title: str, rows: list[dict]) -> None:
             log("  ".join(fmt.format(row[name]).rjust(len(name)) for name, fmt in ROUTED_COLUMNS))
         for row in routed:
             log(f"  {row['procs']} procs on {row['hosts']} hosts: call all direct "
-                f"{row['direct_call_ms'] / row['raw_floor_ms']:.2f}x raw fan-out, routed "
-                f"{row['routed_call_ms'] / row['raw_floor_ms']:.2f}x; client CPU per call routed / direct "
+                f"{row['direct_call_ms'] / row['raw_floor_ms']:.2f}x raw fan-out, per host "
+                f"{row['per_host_call_ms'] / row['raw_floor_ms']:.2f}x, routed "
+                f"{row['routed_call_ms'] / row['raw_floor_ms']:.2f}x; client CPU per call per host / direct "
+                f"{row['per_host_cpu_ms'] / row['direct_cpu_ms']:.2f}, routed / direct "
                 f"{row['routed_cpu_ms'] / row['direct_cpu_ms']:.2f}")
 
 
