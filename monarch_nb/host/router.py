@@ -462,13 +462,14 @@ class Router:
                 self._upstream[client] = upstream
             else:
                 self._upstream.pop(client, None)
-        if relay:
-            self._relay(message, relay)
         route = None
         if envelope.PORT in call:
             route = (call[envelope.REPLY], call[envelope.PORT])
-            if relay:
-                self.casts.expect_relayed(route, sum(len(t) for t in relay.values()), time.monotonic())
+        if relay:
+            passed = self._relay(message, relay, route)
+            if route is not None:
+                self.casts.expect_relayed(route, passed, time.monotonic())
+        if route is not None:
             call[envelope.REPLY], call[envelope.PORT] = self.address, route
             self.casts.open(route, {rank: proc for _, rank, proc in targets}, header.get(router_ops.REDUCE),
                             coalesce=bool(header.get(router_ops.COALESCE)))
@@ -483,31 +484,33 @@ class Router:
                 if error is not None and route is not None:
                     self.casts.fail_rank(route, rank, error, died=True)
 
-    def _relay(self, message: wire_frames.Message, relay: dict) -> None:
+    def _relay(self, message: wire_frames.Message, relay: dict, route: tuple[str, Hashable] | None) -> int:
         """Pass a client's cast on to the routers of ``relay`` (router address -> its
         targets), as this router, their replies to come back here (``UPSTREAM``). A
-        router that can't be reached fails its targets' ranks here."""
+        router that can't be reached fails its targets' ranks of ``route`` (the caller's
+        port; ``None``: nobody waits) here. Returns how many ranks it passed on."""
         header = message.header
         sub = {envelope.OP: router_ops.CAST, router_ops.CALL: header[router_ops.CALL],
                router_ops.CLIENT: header.get(router_ops.CLIENT), router_ops.UPSTREAM: self.address}
         for key in (router_ops.REDUCE, router_ops.COALESCE):
             if key in header:
                 sub[key] = header[key]
-        call = header[router_ops.CALL]
+        passed = 0
         for router, targets in relay.items():
             sub[router_ops.TARGETS] = targets
             try:
                 self.outbox.send(router, wire_frames.encode(self.cluster_id, sub, message.body, message.buffers,
                                                             sign_at_send=True), wait=False)
+                passed += len(targets)
             except ClusterError as e:
-                if envelope.PORT in call:
-                    route = (call[envelope.REPLY], call[envelope.PORT])
+                if route is not None:
                     self.casts.open(route, {rank: proc for _, rank, proc in targets},
                                     coalesce=bool(header.get(router_ops.COALESCE)))
                     for _, rank, _ in targets:
                         self.casts.fail_rank(route, rank, SupervisionError(
                             f"the router {router} of its host could not be reached from the relay on host "
                             f"{self.host_id}: {e}"), died=True)
+        return passed
 
     def _refuse_stale(self, call: dict, header: dict, targets: list, sent_at: float) -> None:
         """Answer each target of a cast sent before this router's stall with a failure,
@@ -579,7 +582,8 @@ class Router:
 
     def _send_batch(self, client: str, upstream: str | None, entries: list[Entry]) -> None:
         if entries:
-            self._send(upstream or client, batch_frames(self.cluster_id, entries, relayed_for=client if upstream else None))
+            frames = batch_frames(self.cluster_id, entries, relayed_for=client if upstream else None)
+            self._send(upstream or client, frames)
 
     def _send(self, client: str, frames: list) -> None:
         try:
