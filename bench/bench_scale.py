@@ -23,7 +23,8 @@ allocator makes them). For each, a retained cluster is started, and:
                thread and ~15 ms/s of background threads; and the calling thread's alone,
                which encodes, sends, receives and decodes) and the messages its mailbox
                receives per call (a router's batch counts once); and the open files of a
-               fresh client that picked the mesh and called it twice, each way
+               fresh client that picked the mesh and called it twice, each way, and
+               its connect + handles + first call (ms, the import of its modules apart)
   broadcast    median client-side cost of ``broadcast()`` to N actors, ms (it does not wait)
   health       first ``health()`` after the spawn (and the hub's CPU for it), then the
                median of 10, ms
@@ -273,8 +274,11 @@ def measure(name: str, hosts: int, per_host: int) -> dict:
             row["fresh_client_ms" if key == "total" else f"fresh_{key}_ms"] = fresh[key] * 1e3
         if hosts > 1:  # a client whose calls go through the routers holds sockets per host
             row["direct_client_fds"] = fresh["fds"]
+            row["direct_fresh_ms"] = (fresh["connect"] + fresh["handles"] + fresh["first_call"]) * 1e3
             for how in ("per_host", "routed"):
-                row[f"{how}_client_fds"] = fresh_client(name, MODES[how])["fds"]
+                fresh = fresh_client(name, MODES[how])
+                row[f"{how}_client_fds"] = fresh["fds"]
+                row[f"{how}_fresh_ms"] = (fresh["connect"] + fresh["handles"] + fresh["first_call"]) * 1e3
 
         started = time.perf_counter()
         procs.stop().get()
@@ -305,7 +309,8 @@ COLUMNS = [("procs", "{:d}"), ("spawn_s", "{:.2f}"), ("bare_floor_s", "{:.2f}"),
 ROUTED_COLUMNS = [("hosts", "{:d}"), ("procs", "{:d}"), ("raw_floor_ms", "{:.2f}")] + [
     (f"{how}_{key}", fmt) for how in MODES
     for key, fmt in (("call_ms", "{:.2f}"), ("cpu_ms", "{:.2f}"), ("thread_cpu_ms", "{:.2f}"), ("msgs", "{:.1f}"),
-                     ("reduce_ms", "{:.2f}"), ("reduce_msgs", "{:.1f}"), ("client_fds", "{:d}"))]
+                     ("reduce_ms", "{:.2f}"), ("reduce_msgs", "{:.1f}"), ("client_fds", "{:d}"),
+                     ("fresh_ms", "{:.0f}"))]
 
 
 def table(title: str, rows: list[dict]) -> None:

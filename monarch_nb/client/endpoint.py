@@ -158,15 +158,14 @@ class Endpoint(Generic[P, R]):
         ``addresses`` on each host. ``coalesce``: the replies go to a :meth:`_gather`,
         which takes identical ones as one (``router_ops.SAME``). ``port``: that gather's,
         which fails if the relay's host is lost while it waits."""
-        mesh = self._mesh
-        supervision = runtime().supervision
+        mesh, rt = self._mesh, runtime()
         body, buffers = serialize.dumps((args, kwargs), f"an argument of {mesh._name}.{self._name}")
         raw = [b.raw() for b in buffers]
         by_router: dict[str, list] = {}
         for address in addresses:
             router, base, proc_id = routes[address]
             by_router.setdefault(router, []).append((address, base, proc_id))
-        mailbox = runtime().mailbox
+        mailbox, supervision = rt.mailbox, rt.supervision
         cast: dict = {envelope.OP: router_ops.CAST, router_ops.CALL: header, router_ops.CLIENT: mailbox.address}
         if reducer is not None:
             try:
@@ -175,7 +174,7 @@ class Endpoint(Generic[P, R]):
                 pass  # the routers pass the values on, and this client folds them, as it does for a direct call
         if coalesce:
             cast[router_ops.COALESCE] = True
-        relay = runtime().host_routes.relay(mesh._cluster_id, by_router, supervision.router_lost)
+        relay = rt.host_routes.relay(mesh._cluster_id, by_router, supervision.router_lost)
         if relay is not None:
             cast[router_ops.TARGETS] = by_router.pop(relay, [])
             if by_router:
