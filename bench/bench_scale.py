@@ -15,9 +15,9 @@ allocator makes them). For each, a retained cluster is started, and:
                echo processes (ROUTER -> N DEALERs -> back), same N, same machine
   routed       over several hosts, the same calls through the host routers
                (``MONARCH_NB_ROUTER=on``, ``host.router``) beside the direct ones, same
-               mesh, same run, two ways: ``per_host``, one message from the client to
-               each host's router (``MONARCH_NB_ROUTER_RELAY=off``), and ``routed``, one
-               message to the client's relay router, which passes it on (the default):
+               mesh, same run, two ways: ``routed``, one message from the client to
+               each host's router (the default), and ``relayed``, one message to the
+               client's relay router, which passes it on (``MONARCH_NB_ROUTER_RELAY=on``):
                call all, ``reduce(operator.add)``, the client's CPU per
                call (ms: its process's user+system time, which also counts its zmq I/O
                thread and ~15 ms/s of background threads; and the calling thread's alone,
@@ -160,8 +160,8 @@ class Received:
 
 # How a call reaches the actors: the environment of each (MODES: name -> settings).
 MODES = {"direct": {router_ops.ROUTER_ENV: router_ops.ROUTER_OFF},
-         "per_host": {router_ops.ROUTER_ENV: router_ops.ROUTER_ON, router_ops.RELAY_ENV: router_ops.ROUTER_OFF},
-         "routed": {router_ops.ROUTER_ENV: router_ops.ROUTER_ON, router_ops.RELAY_ENV: router_ops.ROUTER_ON}}
+         "routed": {router_ops.ROUTER_ENV: router_ops.ROUTER_ON, router_ops.RELAY_ENV: router_ops.ROUTER_OFF},
+         "relayed": {router_ops.ROUTER_ENV: router_ops.ROUTER_ON, router_ops.RELAY_ENV: router_ops.ROUTER_ON}}
 
 
 def call_figures(mesh, n: int, mode: str) -> dict:
@@ -275,7 +275,7 @@ def measure(name: str, hosts: int, per_host: int) -> dict:
         if hosts > 1:  # a client whose calls go through the routers holds sockets per host
             row["direct_client_fds"] = fresh["fds"]
             row["direct_fresh_ms"] = (fresh["connect"] + fresh["handles"] + fresh["first_call"]) * 1e3
-            for how in ("per_host", "routed"):
+            for how in ("routed", "relayed"):
                 fresh = fresh_client(name, MODES[how])
                 row[f"{how}_client_fds"] = fresh["fds"]
                 row[f"{how}_fresh_ms"] = (fresh["connect"] + fresh["handles"] + fresh["first_call"]) * 1e3
@@ -333,11 +333,11 @@ def table(title: str, rows: list[dict]) -> None:
             log("  ".join(fmt.format(row[name]).rjust(len(name)) for name, fmt in ROUTED_COLUMNS))
         for row in routed:
             log(f"  {row['procs']} procs on {row['hosts']} hosts: call all direct "
-                f"{row['direct_call_ms'] / row['raw_floor_ms']:.2f}x raw fan-out, per host "
-                f"{row['per_host_call_ms'] / row['raw_floor_ms']:.2f}x, routed "
-                f"{row['routed_call_ms'] / row['raw_floor_ms']:.2f}x; client CPU per call per host / direct "
-                f"{row['per_host_cpu_ms'] / row['direct_cpu_ms']:.2f}, routed / direct "
-                f"{row['routed_cpu_ms'] / row['direct_cpu_ms']:.2f}")
+                f"{row['direct_call_ms'] / row['raw_floor_ms']:.2f}x raw fan-out, routed "
+                f"{row['routed_call_ms'] / row['raw_floor_ms']:.2f}x, relayed "
+                f"{row['relayed_call_ms'] / row['raw_floor_ms']:.2f}x; client CPU per call routed / direct "
+                f"{row['routed_cpu_ms'] / row['direct_cpu_ms']:.2f}, relayed / direct "
+                f"{row['relayed_cpu_ms'] / row['direct_cpu_ms']:.2f}")
 
 
 def plot(results: dict, path: Path) -> bool:

@@ -451,10 +451,14 @@ def test_the_client_and_the_actors_of_a_routed_mesh_do_not_connect_to_each_other
         procs.stop()
 
 
-def test_a_clients_port_passed_to_routed_actors_sends_back_through_the_routers(routed):
+@pytest.mark.parametrize("relay", [router_ops.ROUTER_OFF, router_ops.ROUTER_ON])
+def test_a_clients_port_passed_to_routed_actors_sends_back_through_the_routers(routed, relay, monkeypatch):
     # A Channel's port in a routed call's or broadcast's arguments: the actors send its
-    # values to their router, which forwards them; no actor connects to the client.
+    # values to their router, which forwards them (through the relay, with relays on);
+    # no actor connects to the client.
     import psutil
+
+    monkeypatch.setenv(router_ops.RELAY_ENV, relay)
 
     from monarch_nb.actor import Channel
 
@@ -720,7 +724,9 @@ def test_a_slow_reducer_holds_up_its_own_reduce_and_nothing_else_on_its_hosts(ro
     assert folding.get(timeout=BOUND_S) == HOSTS * PER_HOST
 
 
-def test_each_callers_calls_reach_each_actor_in_the_order_sent(routed):
+@pytest.mark.parametrize("relay", [router_ops.ROUTER_OFF, router_ops.ROUTER_ON])
+def test_each_callers_calls_reach_each_actor_in_the_order_sent(routed, relay, monkeypatch):
+    monkeypatch.setenv(router_ops.RELAY_ENV, relay)
     _, _, mesh = routed
     n = 40
 
@@ -733,12 +739,13 @@ def test_each_callers_calls_reach_each_actor_in_the_order_sent(routed):
             else:
                 mesh.slice(hosts=1, gpus=0).record.call_one(name, i)
         mesh.record.call(name, n).get(timeout=BOUND_S)  # after every earlier message of this thread
-    threads = [threading.Thread(target=caller, args=(f"t{k}",)) for k in range(2)]
+    names = [f"{relay}-t{k}" for k in range(2)]  # (the actors keep what the other parameter's run recorded)
+    threads = [threading.Thread(target=caller, args=(name,)) for name in names]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    for name in ("t0", "t1"):
+    for name in names:
         seen = mesh.seen_by.call(name).get(timeout=BOUND_S)
         for rank, got in enumerate(seen.values()):
             expected = [i for i in range(n) if i % 3 != 2 or rank == PER_HOST] + [n]  # rank 2: hosts=1, gpus=0
@@ -934,6 +941,7 @@ def test_a_killed_host_agent_is_a_host_lost_and_its_calls_fail(tmp_path, monkeyp
 
 def test_a_routed_call_leaves_the_client_as_one_message_to_its_relay(routed, monkeypatch):
     # The relay passes it on to the other hosts' routers; relays off, one per host.
+    monkeypatch.setenv(router_ops.RELAY_ENV, router_ops.ROUTER_ON)
     _, _, mesh = routed
     mesh.one.call().get(timeout=BOUND_S)  # the route table is learnt (one hub request) before counting
     mailbox = runtime().mailbox
@@ -961,6 +969,7 @@ def test_a_call_relayed_through_a_lost_host_fails_and_the_next_goes_through_anot
     # The call's own ranks live on (none is on the relay's host): without the relay's
     # loss failing it, it waited for replies that went to a dead router.
     monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_ON)
+    monkeypatch.setenv(router_ops.RELAY_ENV, router_ops.ROUTER_ON)
     c = Cluster.start_ephemeral(hosts=3)
     try:
         procs = c.host_mesh().spawn_procs(per_host={"gpus": 1}, name="three")

@@ -9,12 +9,14 @@ caller's calls to one actor in the order sent. The table of a mesh (actor addres
 router, base rank, proc) comes from the hub once, then is kept until the mesh's
 addresses change (a restart).
 
-A client sends each routed call as one message, to one router of the cluster, its relay,
-which passes it on to the other hosts' routers and sends their replies back with its
-own (``MONARCH_NB_ROUTER_RELAY``, see :func:`relay_policy`): the client then sends and
-receives about one message per call, not one per host. Every routed call of the client
-to that cluster goes through the same relay, so each actor's calls still take one path;
-another is taken only once the relay's host is lost (the calls relayed through it fail).
+With ``MONARCH_NB_ROUTER_RELAY=on`` (see :func:`relay_policy`), a client sends each
+routed call as one message, to one router of the cluster, its relay, which passes it on
+to the other hosts' routers and sends their replies back with its own: the client then
+sends and receives about one message per call, not one per host. Every routed call of
+the client to that cluster goes through the same relay, so each actor's calls still
+take one path; another is taken only once the relay's host is lost (the calls relayed
+through it fail). The price: the relay's host is on the path of every routed call, so
+its stall or loss fails calls to every host (docs/scale.md), hence off by default.
 """
 
 from __future__ import annotations
@@ -83,18 +85,18 @@ def _policy_of(setting: str) -> RouterPolicy:
 
 
 def relay_policy() -> bool:
-    """Whether routed calls go through one relay router (``MONARCH_NB_ROUTER_RELAY``:
-    unset or ``on``) or to each host's router from the client (``off``). Raises
-    ``ValueError`` for anything else."""
+    """Whether routed calls go through one relay router (``MONARCH_NB_ROUTER_RELAY=on``)
+    or to each host's router from the client (unset or ``off``). Raises ``ValueError``
+    for anything else."""
     return _relay_of(os.environ.get(router_ops.RELAY_ENV, ""))
 
 
 @functools.lru_cache(maxsize=4)
 def _relay_of(setting: str) -> bool:
     value = setting.strip().lower()
-    if value in ("", router_ops.ROUTER_ON):
+    if value == router_ops.ROUTER_ON:
         return True
-    if value == router_ops.ROUTER_OFF:
+    if value in ("", router_ops.ROUTER_OFF):
         return False
     raise ValueError(f"{router_ops.RELAY_ENV}={value!r}: give {router_ops.ROUTER_ON!r} (one router relays each "
                      f"routed call to the others) or {router_ops.ROUTER_OFF!r} (the client sends to every host's "

@@ -23,9 +23,10 @@ names it as ``VIA``; ``wire.port``): its values reach the client with the batche
 A Ctrl-C over a routed mesh comes as one ``INTERRUPT`` per host too: the router passes
 it on to each local proc and answers once for them all (:class:`Relays`).
 
-A router may also be a client's relay (``router_ops.RELAY``): the client's one cast per
-call names the other hosts' destinations by their routers, and this router passes it on
-to each of them as itself; they send what they have for that client here
+A router may also be a client's relay (``router_ops.RELAY``, for a client that set
+``MONARCH_NB_ROUTER_RELAY=on``): the client's one cast per call names the other hosts'
+destinations by their routers, and this router passes it on to each of them as
+itself; they send what they have for that client here
 (``UPSTREAM``), and it goes on to the client in this router's own batches, replies alike
 across hosts joined into one. Since the client sends every routed call through its one
 relay, and each router sends everything for that client through it, an actor's calls

@@ -73,6 +73,6 @@ SAME = "same"
 ROUTER_ENV = "MONARCH_NB_ROUTER"
 ROUTER_OFF = "off"
 ROUTER_ON = "on"
-# Whether a client sends each routed call to one relay router (on, the default) or to
-# every host's router itself (off).
+# Whether a client sends each routed call to one relay router (on) or to every host's
+# router itself (off, the default).
 RELAY_ENV = "MONARCH_NB_ROUTER_RELAY"
