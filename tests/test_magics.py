@@ -469,18 +469,23 @@ def test_status_in_a_kernel_has_plain_text_without_ansi_codes_and_no_header_that
     assert any("talkers" in text for text in plain)  # the tree's plain fallback
 
 
-def _interrupt_cell(kernel: Kernel, code: str) -> dict:
-    """Run ``code`` (which prints 'waiting' once its calls are sent), Ctrl-C it, and
-    return its execute_reply."""
-    msg_id = kernel.execute(code)
-    assert kernel.wait_for(lambda: "waiting" in kernel.text(msg_id), 20)
+def _interrupt_cell(kernel: Kernel, folder, code: str) -> dict:
+    """Run ``code``, Ctrl-C it once its last statement waits, and return its
+    execute_reply. ``code``'s last statement starts its wait with ``{mark}`` (``{mark}
+    or f.get()``): that touches a file in ``folder``, in the same statement as the wait.
+    A 'waiting' line printed before was no sign: on a loaded machine the interrupt landed
+    while print's flush still waited on ipykernel's IO thread (CI), outside the wait."""
+    marker = folder / "waiting"
+    msg_id = kernel.execute("import pathlib\n" + code.format(mark=f"pathlib.Path({str(marker)!r}).touch()"))
+    assert kernel.wait_for(marker.exists, 20)
     kernel.km.interrupt_kernel()
     return kernel.finish(msg_id, timeout=30)
 
 
-def test_ctrl_c_while_waiting_on_calls_interrupts_them_on_the_ranks_and_the_next_call_runs_at_once(kernel, talkers):
-    reply = _interrupt_cell(kernel, "f = talkers.spin.call(300)\nqueued = talkers.spin.call(300)\n"
-                                    "print('waiting', flush=True)\nf.get()")
+def test_ctrl_c_while_waiting_on_calls_interrupts_them_on_the_ranks_and_the_next_call_runs_at_once(
+        kernel, talkers, tmp_path):
+    reply = _interrupt_cell(kernel, tmp_path, "f = talkers.spin.call(300)\nqueued = talkers.spin.call(300)\n"
+                                              "{mark} or f.get()")
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
     # One short line naming the calls, not a traceback through the client's wait.
     assert reply["traceback"] == ["KeyboardInterrupt: interrupted talkers.spin (ranks 0-3) on the cluster"]
@@ -493,29 +498,29 @@ def test_ctrl_c_while_waiting_on_calls_interrupts_them_on_the_ranks_and_the_next
     assert out.split("\n")[:2] == ["ActorError KeyboardInterrupt"] * 2
 
 
-def test_ctrl_c_while_waiting_on_calls_an_earlier_cell_made_interrupts_those(kernel, talkers):
+def test_ctrl_c_while_waiting_on_calls_an_earlier_cell_made_interrupts_those(kernel, talkers, tmp_path):
     # Calls made in one cell and waited on in the next: a common notebook pattern, whose
     # Ctrl-C left them spinning (only the running cell's own calls were interrupted).
     assert kernel.run("fs = [talkers.spin.call(300)]\nprint('sent')").strip() == "sent"
-    reply = _interrupt_cell(kernel, "print('waiting', flush=True)\n[f.get() for f in fs]")
+    reply = _interrupt_cell(kernel, tmp_path, "{mark} or [f.get() for f in fs]")
     assert reply["traceback"] == ["KeyboardInterrupt: interrupted talkers.spin (ranks 0-3) on the cluster"]
     assert kernel.run("talkers.talk.call(0).get(timeout=30).values()", timeout=40).strip().splitlines()[-1] == "[0, 1, 2, 3]"
 
 
-def test_ctrl_c_while_a_cell_awaits_calls_interrupts_them_at_once(kernel, talkers):
+def test_ctrl_c_while_a_cell_awaits_calls_interrupts_them_at_once(kernel, talkers, tmp_path):
     # A top-level await: ipykernel cancels the cell on Ctrl-C, which it did only once the
     # call had ended (its SIGINT handler waited for the event loop to wake), and the calls
     # went on; now the cell ends with the interrupt's line and the next call runs at once.
-    reply = _interrupt_cell(kernel, "print('waiting', flush=True)\nres = await talkers.spin.call(300)")
+    reply = _interrupt_cell(kernel, tmp_path, "res = {mark} or await talkers.spin.call(300)")
     assert reply["traceback"] == ["KeyboardInterrupt: interrupted talkers.spin (ranks 0-3) on the cluster"]
     assert reply["evalue"] == "interrupted talkers.spin (ranks 0-3) on the cluster"
     assert kernel.run("talkers.talk.call(0).get(timeout=30).values()", timeout=40).strip().splitlines()[-1] == "[0, 1, 2, 3]"
 
 
-def test_ctrl_c_with_interrupt_remote_off_leaves_the_calls_running(kernel, talkers):
+def test_ctrl_c_with_interrupt_remote_off_leaves_the_calls_running(kernel, talkers, tmp_path):
     assert kernel.run("%monarch config interrupt_remote off").strip() == "interrupt_remote off"
     try:
-        reply = _interrupt_cell(kernel, "f = talkers.spin.call(8)\nprint('waiting', flush=True)\nf.get()")
+        reply = _interrupt_cell(kernel, tmp_path, "f = talkers.spin.call(8)\n{mark} or f.get()")
         assert reply["traceback"] == [
             "KeyboardInterrupt: talkers.spin (ranks 0-3) still running on the cluster "
             "(%monarch config interrupt_remote on: Ctrl-C interrupts them too)"]
