@@ -285,6 +285,11 @@ class Endpoint(Generic[P, R]):
             died = i in failures and message.header.get(proc_ops.DIED, False)
             if died:
                 dead_ranks.add(i)
+                if message.header.get(proc_ops.ALONE):  # the actor's own word that it died
+                    # Known gone here now, not only once the hub's event comes (restart()
+                    # of the failed ranks, right after this call raised, found none).
+                    supervision.heard_dead(mesh._cluster_id, addresses[bases[i]], mesh._name, bases[i],
+                                           str(failures[i].exception))
                 # Ranks that died with it (a stopped mesh, a lost host) are named too.
                 for base, j in by_base.items():
                     why = None if j in answered else supervision.why_dead(mesh._cluster_id, mesh._addresses[base],

@@ -118,6 +118,15 @@ class Supervision:
             self._waiting.setdefault(address, {})[port] = (cluster_id, targets[address])
         return self._dead_among(cluster_id, targets, mesh, targets.__getitem__)
 
+    def heard_dead(self, cluster_id: str, address: str, mesh: str, rank: int, why: str) -> None:
+        """A call's reply said the actor at ``address`` (rank ``rank`` of ``mesh``) died:
+        known gone from now on, before the hub's ``actors_gone`` for it arrives (which
+        fails the other calls waiting on it)."""
+        with self._lock:
+            if self._dead.get(address, (None,))[0] != cluster_id:
+                self._dead[address] = (cluster_id, why)
+                self._names[address] = (cluster_id, mesh, rank)
+
     def dead_among(self, cluster_id: str, addresses: list[str], mesh: str,
                    base_rank: Callable[[str], int]) -> dict[str, str]:
         """Of the actors at ``addresses`` of actor mesh ``mesh`` (``base_rank(address)``: the
