@@ -35,9 +35,11 @@ monarch_nb`` nothing changes: the tree renders once the cell ends.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
+import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -50,6 +52,7 @@ CONTROL_TARGET = "jupyter.widget.control"
 _MARK = "_monarch_nb_widget_subshell"  # set on the kernel-side comm object of a marked widget
 _COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 _RETRIES = 20
+_READ_SWITCH_S = 0.5  # the interpreter's switch interval while a read runs (default 0.005)
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +76,25 @@ def _retried(read):
     def again(*args, **kwargs):
         for attempt in range(_RETRIES):
             try:
-                return read(*args, **kwargs)
+                with _few_thread_switches():
+                    return read(*args, **kwargs)
             except RuntimeError as e:
                 if "changed size during iteration" not in str(e) or attempt == _RETRIES - 1:
                     raise
     return again
+
+
+@contextlib.contextmanager
+def _few_thread_switches():
+    """While a read of every widget runs: other threads (one making widgets every few ms)
+    get the interpreter only where it blocks, so they rarely change the registry under
+    it. Without this, on a loaded machine, 20 reads in a row met a change (CI)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(_READ_SWITCH_S)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 class WidgetSubshellKernel(_Kernel):
@@ -204,8 +221,9 @@ class WidgetSubshellKernel(_Kernel):
 async def _retried_async(read, *args):
     for attempt in range(_RETRIES):
         try:
-            result = read(*args)  # a coroutine in ipykernel 7, a value before
-            return (await result) if inspect.isawaitable(result) else result
+            with _few_thread_switches():
+                result = read(*args)  # a coroutine in ipykernel 7, a value before
+                return (await result) if inspect.isawaitable(result) else result
         except RuntimeError as e:
             if "changed size during iteration" not in str(e) or attempt == _RETRIES - 1:
                 raise
