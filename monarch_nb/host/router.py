@@ -207,7 +207,7 @@ class Casts:
         same = header.get(router_ops.SAME)
         expected = self._relayed.get((client, header.get(envelope.PORT)))
         if expected is not None:  # one reply naming the ranks it stands for (SAME, FOLDED) counts for each
-            expected[0] -= len({header.get(envelope.RANK), *(same or ()), *header.get(router_ops.FOLDED, ())})
+            expected[0] -= len({header.get(envelope.RANK), *(same or ()), *(header.get(router_ops.FOLDED) or ())})
             if expected[0] <= 0:
                 del self._relayed[(client, header.get(envelope.PORT))]
         if same is not None and not entry.buffers and header.get(envelope.OK) and len(entry.body) <= SAME_MAX_BYTES:
