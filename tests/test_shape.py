@@ -1,3 +1,5 @@
+import random
+
 import pytest
 
 from monarch_nb.mesh import Extent, Point, Shape
@@ -42,6 +44,39 @@ def test_base_ranks_of_some_ranks_are_those_of_each_and_an_outside_rank_is_refus
     for bad in (4, -1):
         with pytest.raises(IndexError, match=f"rank {bad} is out of range.*4 elements"):
             view.base_ranks_of([0, bad])
+
+
+def _views(seed: int, count: int):
+    """Random slices of random meshes (up to 4 dimensions, slices of slices)."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        view = Shape.of({f"d{i}": rng.randint(1, 5) for i in range(rng.randint(1, 4))})
+        for _ in range(rng.randint(0, 2)):
+            picks = {}
+            for label, size in view.extent.items():
+                if rng.random() < 0.2 and len(picks) < len(view.extent) - 1:
+                    picks[label] = rng.randrange(size)
+                elif rng.random() < 0.5:
+                    start = rng.randrange(size)
+                    picks[label] = slice(start, rng.randint(start + 1, size), rng.randint(1, 3))
+            view = view.slice(**picks)
+        yield view
+
+
+def test_the_point_at_a_base_rank_is_the_views_point_there_and_none_outside_it():
+    # What an actor learns its message_rank from: its own base rank in the view a call was sent to.
+    for view in _views(seed=24, count=500):
+        ranks = view.base_ranks()
+        for base in range(-1, ranks[-1] + 3):
+            point = view.point_of_base(base)
+            if base in ranks:
+                assert point is not None and point.rank == ranks.index(base), (view, base)
+                assert view.base_rank(point.rank) == base
+            else:
+                assert point is None, (view, base, point)
+    # a hand-made view whose strides are not row-major nesting is answered all the same
+    odd = Shape(Extent({"a": 3, "b": 2}), 1, (1, 3))  # base ranks 1, 4, 2, 5, 3, 6
+    assert [odd.point_of_base(b) and odd.point_of_base(b).rank for b in range(8)] == [None, 0, 2, 4, 1, 3, 5, None]
 
 
 def test_slice_errors_name_the_dimension_and_size():

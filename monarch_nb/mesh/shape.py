@@ -222,11 +222,28 @@ class Shape:
 
     def point_of_base(self, base: int) -> "Point | None":
         """The point of this view at base-mesh rank ``base``, ``None`` when the view
-        does not hold it (O(points) the first time, then a list search)."""
-        try:
-            return self.extent.point(self._base_list().index(base))
-        except ValueError:
-            return None
+        does not hold it. O(dimensions): every actor of a mesh asks it of the view its
+        first call was sent to, so a search of the view's points made that call cost
+        O(actors) in each actor (1.3 ms at 256 actors; issue 24's first-call step)."""
+        coords = self._coords_of_base(base)
+        return None if coords is None else Point(coords, self.extent)
+
+    def _coords_of_base(self, base: int) -> tuple[int, ...] | None:
+        sizes, strides = self.extent._sizes, self.strides
+        # A slice keeps the strides of a row-major base: each at least the span of the
+        # dimensions after it, so each coordinate comes by one division, largest first.
+        # A view of another layout (only a hand-made Shape) is searched point by point.
+        if not all(s > 0 for s in strides) or any(a < b * n for a, b, n in zip(strides, strides[1:], sizes[1:])):
+            try:
+                return self.extent.point(self._base_list().index(base))._coords
+            except ValueError:
+                return None
+        rest, coords = base - self.offset, []
+        for size, stride in zip(sizes, strides):
+            index = rest // stride if rest >= 0 else 0
+            coords.append(min(index, size - 1))
+            rest -= coords[-1] * stride
+        return tuple(coords) if rest == 0 else None
 
     def spec(self) -> tuple:
         """``(labels, sizes, offset, strides)``: what :meth:`from_spec` makes it again
