@@ -113,3 +113,37 @@ def test_raise_soft_limit_goes_up_to_the_hard_limit_and_never_down():
 
     assert run(64, 2048) == ["2048", "2048"]
     assert run(2048, 2048) == ["2048", "2048"]
+
+
+def test_a_process_holds_more_zmq_sockets_than_libzmqs_default_when_its_file_limit_allows():
+    # A client holds a socket per actor it calls: with libzmq's default of 1,023 per context
+    # its 1,024th ("Too many open files") failed a spawn, whatever the file limit.
+    script = textwrap.dedent("""
+        import zmq, zmq.asyncio
+        from monarch_nb import fd_limit
+        from monarch_nb.wire import sockets
+        contexts = (sockets.context(), sockets.sized(zmq.asyncio.Context()))
+        fd_limit.raise_soft_limit()  # after: as where a client's context was made first
+        held = []
+        for ctx in contexts:
+            made = []
+            try:
+                while len(made) < 1100:
+                    made.append(ctx.socket(zmq.PUSH))
+                    made[-1].connect("tcp://127.0.0.1:9")
+            except zmq.ZMQError as e:
+                print("refused", len(made), e)
+            held.append(len(made))
+            for sock in made:
+                sock.close(0)
+        print(*held)
+    """)
+
+    def run(soft: int, hard: int) -> str:
+        def limit() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                              preexec_fn=limit, check=True).stdout.strip().splitlines()[-1]
+
+    assert run(1024, 8192) == "1100 1100"

@@ -15,6 +15,7 @@ import zmq
 
 from ..host.worker import dial_address
 from ..protocol import worker_ops
+from ..wire import sockets
 from .local import LocalAllocator
 
 ATTACH_TIMEOUT_S = 10.0  # for a worker to answer the attach request
@@ -44,7 +45,7 @@ class WorkersAllocator(LocalAllocator):
         """Attach every worker, in order; raises ``RuntimeError`` naming a worker that
         did not answer within ``ATTACH_TIMEOUT_S`` or refused."""
         ids = []
-        ctx: zmq.Context = zmq.Context.instance()
+        ctx: zmq.Context = sockets.context()
         for address in self.workers:
             if self._cancelled.is_set():
                 break

@@ -311,7 +311,7 @@ class Router:
         self.host_id = host_id
         self._proc_exit = proc_exit
         self._on_failure = on_failure  # called on the router's thread with what ended it unasked
-        self._ctx = zmq.Context()  # its own: the agent's is an asyncio one, on the heartbeat loop
+        self._ctx = sockets.sized(zmq.Context())  # its own: the agent's is an asyncio one, on the heartbeat loop
         self.inbox, self.address = sockets.bind_inbox(self._ctx)
         self.outbox = sockets.Outbox(self._ctx)
         self.guard = wire_frames.ReplayGuard()

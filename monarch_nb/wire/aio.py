@@ -32,7 +32,7 @@ class AioEndpoint:
 
     def __init__(self, cluster_id: str, prefer: str | None = None):
         self.cluster_id = cluster_id
-        self.ctx = zmq.asyncio.Context()
+        self.ctx = sockets.sized(zmq.asyncio.Context())
         self.inbox, self.address = sockets.bind_inbox(self.ctx, prefer)
         self.guard = wire_frames.ReplayGuard()
         self._drained_at = time.monotonic()  # when recv last found the inbox empty

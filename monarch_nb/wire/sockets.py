@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import resource
 import threading
 import time
 import weakref
@@ -18,6 +19,7 @@ from collections.abc import Iterable
 
 import zmq
 
+from .. import fd_limit
 from ..errors import ClusterError
 from . import frames as wire_frames
 from . import shm, stream, zap
@@ -41,6 +43,8 @@ IDLE_SOCKET_S = 60.0
 # process before the buffers may be reused (seconds).
 SEND_DRAIN_TIMEOUT_S = 60.0
 
+
+DEFAULT_MAX_SOCKETS = 1023  # libzmq's ZMQ_MAX_SOCKETS_DFLT
 
 # Connections an inbox's accept queue holds while its I/O thread is not scheduled. Every
 # proc of a mesh answers a call or a status request at once; on a loaded host the I/O
@@ -66,9 +70,37 @@ def bind_host() -> str:
     return os.environ.get("MONARCH_NB_BIND", "127.0.0.1")
 
 
+def max_sockets() -> int:
+    """How many sockets a zmq context of this process may hold: as many as the process
+    may open files (each socket holds at least one descriptor). libzmq's default of
+    1,023 refused the 1,024th socket with "Too many open files" however high the file
+    limit: a client holds one socket per actor it calls, so its fifth mesh of 256 actors
+    failed to spawn (issue 24). The hard limit counts, not the soft one: every process
+    raises its soft limit to it (``fd_limit``), maybe after its context was made."""
+    soft, hard = fd_limit.limits()
+    hard = fd_limit.RAISE_TO_AT_MOST if hard == resource.RLIM_INFINITY else hard
+    return max(DEFAULT_MAX_SOCKETS, min(max(soft, hard), fd_limit.RAISE_TO_AT_MOST))
+
+
+def sized(ctx: zmq.Context) -> zmq.Context:
+    """``ctx``, able to hold :func:`max_sockets` sockets (at most libzmq's own limit,
+    ``SOCKET_LIMIT``); call it before its first socket: libzmq sizes a context's socket
+    table as it makes the first, and keeps that size. Costs ~0.2 MiB at 65,535."""
+    ctx.set(zmq.MAX_SOCKETS, min(max_sockets(), ctx.get(zmq.SOCKET_LIMIT)))
+    return ctx
+
+
+class _ProcessContext(zmq.Context):
+    """The process's shared context (:func:`context`), :func:`sized` as it is made."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        sized(self)
+
+
 def context() -> zmq.Context:
     """This process's zmq context (re-created after fork)."""
-    return zmq.Context.instance()
+    return _ProcessContext.instance()
 
 
 def first_reply_port() -> int:
