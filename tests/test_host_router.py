@@ -451,6 +451,63 @@ def test_the_client_and_the_actors_of_a_routed_mesh_do_not_connect_to_each_other
         procs.stop()
 
 
+def _port(address: str) -> int:
+    return int(address.rpartition(":")[2])
+
+
+def _connections_to(pid: int, port: int) -> int:
+    import psutil
+
+    return sum(1 for c in psutil.Process(pid).net_connections("tcp")
+               if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+
+def test_a_routed_meshs_actors_and_routers_connect_while_it_is_spawned_not_on_its_first_call(routed):
+    # Each new actor connects to its host's router and tells it where it is, so the
+    # router connects back while the constructors run: the first call waited for every
+    # handshake (~250 ms over 32 hosts of 8).
+    cluster, procs, _ = routed
+    hosts = {h["host_id"]: h for h in cluster.info()["hosts"]}
+    before = {p["pid"]: _connections_to(p["pid"], _port(hosts[p["host_id"]]["router"])) for p in procs._procs}
+    mesh = procs.spawn("announced", Recorder)
+    try:
+        def connected() -> bool:  # (an actor's replies take a connection of its own thread)
+            return all(_connections_to(p["pid"], _port(hosts[p["host_id"]]["router"])) > before[p["pid"]]
+                       and _connections_to(hosts[p["host_id"]]["pid"], _port(address)) == 1
+                       for p, address in zip(procs._procs, mesh._addresses))
+
+        assert wait_until(connected, 30), "a new actor and its router did not connect before its first call"
+        assert mesh.one.call().get(timeout=BOUND_S).values() == [1] * (HOSTS * PER_HOST)
+    finally:
+        mesh.stop()
+
+
+def test_each_new_actor_of_a_direct_mesh_tells_the_spawning_client_where_it_is_during_the_spawn(monkeypatch):
+    # The client connects to each as it hears, while the other constructors run (its
+    # connects after the spawn held up a first call to 256 actors ~100 ms).
+    monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_OFF)
+    cluster = Cluster.start_ephemeral(hosts=2)
+    try:
+        procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 2}, name="direct")
+        mailbox = runtime().mailbox
+        heard: list[str] = []
+        deliver = Mailbox._deliver.__get__(mailbox)
+
+        def recording(message, *args, **kwargs):
+            if message.header.get(envelope.OP) == proc_ops.ACTOR_BOUND:
+                heard.append(message.header[proc_ops.ADDRESS])
+            return deliver(message, *args, **kwargs)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(mailbox, "_deliver", recording)
+            mesh = procs.spawn("told", Recorder)
+        assert sorted(heard) == sorted(mesh._addresses)
+        assert mesh.one.call().get(timeout=BOUND_S).values() == [1] * 4
+    finally:
+        cluster.stop()
+    assert wait_until(lambda: not cluster_processes(cluster.path), 15), cluster_processes(cluster.path)
+
+
 @pytest.mark.parametrize("relay", [router_ops.ROUTER_OFF, router_ops.ROUTER_ON])
 def test_a_clients_port_passed_to_routed_actors_sends_back_through_the_routers(routed, relay, monkeypatch):
     # A Channel's port in a routed call's or broadcast's arguments: the actors send its

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import threading
 import weakref
 from typing import Any, Callable, TypeVar, cast
 
@@ -13,6 +14,7 @@ from ..mesh import Extent, Shape
 from ..proc.actor import Actor, endpoint_names, owner_of_new_meshes
 from ..proc.setup_actor import ProcSetup, set_root_log_level
 from ..protocol import hub_ops, proc_ops
+from ..wire import frames as wire_frames
 from ..wire import serialize, sockets
 from . import progress, workspace_sync
 from .actor_mesh import ActorMesh, hidden_endpoints
@@ -50,6 +52,21 @@ def _actor_class_info(cls) -> tuple[str, dict[str, bool], list[str]]:
                          + "; rename the endpoint(s) (as Monarch requires)")
     methods = [n for n, v in inspect.getmembers(cls, callable) if not n.startswith("_") and n not in endpoints]
     return f"{cls.__module__}.{cls.__qualname__}", endpoints, methods
+
+
+def _connect_announced(outbox: sockets.Outbox, cluster_id: bytes,
+                       spawner: int) -> Callable[[wire_frames.Message], None]:
+    """A reply-port callback that connects the spawning thread to each new actor as it
+    tells where it is (``proc_ops.ANNOUNCE``), while the other constructors run: the
+    handshakes of 256 actors made after the spawn held up its first call ~100 ms. The
+    sockets are the thread's own (``Outbox``): an announce dispatched on another thread
+    (one that drives the mailbox meanwhile) is left to the connect after the spawn."""
+    def connect(message: wire_frames.Message) -> None:
+        address = message.header.get(proc_ops.ADDRESS)
+        if isinstance(address, str) and threading.get_ident() == spawner:
+            outbox.connect([address], cluster_id)
+
+    return connect
 
 
 class ProcMesh(MeshHandle):
@@ -141,8 +158,13 @@ class ProcMesh(MeshHandle):
                       main_thread=getattr(actor_class, "_monarch_main_thread", False), owner=owner_of_new_meshes())
         host_ids = {str(p.get("host_id")) for p in self._procs}
         routed = may_route(len(self), len(host_ids), lambda: control.machines(host_ids))
-        if not routed:  # the first call's replies: connected while __init__ runs
+        announced = None
+        if routed:  # each actor connects to its host's router, and it to the actor, while __init__ runs
+            fields[hub_ops.ROUTED] = True
+        else:  # the first call's connections, both ways, made while __init__ runs
             fields[proc_ops.CALLER] = rt.mailbox.address
+            announced = fields[proc_ops.ANNOUNCE] = rt.mailbox.open_port(
+                _connect_announced(rt.mailbox.outbox, self._cluster_id.encode(), threading.get_ident()))
         ran = None  # constructors that returned (or raised): every one once the hub replies
         try:
             reply = control.spawn_actors(self._name, self._shape.base_ranks(), name, fields, body,
@@ -157,13 +179,15 @@ class ProcMesh(MeshHandle):
             raise
         finally:
             bar.close(ran)
+            if announced is not None:
+                rt.mailbox.close_port(announced)
         stopped = rt.supervision.stopped_why(self._cluster_id)
         if stopped is not None:  # while the constructors ran: the hub's answer names actors that are gone
             raise ClusterError(stopped)
         if "failures" in reply:
             raise init_error(name, f"{actor_class.__name__}.__init__", reply["failures"], self.extent)
         rt.supervision.sync(self._cluster_id, reply["addresses"], reply["dead"], reply["name"])
-        if not routed:  # the first call's connections, made while the caller moves on
+        if not routed:  # those not announced in time (made while the caller moves on)
             rt.mailbox.outbox.connect([a for rank, a in enumerate(reply["addresses"]) if str(rank) not in reply["dead"]],
                                       self._cluster_id.encode())
         if reply.get(hub_ops.INIT_FAILED) and fields["owner"] is None:  # said by the failure hooks before returning

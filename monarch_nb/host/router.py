@@ -427,6 +427,9 @@ class Router:
         if op == router_ops.INTERRUPT:
             self._interrupt(header)
             return
+        if op == proc_ops.ACTOR_BOUND:
+            self._actor_bound(header[proc_ops.ADDRESS], header[proc_ops.PROC])
+            return
         client = header.get(router_ops.FOR)
         if client is not None:  # another router's replies for a client this one relays for
             if router_ops.BATCH in header:
@@ -444,6 +447,16 @@ class Router:
         if not (isinstance(route, tuple) and len(route) == 2):
             raise ValueError(f"a message that is neither a cast nor a reply (header keys {sorted(header)})")
         self.casts.reply(route, header, message.body if message.body is not None else b"", message.buffers)
+
+    def _actor_bound(self, address: str, proc_id: str) -> None:
+        """A new actor of a routed mesh on this host is at ``address`` (told while its
+        ``__init__`` runs: ``proc_ops.ANNOUNCE``): connect to it now, so that the mesh's
+        first call does not wait for the handshakes of every actor of the host."""
+        if not isinstance(address, str) or self._proc_exit(proc_id) is not None:
+            return
+        with self._actors_lock:
+            self._actors_of.setdefault(proc_id, set()).add(address)
+        self.outbox.connect([address], self.cluster_id.encode())
 
     def _cast(self, message: wire_frames.Message) -> None:
         header = message.header

@@ -202,13 +202,14 @@ class MeshOps:
             payload_id = f"a{self._registry.next_number()}"
             raise_init_errors = header.get(hub_ops.RAISE_INIT_ERRORS, False)
             constructing = self._spawning_actors[key] = [mesh.procs[r] for r in header["proc_ranks"]]
+            callers = self._callers(header, constructing)
             proc_gone = self._construct_lost[key] = asyncio.get_running_loop().create_future()
             asking = asyncio.gather(*(
                 self._net.request(mesh.procs[r].address, {
                     envelope.OP: proc_ops.SPAWN_ACTOR, proc_ops.MESH: name, envelope.RANK: i,
                     proc_ops.EXTENT: header["extent"], proc_ops.ORIGIN: header.get(proc_ops.ORIGIN),
                     proc_ops.MAIN_THREAD: header.get(proc_ops.MAIN_THREAD, False),
-                    proc_ops.INIT_FAULT: not raise_init_errors, proc_ops.CALLER: header.get(proc_ops.CALLER),
+                    proc_ops.INIT_FAULT: not raise_init_errors, **callers[i],
                     "owner": header.get("owner"), **self._debug.spawn_fields()},
                     body, buffers)
                 for i, r in enumerate(header["proc_ranks"])))
@@ -305,6 +306,17 @@ class MeshOps:
         progress = self._spawning.get(header[agent_ops.PROC_ID].rpartition("/")[0])
         if progress is not None:
             progress[0] += 1
+
+    def _callers(self, header: dict, procs: list) -> list[dict]:
+        """Whom each new actor connects to while its ``__init__`` runs, and tells where it
+        is (``proc_ops.CALLER``, ``ANNOUNCE``): its host's router for a mesh the client
+        calls through the routers (``hub_ops.ROUTED``), else the caller the client named."""
+        if not header.get(hub_ops.ROUTED):
+            caller = {proc_ops.CALLER: header.get(proc_ops.CALLER), proc_ops.ANNOUNCE: header.get(proc_ops.ANNOUNCE)}
+            return [caller] * len(procs)
+        hosts = self._registry.hosts
+        routers = [getattr(hosts.get(p.host_id), "router", "") or None for p in procs]
+        return [{proc_ops.CALLER: router, proc_ops.ANNOUNCE: router is not None} for router in routers]
 
     async def spawn_progress(self, header, message):
         """How many procs of the spawn ``spawn_id`` have started so far."""

@@ -272,7 +272,9 @@ class ActorThread:
     def _construct_and_serve(self) -> None:
         # A restarted actor takes its predecessor's address when free: handles keep working.
         inbox, self.address = sockets.bind_inbox(prefer=self._spawn.header.get(proc_ops.PREFER))
-        self.connect_to(self._spawn.header.get(proc_ops.CALLER))  # the spawner, while __init__ runs
+        caller = self._spawn.header.get(proc_ops.CALLER)
+        self.connect_to(caller)  # the spawner (or the host's router), while __init__ runs
+        self._announce(caller, self._spawn.header.get(proc_ops.ANNOUNCE))
         self._instance_info = dataclasses.replace(self._instance_info, address=self.address)
         _set_current(self._context())
         set_call_origin(self._spawn.header.get(proc_ops.ORIGIN))  # what __init__ prints goes to the spawner
@@ -333,6 +335,22 @@ class ActorThread:
                 self.outbox.connect([caller], self.cluster_id.encode())
             except Exception:  # noqa: BLE001 - a bad address: the first reply connects (and says so) itself
                 pass
+
+    def _announce(self, caller, port) -> None:
+        """Tell ``caller`` this actor's inbox, so that it connects while the constructors
+        run (``proc_ops.ANNOUNCE``: ``port``, an int, is a client's reply port; ``True``:
+        a router's, which takes the message by its op; false: nobody asked). Never waits,
+        never raises: unannounced, the caller connects on its first call."""
+        if not isinstance(caller, str) or not port:
+            return
+        header = {envelope.OP: proc_ops.ACTOR_BOUND, proc_ops.ADDRESS: self.address,
+                  proc_ops.PROC: self._instance_info.proc_id}
+        if type(port) is int:
+            header[envelope.PORT] = port
+        try:
+            self.outbox.send(caller, wire_frames.encode(self.cluster_id, header))
+        except Exception:  # noqa: BLE001 - (see above)
+            pass
 
     def queue_failure(self, failure: dict, verdict_to: tuple[str, int]) -> None:
         """From the proc's control thread: ``failure`` of a mesh this actor owns goes

@@ -73,6 +73,9 @@ RANK_ENV = "rank_env"
 SPAWN_PROGRESS = "spawn_progress"  # how many procs of a spawn have started so far
 SPAWN_ACTORS = "spawn_actors"  # construct an actor mesh on a proc mesh (payload: class and arguments)
 SPAWN_DIGESTS = "digests"  # SPAWN_ACTORS: {"code", "args"} of the construction (client.spawn_digest), kept
+# SPAWN_ACTORS: the client calls this mesh through the host routers: each actor
+# connects to its host's router and announces itself there (proc_ops.ANNOUNCE)
+ROUTED = "routed"
 RAISE_INIT_ERRORS = "raise_init_errors"  # SPAWN_ACTORS: fail the spawn when an __init__ raises (else a fault)
 INIT_FAILED = "init_failed"  # SPAWN_ACTORS reply: ranks of the new mesh whose __init__ raised (faults sent as events)
 STOP_ACTORS = "stop_actors"  # stop an actor mesh (or interrupt one still being constructed)
