@@ -147,3 +147,28 @@ def test_a_process_holds_more_zmq_sockets_than_libzmqs_default_when_its_file_lim
                               preexec_fn=limit, check=True).stdout.strip().splitlines()[-1]
 
     assert run(1024, 8192) == "1100 1100"
+
+
+def test_a_client_holding_over_1024_open_files_starts_a_cluster():
+    # (Its wait for the hub's "ready" used select(), which can't watch a descriptor past 1,023.)
+    script = textwrap.dedent("""
+        import os
+        from monarch_nb import fd_limit
+        from monarch_nb.client.cluster import Cluster
+        fd_limit.raise_soft_limit()
+        held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+        cluster = Cluster.start_ephemeral(hosts=1)
+        try:
+            print("health", cluster.health()["summary"], "path", cluster.path)
+        finally:
+            cluster.stop()
+    """)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 4096))
+
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=TESTS,
+                         preexec_fn=limit)
+    assert out.returncode == 0 and "health" in out.stdout, out.stdout + out.stderr
+    path = out.stdout.split("path ")[1].strip()
+    assert wait_until(lambda: not cluster_processes(path), 30), cluster_processes(path)

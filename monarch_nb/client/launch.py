@@ -56,7 +56,11 @@ def launch_hub(path: Path, *, hosts: int, grace_s: float, ephemeral_parent: int 
         if log is not None:
             log.close()
     try:
-        ready, _, _ = select.select([read_fd], [], [], timeout)
+        # poll, not select: a client holding over 1,024 files (a socket per actor it
+        # calls) gets a pipe select() can't watch ("filedescriptor out of range").
+        waiting = select.poll()
+        waiting.register(read_fd, select.POLLIN)
+        ready = bool(waiting.poll(timeout * 1000))
         line = os.read(read_fd, 64) if ready else b""
     finally:
         os.close(read_fd)
