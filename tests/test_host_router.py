@@ -48,13 +48,13 @@ def test_replies_go_back_per_client_in_arrival_order_and_a_late_one_passes_throu
     for rank in (2, 0):
         casts.reply(route, *_reply(rank, rank * 10))
     first = casts.take()
-    assert list(first) == ["tcp://client:1"]
-    assert [e.header[envelope.RANK] for e in first["tcp://client:1"]] == [2, 0]
-    assert all(e.header[envelope.PORT] == 7 for e in first["tcp://client:1"])
+    assert list(first) == [("tcp://client:1", None)]
+    assert [e.header[envelope.RANK] for e in first[("tcp://client:1", None)]] == [2, 0]
+    assert all(e.header[envelope.PORT] == 7 for e in first[("tcp://client:1", None)])
     assert casts.take() == {} and casts.waiting  # sent: not sent again; rank 1 still awaited
     casts.reply(route, *_reply(1, 10))
     casts.reply(route, *_reply(1, 11))  # a second value of rank 1 (a port's): passed on, not dropped
-    assert [serialize.loads(e.body) for e in casts.take()["tcp://client:1"]] == [10, 11]
+    assert [serialize.loads(e.body) for e in casts.take()[("tcp://client:1", None)]] == [10, 11]
     assert not casts.waiting
 
 
@@ -70,7 +70,7 @@ def test_a_batch_reaches_each_port_of_the_client_as_separate_replies():
     casts.reply(("me", first), *_reply(1, "b"))
     casts.reply(("me", second), *_reply(0, "other call"))
     casts.reply(("me", first), *_reply(0, "a"))
-    mailbox._dispatch(batch_frames("router-test", casts.take()["me"]))
+    mailbox._dispatch(batch_frames("router-test", casts.take()[("me", None)]))
     assert got == [(1, 1, "b"), (2, 0, "other call"), (1, 0, "a")]
 
 
@@ -94,10 +94,10 @@ def test_a_reducer_folds_the_values_that_succeeded_into_one_reply_and_failures_p
     casts.reply(route, *_reply(2, 4))
     assert _take_folded(casts, folds) == {}  # folded values wait for the last rank of this host
     casts.reply(route, *_reply(1, "boom", ok=False))
-    failed = _take_folded(casts, folds)["me"]
+    failed = _take_folded(casts, folds)[("me", None)]
     assert [e.header[envelope.RANK] for e in failed] == [1] and not failed[0].header[envelope.OK]
     casts.reply(route, *_reply(3, 8))
-    (folded,) = _take_folded(casts, folds)["me"]
+    (folded,) = _take_folded(casts, folds)[("me", None)]
     assert folded.header[router_ops.FOLDED] == [0, 2, 3] and folded.header[envelope.OK]
     assert serialize.loads(folded.body) == 13
 
@@ -110,7 +110,7 @@ def test_a_reducer_that_raises_comes_back_as_the_folds_error_not_the_ranks():
     casts.open(("me", 4), {0: "p/0", 1: "p/1"}, _pickled(bad))
     casts.reply(("me", 4), *_reply(0, 1))
     casts.reply(("me", 4), *_reply(1, 2))
-    entries = _take_folded(casts, folds)["me"]
+    entries = _take_folded(casts, folds)[("me", None)]
     failure = next(e for e in entries if not e.header[envelope.OK])
     assert failure.header[envelope.RANK] == 1 and failure.header[router_ops.FOLD_FAILED]
     assert "cannot fold" in str(unpack_exception(serialize.loads(failure.body))[0])
@@ -134,7 +134,7 @@ def test_a_reducer_or_a_value_that_exits_is_the_folds_error_and_the_router_goes_
     casts.open(("me", 8), {0: "p/0", 1: "p/1"}, _pickled(operator.add))
     casts.reply(("me", 8), *_reply(0, 1))
     casts.reply(("me", 8), *_reply(1, _ExitsWhenLoaded()))
-    failures = [e for e in _take_folded(casts, folds)["me"] if not e.header[envelope.OK]]
+    failures = [e for e in _take_folded(casts, folds)[("me", None)] if not e.header[envelope.OK]]
     assert [(f.header[envelope.PORT], f.header[envelope.RANK], f.header[router_ops.FOLD_FAILED]) for f in failures] \
         == [(7, 1, True), (8, 1, True)]
     raised = [unpack_exception(serialize.loads(f.body))[0] for f in failures]
@@ -148,7 +148,7 @@ def test_a_folded_value_that_cannot_be_pickled_fails_every_rank_it_folds():
     casts.open(("me", 6), {0: "p/0", 1: "p/1", 2: "p/2"}, _pickled(lambda a, b: threading.Lock()))
     for rank in range(3):
         casts.reply(("me", 6), *_reply(rank, rank))
-    (failure,) = _take_folded(casts, folds)["me"]
+    (failure,) = _take_folded(casts, folds)[("me", None)]
     assert not failure.header[envelope.OK] and failure.header[router_ops.FOLDED] == [0, 1, 2]
     assert failure.header[router_ops.FOLD_FAILED]
     assert "lock" in str(unpack_exception(serialize.loads(failure.body))[0])
@@ -165,7 +165,7 @@ def test_identical_replies_in_a_row_go_as_one_naming_their_ranks_and_nothing_ove
     casts.reply(route, *_reply(2, None))  # after the port's value: must not join rank 3's reply before it
     casts.reply(route, *_reply(4, "boom", ok=False))
     casts.reply(route, *_reply(5, "boom", ok=False))  # a failure goes alone, whatever it is like
-    entries = casts.take()["me"]
+    entries = casts.take()[("me", None)]
     # (rank 2's names no other rank, but says it may be joined further on, at a relay)
     assert [(e.header[envelope.RANK], e.header.get(router_ops.SAME)) for e in entries] == [
         (3, [0, 1]), (9, None), (2, []), (4, None), (5, None)]
@@ -187,14 +187,14 @@ def test_a_relay_joins_alike_replies_of_several_hosts_and_counts_those_still_out
     assert casts.waiting  # rank 6 is still out
     casts.pass_on("me", Entry({envelope.RANK: 6, envelope.OK: False, envelope.PORT: 12}, serialize.dumps("boom")[0]))
     assert not casts.waiting
-    entries = casts.take()["me"]
+    entries = casts.take()[("me", None)]
     assert [(e.header[envelope.RANK], e.header.get(router_ops.SAME)) for e in entries] == [
         (0, [1, 2, 3]), (9, None), (4, [5]), (6, None)]
     # The relay's own host's replies join those passed on, and the other way round.
     casts.open(("me", 13), {0: "p/0"}, coalesce=True)
     casts.pass_on("me", Entry({envelope.RANK: 1, envelope.OK: True, envelope.PORT: 13, router_ops.SAME: []}, none))
     casts.reply(("me", 13), *_reply(0, None))
-    assert [(e.header[envelope.RANK], e.header[router_ops.SAME]) for e in casts.take()["me"]] == [(1, [0])]
+    assert [(e.header[envelope.RANK], e.header[router_ops.SAME]) for e in casts.take()[("me", None)]] == [(1, [0])]
 
 
 def test_a_relay_waits_for_replies_of_a_host_lost_no_longer_than_their_time():
@@ -217,14 +217,14 @@ def test_replies_alike_stay_apart_unless_the_caller_asked_and_when_large_or_with
         casts.reply(("me", 11), {envelope.RANK: rank, envelope.OK: True}, large)
     for rank in (2, 3):
         casts.reply(("me", 11), {envelope.RANK: rank, envelope.OK: True}, b"", [b"a buffer"])
-    assert [router_ops.SAME in e.header for e in casts.take()["me"]] == [False] * 6
+    assert [router_ops.SAME in e.header for e in casts.take()[("me", None)]] == [False] * 6
 
 
 def test_a_proc_gone_fails_its_pending_ranks_as_dead_and_only_those():
     casts = Casts()
     casts.open(("me", 5), {0: "p/0", 1: "p/1"})
     casts.proc_gone(lambda proc: "proc p/1 exited" if proc == "p/1" else None)
-    (entry,) = casts.take()["me"]
+    (entry,) = casts.take()[("me", None)]
     assert entry.header[envelope.RANK] == 1 and entry.header[proc_ops.DIED]
     exc, _ = unpack_exception(serialize.loads(entry.body))
     assert isinstance(exc, SupervisionError) and "p/1 exited" in str(exc)
@@ -1034,7 +1034,7 @@ def test_a_call_relayed_through_a_lost_host_fails_and_the_next_goes_through_anot
         procs = c.host_mesh().spawn_procs(per_host={"gpus": 1}, name="three")
         mesh = procs.spawn("rec", Recorder)
         assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == 3
-        relay_of = functools.partial(runtime().host_routes.relay, mesh._cluster_id, (),
+        relay_of = functools.partial(runtime().host_routes.relay, mesh._cluster_id, mesh._key, (),
                                      runtime().supervision.router_lost)
         relay = relay_of()
         (relay_host,) = [h for h in c.info()["hosts"] if h["router"] == relay]
@@ -1049,6 +1049,40 @@ def test_a_call_relayed_through_a_lost_host_fails_and_the_next_goes_through_anot
             pending.get(timeout=BOUND_S)
         assert others.value.call(1).get(timeout=BOUND_S).values() == [100, 101]
         assert relay_of() not in (relay, None)
+    finally:
+        c.stop()
+    assert wait_until(lambda: not cluster_processes(c.path), 15), cluster_processes(c.path)
+
+
+def test_losing_a_meshs_relay_fails_no_call_to_a_mesh_with_no_rank_on_its_host(tmp_path, monkeypatch):
+    # Each mesh's calls go through a relay on one of its own hosts: an RL loop's or a
+    # replica group's meshes on other hosts go on when one mesh's host is lost.
+    monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_ON)
+    monkeypatch.setenv(router_ops.RELAY_ENV, router_ops.ROUTER_ON)
+    c = Cluster.start_ephemeral(hosts=3)
+    try:
+        procs = c.host_mesh().spawn_procs(per_host={"gpus": 2}, name="six")
+        first = procs.slice(hosts=slice(0, 2), gpus=0).spawn("first", Recorder)  # on hosts 0 and 1
+        second = procs.slice(hosts=slice(1, 3), gpus=1).spawn("second", Recorder)  # on hosts 1 and 2
+        for mesh in (first, second):
+            assert mesh.one.call().get(timeout=BOUND_S).values() == [1, 1]
+        hosts = {h["host_id"]: h for h in c.info()["hosts"]}
+        rt = runtime()
+
+        def relay(mesh) -> str | None:
+            return rt.host_routes.relay(mesh._cluster_id, mesh._key, (), rt.supervision.router_lost)
+
+        assert (relay(first), relay(second)) == (hosts["host0"]["router"], hosts["host1"]["router"])
+        gate = tmp_path / "gate"
+        gate.touch()
+        pending = second.hold.call(str(gate))
+        os.kill(hosts["host0"]["pid"], signal.SIGKILL)
+        assert wait_until(lambda: rt.supervision.router_lost(first._cluster_id, hosts["host0"]["router"]) is not None, BOUND_S)
+        gate.unlink()
+        assert pending.get(timeout=BOUND_S).values() == ["released", "released"]
+        assert second.value.call(1).get(timeout=BOUND_S).values() == [100, 101]
+        with pytest.raises(SupervisionError):
+            first.one.call().get(timeout=BOUND_S)
     finally:
         c.stop()
     assert wait_until(lambda: not cluster_processes(c.path), 15), cluster_processes(c.path)

@@ -152,7 +152,7 @@ class Endpoint(Generic[P, R]):
 
     def _cast(self, routes: dict, addresses: list[str], header: dict, args: tuple, kwargs: dict,
               reducer: Callable | None, coalesce: bool, port: int | None) -> None:
-        """One ``CAST`` to this client's relay router, which passes it on to the other
+        """One ``CAST`` to the mesh's relay router, which passes it on to the other
         hosts' (``router_ops.RELAY``), or, relays off, one per host router
         (``host.router``): the call's header and arguments once, and the actors of
         ``addresses`` on each host. ``coalesce``: the replies go to a :meth:`_gather`,
@@ -174,7 +174,7 @@ class Endpoint(Generic[P, R]):
                 pass  # the routers pass the values on, and this client folds them, as it does for a direct call
         if coalesce:
             cast[router_ops.COALESCE] = True
-        relay = rt.host_routes.relay(mesh._cluster_id, by_router, supervision.router_lost)
+        relay = rt.host_routes.relay(mesh._cluster_id, mesh._key, by_router, supervision.router_lost)
         if relay is not None:
             cast[router_ops.TARGETS] = by_router.pop(relay, [])
             if by_router:

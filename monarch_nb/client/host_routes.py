@@ -123,23 +123,27 @@ class HostRoutes:
         # (None: to be called directly whatever the policy), the machines of its hosts).
         # One entry per mesh: a restart's new addresses replace it.
         self._tables: dict[tuple[str, str], tuple[tuple[str, ...], dict[str, Route] | None, int]] = {}
-        self._relays: dict[str, str] = {}  # cluster id -> the router this client's routed calls go through
+        self._relays: dict[tuple[str, str], str] = {}  # (cluster id, mesh key) -> the router its calls go through
 
-    def relay(self, cluster_id: str, routers, lost: Callable[[str, str], str | None]) -> str | None:
-        """The router this client's routed calls to ``cluster_id`` go through
-        (``relay_policy``), ``None`` when each goes to its host's router. It stays the
-        same until ``lost(cluster_id, router)`` says its host was lost; then the first of
-        ``routers`` (this call's, in rank order) not lost takes its place."""
+    def relay(self, cluster_id: str, mesh_key: str, routers, lost: Callable[[str, str], str | None]) -> str | None:
+        """The router this client's routed calls to the mesh ``mesh_key`` of ``cluster_id``
+        go through (``relay_policy``), ``None`` when each goes to its host's router: the
+        first of ``routers`` (the first call's, in rank order: one of the mesh's own
+        hosts), so that losing it fails only calls to meshes that lose a rank there too.
+        It stays the same for every call to the mesh, slices included (per (caller,
+        actor) order), until ``lost(cluster_id, router)`` says its host was lost; then
+        the first of this call's ``routers`` not lost takes its place."""
         if not relay_policy():
             return None
+        key = (cluster_id, mesh_key)
         with self._lock:
-            relay = self._relays.get(cluster_id)
+            relay = self._relays.get(key)
         if relay is not None and lost(cluster_id, relay) is None:
             return relay
         relay = next((r for r in routers if lost(cluster_id, r) is None), None)
         if relay is not None:
             with self._lock:
-                self._relays[cluster_id] = relay
+                self._relays[key] = relay
         return relay
 
     def routes(self, mesh) -> dict[str, Route] | None:
@@ -164,6 +168,10 @@ class HostRoutes:
             known = (addresses, table, machines)
             with self._lock:
                 self._tables[key] = known
+                if self._relays.get(key) not in {route[0] for route in (table or {}).values()}:
+                    # A mesh spawned again under its name, on other hosts: no actor of it
+                    # had a call through that relay, so a new one keeps every order.
+                    self._relays.pop(key, None)
         _, table, machines = known
         if policy.across_machines and machines < 2:
             return None  # local host agents: their routers would share the client's cores

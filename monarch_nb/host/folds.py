@@ -28,7 +28,8 @@ from .replies import Entry, failure
 
 REDUCERS_KEPT = 64  # unpickled reducers remembered (by their pickled bytes)
 
-Route = tuple[str, Hashable]  # (client address, client port)
+# (where its replies go: the router's destination, opaque here; the client's port)
+Route = tuple[Any, Hashable]
 # The jobs, in order: (VALUE, route, pickled reducer, reply header, body, buffers) for a
 # value to fold; (DONE, route) once every rank of a reduce on this host answered.
 VALUE, DONE = "value", "done"
@@ -46,14 +47,14 @@ class _Fold:
 
 class Folds:
     """The reduces being folded on this host: :meth:`run` takes jobs in order and gives
-    the replies to send, as ``(client address, Entry)``."""
+    the replies to send, as ``(destination, Entry)``."""
 
     def __init__(self):
         self._open: dict[Route, _Fold] = {}
         self._reducers: dict[bytes, Callable] = {}
 
-    def run(self, jobs: list[Job]) -> list[tuple[str, Entry]]:
-        out: list[tuple[str, Entry]] = []
+    def run(self, jobs: list[Job]) -> list[tuple[Any, Entry]]:
+        out: list[tuple[Any, Entry]] = []
         for kind, *fields in jobs:
             if kind == VALUE:
                 self._value(out, *fields)
@@ -79,11 +80,11 @@ class Folds:
         return reducer
 
     def _value(self, out: list, route: Route, pickled: bytes, header: dict, body, buffers: list) -> None:
-        client, port = route
+        dest, port = route
         fold = self._fold_of(route, pickled)
         rank = header[envelope.RANK]
         if fold.reducer is None:  # passed on as it came, for the client to fold
-            out.append((client, Entry(header, body, buffers)))
+            out.append((dest, Entry(header, body, buffers)))
             return
         # What the user's reducer, or the unpickling of a value, raises is the reduce's
         # error: any exception, sys.exit's too.
@@ -92,10 +93,10 @@ class Folds:
             fold.value = value if not fold.folded else fold.reducer(fold.value, value)
             fold.folded.append(rank)
         except BaseException as e:  # noqa: BLE001
-            out.append((client, failure(port, rank, e, fold=True)))
+            out.append((dest, failure(port, rank, e, fold=True)))
 
     def _done(self, out: list, route: Route) -> None:
-        client, port = route
+        dest, port = route
         fold = self._open.pop(route, None)
         if fold is None or not fold.folded:
             return
@@ -104,11 +105,11 @@ class Folds:
         except BaseException as e:  # noqa: BLE001
             error = failure(port, fold.folded[0], e, fold=True)
             error.header[router_ops.FOLDED] = fold.folded
-            out.append((client, error))
+            out.append((dest, error))
             return
         header = {envelope.PORT: port, envelope.RANK: fold.folded[0], envelope.OK: True,
                   router_ops.FOLDED: fold.folded}
-        out.append((client, Entry(header, body, [b.raw() for b in buffers])))
+        out.append((dest, Entry(header, body, [b.raw() for b in buffers])))
 
 
 class FoldThread:
@@ -130,7 +131,7 @@ class FoldThread:
         if jobs:
             self._jobs.put(jobs)
 
-    def take(self) -> list[tuple[str, Entry]]:
+    def take(self) -> list[tuple[Any, Entry]]:
         """The replies folded since the last take, in order."""
         try:
             while os.read(self.wake_fd, 4096):

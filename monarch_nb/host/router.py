@@ -23,14 +23,15 @@ names it as ``VIA``; ``wire.port``): its values reach the client with the batche
 A Ctrl-C over a routed mesh comes as one ``INTERRUPT`` per host too: the router passes
 it on to each local proc and answers once for them all (:class:`Relays`).
 
-A router may also be a client's relay (``router_ops.RELAY``, for a client that set
+A router may also be a mesh's relay (``router_ops.RELAY``, for a client that set
 ``MONARCH_NB_ROUTER_RELAY=on``): the client's one cast per call names the other hosts'
 destinations by their routers, and this router passes it on to each of them as
-itself; they send what they have for that client here
-(``UPSTREAM``), and it goes on to the client in this router's own batches, replies alike
-across hosts joined into one. Since the client sends every routed call through its one
-relay, and each router sends everything for that client through it, an actor's calls
-and replies (its port values too) still take one path each way.
+itself; they send that call's replies here (``UPSTREAM``, kept with the call), and they
+go on to the client in this router's own batches, replies alike across hosts joined
+into one. A client's port in such a call sends through the actor's router and this
+relay (the relay is in the port's route). Since the client sends every routed call to a
+mesh through that mesh's one relay, an actor's calls and replies (its port values too)
+still take one path each way; a client's calls to two meshes may come through two.
 
 A local proc that exits fails its pending calls here at once (a supervision failure),
 without a round trip through the hub. A router that did not run for ``STALL_S`` (its
@@ -81,6 +82,11 @@ RELAYED_FORGET_S = 60.0
 _PLAIN_REPLY = frozenset((envelope.OK, envelope.PORT, envelope.RANK))  # a reply with nothing but its value
 
 
+# Where replies go: (the client's address, the relay they go through to it, or None:
+# straight to it). A client's calls to two meshes may come through two relays.
+Dest = tuple[str, "str | None"]
+
+
 @dataclass
 class _Cast:
     """A call's delivery on this host, until every destination answered."""
@@ -89,6 +95,7 @@ class _Cast:
     waiting: dict[int, str]  # base rank -> proc id, of the destinations yet to answer
     reducer: bytes | None = None  # pickled (router_ops.REDUCE): its values are folded (host.folds)
     coalesce: bool = False  # identical replies go as one (router_ops.COALESCE)
+    upstream: str | None = None  # the relay it came through (router_ops.UPSTREAM): its replies go back there
 
 
 class Casts:
@@ -98,7 +105,7 @@ class Casts:
 
     def __init__(self):
         self._open: dict[tuple[str, Hashable], _Cast] = {}  # (client address, port) -> its cast
-        self._ready: dict[str, list[Entry]] = {}  # client address -> replies to send, in arrival order
+        self._ready: dict[Dest, list[Entry]] = {}  # replies to send, in arrival order
         self._fold_jobs: list[tuple] = []  # for host.folds, in order
         # (client address, port) -> [replies still out on the other hosts of a call this
         # router relayed, monotonic time to stop counting them]
@@ -123,31 +130,35 @@ class Casts:
                 del self._relayed[route]
 
     def open(self, route: tuple[str, Hashable], ranks: dict[int, str],
-             reducer: bytes | None = None, coalesce: bool = False) -> None:
+             reducer: bytes | None = None, coalesce: bool = False, upstream: str | None = None) -> None:
         """Expect one reply from each of ``ranks`` (base rank -> proc id) for the client
         route ``(address, port)``; with ``reducer`` (pickled), their values are to be
         folded; with ``coalesce``, a reply identical to the one queued just before it
-        joins that one (``router_ops.SAME``) instead of going on its own."""
+        joins that one (``router_ops.SAME``) instead of going on its own; ``upstream``:
+        the relay the call came through, which its replies go back through."""
         if ranks:
-            self._open[route] = _Cast(route[1], dict(ranks), reducer, coalesce)
+            self._open[route] = _Cast(route[1], dict(ranks), reducer, coalesce, upstream)
 
-    def reply(self, route: tuple[str, Hashable], header: dict, body, buffers=()) -> None:
-        """A local actor's reply for ``route``: queued for its client, or to fold."""
+    def reply(self, route: tuple[str, Hashable], header: dict, body, buffers=(), upstream: str | None = None) -> None:
+        """A local actor's reply for ``route``: queued for its client, or to fold. A
+        port's value (not a reply awaited here) goes through ``upstream``, the relay its
+        port names (``wire.port``)."""
         client, port = route
         cast = self._open.get(route)
         rank = header.get(envelope.RANK)
         header = {**header, envelope.PORT: port}
         if cast is None or rank not in cast.waiting:  # not (or no longer) a call here: a port's value
-            self._queue(client, Entry(header, body, list(buffers)))
+            self._queue((client, upstream), Entry(header, body, list(buffers)))
             return
         del cast.waiting[rank]
+        dest = (client, cast.upstream)
         if cast.reducer is not None and header.get(envelope.OK):
-            self._fold_jobs.append((folds.VALUE, route, cast.reducer, header, body, list(buffers)))
+            self._fold_jobs.append((folds.VALUE, (dest, port), cast.reducer, header, body, list(buffers)))
         elif cast.coalesce and not buffers and header.get(envelope.OK) and header.keys() <= _PLAIN_REPLY \
                 and len(body) <= SAME_MAX_BYTES:
-            self._queue_same(client, Entry(header, body, same=bytes(body)))
+            self._queue_same(dest, Entry(header, body, same=bytes(body)))
         else:
-            self._queue(client, Entry(header, body, list(buffers)))
+            self._queue(dest, Entry(header, body, list(buffers)))
         self._close_if_done(route, cast)
 
     def fail_rank(self, route: tuple[str, Hashable], rank: int, error: BaseException, died: bool) -> None:
@@ -155,7 +166,7 @@ class Casts:
         cast = self._open.get(route)
         if cast is None or cast.waiting.pop(rank, None) is None:
             return
-        self._queue(route[0], failure(cast.port, rank, error, died))
+        self._queue((route[0], cast.upstream), failure(cast.port, rank, error, died))
         self._close_if_done(route, cast)
 
     def proc_gone(self, gone: Callable[[str], str | None]) -> None:
@@ -166,8 +177,8 @@ class Casts:
                 if why is not None:
                     self.fail_rank(route, rank, SupervisionError(why), died=True)
 
-    def take(self) -> dict[str, list[Entry]]:
-        """The replies ready, by client address, in arrival order; forgotten here."""
+    def take(self) -> dict[Dest, list[Entry]]:
+        """The replies ready, by destination, in arrival order; forgotten here."""
         ready, self._ready = self._ready, {}
         return ready
 
@@ -176,28 +187,28 @@ class Casts:
         jobs, self._fold_jobs = self._fold_jobs, []
         return jobs
 
-    def queue(self, client: str, entry: Entry) -> None:
-        """Queue ``entry`` for ``client`` (a reply made elsewhere: a fold)."""
-        self._queue(client, entry)
+    def queue(self, dest: Dest, entry: Entry) -> None:
+        """Queue ``entry`` for ``dest`` (a reply made elsewhere: a fold)."""
+        self._queue(dest, entry)
 
     def _close_if_done(self, route: tuple[str, Hashable], cast: _Cast) -> None:
         if cast.waiting:
             return
         del self._open[route]
         if cast.reducer is not None:
-            self._fold_jobs.append((folds.DONE, route))
+            self._fold_jobs.append((folds.DONE, ((route[0], cast.upstream), route[1])))
 
-    def _queue(self, client: str, entry: Entry) -> None:
-        self._ready.setdefault(client, []).append(entry)
+    def _queue(self, dest: Dest, entry: Entry) -> None:
+        self._ready.setdefault(dest, []).append(entry)
 
-    def _queue_same(self, client: str, entry: Entry) -> None:
+    def _queue_same(self, dest: Dest, entry: Entry) -> None:
         """Queue ``entry``, or name its rank in the entry queued just before it for the
         same port when that one is byte for byte the same reply. Only the one just
         before: a reply joined to an earlier one would overtake what came between (a
         port's values that its actor sent before returning)."""
-        if not self._join(client, entry, [entry.header[envelope.RANK]]):
+        if not self._join(dest, entry, [entry.header[envelope.RANK]]):
             entry.header[router_ops.SAME] = []  # (may be joined further on, at a relay: pass_on)
-            self._queue(client, entry)
+            self._queue(dest, entry)
 
     def pass_on(self, client: str, entry: Entry) -> None:
         """Queue ``entry``, a reply another host's router sent here for ``client`` (this
@@ -212,14 +223,14 @@ class Casts:
                 del self._relayed[(client, header.get(envelope.PORT))]
         if same is not None and not entry.buffers and header.get(envelope.OK) and len(entry.body) <= SAME_MAX_BYTES:
             entry.same = bytes(entry.body)
-            if self._join(client, entry, [header[envelope.RANK], *same]):
+            if self._join((client, None), entry, [header[envelope.RANK], *same]):
                 return
-        self._queue(client, entry)
+        self._queue((client, None), entry)
 
-    def _join(self, client: str, entry: Entry, ranks: list) -> bool:
-        """Name ``ranks`` in the entry queued last for ``client`` when it is ``entry``'s
+    def _join(self, dest: Dest, entry: Entry, ranks: list) -> bool:
+        """Name ``ranks`` in the entry queued last for ``dest`` when it is ``entry``'s
         reply byte for byte, for the same port; whether it did."""
-        queued = self._ready.get(client)
+        queued = self._ready.get(dest)
         last = queued[-1] if queued else None
         if last is None or last.same != entry.same or last.header[envelope.PORT] != entry.header[envelope.PORT]:
             return False
@@ -318,9 +329,6 @@ class Router:
         self.casts = Casts()
         self.casts_seen = 0  # CASTs delivered (for tests and benches)
         self.relays = Relays()
-        # client address -> the relay its replies go through (router_ops.UPSTREAM), for
-        # the clients whose last cast came through one
-        self._upstream: dict[str, str] = {}
         # proc id -> the addresses of its actors this router sent calls to (proc_exited)
         self._actors_of: dict[str, set[str]] = {}
         self._actors_lock = threading.Lock()
@@ -366,8 +374,8 @@ class Router:
                     self.casts.proc_gone(self._proc_exit)
                     self.casts.forget_relayed(time.monotonic())
                 self._folds.submit(self.casts.take_folds())
-                for client, entry in self._folds.take():
-                    self.casts.queue(client, entry)
+                for dest, entry in self._folds.take():
+                    self.casts.queue(dest, entry)
                 self._flush()
                 if self.relays.waiting:
                     self._answer_relays()
@@ -444,9 +452,11 @@ class Router:
         if isinstance(route, int):  # a proc's answer to an interrupt passed on (or a late one)
             self.relays.answered(route, header.get(envelope.RANK, -1))
             return
-        if not (isinstance(route, tuple) and len(route) == 2):
+        if not (isinstance(route, tuple) and len(route) in (2, 3)):
             raise ValueError(f"a message that is neither a cast nor a reply (header keys {sorted(header)})")
-        self.casts.reply(route, header, message.body if message.body is not None else b"", message.buffers)
+        # (client, port), or a port's (client, port, the relay it sends through: wire.port)
+        self.casts.reply(route[:2], header, message.body if message.body is not None else b"", message.buffers,
+                         upstream=route[2] if len(route) == 3 else None)
 
     def _actor_bound(self, address: str, proc_id: str) -> None:
         """A new actor of a routed mesh on this host is at ``address`` (told while its
@@ -469,13 +479,9 @@ class Router:
                                message.sent_at)
             return
         client = header.get(router_ops.CLIENT)
-        if client:
-            call[proc_ops.VIA] = [self.address, client]
-            upstream = header.get(router_ops.UPSTREAM)
-            if upstream:
-                self._upstream[client] = upstream
-            else:
-                self._upstream.pop(client, None)
+        upstream = header.get(router_ops.UPSTREAM) or None
+        if client:  # the client's ports among the arguments send through here, and its relay
+            call[proc_ops.VIA] = [self.address, client, upstream] if upstream else [self.address, client]
         route = None
         if envelope.PORT in call:
             route = (call[envelope.REPLY], call[envelope.PORT])
@@ -486,7 +492,7 @@ class Router:
         if route is not None:
             call[envelope.REPLY], call[envelope.PORT] = self.address, route
             self.casts.open(route, {rank: proc for _, rank, proc in targets}, header.get(router_ops.REDUCE),
-                            coalesce=bool(header.get(router_ops.COALESCE)))
+                            coalesce=bool(header.get(router_ops.COALESCE)), upstream=upstream)
         frames = wire_frames.encode(self.cluster_id, call, message.body, message.buffers, sign_at_send=True)
         self.casts_seen += 1
         with self._actors_lock:
@@ -537,7 +543,7 @@ class Router:
             f"stopped, hung or starved) and the call, sent {time.time() - sent_at:.1f} s ago, was refused rather "
             f"than run late, since the hub may have found the host lost meanwhile; it was not run")
         self.casts.open(route, {rank: proc for _, rank, proc in targets},
-                        coalesce=bool(header.get(router_ops.COALESCE)))
+                        coalesce=bool(header.get(router_ops.COALESCE)), upstream=header.get(router_ops.UPSTREAM) or None)
         for _, rank, _ in targets:
             self.casts.fail_rank(route, rank, error, died=True)
 
@@ -580,8 +586,7 @@ class Router:
                                                                     envelope.OK: True, router_ops.MISSED: missed}))
 
     def _flush(self) -> None:
-        for client, entries in self.casts.take().items():
-            upstream = self._upstream.get(client)  # this client's relay, or None: straight to it
+        for (client, upstream), entries in self.casts.take().items():  # upstream: its relay, or None
             small: list[Entry] = []
             for entry in entries:  # in arrival order: one with buffers goes alone, after those before it
                 if not entry.buffers:

@@ -47,8 +47,9 @@ FAULT = "fault"  # INJECT_FAULT: which fault
 AGENT_PID = "agent_pid"  # INJECT_FAULT of FAULT_HOST: the pid of the proc's host agent, to kill
 VERDICT = "verdict"  # SUPERVISE_ACTOR: the [address, port] the actor's verdict goes to
 QUEUED = "queued"  # SUPERVISE_ACTOR's reply: the actor is here and will take the failure next
-# CALL from a host router: [the router's address, the calling client's]: the client's
-# ports among the arguments send through the router (wire.port)
+# CALL from a host router: [the router's address, the calling client's(, the relay router
+# the call came through)]: the client's ports among the arguments send through the
+# router (and that relay), as the call's replies do (wire.port)
 VIA = "via"
 INIT_FAULT = "init_fault"  # SPAWN_ACTOR: an __init__ that raises leaves a dead actor answering calls (Monarch)
 

@@ -115,8 +115,9 @@ class Port(Generic[R]):
     __slots__ = ("address", "port", "rank", "cluster_id")
 
     def __init__(self, address: str | None, port, rank: int | None = None, cluster_id: str | None = None):
-        # ``port``: a mailbox port number, or a route (client address, port) where
-        # ``address`` is a host router that forwards to that client.
+        # ``port``: a mailbox port number, or a route (client address, port[, relay])
+        # where ``address`` is a host router that forwards to that client (through
+        # that relay router).
         self.address = address
         self.port = port
         self.rank = rank
@@ -157,18 +158,21 @@ def _rebuilt(address: str | None, port, rank: int | None, cluster_id: str | None
     if address is not None and address == getattr(_routed, "client", None):
         # A port of the client whose call came through a host router goes back through it
         # too: the router forwards its values to the client with the call's replies, so
-        # the client needs no connection from this actor (a route port: host.router).
-        return Port(_routed.router, (address, port), rank, local_cluster() or cluster_id)
+        # the client needs no connection from this actor (a route port: host.router),
+        # through the relay the call came by, if any, as the replies go.
+        upstream = getattr(_routed, "upstream", None)
+        route = (address, port) if upstream is None else (address, port, upstream)
+        return Port(_routed.router, route, rank, local_cluster() or cluster_id)
     return Port(address, port, rank, local_cluster() or cluster_id)
 
 
 @contextlib.contextmanager
-def unpickling_routed(router: str, client: str):
+def unpickling_routed(router: str, client: str, upstream: str | None = None):
     """Unpickle a call's arguments in this block when the call came from ``client``
-    through the host router at ``router``: that client's ports in them send through the
-    same router."""
-    _routed.router, _routed.client = router, client
+    through the host router at ``router`` (and, from the client, through the relay
+    router ``upstream``): that client's ports in them send through the same routers."""
+    _routed.router, _routed.client, _routed.upstream = router, client, upstream
     try:
         yield
     finally:
-        _routed.router = _routed.client = None
+        _routed.router = _routed.client = _routed.upstream = None
