@@ -122,6 +122,7 @@ def test_a_process_holds_more_zmq_sockets_than_libzmqs_default_when_its_file_lim
         import zmq, zmq.asyncio
         from monarch_nb import fd_limit
         from monarch_nb.wire import sockets
+        zmq.Context.instance()  # pyzmq's own, made first (by a library, say): not the one used
         contexts = (sockets.context(), sockets.sized(zmq.asyncio.Context()))
         fd_limit.raise_soft_limit()  # after: as where a client's context was made first
         held = []

@@ -357,6 +357,26 @@ def test_sockets_to_vanished_peers_are_closed_once_idle(monkeypatch):
         outbox.forget(live)
 
 
+def test_sockets_connected_ahead_and_never_sent_on_are_closed_once_idle_without_a_send(monkeypatch):
+    # A host router connects to each new actor as it is bound (proc_ops.ANNOUNCE); a mesh
+    # stopped uncalled left those sockets reconnecting to closed ports until the next call.
+    from monarch_nb.wire import sockets
+
+    monkeypatch.setattr(sockets, "IDLE_SOCKET_S", 0.05)
+    monkeypatch.setattr(sockets, "_next_sweep", 0.0)
+    frames.register_key("t", b"k" * 32)
+    outbox = sockets.Outbox()
+    gone = "tcp://127.0.0.1:9"
+    outbox.connect([gone], b"t")
+    assert gone in outbox._local.table.sockets
+
+    def swept() -> bool:
+        sockets.sweep_idle()
+        return gone not in outbox._local.table.sockets
+
+    assert wait_until(swept, 5)
+
+
 def test_a_peer_known_gone_has_its_sockets_closed_in_every_thread_at_once():
     from monarch_nb.wire import sockets
 

@@ -379,6 +379,7 @@ class Router:
                 self._flush()
                 if self.relays.waiting:
                     self._answer_relays()
+                sockets.sweep_idle()
         except BaseException as e:  # a bug: the calls it carries would wait for nothing
             traceback.print_exc()
             if self._on_failure is not None:

@@ -93,6 +93,11 @@ def sized(ctx: zmq.Context) -> zmq.Context:
 class _ProcessContext(zmq.Context):
     """The process's shared context (:func:`context`), :func:`sized` as it is made."""
 
+    # Its own singleton: pyzmq's, made first by a library or the user's code with
+    # ``zmq.Context.instance()``, is not sized, and ``instance()`` would return it.
+    _instance = None
+    _instance_pid = None
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         sized(self)
@@ -210,6 +215,15 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def _all_tables() -> list[_ThreadSockets]:
     with _tables_lock:
         return list(_tables)
+
+
+def sweep_idle() -> None:
+    """Close the sockets idle for ``IDLE_SOCKET_S``, if a sweep is due: for a thread that
+    may go on without sending (a host router, whose sockets to the actors of a stopped
+    mesh were kept, each reconnecting to a closed port, until its next call)."""
+    now = time.monotonic()
+    if now > _next_sweep:
+        _sweep_idle(now)
 
 
 @protected
