@@ -133,13 +133,16 @@ def _actor_text(actor: dict, with_class: bool) -> str:
         what = f" in {actor['function']}" if actor.get("function") else ""
         since = f" for {format_duration(actor['paused_s'])}" if "paused_s" in actor else ""
         parts.append(f"paused in the debugger{' at ' + where if where else ''}{what}{since}")
+    elif actor.get("died"):  # dead while its proc lives
+        parts.append(f"{state}: {actor['died']}")
     else:
         parts.append(state)
     return " · ".join(parts)
 
 
 def _actor_node(key: str, actor: dict, with_class: bool) -> Node:
-    return Node(key, "actor", actor[STATE], f"{actor['mesh']}[{actor['rank']}]", _actor_text(actor, with_class))
+    return Node(key, "actor", actor[STATE], f"{actor['mesh']}[{actor['rank']}]", _actor_text(actor, with_class),
+                actor.get("died"))
 
 
 def _proc_node(proc: dict, cpu: dict[str, float], open_: bool) -> Node:

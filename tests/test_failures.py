@@ -346,16 +346,27 @@ def test_restart_failed_respawns_only_dead_procs_and_keeps_healthy_state(workers
     assert all(p["state"] == "healthy" for h in tree["hosts"] for p in h["procs"] if p["pid"] in new)
 
 
-def test_restart_with_no_ranks_restarts_an_actor_that_died_while_its_proc_lives_on(workers, unhandled):
+def test_restart_with_no_ranks_restarts_an_actor_that_died_while_its_proc_lives_on(cluster, workers, unhandled):
     # Only failed procs were restarted: an actor dead of SystemExit stayed dead, though the
     # error said "restart() on actor mesh 'workers' restarts its failed ranks".
     procs, mesh, pids = workers
     with pytest.raises(SupervisionError):
         mesh.slice(gpus=1).give_up.call_one().get(timeout=30)
+    # health() shows it failed, with why, though its proc is healthy (it showed healthy)
+    node = _health_of(cluster, mesh)
+    assert node["state"] == "failed" and node["alive"] == 3, node
+    assert "SystemExit" in node["actors"][1]["died"] and node["actors"][0]["state"] == "healthy"
     assert mesh.restart() == [1]
     assert mesh.count.call().get(timeout=30).values() == [("t", 1)] * 4
     assert mesh.pid.call().get(timeout=30).values()[1] != pids[1]
     assert mesh.restart() == []  # nothing failed: nothing to do
+    assert _health_of(cluster, mesh)["state"] == "healthy"
+
+
+def _health_of(cluster, mesh) -> dict:
+    """``mesh``'s node in ``cluster``'s health tree."""
+    (node,) = [m for m in cluster.health()["actor_meshes"] if m["key"] == mesh._key]
+    return node
 
 
 def test_restart_right_after_the_call_that_saw_an_actor_die_restarts_it(workers, unhandled, monkeypatch):

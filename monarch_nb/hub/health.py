@@ -63,6 +63,9 @@ def _actor_node(record: ActorMeshRecord, rank: int, proc_state: str, status: dic
     node = {"mesh": record.name, "rank": rank, "class": record.class_name}
     if proc_state in DOWN:
         return {**node, STATE: proc_state}
+    died = record.died.get(str(rank))
+    if died is not None:  # dead while its proc lives: it answers every call with its failure
+        return {**node, STATE: HealthState.FAILED, "died": died}
     doing = (status or {}).get("actors", {}).get(record.name, {})
     if doing.get(STATE) == Activity.PAUSED:
         extra = {k: v for k, v in doing.items() if k not in (STATE, "since")}
@@ -154,9 +157,14 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
     hosts_down = sum(1 for h in host_nodes if h[STATE] != HealthState.HEALTHY)
     if hosts_down:
         summary += f" · {hosts_down}/{len(host_nodes)} host(s) {'failed' if any(h['cause'] for h in host_nodes) else 'lost'}"
+    # Actors dead while their procs live (the procs above count them healthy)
+    died = sum(1 for m in mesh_nodes for a in m["actors"] if a.get("died"))
+    if died:
+        summary += f" · {died} actor(s) dead"
     if starting:
         summary += " · " + ", ".join(f"{n} starting ({up}/{of})" for n, (up, of) in starting.items())
-    return {"cluster": name, STATE: HealthState.HEALTHY if alive == total and not hosts_down else HealthState.DEGRADED,
+    healthy = alive == total and not hosts_down and not died
+    return {"cluster": name, STATE: HealthState.HEALTHY if healthy else HealthState.DEGRADED,
             "summary": summary,
             "counts": {**{s.value: n for s, n in counts.items()}, "alive": alive}, "hosts": host_nodes,
             "actor_meshes": mesh_nodes,

@@ -91,6 +91,9 @@ class ActorMeshRecord:
     created: float = field(default_factory=time.time)
     owner: dict | None = None  # the actor that spawned it (mesh, rank, address); None: a client
     digests: dict | None = None  # {"code", "args"} of its construction (client.spawn_digest); None: not known
+    # rank (a string: it is kept as JSON) -> why, for its actors dead while their procs
+    # live (an __init__ that raised, an endpoint's SystemExit): health() shows them failed
+    died: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:

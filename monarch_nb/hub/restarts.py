@@ -124,6 +124,8 @@ class Restarts:
             raise HubError(f"the constructor arguments of {record.name!r} were not kept; spawn it again")
         body, buffers = frames[0], frames[1:]
         indices = [record.proc_ranks.index(r) for r in proc_ranks]
+        for i in indices:  # made again: alive unless its __init__ raises again (actor_died)
+            record.died.pop(str(i), None)
         replies = await asyncio.gather(*(
             self._net.request(mesh.procs[record.proc_ranks[i]].address, {
                 envelope.OP: proc_ops.SPAWN_ACTOR, proc_ops.MESH: record.name, envelope.RANK: i,

@@ -244,6 +244,8 @@ class Supervision:
         clients were told; the owner's verdict is not awaited (the owner may be the
         actor waiting for this mesh's spawn, or on a call to the dead actor)."""
         why = f"{record.name} rank {rank}: {cause}"
+        record.died[str(rank)] = cause
+        self._registry.save(record)  # (health shows it failed; a restart of its proc clears it)
         address = record.addresses[rank]
         report = record.gone_report(rank, cause)
         failure = {"kind": FailureKind.ACTOR_FAILED, "proc_mesh": record.proc_mesh, "meshes": [record.name],
