@@ -137,8 +137,10 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
                            "cause": host.cause or None, "dropped_frames": host.dropped_frames, "gpus": host.gpus,
                            "procs": procs})
     mesh_nodes = []
+    died = 0  # actors dead while their procs live (the procs count healthy)
     for record in actor_meshes.values():
         nodes = [actor_nodes.get(record.key, {}).get(i) for i in range(len(record.proc_ranks))]
+        died += sum(1 for n in nodes if n and n.get("died"))
         states = [n[STATE] if n else HealthState.LOST for n in nodes]
         bad = [s for s in states if s in DOWN]
         mesh_nodes.append({"name": record.name, "key": record.key, "class": record.class_name, "proc_mesh": record.proc_mesh,
@@ -157,8 +159,6 @@ def tree(name: str, hosts: list[HostRecord], proc_meshes: dict[str, ProcMeshReco
     hosts_down = sum(1 for h in host_nodes if h[STATE] != HealthState.HEALTHY)
     if hosts_down:
         summary += f" · {hosts_down}/{len(host_nodes)} host(s) {'failed' if any(h['cause'] for h in host_nodes) else 'lost'}"
-    # Actors dead while their procs live (the procs above count them healthy)
-    died = sum(1 for m in mesh_nodes for a in m["actors"] if a.get("died"))
     if died:
         summary += f" · {died} actor(s) dead"
     if starting:
