@@ -482,6 +482,26 @@ def test_a_routed_meshs_actors_and_routers_connect_while_it_is_spawned_not_on_it
         mesh.stop()
 
 
+def test_what_a_call_asks_the_hub_of_its_mesh_holds_that_mesh_only_not_the_whole_cluster(routed):
+    # A mesh's first routed call, a spawn's machine count and an interrupt ask the hub of
+    # their own meshes: the whole registry was O(every proc of the cluster) each time.
+    from monarch_nb.protocol import hub_ops
+
+    cluster, procs, mesh = routed
+    other = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}, name="bystander")
+    try:
+        hub = mesh._hub()
+        everything = hub.request(hub_ops.INFO, timeout=BOUND_S)
+        assert {"routed", "bystander"} <= set(everything["proc_meshes"])
+        mine = hub.request(hub_ops.INFO, timeout=BOUND_S, **{hub_ops.INFO_OF: {"actor_meshes": [mesh._key]}})
+        assert list(mine["actor_meshes"]) == [mesh._key] and list(mine["proc_meshes"]) == ["routed"]
+        assert mine["actor_meshes"][mesh._key] == everything["actor_meshes"][mesh._key]
+        assert len(mine["hosts"]) == HOSTS
+        assert mesh.one.call().get(timeout=BOUND_S).values() == [1] * (HOSTS * PER_HOST)
+    finally:
+        other.stop()
+
+
 def test_each_new_actor_of_a_direct_mesh_tells_the_spawning_client_where_it_is_during_the_spawn(monkeypatch):
     # The client connects to each as it hears, while the other constructors run (its
     # connects after the spawn held up a first call to 256 actors ~100 ms).

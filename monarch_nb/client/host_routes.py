@@ -181,7 +181,7 @@ class HostRoutes:
     def _learn(mesh) -> tuple[dict[str, Route] | None, int]:
         """``mesh``'s routes from the hub (``None``: it is on one host, or a host has no
         router), and how many machines its hosts are on."""
-        info = mesh._hub().request(hub_ops.INFO, timeout=30.0)
+        info = mesh._hub().request(hub_ops.INFO, timeout=30.0, **{hub_ops.INFO_OF: {"actor_meshes": [mesh._key]}})
         record = info["actor_meshes"].get(mesh._key)
         procs_record = record and info["proc_meshes"].get(record["proc_mesh"])
         if not procs_record:

@@ -106,11 +106,17 @@ class HubControl(ControlPlane):
                              packed, Extent(record["extent"]), _restart_note(proc_mesh, reply))
         return reply
 
+    def _info_of(self, timeout: float, proc_meshes=(), actor_meshes=()) -> dict:
+        """The hub's ``info`` with only the meshes named (``hub_ops.INFO_OF``)."""
+        return self.hub.request(hub_ops.INFO, timeout=timeout, **{
+            hub_ops.INFO_OF: {"proc_meshes": list(proc_meshes), "actor_meshes": list(actor_meshes)}})
+
     def proc_mesh_record(self, name: str) -> dict | None:
-        return self.hub.request(hub_ops.INFO, timeout=30.0)["proc_meshes"].get(name)
+        return self._info_of(30.0, proc_meshes=[name])["proc_meshes"].get(name)
 
     def actor_mesh_record(self, proc_mesh: str, name: str) -> dict | None:
-        return self.hub.request(hub_ops.INFO, timeout=30.0)["actor_meshes"].get(f"{proc_mesh}/{name}")
+        key = f"{proc_mesh}/{name}"
+        return self._info_of(30.0, actor_meshes=[key])["actor_meshes"].get(key)
 
     def interrupt(self, procs: list[dict], timeout: float) -> None:
         # Straight to the procs, all at once: the hub is not on this path.
@@ -121,7 +127,7 @@ class HubControl(ControlPlane):
 
     def interrupt_calls(self, meshes: list[tuple[str, str, dict[int, list[tuple[str, int]]]]],
                         timeout: float) -> list[int]:
-        info = self.hub.request(hub_ops.INFO, timeout=timeout)
+        info = self._info_of(timeout, actor_meshes=[f"{proc_mesh}/{name}" for proc_mesh, name, _ in meshes])
         # Per mesh: proc control address -> routes of its calls sent directly, and router ->
         # the same for those sent through routers; each request's reply is kept under
         # (the mesh's index, the address it went to).
@@ -159,7 +165,7 @@ class HubControl(ControlPlane):
         self.hub.request(hub_ops.SET_RANK_ENV, timeout=30.0, name=proc_mesh, env=env)
 
     def machines(self, host_ids: set[str]) -> int:
-        hosts = self.hub.request(hub_ops.INFO, timeout=30.0)["hosts"]
+        hosts = self._info_of(30.0)["hosts"]
         return len({h.get("hostname") for h in hosts if h["host_id"] in host_ids})
 
 

@@ -369,8 +369,15 @@ class Hub:
 
     # the hub's own ops -------------------------------------------------------------------
     async def describe(self, header, message):
-        """``info``: the cluster's configuration, hosts, clients, meshes and this hub's counters."""
+        """``info``: the cluster's configuration, hosts, clients, meshes and this hub's
+        counters; with ``hub_ops.INFO_OF``, only the meshes it names."""
         registry = self.registry
+        actor_meshes, proc_meshes = registry.actor_meshes, registry.proc_meshes
+        of = header.get(hub_ops.INFO_OF)
+        if of is not None:  # what a client asks of its own meshes: O(those), not O(the cluster)
+            actor_meshes = {k: actor_meshes[k] for k in of.get("actor_meshes", ()) if k in actor_meshes}
+            names = {*of.get("proc_meshes", ()), *(m.proc_mesh for m in actor_meshes.values())}
+            proc_meshes = {n: proc_meshes[n] for n in names if n in proc_meshes}
         return {"name": self.info["name"], "started": registry.started, "hub_started": self.hub_started,
                 "hub_pid": os.getpid(), "ephemeral": self.ephemeral, "grace_s": self.grace_s,
                 "idle_timeout": self.idle_timeout, "allocator": self.allocator.spec(),
@@ -380,8 +387,8 @@ class Hub:
                                 for name, a in registry.allocations.items()},
                 "hub_stats": self._stats(),
                 "clients": [c.public() for c in self.clients.table.values()],
-                "proc_meshes": {n: m.public() for n, m in registry.proc_meshes.items()},
-                "actor_meshes": {n: self.meshes.actor_mesh_view(m) for n, m in registry.actor_meshes.items()}}
+                "proc_meshes": {n: m.public() for n, m in proc_meshes.items()},
+                "actor_meshes": {n: self.meshes.actor_mesh_view(m) for n, m in actor_meshes.items()}}
 
     def _stats(self) -> dict:
         """Counters of this hub's own health: frame sets dropped (bad signature, replay,

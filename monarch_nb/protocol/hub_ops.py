@@ -35,6 +35,10 @@ CLIENT_BYE = "client_bye"  # one-way: a client disconnects
 
 # from clients: the cluster ----------------------------------------------------------------
 INFO = "info"  # the cluster's configuration, hosts, clients and registry
+# INFO: {"proc_meshes": [name, ...], "actor_meshes": [key, ...]}: only those meshes (and
+# the proc meshes of those actor meshes), not every mesh of the cluster: a first call,
+# a spawn or an interrupt asks of its own meshes only
+INFO_OF = "of"
 HEALTH = "health"  # the health tree (hosts -> procs -> actors, with states)
 SHUTDOWN = "shutdown"  # stop every proc and host agent, then the hub; replied to once all stopped
 ALLOCATE = "allocate"  # more hosts, from an allocation of their own (a Slurm job); replied once they report
