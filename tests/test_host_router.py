@@ -8,6 +8,7 @@ procs over eight local host agents of four procs each (issue 24's size for CI), 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import os
@@ -1044,13 +1045,24 @@ def test_a_routed_call_leaves_the_client_as_one_message_to_its_relay(routed, mon
         mesh.value.call(1)
 
 
+@contextlib.contextmanager
+def _relayed_cluster(monkeypatch, hosts: int):
+    """A cluster of ``hosts`` local hosts whose meshes this client calls through relays;
+    stopped, every process gone, on the way out."""
+    monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_ON)
+    monkeypatch.setenv(router_ops.RELAY_ENV, router_ops.ROUTER_ON)
+    c = Cluster.start_ephemeral(hosts=hosts)
+    try:
+        yield c
+    finally:
+        c.stop()
+    assert wait_until(lambda: not cluster_processes(c.path), 15), cluster_processes(c.path)
+
+
 def test_a_call_relayed_through_a_lost_host_fails_and_the_next_goes_through_another(tmp_path, monkeypatch):
     # The call's own ranks live on (none is on the relay's host): without the relay's
     # loss failing it, it waited for replies that went to a dead router.
-    monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_ON)
-    monkeypatch.setenv(router_ops.RELAY_ENV, router_ops.ROUTER_ON)
-    c = Cluster.start_ephemeral(hosts=3)
-    try:
+    with _relayed_cluster(monkeypatch, 3) as c:
         procs = c.host_mesh().spawn_procs(per_host={"gpus": 1}, name="three")
         mesh = procs.spawn("rec", Recorder)
         assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == 3
@@ -1069,18 +1081,12 @@ def test_a_call_relayed_through_a_lost_host_fails_and_the_next_goes_through_anot
             pending.get(timeout=BOUND_S)
         assert others.value.call(1).get(timeout=BOUND_S).values() == [100, 101]
         assert relay_of() not in (relay, None)
-    finally:
-        c.stop()
-    assert wait_until(lambda: not cluster_processes(c.path), 15), cluster_processes(c.path)
 
 
 def test_losing_a_meshs_relay_fails_no_call_to_a_mesh_with_no_rank_on_its_host(tmp_path, monkeypatch):
     # Each mesh's calls go through a relay on one of its own hosts: an RL loop's or a
     # replica group's meshes on other hosts go on when one mesh's host is lost.
-    monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_ON)
-    monkeypatch.setenv(router_ops.RELAY_ENV, router_ops.ROUTER_ON)
-    c = Cluster.start_ephemeral(hosts=3)
-    try:
+    with _relayed_cluster(monkeypatch, 3) as c:
         procs = c.host_mesh().spawn_procs(per_host={"gpus": 2}, name="six")
         first = procs.slice(hosts=slice(0, 2), gpus=0).spawn("first", Recorder)  # on hosts 0 and 1
         second = procs.slice(hosts=slice(1, 3), gpus=1).spawn("second", Recorder)  # on hosts 1 and 2
@@ -1103,9 +1109,6 @@ def test_losing_a_meshs_relay_fails_no_call_to_a_mesh_with_no_rank_on_its_host(t
         assert second.value.call(1).get(timeout=BOUND_S).values() == [100, 101]
         with pytest.raises(SupervisionError):
             first.one.call().get(timeout=BOUND_S)
-    finally:
-        c.stop()
-    assert wait_until(lambda: not cluster_processes(c.path), 15), cluster_processes(c.path)
 
 
 def _all_threads_stopped(pid: int) -> bool:
