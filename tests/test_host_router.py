@@ -27,7 +27,7 @@ from monarch_nb.errors import ActorError, SupervisionError
 from monarch_nb.host.folds import Folds
 from monarch_nb.host.replies import Entry
 from monarch_nb.host.router import RELAYED_FORGET_S, Casts, Relays, batch_frames
-from monarch_nb.protocol import envelope, proc_ops, router_ops
+from monarch_nb.protocol import envelope, hub_ops, proc_ops, router_ops
 from monarch_nb.wire import frames as wire_frames
 from monarch_nb.wire import serialize, shm
 from monarch_nb.wire.mailbox import Mailbox
@@ -254,8 +254,9 @@ class _FakeHub:
         self.hosts, self.procs, self.asked = hosts, [], 0
         self.machines = machines or {h: f"machine-{h}" for h in hosts}  # host id -> hostname
 
-    def request(self, op, timeout):
+    def request(self, op, timeout, **fields):
         self.asked += 1
+        self.of = fields.get(hub_ops.INFO_OF)  # the meshes asked about
         return {"hosts": [{"host_id": h, router_ops.ROUTER_ADDRESS: r, "hostname": self.machines[h]}
                           for h, r in self.hosts.items()],
                 "proc_meshes": {"pm": {"procs": self.procs}},
@@ -298,6 +299,7 @@ def test_a_meshs_routes_are_learnt_once_and_replaced_not_piled_up_when_its_addre
     first = routes.routes(_FakeMesh(hub, ["tcp://a0", "tcp://a1"]))
     assert first == {"tcp://a0": ("tcp://r0", 0, "p/0"), "tcp://a1": ("tcp://r1", 1, "p/1")}
     assert routes.routes(_FakeMesh(hub, ["tcp://a0", "tcp://a1"])) == first and hub.asked == 1
+    assert hub.of == {"actor_meshes": ["am"]}  # that mesh only, not the whole registry
     for restart in range(3):  # a restart gives the mesh new addresses: asked again, the old table goes
         hub.procs = [{"host_id": "h0", "proc_id": f"p/0.{restart}"}, {"host_id": "h1", "proc_id": "p/1"}]
         table = routes.routes(_FakeMesh(hub, [f"tcp://b{restart}", "tcp://a1"]))
@@ -369,6 +371,18 @@ class Recorder(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+    @endpoint
+    def stream_until(self, port, stop_path: str) -> int:
+        """Send 0, 1, 2, ... through ``port``, one every 20 ms, until the test makes ``stop_path``."""
+        import time
+
+        i = 0
+        while not os.path.exists(stop_path):
+            port.send(i)
+            i += 1
+            time.sleep(0.02)
+        return i
 
     @endpoint
     def blob(self, size: int) -> bytes:
@@ -486,8 +500,6 @@ def test_a_routed_meshs_actors_and_routers_connect_while_it_is_spawned_not_on_it
 def test_what_a_call_asks_the_hub_of_its_mesh_holds_that_mesh_only_not_the_whole_cluster(routed):
     # A mesh's first routed call, a spawn's machine count and an interrupt ask the hub of
     # their own meshes: the whole registry was O(every proc of the cluster) each time.
-    from monarch_nb.protocol import hub_ops
-
     cluster, procs, mesh = routed
     other = cluster.host_mesh().spawn_procs(per_host={"gpus": 1}, name="bystander")
     try:
@@ -1109,6 +1121,30 @@ def test_losing_a_meshs_relay_fails_no_call_to_a_mesh_with_no_rank_on_its_host(t
         assert second.value.call(1).get(timeout=BOUND_S).values() == [100, 101]
         with pytest.raises(SupervisionError):
             first.one.call().get(timeout=BOUND_S)
+
+
+def test_a_port_streamed_by_a_live_actor_reaches_the_client_again_once_its_relays_host_is_lost(
+        tmp_path, monkeypatch):
+    # Its values went to the dead relay for ever; once the hub's heartbeat names the lost
+    # host's router, the actor's router sends them straight to the client.
+    from monarch_nb.actor import Channel
+
+    with _relayed_cluster(monkeypatch, 3) as c:
+        procs = c.host_mesh().spawn_procs(per_host={"gpus": 1}, name="three")
+        mesh = procs.spawn("rec", Recorder)
+        assert mesh.one.call().get(timeout=BOUND_S).values() == [1, 1, 1]  # its relay: host0's router
+        hosts = {h["host_id"]: h for h in c.info()["hosts"]}
+        port, receiver = Channel.open()
+        stop = tmp_path / "stop"
+        mesh.slice(hosts=2).stream_until.broadcast(port, str(stop))
+        last = receiver.recv().get(timeout=BOUND_S)  # flowing, through the relay
+        os.kill(hosts["host0"]["pid"], signal.SIGKILL)
+        try:
+            # A value sent ~4 s after the kill (200 x 20 ms), well after the routers heard.
+            while last < 200:
+                last = receiver.recv().get(timeout=BOUND_S)
+        finally:
+            stop.touch()
 
 
 def _all_threads_stopped(pid: int) -> bool:

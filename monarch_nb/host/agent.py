@@ -261,6 +261,8 @@ class HostAgent:
         """Hearing from the hub is the point (see ``_dispatch``); it also says whether
         anyone watches health (procs are asked for their status only then)."""
         self.statuses.wanted = bool(header.get(agent_ops.WANT_STATUSES))
+        if self.router is not None:
+            self.router.routers_lost(header.get(agent_ops.ROUTERS_LOST) or ())
 
     async def _ask_statuses(self, header: dict) -> None:
         """The hub needs fresh statuses of some of this host's procs (its ``health()``

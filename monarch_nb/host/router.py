@@ -329,6 +329,8 @@ class Router:
         self.casts = Casts()
         self.casts_seen = 0  # CASTs delivered (for tests and benches)
         self.relays = Relays()
+        # Routers of hosts the hub found lost (routers_lost): nothing goes through them as relays
+        self._lost_routers: frozenset[str] = frozenset()
         # proc id -> the addresses of its actors this router sent calls to (proc_exited)
         self._actors_of: dict[str, set[str]] = {}
         self._actors_lock = threading.Lock()
@@ -357,6 +359,15 @@ class Router:
             addresses = self._actors_of.pop(proc_id, ())
         for address in addresses:
             sockets.Outbox.discard(address)
+
+    def routers_lost(self, routers) -> None:
+        """(Any thread: the agent's, at each of the hub's heartbeats.) The routers of the
+        hosts lost now. What this router has for a client through one of them as a relay
+        (a port's values from live actors here, streamed on) goes straight to the client
+        instead: sent to the dead relay, it was lost. The calls relayed through it have
+        failed in the client (``router_ops.RELAY_LOST``); their late replies, sent
+        straight, are dropped there."""
+        self._lost_routers = frozenset(routers)
 
     # the thread --------------------------------------------------------------------------
     def _run(self) -> None:
@@ -587,7 +598,10 @@ class Router:
                                                                     envelope.OK: True, router_ops.MISSED: missed}))
 
     def _flush(self) -> None:
+        lost = self._lost_routers
         for (client, upstream), entries in self.casts.take().items():  # upstream: its relay, or None
+            if upstream in lost:
+                upstream = None
             small: list[Entry] = []
             for entry in entries:  # in arrival order: one with buffers goes alone, after those before it
                 if not entry.buffers:

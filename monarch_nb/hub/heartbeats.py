@@ -76,7 +76,8 @@ class Heartbeats:
             self._stalled(now - due + HEARTBEAT_S, now)
         hosts = self._registry.hosts
         alive = {envelope.OP: agent_ops.HUB_ALIVE, agent_ops.WANT_STATUSES: self.want_statuses(),
-                 agent_ops.HUB_PID: self._pid, agent_ops.HUB_HOSTNAME: self._hostname}
+                 agent_ops.HUB_PID: self._pid, agent_ops.HUB_HOSTNAME: self._hostname,
+                 agent_ops.ROUTERS_LOST: [h.router for h in hosts.values() if h.lost and h.router]}
         for host in [h for h in hosts.values() if not h.lost]:  # a lost one must speak first
             await self._net.send(host.address, dict(alive))
         heard_up_to = self._net.caught_up()

@@ -28,6 +28,9 @@ HUB = "hub"  # ADOPT: the address of the hub that takes the agent over
 WANT_STATUSES = "want_statuses"  # HUB_ALIVE: someone watches health: ask the procs, fold it into heartbeats
 HUB_PID = "hub_pid"  # HUB_ALIVE: the hub's process, which an agent on its machine watches for CPU waits
 HUB_HOSTNAME = "hub_hostname"  # HUB_ALIVE: the hub's machine (socket.gethostname())
+# HUB_ALIVE: the routers of the hosts lost now: what a router would send through one of
+# them as a relay (a port's values for a client) goes straight to the client instead
+ROUTERS_LOST = "routers_lost"
 # PROC_READY: the proc's status as it starts (proc_ops.STATUS's answer), passed on to the
 # hub in SPAWN_PROCS's reply (hub_ops.AGENT_STATUSES): a health() right after a spawn
 # needs to ask no proc
