@@ -166,9 +166,10 @@ class HostRoutes:
                 # the table is asked for again at the next call.
                 return None
             known = (addresses, table, machines)
+            routers = {route[0] for route in (table or {}).values()}  # (no loop inside the lock: wire.interrupts)
             with self._lock:
                 self._tables[key] = known
-                if self._relays.get(key) not in {route[0] for route in (table or {}).values()}:
+                if self._relays.get(key) not in routers:
                     # A mesh spawned again under its name, on other hosts: no actor of it
                     # had a call through that relay, so a new one keeps every order.
                     self._relays.pop(key, None)
