@@ -213,9 +213,9 @@ class Keeper:
             except (RuntimeError, OSError):  # this tensor can't be shared: the receiver asks for bytes
                 shared = None
             handle = pickle.dumps(shared, protocol=5)
-            conn.sendall(_LENGTH.pack(len(handle)) + handle)
-            with self._lock:
+            with self._lock:  # counted before the receiver has it (and may ask how many were served)
                 self.claims += 1
+            conn.sendall(_LENGTH.pack(len(handle)) + handle)
             if conn.recv(1) == channel.STAGE:
                 with self._lock:
                     self.staged += 1
