@@ -510,6 +510,8 @@ def test_what_a_call_asks_the_hub_of_its_mesh_holds_that_mesh_only_not_the_whole
         assert list(mine["actor_meshes"]) == [mesh._key] and list(mine["proc_meshes"]) == ["routed"]
         assert mine["actor_meshes"][mesh._key] == everything["actor_meshes"][mesh._key]
         assert len(mine["hosts"]) == HOSTS
+        with pytest.raises(ValueError, match="must be a dict"):  # refused, and the hub serves on
+            hub.request(hub_ops.INFO, timeout=BOUND_S, **{hub_ops.INFO_OF: ["routed"]})
         assert mesh.one.call().get(timeout=BOUND_S).values() == [1] * (HOSTS * PER_HOST)
     finally:
         other.stop()

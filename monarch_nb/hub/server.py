@@ -374,6 +374,9 @@ class Hub:
         registry = self.registry
         actor_meshes, proc_meshes = registry.actor_meshes, registry.proc_meshes
         of = header.get(hub_ops.INFO_OF)
+        if of is not None and not isinstance(of, dict):
+            raise HubError(f"info's {hub_ops.INFO_OF!r} must be a dict of 'proc_meshes' and 'actor_meshes' "
+                           f"lists, not {type(of).__name__}", "ValueError")
         if of is not None:  # what a client asks of its own meshes: O(those), not O(the cluster)
             actor_meshes = {k: actor_meshes[k] for k in of.get("actor_meshes", ()) if k in actor_meshes}
             names = {*of.get("proc_meshes", ()), *(m.proc_mesh for m in actor_meshes.values())}
