@@ -109,4 +109,4 @@ def test_bad_requests_are_refused_with_what_to_do_and_nothing_is_sent(workers):
     with pytest.raises(ValueError, match="this_proc"):
         inject_fault(this_proc(), "kill")
     assert len(mesh.pid.call().get(timeout=BOUND_S)) == 3  # nobody was hit
-    assert set(FAULTS) == {"kill", "segfault", "hang", "exception", "host"}
+    assert set(FAULTS) == {"kill", "segfault", "hang", "exception", "host", "router"}

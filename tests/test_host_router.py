@@ -75,6 +75,24 @@ def test_a_batch_reaches_each_port_of_the_client_as_separate_replies():
     assert got == [(1, 1, "b"), (2, 0, "other call"), (1, 0, "a")]
 
 
+def test_a_router_starting_over_answers_each_awaited_rank_once_and_still_sends_what_it_folded():
+    casts, folds = Casts(), Folds()
+    casts.open(("me", 3), {0: "p/0", 1: "p/1", 2: "p/2"}, _pickled(operator.add))
+    casts.open(("me", 4), {0: "p/0"})
+    casts.reply(("me", 3), *_reply(0, 5))
+    assert casts.abandon(SupervisionError("started over")) == 3 and not casts.waiting
+    sent = _take_folded(casts, folds)[("me", None)]
+    assert sorted((e.header[envelope.PORT], e.header[envelope.RANK], e.header[envelope.OK]) for e in sent) \
+        == [(3, 0, True), (3, 1, False), (3, 2, False), (4, 0, False)]
+    assert [serialize.loads(e.body) for e in sent if e.header[envelope.OK]] == [5]
+    assert not [e for e in sent if e.header.get(proc_ops.DIED)]  # the actors live
+    relays = Relays()
+    relays.open(("me", 9), ["tcp://proc:1", "tcp://proc:2"], 10.0, now=0.0)
+    relays.answered(1, 0)
+    relays.give_up()
+    assert relays.due(now=0.0) == [(("me", 9), ["tcp://proc:2"])] and not relays.waiting
+
+
 def _pickled(reducer) -> bytes:
     """``reducer`` as a client sends it (``router_ops.REDUCE``)."""
     return serialize.dumps(reducer)[0]
@@ -395,6 +413,15 @@ class Recorder(Actor):
         if current_rank().rank == rank:
             raise ValueError(f"rank {rank} refuses")
         return 1
+
+    @endpoint
+    def record_after(self, gate_path: str, caller: str, i: int) -> None:
+        """:meth:`record` once the test removes the file."""
+        import time
+
+        while os.path.exists(gate_path):
+            time.sleep(0.05)
+        self.seen.append((caller, i))
 
     @endpoint
     def hold(self, gate_path: str) -> str:
@@ -723,8 +750,8 @@ def test_replies_of_every_size_pass_through_the_routers(routed):
     assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == HOSTS * PER_HOST
 
 
-def test_a_router_whose_thread_fails_says_so_and_ends():
-    from monarch_nb.host.router import Router
+def test_a_router_whose_thread_keeps_failing_starts_over_a_few_times_then_says_so_and_ends():
+    from monarch_nb.host.router import RESTARTS_MAX, Router
     from monarch_nb.wire import frames as wire_frames
 
     wire_frames.register_key("router-fails", b"r" * 32)
@@ -738,8 +765,49 @@ def test_a_router_whose_thread_fails_says_so_and_ends():
     router.start()
     assert wait_until(lambda: failures, 10) and str(failures[0]) == "a bug in the router"
     router._thread.join(10)
-    assert not router._thread.is_alive()
+    assert not router._thread.is_alive() and router.restarts == RESTARTS_MAX
     router.stop(10)  # its folds' thread too
+
+
+def test_a_router_that_faults_fails_what_it_carries_once_starts_over_and_its_host_lives_on(routed, tmp_path):
+    # Exactly once under a router restart (issue 24): the calls in flight through the
+    # faulted router fail at once (ActorError: the actor lives), the others go on, none is run twice (a replay sent
+    # after it started over is still refused), and the same router carries the next
+    # calls: no host is lost, no proc restarted.
+    from monarch_nb.ft import inject_fault
+
+    c, procs, mesh = routed
+    info = c.info()
+    agents, pids = {h["host_id"]: h["pid"] for h in info["hosts"]}, procs.pids
+    victim = PER_HOST  # hosts=1, gpus=0
+    router = next(h[router_ops.ROUTER_ADDRESS] for h in info["hosts"] if h["host_id"] == procs._procs[victim]["host_id"])
+    raw = {envelope.OP: router_ops.CAST, router_ops.TARGETS: [[mesh._addresses[victim], victim,
+                                                                info["proc_meshes"]["routed"]["procs"][victim]["proc_id"]]],
+           router_ops.CALL: {envelope.KIND: proc_ops.CALL, proc_ops.ENDPOINT: "record",
+                             proc_ops.ORIGIN: runtime().origin()}}
+    frames = wire_frames.encode(mesh._cluster_id, raw, serialize.dumps((("raw", 1), {}))[0])
+    outbox = runtime().mailbox.outbox
+    gate = tmp_path / "gate"
+    gate.touch()
+    arriving = mesh.record_after.stream(str(gate), "faulted", 0)
+    outbox.send(router, frames)  # (the same socket as the call's and the fault's: in order)
+    assert inject_fault(mesh, "router", ranks=[victim]) == [victim]
+    failed = [next(arriving) for _ in range(PER_HOST)]  # while every rank still waits on the gate
+    for future in failed:
+        with pytest.raises(ActorError, match=f"SupervisionError: the router of host {procs._procs[victim]['host_id']} failed "
+                                                   "\\(InjectedRouterFault.*started over.*may or may not have run"):
+            future.get()
+    outbox.send(router, frames)  # a replay, after the restart: refused
+    outbox.send(router, wire_frames.encode(mesh._cluster_id, raw, serialize.dumps((("raw", 2), {}))[0]))
+    gate.unlink()
+    assert [f.get() for f in arriving] == [None] * (HOSTS * PER_HOST - PER_HOST)
+    # Each rank ran the call once: the faulted host's too (delivered before the fault;
+    # its callers were told it may have run).
+    assert mesh.seen_by.call("faulted").get(timeout=BOUND_S).values() == [[0]] * (HOSTS * PER_HOST)
+    assert mesh.seen_by.call("raw").get(timeout=BOUND_S).values()[victim] == [1, 2]
+    assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == HOSTS * PER_HOST
+    assert {h["host_id"]: h["pid"] for h in c.info()["hosts"]} == agents and procs.pids == pids
+    assert {h["state"] for h in c.health()["hosts"]} == {"healthy"}
 
 
 def test_a_reducer_the_routers_cannot_load_or_the_client_cannot_pickle_folds_in_the_client(routed):

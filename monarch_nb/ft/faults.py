@@ -10,7 +10,7 @@ from ..client.allocations import every_host
 from ..client.mesh_handle import is_this_proc
 from ..client.proc_mesh import ProcMesh
 from ..client.runtime import runtime
-from ..protocol import envelope, hub_ops, proc_ops
+from ..protocol import envelope, hub_ops, proc_ops, router_ops
 from ..wire import frames as wire_frames
 
 FAULTS = {
@@ -22,6 +22,9 @@ FAULTS = {
                               "in a step); an idle proc, and async actors, are left as they are",
     proc_ops.FAULT_HOST: "the proc's host agent is killed with SIGKILL, and with it every proc of that host "
                          "(a machine lost)",
+    router_ops.FAULT_ROUTER: "the router of the proc's host fails (an error on its thread, as a bug of its own "
+                             "would): the calls it carries then raise SupervisionError, it starts over, and the "
+                             "host, its procs and their actors live on",
 }
 
 
@@ -29,12 +32,14 @@ def inject_fault(mesh: ProcMesh | ActorMesh, kind: str, ranks: Iterable[int] | N
     """Inflict fault ``kind`` on the procs of ``mesh`` at ``ranks`` (ranks of ``mesh``,
     a slice's own numbering; default: all); for an actor mesh, the procs its actors run
     in. ``kind`` is one of :data:`FAULTS` (``"kill"``, ``"segfault"``, ``"hang"``,
-    ``"exception"``, ``"host"``); each proc inflicts it on itself, so it is the real
-    fault, seen by supervision and callers as if it had happened on its own.
+    ``"exception"``, ``"host"``, ``"router"``); each proc (for ``"router"``, each host's
+    router) inflicts it on itself, so it is the real fault, seen by supervision and
+    callers as if it had happened on its own.
 
     Non-blocking: returns the ranks the fault was sent to once the messages are sent;
     it lands within milliseconds. What follows is the runtime's: a dead proc's calls
-    raise :class:`SupervisionError`, a hung one's wait. ``"host"`` sends once per host.
+    raise :class:`SupervisionError`, a hung one's wait. ``"host"`` and ``"router"``
+    send once per host.
 
     Raises ``ValueError`` for an unknown ``kind`` (naming the kinds) or a rank outside
     ``0 .. len(mesh) - 1``, and for ``this_proc()`` meshes (the fault would hit this
@@ -51,9 +56,16 @@ def inject_fault(mesh: ProcMesh | ActorMesh, kind: str, ranks: Iterable[int] | N
     procs = _procs_of(mesh, chosen)
     header = {envelope.OP: proc_ops.INJECT_FAULT, proc_ops.FAULT: kind}
     rt = runtime()
-    if kind == proc_ops.FAULT_HOST:
-        agents = {h["host_id"]: h["pid"] for h in every_host(mesh._hub().request(hub_ops.INFO, timeout=30.0))}
+    if kind in (proc_ops.FAULT_HOST, router_ops.FAULT_ROUTER):
+        hosts = {h["host_id"]: h for h in every_host(mesh._hub().request(hub_ops.INFO, timeout=30.0))}
         procs = list({p["host_id"]: p for p in procs}.values())  # one proc per host is enough
+        agents = {host_id: host["pid"] for host_id, host in hosts.items()}
+    if kind == router_ops.FAULT_ROUTER:
+        for proc in procs:
+            router = hosts[proc["host_id"]].get(router_ops.ROUTER_ADDRESS)
+            if router:  # (an agent that runs none has no router to fail)
+                rt.mailbox.send(router, wire_frames.encode(mesh._cluster_id, {envelope.OP: router_ops.INJECT_FAULT}))
+        return chosen
     for proc in procs:
         fields = {proc_ops.AGENT_PID: agents[proc["host_id"]]} if kind == proc_ops.FAULT_HOST else {}
         rt.mailbox.send(proc["address"], wire_frames.encode(mesh._cluster_id, {**header, **fields}))

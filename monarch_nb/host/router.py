@@ -37,9 +37,18 @@ A local proc that exits fails its pending calls here at once (a supervision fail
 without a round trip through the hub. A router that did not run for ``STALL_S`` (its
 agent stopped, hung or starved) refuses the calls sent before it ran again: the hub may
 have found the host lost meanwhile, and their callers been told they failed; delivered
-late, a call reported failed would have run. A router that dies takes its agent's process
-along (it is a thread of it), and a router whose thread fails makes its agent leave: the
-hub loses the host, and supervision fails the calls.
+late, a call reported failed would have run.
+
+A fault of the router's own (a bug, an error from a library it calls: an error that one
+message or one peer causes is handled there, and costs that message or peer only) makes
+it start over, on the same inbox and with the same replay guard: every rank it still
+awaits is answered with a ``SupervisionError`` saying the call may or may not have run,
+its interrupts passed on are answered, and it goes on. Nothing is delivered twice (a
+client never sends a call again by itself, and the guard still refuses what it has seen),
+and nothing waits for ever on it; the host, its procs and their actors live on. A router
+that faults more than ``RESTARTS_MAX`` times within ``RESTART_WINDOW_S`` makes its agent
+leave: the hub loses the host, and supervision fails its calls. A router that dies takes
+its agent's process along (it is a thread of it): that is the host lost too.
 """
 
 from __future__ import annotations
@@ -79,6 +88,10 @@ SAME_MAX_BYTES = 1024
 # A relay holds its batches for replies still out on other hosts (as for its own) for
 # at most this long after it passed a call on: a host lost meanwhile never answers.
 RELAYED_FORGET_S = 60.0
+# Faults of its own the router starts over from within a window before it gives up (its
+# host is then lost): a fault that comes back at every turn must not loop for ever.
+RESTARTS_MAX = 3
+RESTART_WINDOW_S = 60.0
 _PLAIN_REPLY = frozenset((envelope.OK, envelope.PORT, envelope.RANK))  # a reply with nothing but its value
 
 
@@ -168,6 +181,19 @@ class Casts:
             return
         self._queue((route[0], cast.upstream), failure(cast.port, rank, error, died))
         self._close_if_done(route, cast)
+
+    def abandon(self, error: BaseException) -> int:
+        """Answer every rank still awaited with ``error`` (its actor lives: not ``DIED``),
+        and stop holding batches for relayed replies: the router started over. Values
+        already folded still go back (their reduce's end is given to fold). Returns how
+        many ranks were answered."""
+        answered = 0
+        for route, cast in list(self._open.items()):
+            for rank in list(cast.waiting):
+                self.fail_rank(route, rank, error, died=False)
+                answered += 1
+        self._relayed.clear()
+        return answered
 
     def proc_gone(self, gone: Callable[[str], str | None]) -> None:
         """Fail every pending rank whose proc ``gone(proc_id)`` says has exited (why)."""
@@ -268,6 +294,12 @@ class Relays:
         self._open[number] = _Relay(client, dict(enumerate(addresses)), now + wait_s)
         return number
 
+    def give_up(self) -> None:
+        """Make every relay due now, naming the procs that did not answer yet (the
+        router started over: they may never have been asked)."""
+        for relay in self._open.values():
+            relay.deadline = 0.0
+
     def answered(self, number: int, index: int, reached: bool = True) -> None:
         """The proc of ``index`` answered relay ``number`` (``reached`` False: it can't be
         reached, and is named in the answer)."""
@@ -309,12 +341,18 @@ def unbatch(header: dict, body) -> list[tuple[dict, Any]]:
     return out
 
 
+class InjectedRouterFault(RuntimeError):
+    """Raised on a router's thread when asked (``router_ops.INJECT_FAULT``): the fault
+    ``monarch_nb.ft.inject_fault(mesh, "router")`` drills."""
+
+
 class Router:
     """One host's router. :meth:`start` it; :meth:`stop` ends its thread.
 
     ``proc_exit(proc_id)``: why a proc of this host is gone (``None`` while it runs),
-    asked from the router's thread while calls wait. ``onfailure(error)``: the thread
-    ended on an error of its own (the agent then leaves: the host is lost)."""
+    asked from the router's thread while calls wait. ``on_failure(error)``: the thread
+    ended on an error of its own, after starting over from ``RESTARTS_MAX`` within
+    ``RESTART_WINDOW_S`` (the agent then leaves: the host is lost)."""
 
     def __init__(self, cluster_id: str, host_id: str, proc_exit: Callable[[str], str | None],
                  on_failure: Callable[[BaseException], None] | None = None):
@@ -335,6 +373,9 @@ class Router:
         self._actors_of: dict[str, set[str]] = {}
         self._actors_lock = threading.Lock()
         self.stalls = 0  # times this thread found it had not run for STALL_S (for tests)
+        self.restarts = 0  # times it started over from a fault of its own (for tests)
+        self._faulted_at: list[float] = []  # monotonic times of its faults within RESTART_WINDOW_S
+        self._fault_asked = False  # router_ops.INJECT_FAULT came: raise InjectedRouterFault
         self._ran_at = self._cpu_at = 0.0  # monotonic and thread CPU time when it last looked (_note_running)
         self._stale_before = 0.0  # Unix time: casts stamped before it are refused (_note_running)
         self._folds = FoldThread(host_id)  # reduces' values folded off this thread (host.folds)
@@ -377,21 +418,12 @@ class Router:
             poller.register(self.inbox, zmq.POLLIN)
             poller.register(self._folds.wake_fd, zmq.POLLIN)  # folds done (host.folds)
             while not self._stopping.is_set():
-                self._note_running()
-                if self.inbox in dict(poller.poll(POLL_MS)):
-                    self._drain()
-                    self._gather_more()
-                if self.casts.waiting:
-                    self.casts.proc_gone(self._proc_exit)
-                    self.casts.forget_relayed(time.monotonic())
-                self._folds.submit(self.casts.take_folds())
-                for dest, entry in self._folds.take():
-                    self.casts.queue(dest, entry)
-                self._flush()
-                if self.relays.waiting:
-                    self._answer_relays()
-                sockets.sweep_idle()
-        except BaseException as e:  # a bug: the calls it carries would wait for nothing
+                try:
+                    self._turn(poller)
+                except Exception as e:  # noqa: BLE001 - a fault of its own: start over, within limits
+                    if not self._start_over(e):
+                        raise
+        except BaseException as e:  # a fault it can't start over from: the calls it carries would wait for nothing
             traceback.print_exc()
             if self._on_failure is not None:
                 self._on_failure(e)
@@ -399,6 +431,50 @@ class Router:
             self.outbox.close_thread_sockets()
             self.inbox.close(0)
             self._ctx.term()
+
+    def _turn(self, poller: zmq.Poller) -> None:
+        """One turn of the thread: take in what came, pass on what is ready."""
+        self._note_running()
+        if self.inbox in dict(poller.poll(POLL_MS)):
+            self._drain()
+            self._gather_more()
+        if self._fault_asked:
+            self._fault_asked = False
+            raise InjectedRouterFault(f"a fault injected in the router of host {self.host_id}")
+        if self.casts.waiting:
+            self.casts.proc_gone(self._proc_exit)
+            self.casts.forget_relayed(time.monotonic())
+        self._folds.submit(self.casts.take_folds())
+        for dest, entry in self._folds.take():
+            self.casts.queue(dest, entry)
+        self._flush()
+        if self.relays.waiting:
+            self._answer_relays()
+        sockets.sweep_idle()
+
+    def _start_over(self, error: Exception) -> bool:
+        """After a fault of its own: answer every rank awaited here with a failure (the
+        call may or may not have run; its actor lives) and every interrupt passed on,
+        then go on with the same inbox and replay guard. Whether it did: not past
+        ``RESTARTS_MAX`` faults within ``RESTART_WINDOW_S``."""
+        now = time.monotonic()
+        self._faulted_at = [t for t in self._faulted_at if now - t < RESTART_WINDOW_S] + [now]
+        if len(self._faulted_at) > RESTARTS_MAX:
+            print(f"monarch_nb router {self.host_id}: {len(self._faulted_at)} faults within {RESTART_WINDOW_S:.0f} s; "
+                  "it gives up, and its host agent leaves", file=sys.stderr)
+            return False
+        self.restarts += 1
+        traceback.print_exc()
+        why = f"{type(error).__name__}: {error}"
+        answered = self.casts.abandon(SupervisionError(
+            f"the router of host {self.host_id} failed ({why}) while this call was in flight, and started over: "
+            "the call may or may not have run on this rank, whose actor lives on; call again if running it twice "
+            "does no harm"))
+        self.relays.give_up()
+        print(f"monarch_nb router {self.host_id}: failed ({why}); it starts over, and the {answered} call(s) "
+              f"in flight on this host fail (fault {len(self._faulted_at)} of at most {RESTARTS_MAX} within "
+              f"{RESTART_WINDOW_S:.0f} s before its host agent leaves)", file=sys.stderr)
+        return True
 
     def _note_running(self) -> None:
         """Called as the thread turns and before each cast: time since the last call that
@@ -446,6 +522,9 @@ class Router:
             return
         if op == router_ops.INTERRUPT:
             self._interrupt(header)
+            return
+        if op == router_ops.INJECT_FAULT:
+            self._fault_asked = True  # raised between turns, with what came in this one in flight
             return
         if op == proc_ops.ACTOR_BOUND:
             self._actor_bound(header[proc_ops.ADDRESS], header[proc_ops.PROC])
@@ -512,9 +591,9 @@ class Router:
                 self._actors_of.setdefault(proc_id, set()).add(address)
         with shm.sharing():  # large arguments written to shared memory once for the host's actors
             for address, rank, proc_id in targets:
-                error = self._deliver(address, proc_id, frames)
-                if error is not None and route is not None:
-                    self.casts.fail_rank(route, rank, error, died=True)
+                failed = self._deliver(address, proc_id, frames)
+                if failed is not None and route is not None:
+                    self.casts.fail_rank(route, rank, *failed)
 
     def _relay(self, message: wire_frames.Message, relay: dict, route: tuple[str, Hashable] | None) -> int:
         """Pass a client's cast on to the routers of ``relay`` (router address -> its
@@ -534,7 +613,7 @@ class Router:
                 self.outbox.send(router, wire_frames.encode(self.cluster_id, sub, message.body, message.buffers,
                                                             sign_at_send=True), wait=False)
                 passed += len(targets)
-            except ClusterError as e:
+            except Exception as e:  # noqa: BLE001 - gone, refused, or a socket it can't make (out of files)
                 if route is not None:
                     self.casts.open(route, {rank: proc for _, rank, proc in targets},
                                     coalesce=bool(header.get(router_ops.COALESCE)))
@@ -559,18 +638,22 @@ class Router:
         for _, rank, _ in targets:
             self.casts.fail_rank(route, rank, error, died=True)
 
-    def _deliver(self, address: str, proc_id: str, frames: list) -> BaseException | None:
+    def _deliver(self, address: str, proc_id: str, frames: list) -> tuple[BaseException, bool] | None:
         """Send a call to the local actor at ``address`` of proc ``proc_id``; returns the
-        error that fails it instead. Nothing goes to a proc known gone, and a send to one
-        found gone just after is let go (:meth:`proc_exited` may have run before it):
-        either would keep its large arguments in shared memory until the host's sweep."""
+        error that fails it instead, and whether that says its actor is gone. Nothing
+        goes to a proc known gone, and a send to one found gone just after is let go
+        (:meth:`proc_exited` may have run before it): either would keep its large
+        arguments in shared memory until the host's sweep."""
         why = self._proc_exit(proc_id)
         if why is not None:
-            return SupervisionError(why)
+            return SupervisionError(why), True
         try:
             self.outbox.send(address, frames, wait=False)
-        except ClusterError as e:
-            return e
+        except ClusterError as e:  # the actor refused it, or is gone
+            return e, True
+        except Exception as e:  # noqa: BLE001 - this router's own trouble (a socket it can't make: out of files)
+            return SupervisionError(f"the router of host {self.host_id} could not send this call to its actor "
+                                    f"({type(e).__name__}: {e}); it was not run"), False
         if self._proc_exit(proc_id) is not None:
             sockets.Outbox.discard(address)  # (the call fails through Casts.proc_gone)
         return None
@@ -588,7 +671,7 @@ class Router:
                        envelope.RANK: index}
             try:
                 self.outbox.send(address, wire_frames.encode(self.cluster_id, request), wait=False)
-            except ClusterError:
+            except Exception:  # noqa: BLE001 - gone, refused, or a socket it can't make: named in the answer
                 self.relays.answered(number, index, reached=False)
         self._answer_relays()
 
@@ -622,6 +705,6 @@ class Router:
     def _send(self, client: str, frames: list) -> None:
         try:
             self.outbox.send(client, frames, wait=False)
-        except ClusterError as e:  # the client is gone: its replies with it
+        except Exception as e:  # noqa: BLE001 - the client is gone (its replies with it), or a socket it can't make
             print(f"monarch_nb router {self.host_id}: replies to {client} dropped: {e}", file=sys.stderr)
 

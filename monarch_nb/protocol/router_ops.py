@@ -27,6 +27,10 @@ CAST = "cast"  # deliver CALL to the actors TARGETS of this host; never answered
 # host at once; answered once every one answered, or after TIMEOUT s, naming those that
 # did not (MISSED): a Ctrl-C over a routed mesh costs the client one message per host
 INTERRUPT = "interrupt"
+# Fail this router's thread with an error of its own (``monarch_nb.ft.inject_fault``'s
+# FAULT_ROUTER, for drills and tests of its recovery); never answered
+INJECT_FAULT = "inject_fault"
+FAULT_ROUTER = "router"  # the fault kind that sends INJECT_FAULT to a host's router
 
 # hub_ops.AGENT_READY field: the address of the host's router (HostRecord.router).
 ROUTER_ADDRESS = "router"
