@@ -769,6 +769,42 @@ def test_a_router_whose_thread_keeps_failing_starts_over_a_few_times_then_says_s
     router.stop(10)  # its folds' thread too
 
 
+def test_a_router_that_cannot_make_a_socket_fails_that_peer_only_and_goes_on(capfd):
+    # Out of files (EMFILE, a zmq error rather than a peer's refusal): once, it ended the
+    # router's thread, and its agent left: a host lost for one socket.
+    import errno
+
+    import zmq
+
+    from monarch_nb.host.router import Router
+
+    wire_frames.register_key("router-emfile", b"e" * 32)
+    router = Router("router-emfile", "h0", lambda proc: None)
+    sent: list = []
+
+    def send(address, frames, wait=True):
+        if address in ("tcp://actor:2", "tcp://client:9"):
+            raise zmq.ZMQError(errno.EMFILE)
+        sent.append(address)
+
+    router.outbox.send = send
+    call = {envelope.KIND: proc_ops.CALL, proc_ops.ENDPOINT: "one", envelope.REPLY: "tcp://client:1",
+            envelope.PORT: 5}
+    cast = {envelope.OP: router_ops.CAST, router_ops.CALL: call,
+            router_ops.TARGETS: [["tcp://actor:1", 0, "p/0"], ["tcp://actor:2", 1, "p/1"]]}
+    router._cast(wire_frames.decode(wire_frames.encode("router-emfile", cast, serialize.dumps(((), {}))[0]), None))
+    assert sent == ["tcp://actor:1"]
+    failed = router.casts.take()[("tcp://client:1", None)]
+    assert [(e.header[envelope.RANK], e.header[envelope.OK], e.header.get(proc_ops.DIED)) for e in failed] \
+        == [(1, False, None)]
+    assert "could not send this call to its actor (ZMQError: Too many open files); it was not run" \
+        in str(unpack_exception(serialize.loads(failed[0].body)))
+    router.casts.queue(("tcp://client:9", None), failed[0])
+    router._flush()  # a client it can't reach: that client's replies dropped, saying so
+    assert "replies to tcp://client:9 dropped: Too many open files" in capfd.readouterr().err
+    router.stop(10)
+
+
 def test_a_router_that_faults_fails_what_it_carries_once_starts_over_and_its_host_lives_on(routed, tmp_path):
     # Exactly once under a router restart (issue 24): the calls in flight through the
     # faulted router fail at once (ActorError: the actor lives), the others go on, none is run twice (a replay sent

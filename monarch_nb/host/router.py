@@ -376,7 +376,8 @@ class Router:
         self.restarts = 0  # times it started over from a fault of its own (for tests)
         self._faulted_at: list[float] = []  # monotonic times of its faults within RESTART_WINDOW_S
         self._fault_asked = False  # router_ops.INJECT_FAULT came: raise InjectedRouterFault
-        self._ran_at = self._cpu_at = 0.0  # monotonic and thread CPU time when it last looked (_note_running)
+        # monotonic and thread CPU time when it last looked (_note_running; its thread starts them again)
+        self._ran_at, self._cpu_at = time.monotonic(), time.thread_time()
         self._stale_before = 0.0  # Unix time: casts stamped before it are refused (_note_running)
         self._folds = FoldThread(host_id)  # reduces' values folded off this thread (host.folds)
         self._stopping = threading.Event()
@@ -388,7 +389,11 @@ class Router:
     def stop(self, timeout: float = 2.0) -> None:
         """End the router's thread and its folds' (waits up to ``timeout`` s for each)."""
         self._stopping.set()
-        self._thread.join(timeout)
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+        else:  # never started: what its thread closes on its way out
+            self.inbox.close(0)
+            self._ctx.term()
         self._folds.stop(timeout)
 
     def proc_exited(self, proc_id: str) -> None:
