@@ -1301,3 +1301,26 @@ def test_a_bad_router_setting_is_refused_naming_the_choices(routed, monkeypatch)
     monkeypatch.setenv(router_ops.ROUTER_ENV, "sometimes")
     with pytest.raises(ValueError, match="MONARCH_NB_ROUTER='sometimes'.*'off', 'on'"):
         mesh.one.call()
+
+
+def test_a_relay_that_faults_fails_its_own_hosts_calls_and_passes_the_other_hosts_replies_on(tmp_path, monkeypatch):
+    # Its start over clears what it held for the other hosts' replies, not the route
+    # back: they still reach the client through it.
+    from monarch_nb.ft import inject_fault
+
+    with _relayed_cluster(monkeypatch, 3) as c:
+        procs = c.host_mesh().spawn_procs(per_host={"gpus": 1}, name="three")
+        mesh = procs.spawn("rec", Recorder)
+        assert mesh.one.reduce(operator.add).get(timeout=BOUND_S) == 3
+        relay = runtime().host_routes.relay(mesh._cluster_id, mesh._key, (), runtime().supervision.router_lost)
+        assert [h["host_id"] for h in c.info()["hosts"] if h["router"] == relay] == ["host0"]
+        gate = tmp_path / "gate"
+        gate.touch()
+        arriving = mesh.record_after.stream(str(gate), "relayed", 0)
+        inject_fault(mesh, "router", ranks=[0])
+        with pytest.raises(ActorError, match="router of host host0 failed"):
+            next(arriving).get()  # rank 0's, on the relay's own host: while the others still wait
+        gate.unlink()
+        assert [f.get() for f in arriving] == [None, None]
+        assert mesh.seen_by.call("relayed").get(timeout=BOUND_S).values() == [[0]] * 3
+        assert runtime().host_routes.relay(mesh._cluster_id, mesh._key, (), runtime().supervision.router_lost) == relay
