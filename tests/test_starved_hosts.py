@@ -153,6 +153,36 @@ def test_the_silence_of_an_agent_waiting_for_a_cpu_is_not_counted():
     assert counted_silence(10.0, cpu_wait(10.0, (5.0, 1.0), (15.0, 1.0, True))) == pytest.approx(10.0)
 
 
+_SPINS_OFF_THE_MAIN_THREAD = """
+import sys, threading
+def spin():
+    while True:
+        pass
+threading.Thread(target=spin, daemon=True).start()
+print("spinning", flush=True)
+sys.stdin.read()  # the main thread sleeps (on its read, then on the GIL)
+"""
+
+
+def test_a_process_runs_and_is_runnable_on_any_of_its_threads_not_only_its_main_one():
+    # A hub's event loop sleeps on the GIL while another of its threads holds it and
+    # waits for a CPU: counted on the main thread alone, that silence went unexcused.
+    from monarch_nb.starvation import sched_times
+
+    child = subprocess.Popen([sys.executable, "-c", _SPINS_OFF_THE_MAIN_THREAD], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "spinning\n"
+        assert wait_until(lambda: sched_times(child.pid)[0] > 0.3, 30), sched_times(child.pid)
+        with open(f"/proc/{child.pid}/schedstat") as f:  # the main thread's own
+            assert int(f.read().split()[0]) / 1e9 < sched_times(child.pid)[0] / 2
+        assert sched_times(child.pid)[2]  # the spinning thread is runnable, the main one asleep
+    finally:
+        child.kill()
+        child.wait()
+    assert sched_times(child.pid) is None
+
+
 def test_a_host_agent_starved_of_cpu_is_not_lost_and_its_procs_keep_working(retained, starve):
     c = retained()
     mesh = c.host_mesh().spawn_procs(per_host={"gpus": 2}, name="p").spawn("pid", Pid)
