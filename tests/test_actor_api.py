@@ -104,6 +104,14 @@ def test_choose_prefers_idle_actors(counters):
     busy.get(timeout=30)
 
 
+def test_choose_counts_a_call_over_the_whole_mesh_on_every_actor_and_one_rank_s_call_on_it(counters):
+    everyone = counters.slow_echo.call("x", 0.5)  # (counted once for the whole mesh)
+    busy = counters.slice(gpus=0).slow_echo.call_one("x", 0.5)
+    picks = [counters.whoami.choose() for _ in range(3)]
+    assert 0 not in {f.get(timeout=30)["rank"] for f in picks}
+    assert len(everyone.get(timeout=30)) == 4 and busy.get(timeout=30) == "x"
+
+
 def test_stream_yields_one_future_per_actor_in_arrival_order(counters):
     futures = list(counters.echo_after.stream({0: 0.5}))
     ranks = [f.get() for f in futures]

@@ -317,9 +317,10 @@ def test_an_actor_at_the_port_a_stopped_clusters_dead_actor_had_is_not_taken_for
     assert client.why_dead("new", "tcp://127.0.0.1:4000") is None
     assert client.watch("new", 7, {"tcp://127.0.0.1:4000": 0}) == {}
     assert client.why_dead("old", "tcp://127.0.0.1:4000") == "proc cycle2/2 was stopped"
-    # A late report of the old cluster fails no call waiting on the new one.
+    # A late report of the old cluster fails no call waiting on the new one (this client
+    # has no mailbox to send a failure to: failing one would raise).
     client.actors_gone({"cluster": "old", "actors": {"tcp://127.0.0.1:4000": ("echo", 2, "late news")}})
-    assert client._waiting == {"tcp://127.0.0.1:4000": {7: ("new", 0)}}
+    assert client._watching == {7: ("new", {"tcp://127.0.0.1:4000": 0}, set())}
 
 
 def test_an_actor_at_the_port_a_dead_actor_of_the_same_cluster_had_is_not_taken_for_dead():
@@ -346,7 +347,7 @@ def test_a_lost_hub_coming_back_lets_calls_through_but_a_cluster_this_client_sto
 
     def dead_now(port: int) -> dict:
         found = client.watch("c", port, actor)
-        client.unwatch(port, actor)  # (nothing waits: no failure reply to send)
+        client.unwatch(port)  # (nothing waits: no failure reply to send)
         return found
 
     client.hub_lost("c", "the hub of cluster 'c' died")
@@ -409,3 +410,39 @@ def test_a_failure_an_owner_handled_is_not_news_on_a_scripts_terminal(tmp_path):
                           env={**os.environ, "MONARCH_NB_HOME": str(tmp_path / "home")})
     assert done.returncode == 0 and "handled ['kids']" in done.stdout, (done.stdout, done.stderr)
     assert "handled:" not in done.stderr, done.stderr
+
+
+def test_a_death_fails_each_call_waiting_on_that_actor_once_and_only_in_its_cluster():
+    from monarch_nb.client import supervision
+    from monarch_nb.protocol import envelope
+    from monarch_nb.wire import frames as wire_frames
+
+    wire_frames.register_key("c", b"c" * 32)
+    wire_frames.register_key("d", b"d" * 32)
+
+    class Mailbox:
+        address = "tcp://127.0.0.1:1"
+        failed: list = []
+
+        def send(self, address, frames):
+            header = wire_frames.decode(frames, None).header
+            self.failed.append((header[envelope.PORT], header.get(envelope.RANK)))
+
+    mailbox = Mailbox()
+    client = supervision.Supervision(mailbox=lambda: mailbox)
+    a, b, x = "tcp://127.0.0.1:4000", "tcp://127.0.0.1:4001", "tcp://127.0.0.1:4002"
+    assert client.watch("c", 1, {a: 0, b: 1}, "m") == {}
+    assert client.watch("c", 2, {b: 1, x: 2}, "m") == {}
+    assert client.watch("d", 3, {b: 5}, "other") == {}  # another cluster's actor at the same address
+    client.actors_gone({"cluster": "c", "actors": {b: ("m", 1, "proc p/1 died")}})
+    assert sorted(mailbox.failed) == [(1, 1), (2, 1)]
+    client.actors_gone({"cluster": "c", "actors": {b: ("m", 1, "proc p/1 died")}})  # told again: failed once
+    assert sorted(mailbox.failed) == [(1, 1), (2, 1)]
+    client.unwatch(1)  # call 1 settled: a later death of its other actor fails nothing
+    mailbox.failed.clear()
+    client.actors_gone({"cluster": "c", "actors": {a: ("m", 0, "stopped")}})
+    assert mailbox.failed == []
+    client.cluster_stopped("c", "stopped by this client")  # what is still out on c fails: call 2's x
+    assert mailbox.failed == [(2, 2)]
+    client.cluster_stopped("d", "stopped by this client")
+    assert mailbox.failed == [(2, 2), (3, 5)]

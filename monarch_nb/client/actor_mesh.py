@@ -27,6 +27,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 YIELDING_TO_ENDPOINTS = frozenset({"name", "restart"})
 
 
+# In a mesh's outstanding-call counts (ActorMesh._load): the calls over every actor of it.
+_EVERY = -1
+
+
+def _count(load: dict[int, int], ranks, change: int) -> None:
+    """Add ``change`` to the outstanding calls of each of ``ranks`` (the caller holds the
+    counts' lock; the loop in a function of its own: see monarch_nb.wire.interrupts)."""
+    for rank in ranks:
+        load[rank] = load.get(rank, 0) + change
+
+
 def hidden_endpoints(endpoints: dict[str, bool]) -> list[str]:
     """The endpoints of ``endpoints`` that an ``ActorMesh`` attribute would hide."""
     return sorted(n for n in endpoints if hasattr(ActorMesh, n) and n not in YIELDING_TO_ENDPOINTS)
@@ -133,16 +144,16 @@ class ActorMesh(MeshHandle, Generic[A]):
 
     def _track(self, base: list[int], future: "Future") -> None:
         """Count ``future`` as outstanding on the actors of base ranks ``base`` until it is
-        done (for choose)."""
+        done (for choose). A call over every actor of the mesh is counted once, for all
+        (``_EVERY``), not once per actor: that was two loops over the mesh per call."""
         lock, load = self._load()
+        ranks = (_EVERY,) if len(base) == len(self._addresses) else base
         with lock:
-            for b in base:
-                load[b] = load.get(b, 0) + 1
+            _count(load, ranks, 1)
 
         def done(_):
             with lock:
-                for b in base:
-                    load[b] -= 1
+                _count(load, ranks, -1)
 
         future.add_done_callback(done)
 
@@ -163,7 +174,8 @@ class ActorMesh(MeshHandle, Generic[A]):
     def _live_loads(self, load: dict[int, int]) -> dict[int, int]:
         """View rank -> outstanding calls, of the actors of the view not known dead."""
         supervision = runtime().supervision
-        return {view: load.get(base, 0) for view, base in enumerate(self._shape.base_ranks())
+        every = load.get(_EVERY, 0)
+        return {view: every + load.get(base, 0) for view, base in enumerate(self._shape.base_ranks())
                 if supervision.why_dead(self._cluster_id, self._addresses[base], self._name, base) is None}
 
     def _load(self) -> tuple[threading.Lock, dict[int, int]]:

@@ -72,7 +72,7 @@ def call_one_each(endpoints: list[Endpoint], args: tuple, kwargs: dict) -> list[
         if failure is not None:
             died = [failure] if message.header.get("supervision", False) else []
             error = e._error([failure], 1, died)
-        supervision.unwatch(ports[i], (addresses[i],))
+        supervision.unwatch(ports[i])
         if len(answered) == len(endpoints):
             gather.close()
         futures[i]._resolve(value, error)

@@ -161,10 +161,7 @@ class Endpoint(Generic[P, R]):
         mesh, rt = self._mesh, runtime()
         body, buffers = serialize.dumps((args, kwargs), f"an argument of {mesh._name}.{self._name}")
         raw = [b.raw() for b in buffers]
-        by_router: dict[str, list] = {}
-        for address in addresses:
-            router, base, proc_id = routes[address]
-            by_router.setdefault(router, []).append((address, base, proc_id))
+        by_router = rt.host_routes.by_router(routes, addresses)
         mailbox, supervision = rt.mailbox, rt.supervision
         cast: dict = {envelope.OP: router_ops.CAST, router_ops.CALL: header, router_ops.CLIENT: mailbox.address}
         if reducer is not None:
@@ -229,7 +226,7 @@ class Endpoint(Generic[P, R]):
             for timer in (*grace, *notice):
                 timer.cancel()
             gather.close()
-            supervision.unwatch(port, targets)
+            supervision.unwatch(port)
             try:  # what finishing raises (a reducer's, sys.exit's too) is the call's error: no future left waiting
                 value, error = finish(results, [failures[k] for k in sorted(failures)],
                                       [failures[k] for k in sorted(dead_ranks)])
@@ -328,7 +325,7 @@ class Endpoint(Generic[P, R]):
                                 route, deaths, reducer)
         except BaseException:
             gather.close()
-            supervision.unwatch(port, targets)
+            supervision.unwatch(port)
             raise
         for address, why in dead.items():
             supervision.fail(mesh._cluster_id, port, targets[address], why)

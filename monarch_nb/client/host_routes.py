@@ -124,6 +124,9 @@ class HostRoutes:
         # One entry per mesh: a restart's new addresses replace it.
         self._tables: dict[tuple[str, str], tuple[tuple[str, ...], dict[str, Route] | None, int]] = {}
         self._relays: dict[tuple[str, str], str] = {}  # (cluster id, mesh key) -> the router its calls go through
+        # id(table) -> (that table, its every actor grouped by router: by_router's answer
+        # for a call over the whole mesh, the usual one, made once per table)
+        self._whole: dict[int, tuple[dict[str, Route], dict[str, list]]] = {}
 
     def relay(self, cluster_id: str, mesh_key: str, routers, lost: Callable[[str, str], str | None]) -> str | None:
         """The router this client's routed calls to the mesh ``mesh_key`` of ``cluster_id``
@@ -145,6 +148,24 @@ class HostRoutes:
             with self._lock:
                 self._relays[key] = relay
         return relay
+
+    def by_router(self, table: dict[str, Route], addresses: list[str]) -> dict[str, list]:
+        """The actors at ``addresses`` (of the mesh whose routes are ``table``) grouped by
+        their router: router address -> ``[[address, base rank, proc id], ...]``
+        (``router_ops.TARGETS``), in the order of ``addresses`` within a router. A call
+        over every actor of the mesh gets a new dict of lists made once per table (the
+        order within a router is then the mesh's): neither is to be changed in place."""
+        if len(addresses) != len(table):
+            return _grouped(table, addresses)
+        with self._lock:
+            known = self._whole.get(id(table))
+        if known is None or known[0] is not table:
+            known = (table, _grouped(table, list(table)))
+            with self._lock:
+                if len(self._whole) >= len(self._tables) + 8:  # (tables of meshes re-learnt or gone)
+                    self._whole.clear()
+                self._whole[id(table)] = known
+        return dict(known[1])
 
     def routes(self, mesh) -> dict[str, Route] | None:
         """The routes of ``mesh`` (an ``ActorMesh``: not imported, it imports this through
@@ -201,3 +222,12 @@ class HostRoutes:
         if len({route[0] for route in table.values()}) < 2:
             return None, machines  # one host: a router would only add a hop
         return table, machines
+
+
+def _grouped(table: dict[str, Route], addresses: list[str]) -> dict[str, list]:
+    """:meth:`HostRoutes.by_router`, made afresh."""
+    by_router: dict[str, list] = {}
+    for address in addresses:
+        router, base, proc_id = table[address]
+        by_router.setdefault(router, []).append((address, base, proc_id))
+    return by_router

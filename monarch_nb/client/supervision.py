@@ -70,7 +70,11 @@ class Supervision:
         # actor address -> (cluster id, why it is gone). The cluster matters: a port a dead
         # actor of a stopped cluster had is often a new cluster's actor's port.
         self._dead: dict[str, tuple[str, str]] = _Recent()
-        self._waiting: dict[str, dict[int, tuple[str, int]]] = {}  # address -> port -> (cluster id, base rank)
+        # port -> (cluster id, its targets: actor address -> base rank, the addresses among
+        # them whose death has failed it already), of the calls waiting on actors. Kept per
+        # call, not per actor: a call over a mesh costs two dict operations here, not two
+        # per actor; a death (rare) looks through the calls in flight instead.
+        self._watching: dict[int, tuple[str, dict[str, int], set[str]]] = {}
         self._armed: dict[tuple[str, str], list[MeshFailure]] = {}  # (cluster id, actor mesh) -> failures
         self._names: dict[str, tuple[str, str, int]] = _Recent()  # dead actor's address -> (cluster id, mesh, rank)
         # (cluster id, mesh, rank) of dead actors whose death failed a call of this client
@@ -108,14 +112,13 @@ class Supervision:
 
     def watch(self, cluster_id: str, port: int, targets: dict[str, int], mesh: str | None = None) -> dict[str, str]:
         """Note that ``port`` waits on the actors at ``targets`` (address -> base rank) of
-        actor mesh ``mesh``; returns those already known dead (address -> why), which must
-        not be called."""
+        actor mesh ``mesh`` (kept, not copied: the caller must not change it); returns
+        those already known dead (address -> why), which must not be called."""
         with self._lock:
             return self._watch(cluster_id, port, targets, mesh)
 
     def _watch(self, cluster_id: str, port: int, targets: dict[str, int], mesh: str | None) -> dict[str, str]:
-        for address in targets:
-            self._waiting.setdefault(address, {})[port] = (cluster_id, targets[address])
+        self._watching[port] = (cluster_id, targets, set())
         return self._dead_among(cluster_id, targets, mesh, targets.__getitem__)
 
     def heard_dead(self, cluster_id: str, address: str, mesh: str, rank: int, why: str) -> None:
@@ -149,6 +152,8 @@ class Supervision:
         stopped = self._stopped.get(cluster_id)
         if stopped is not None:
             return dict.fromkeys(addresses, stopped)
+        if not self._dead:  # no death known at all: the usual case
+            return {}
         # Only targets with a death recorded at their address can be dead: found by a set
         # intersection (in C), so a send to many live actors costs no Python loop.
         known = self._dead.keys() & addresses
@@ -158,9 +163,11 @@ class Supervision:
                 self._told[self._names[a]] = None
         return dead
 
-    def unwatch(self, port: int, addresses) -> None:
+    def unwatch(self, port: int) -> None:
+        """``port`` waits on no actor any more (its call settled)."""
         with self._lock:
-            self._unwatch(port, addresses)
+            self._relayed.pop(port, None)
+            self._watching.pop(port, None)
 
     # relays -------------------------------------------------------------------------------
     def router_lost(self, cluster_id: str, router: str) -> str | None:
@@ -203,15 +210,6 @@ class Supervision:
         error = SupervisionError(f"the host router {router} this call was relayed through was lost with its host "
                                  f"({why}); the ranks still out may or may not have run it")
         mailbox.send(mailbox.address, wire_frames.encode_value(cluster_id, header, pack_exception(error)))
-
-    def _unwatch(self, port: int, addresses) -> None:
-        self._relayed.pop(port, None)
-        for address in addresses:
-            ports = self._waiting.get(address)
-            if ports is not None:
-                ports.pop(port, None)
-                if not ports:
-                    del self._waiting[address]
 
     def sync(self, cluster_id: str, addresses: list[str], dead: dict, mesh: str) -> None:
         """The hub's view of actor mesh ``mesh`` of ``cluster_id``: the actors at
@@ -352,19 +350,17 @@ class Supervision:
         """Record ``actors`` (address -> (mesh, rank, why)) of ``cluster`` as dead; the
         calls of this cluster that waited on them, as (port, cluster id, base rank, why).
         The caller holds the lock."""
-        pending = []
         for address, (mesh, rank, why) in actors.items():
             self._dead[address] = (cluster, why)
             self._names[address] = (cluster, mesh, rank)
-            ports = self._waiting.get(address, {})
-            waiting = {port: v for port, v in ports.items() if v[0] == cluster}  # not another cluster's calls
-            for port in waiting:
-                del ports[port]
-            if not ports:
-                self._waiting.pop(address, None)
-            if waiting:
-                self._told[self._names[address]] = None
-            pending += [(port, cid, base, why) for port, (cid, base) in waiting.items()]
+        pending = []
+        for port, (cid, targets, failed) in self._watching.items():
+            if cid != cluster:  # not another cluster's calls
+                continue
+            hit = (actors.keys() & targets.keys()) - failed  # (in C: no loop over the call's actors)
+            failed |= hit
+            pending += [(port, cid, targets[address], actors[address][2]) for address in hit]
+            self._told.update(dict.fromkeys(self._names[address] for address in hit))
         return pending
 
     def hub_lost(self, cluster_id: str, why: str) -> None:
@@ -464,12 +460,8 @@ class Supervision:
         """Forget every call of ``cluster_id`` waiting on an actor; them as (port, base
         rank). The caller holds the lock."""
         pending = []
-        for address in list(self._waiting):
-            ports = self._waiting[address]
-            for port, (cid, base) in list(ports.items()):
-                if cid == cluster_id:
-                    pending.append((port, base))
-                    del ports[port]
-            if not ports:
-                del self._waiting[address]
+        for port, (cid, targets, failed) in list(self._watching.items()):
+            if cid == cluster_id:
+                pending += [(port, base) for address, base in targets.items() if address not in failed]
+                del self._watching[port]
         return pending
