@@ -1324,3 +1324,21 @@ def test_a_relay_that_faults_fails_its_own_hosts_calls_and_passes_the_other_host
         assert [f.get() for f in arriving] == [None, None]
         assert mesh.seen_by.call("relayed").get(timeout=BOUND_S).values() == [[0]] * 3
         assert runtime().host_routes.relay(mesh._cluster_id, mesh._key, (), runtime().supervision.router_lost) == relay
+
+
+def test_a_routed_call_in_flight_when_the_hub_dies_fails_naming_the_hub_not_a_bare_exit_code(tmp_path, monkeypatch):
+    # The router fails it as its host agent stops every proc (an ephemeral cluster's hub
+    # silent for 2 s): it said "proc p/1 ... exited with code -15", not why.
+    monkeypatch.setenv(router_ops.ROUTER_ENV, router_ops.ROUTER_ON)
+    c = Cluster.start_ephemeral(hosts=2)
+    gate = tmp_path / "gate"
+    gate.touch()
+    try:
+        mesh = c.host_mesh().spawn_procs(per_host={"gpus": 1}, name="orphaned").spawn("rec", Recorder)
+        pending = mesh.hold.call(str(gate))
+        os.kill(c._info["hub_pid"], signal.SIGKILL)
+        with pytest.raises(SupervisionError, match="hub"):
+            pending.get(timeout=BOUND_S)
+    finally:
+        c.stop()
+    assert wait_until(lambda: not cluster_processes(c.path), 15), cluster_processes(c.path)

@@ -83,6 +83,9 @@ class HostAgent:
         self.done = asyncio.Event()
         self.leaving: asyncio.Future | None = None  # set when a signal from outside stops this agent
         self.hub_told = False  # the hub acknowledged that: it has failed this host's procs
+        # Why this agent stops every proc (its hub gone, a signal, its router failed, a
+        # shutdown): what the calls pending at its router fail with, not a bare exit code.
+        self.ending_why: str | None = None
         self.malformed = 0  # verified messages no handler could act on
         self.cell_files = cell_files.record_path(cluster_dir, host_id)  # what procs wrote for the debugger
         self.addresses: dict[str, str] = {}  # proc id -> its control inbox (PROC_READY), asked for its status
@@ -143,9 +146,9 @@ class HostAgent:
         """(The router's thread) why proc ``proc_id`` of this host is gone, ``None`` while it runs."""
         if proc_id in self.procs:
             return None
-        code = self.exited.get(proc_id)
-        return (f"proc {proc_id} on host {self.host_id} exited"
-                + ("" if code is None else f" with code {code}") + " while a call to it was pending")
+        code, ending = self.exited.get(proc_id), self.ending_why
+        return (f"proc {proc_id} on host {self.host_id} exited" + ("" if code is None else f" with code {code}")
+                + " while a call to it was pending" + ("" if ending is None else f" ({ending})"))
 
     async def _leave(self, why: str) -> None:
         """Stopped from outside (a cancelled or timed-out Slurm job, a kill), or its router
@@ -155,6 +158,7 @@ class HostAgent:
         if self.done.is_set() or self.leaving is not None:
             self.done.set()
             return
+        self.ending_why = f"its host agent stopped every proc: {why}"
         self.leaving = asyncio.get_running_loop().create_future()
         try:
             await self.net.request(self.hub, {envelope.OP: hub_ops.AGENT_EXITING, agent_ops.HOST_ID: self.host_id,
@@ -185,6 +189,8 @@ class HostAgent:
                 if counted > self.grace_s:
                     print(f"monarch_nb host agent {self.host_id}: hub silent for {self.grace_s} s; "
                           "stopping every proc", file=sys.stderr)
+                    self.ending_why = (f"its host agent stopped every proc: the cluster's hub was silent for "
+                                       f"{self.grace_s} s (gone)")
                     self.done.set()
                     return
                 if not self._hub_starving:  # a hub on this machine, runnable but not running
@@ -296,6 +302,7 @@ class HostAgent:
 
     async def _shutdown(self, header: dict) -> None:
         await self.net.reply(header, ok=True)
+        self.ending_why = "the cluster was shut down"
         self.done.set()
 
     async def _drain_logs(self, header: dict) -> None:
