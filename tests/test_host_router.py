@@ -29,7 +29,7 @@ from monarch_nb.host.replies import Entry
 from monarch_nb.host.router import RELAYED_FORGET_S, Casts, Relays, batch_frames
 from monarch_nb.protocol import envelope, hub_ops, proc_ops, router_ops
 from monarch_nb.wire import frames as wire_frames
-from monarch_nb.wire import serialize, shm
+from monarch_nb.wire import serialize, shm, sockets
 from monarch_nb.wire.mailbox import Mailbox
 from monarch_nb.wire.remote_error import unpack_exception
 
@@ -762,11 +762,19 @@ def test_a_router_whose_thread_keeps_failing_starts_over_a_few_times_then_says_s
         raise RuntimeError("a bug in the router")
 
     router._flush = broken_flush
+    # An interrupt it passed on, still waiting on a proc: answered as it gives up (its
+    # client waited out its timeout, up to 10 s, for an answer that never came).
+    client, client_address = sockets.bind_inbox()
+    router.relays.open((client_address, 5), ["tcp://127.0.0.1:1"], 10.0, time.monotonic())
     router.start()
     assert wait_until(lambda: failures, 10) and str(failures[0]) == "a bug in the router"
     router._thread.join(10)
     assert not router._thread.is_alive() and router.restarts == RESTARTS_MAX
     router.stop(10)  # its folds' thread too
+    assert client.poll(10_000)
+    answer = wire_frames.decode(sockets.recv_frames(client), None).header
+    assert answer[envelope.PORT] == 5 and answer[router_ops.MISSED] == ["tcp://127.0.0.1:1"]
+    client.close(0)
 
 
 def test_a_router_that_cannot_make_a_socket_fails_that_peer_only_and_goes_on(capfd):

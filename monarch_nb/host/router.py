@@ -53,6 +53,7 @@ its agent's process along (it is a thread of it): that is the host lost too.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import threading
@@ -464,9 +465,12 @@ class Router:
         ``RESTARTS_MAX`` faults within ``RESTART_WINDOW_S``."""
         now = time.monotonic()
         self._faulted_at = [t for t in self._faulted_at if now - t < RESTART_WINDOW_S] + [now]
+        self.relays.give_up()  # interrupts passed on are answered either way: their clients wait on them
         if len(self._faulted_at) > RESTARTS_MAX:
             print(f"monarch_nb router {self.host_id}: {len(self._faulted_at)} faults within {RESTART_WINDOW_S:.0f} s; "
                   "it gives up, and its host agent leaves", file=sys.stderr)
+            with contextlib.suppress(Exception):  # (its calls fail as its host is lost)
+                self._answer_relays()
             return False
         self.restarts += 1
         traceback.print_exc()
@@ -475,9 +479,8 @@ class Router:
             f"the router of host {self.host_id} failed ({why}) while this call was in flight, and started over: "
             "the call may or may not have run on this rank, whose actor lives on; call again if running it twice "
             "does no harm"))
-        self.relays.give_up()
-        print(f"monarch_nb router {self.host_id}: failed ({why}); it starts over, and the {answered} call(s) "
-              f"in flight on this host fail (fault {len(self._faulted_at)} of at most {RESTARTS_MAX} within "
+        print(f"monarch_nb router {self.host_id}: failed ({why}); it starts over, and the calls in flight on this "
+              f"host fail on their {answered} rank(s) here (fault {len(self._faulted_at)} of at most {RESTARTS_MAX} within "
               f"{RESTART_WINDOW_S:.0f} s before its host agent leaves)", file=sys.stderr)
         return True
 
