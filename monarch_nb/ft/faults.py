@@ -23,8 +23,9 @@ FAULTS = {
     proc_ops.FAULT_HOST: "the proc's host agent is killed with SIGKILL, and with it every proc of that host "
                          "(a machine lost)",
     router_ops.FAULT_ROUTER: "the router of the proc's host fails (an error on its thread, as a bug of its own "
-                             "would): the calls it carries then raise SupervisionError, it starts over, and the "
-                             "host, its procs and their actors live on",
+                             "would): the calls it carries then raise ActorError (its cause a SupervisionError: they "
+                             "may or may not have run), it starts over, and the host, its procs and their actors "
+                             "live on",
 }
 
 
