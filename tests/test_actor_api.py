@@ -105,8 +105,9 @@ def test_choose_prefers_idle_actors(counters):
 
 
 def test_choose_counts_a_call_over_the_whole_mesh_on_every_actor_and_one_rank_s_call_on_it(counters):
-    everyone = counters.slow_echo.call("x", 0.5)  # (counted once for the whole mesh)
-    busy = counters.slice(gpus=0).slow_echo.call_one("x", 0.5)
+    # (2 s: the picks go out long before either call is done, however loaded the machine)
+    everyone = counters.slow_echo.call("x", 2.0)  # (counted once for the whole mesh)
+    busy = counters.slice(gpus=0).slow_echo.call_one("x", 2.0)
     picks = [counters.whoami.choose() for _ in range(3)]
     assert 0 not in {f.get(timeout=30)["rank"] for f in picks}
     assert len(everyone.get(timeout=30)) == 4 and busy.get(timeout=30) == "x"
