@@ -4,6 +4,7 @@ job or a process behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -451,6 +452,54 @@ def test_a_recovered_hub_ends_an_allocation_that_was_still_in_the_queue(started)
     assert recovered.allocations == {}
     assert {h["state"] for h in recovered.health()["hosts"]} == {"healthy"}
     recovered.stop()
+
+
+def test_a_recovered_hub_ends_an_allocation_whose_job_its_predecessor_submitted_but_never_recorded(
+        started, tmp_path, monkeypatch):
+    # The hub dies between sbatch and the state file's write of the job's id (here: while
+    # its sbatch, a wrapper, still runs after submitting). Its successor found no such
+    # allocation, or one with no job, and the job stayed queued; CI once lost this race in
+    # the test above.
+    import shutil
+    import threading
+
+    from monarch_nb.client.runtime import runtime
+
+    held = tmp_path / "held.pid"
+    wrapper = tmp_path / "bin" / "sbatch"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\necho $$ > "{held}"\n{shutil.which("sbatch")} "$@"\nexec sleep 120\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}:{os.environ['PATH']}")  # the hub's, as it starts
+    started.append("slurm-added-unrecorded")
+    cluster = Cluster.start("slurm-added-unrecorded", hosts=1)
+    monkeypatch.undo()
+    queued = SlurmAllocator(nodes=1, start_timeout=300, extra_sbatch_args=["--begin=now+3600"])
+    errors: list[BaseException] = []
+
+    def allocate():
+        try:
+            cluster.allocate("q", allocator=queued)
+        except ClusterError as e:
+            errors.append(e)
+
+    waiting = threading.Thread(target=allocate)
+    waiting.start()
+    try:
+        assert wait_until(lambda: queued_job("monarch_nb-slurm-added-unrecorded-q"), 60)
+        job_id = queued_job("monarch_nb-slurm-added-unrecorded-q")
+        os.kill(cluster._info["hub_pid"], signal.SIGKILL)  # its sbatch has not returned: no job id saved
+        waiting.join(60)
+        assert errors and "gone" in str(errors[0]), errors
+        runtime().cluster = None
+        recovered = Cluster.recover("slurm-added-unrecorded")
+        assert wait_until(lambda: job_ended(job_id), 30), scontrol_job(job_id)
+        assert recovered.allocations == {}
+        recovered.stop()
+    finally:
+        if held.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(held.read_text()), signal.SIGKILL)
 
 
 def test_an_allocation_of_more_nodes_than_the_partition_has_is_refused_at_once(started):

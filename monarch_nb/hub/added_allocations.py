@@ -54,8 +54,8 @@ class AddedAllocations:
             allocator = allocators.create(added["spec"], str(self._path), self._grace_s, name)
             allocator.host_ids = list(added["hosts"])
             self._registry.allocations[name] = allocator
-            if not all(h in saved["hosts"] for h in allocator.host_ids):
-                self._unfinished.append(name)
+            if not allocator.host_ids or not all(h in saved["hosts"] for h in allocator.host_ids):
+                self._unfinished.append(name)  # (no hosts at all: saved before its start returned)
 
     async def end_unfinished(self) -> None:
         """A recovering hub's, once it has adopted the agents: end the allocations that
@@ -65,7 +65,13 @@ class AddedAllocations:
         for name in self._unfinished:
             print(f"monarch_nb hub: allocation {name!r} was still starting when the previous hub died; "
                   "ending it (allocate it again)", file=sys.stderr)
-            await self._end(name, self._registry.allocations[name])
+            allocator = self._registry.allocations[name]
+            await self._end(name, allocator)
+            # The previous hub may have died between submitting its job and writing the
+            # job's id to the state file: what the allocation holds is then found by its
+            # name (this user's Slurm jobs of its job name), or it ran once out of the queue.
+            await asyncio.get_running_loop().run_in_executor(
+                None, allocators.release_leftovers, str(self._registry.path), allocator.spec())
         self._unfinished = []
 
     async def allocate(self, header, message):
@@ -101,12 +107,16 @@ class AddedAllocations:
         loop = asyncio.get_running_loop()
         t0 = time.monotonic()
         try:
+            # On disk before its start: a hub that dies from here on leaves its successor an
+            # allocation still starting, which it ends (its job found by name if this hub
+            # died before it saved the job's id: end_unfinished).
+            await self._registry.save()
             try:
                 host_ids = await loop.run_in_executor(None, allocator.start, self._net.address, count)
             except Exception as e:  # sbatch refused the job, or the like
                 why = f"could not get hosts from the {allocator.kind} allocator: {e}"
             else:
-                self._registry.save()  # its job id, before waiting in the queue
+                await self._registry.save()  # its job id, before waiting in the queue
                 why = await self._allocation.wait_for_agents(
                     allocator, host_ids, t0, lambda: self._stop_requested.is_set() or give_up.is_set())
             if give_up.is_set():
