@@ -68,8 +68,8 @@ class AddedAllocations:
             allocator = self._registry.allocations[name]
             await self._end(name, allocator)
             # The previous hub may have died between submitting its job and writing the
-            # job's id to the state file: what the allocation holds is then found by its
-            # name (this user's Slurm jobs of its job name), or it ran once out of the queue.
+            # job's id to the state file: the job is then found by its name (this user's
+            # Slurm jobs of the allocation's job name); else it stayed queued, and ran.
             await asyncio.get_running_loop().run_in_executor(
                 None, allocators.release_leftovers, str(self._registry.path), allocator.spec())
         self._unfinished = []
