@@ -423,13 +423,13 @@ def test_an_interrupted_allocate_gives_its_queued_job_back_and_frees_the_name(st
     cluster.stop()
 
 
-def test_a_recovered_hub_ends_an_allocation_that_was_still_in_the_queue(started):
+def _queued_then_hub_killed(cluster: Cluster) -> str:
+    """Allocate "q" on ``cluster`` (a job held in the queue for an hour) on a thread, and
+    SIGKILL the hub once the job is queued; the job's id, once that allocate failed
+    saying the hub is gone."""
     import threading
 
-    from monarch_nb.client.runtime import runtime
-
-    started.append("slurm-added-queued")
-    cluster = Cluster.start("slurm-added-queued", hosts=1)
+    name = f"monarch_nb-{cluster.path.name}-q"
     queued = SlurmAllocator(nodes=1, start_timeout=300, extra_sbatch_args=["--begin=now+3600"])
     errors: list[BaseException] = []
 
@@ -441,11 +441,19 @@ def test_a_recovered_hub_ends_an_allocation_that_was_still_in_the_queue(started)
 
     waiting = threading.Thread(target=allocate)
     waiting.start()
-    assert wait_until(lambda: queued_job("monarch_nb-slurm-added-queued-q"), 60)
-    job_id = queued_job("monarch_nb-slurm-added-queued-q")
+    assert wait_until(lambda: queued_job(name), 60)
+    job_id = queued_job(name)
     os.kill(cluster._info["hub_pid"], signal.SIGKILL)
     waiting.join(60)
     assert errors and "gone" in str(errors[0]), errors
+    return job_id
+
+
+def test_a_recovered_hub_ends_an_allocation_that_was_still_in_the_queue(started):
+    from monarch_nb.client.runtime import runtime
+
+    started.append("slurm-added-queued")
+    job_id = _queued_then_hub_killed(Cluster.start("slurm-added-queued", hosts=1))
     runtime().cluster = None
     recovered = Cluster.recover("slurm-added-queued")
     assert wait_until(lambda: job_ended(job_id), 30), scontrol_job(job_id)  # else queued until the cluster stops
@@ -461,7 +469,6 @@ def test_a_recovered_hub_ends_an_allocation_whose_job_its_predecessor_submitted_
     # allocation, or one with no job, and the job stayed queued; CI once lost this race in
     # the test above.
     import shutil
-    import threading
 
     from monarch_nb.client.runtime import runtime
 
@@ -474,23 +481,8 @@ def test_a_recovered_hub_ends_an_allocation_whose_job_its_predecessor_submitted_
     started.append("slurm-added-unrecorded")
     cluster = Cluster.start("slurm-added-unrecorded", hosts=1)
     monkeypatch.undo()
-    queued = SlurmAllocator(nodes=1, start_timeout=300, extra_sbatch_args=["--begin=now+3600"])
-    errors: list[BaseException] = []
-
-    def allocate():
-        try:
-            cluster.allocate("q", allocator=queued)
-        except ClusterError as e:
-            errors.append(e)
-
-    waiting = threading.Thread(target=allocate)
-    waiting.start()
     try:
-        assert wait_until(lambda: queued_job("monarch_nb-slurm-added-unrecorded-q"), 60)
-        job_id = queued_job("monarch_nb-slurm-added-unrecorded-q")
-        os.kill(cluster._info["hub_pid"], signal.SIGKILL)  # its sbatch has not returned: no job id saved
-        waiting.join(60)
-        assert errors and "gone" in str(errors[0]), errors
+        job_id = _queued_then_hub_killed(cluster)  # its sbatch has not returned: no job id saved
         runtime().cluster = None
         recovered = Cluster.recover("slurm-added-unrecorded")
         assert wait_until(lambda: job_ended(job_id), 30), scontrol_job(job_id)
