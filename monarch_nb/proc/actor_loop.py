@@ -61,6 +61,9 @@ from .async_actor import AsyncServer
 from .stdio import end_of_call, set_call_origin
 
 
+# Return values that can't be awaitable (most are these): not asked, since
+# inspect.isawaitable's ABC check costs more than the rest of the reply's bookkeeping.
+_NEVER_AWAITED = frozenset((type(None), bool, int, float, str, bytes, dict, list, tuple))
 CANCELLED_KEPT = 4096  # interrupted calls remembered per actor (a call comes at most once)
 _VIEWS_KEPT = 64  # views (meshes and slices called) whose point an actor keeps
 # How long a dying actor waits for the hub to answer its report before answering its
@@ -378,7 +381,8 @@ class ActorThread:
             return
         guard = wire_frames.ReplayGuard()
         while True:
-            self.take_failures(instance)  # queued before this message came: taken before it
+            if self.failures:  # queued before this message came: taken before it
+                self.take_failures(instance)
             try:
                 message = wire_frames.decode(sockets.recv_frames(inbox), guard)
             except wire_frames.BadMessage:
@@ -611,7 +615,7 @@ class ActorThread:
     def _run_endpoint(self, method, name: str, args, kwargs):
         try:
             result = method(*args, **kwargs)
-            if result is not None and inspect.isawaitable(result):  # run to completion before the next message
+            if type(result) not in _NEVER_AWAITED and inspect.isawaitable(result):  # run before the next message
                 if self._loop is None:
                     self._loop = asyncio.new_event_loop()
                 result = self._loop.run_until_complete(result)

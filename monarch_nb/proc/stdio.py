@@ -351,7 +351,8 @@ def flush_all() -> None:
 def end_of_call() -> None:
     """What this thread printed without a final newline goes out with its call."""
     for stream in (sys.stdout, sys.stderr):
-        if isinstance(stream, TaggedStream):
+        # (a call that printed no partial line, the usual case, costs a look at the dict)
+        if isinstance(stream, TaggedStream) and stream._lines._partial:
             stream.end_line()
 
 

@@ -89,13 +89,15 @@ def deliver(outbox: sockets.Outbox, cluster_id: str, address: str, port: int, ra
     A value that can't be pickled is turned into an error reply naming it. A CUDA tensor in
     ``value`` goes by CUDA IPC when ``address`` is a process of this host and the reply goes
     straight there (``wire.cuda_ipc``); one through a host router is staged."""
-    header = {envelope.PORT: port, envelope.RANK: rank, **(extra or {})}
+    header = {envelope.OK: True, envelope.PORT: port, envelope.RANK: rank}
+    if extra:
+        header.update(extra)
     # A port that is a route (client address, port) is a host router's (host.router): the
     # router may fold the value, or forward it to a client on another host.
     destinations = (address,) if isinstance(port, int) else None
     if error is None:
         try:
-            frames = wire_frames.encode_value(cluster_id, {envelope.OK: True, **header}, value, what,
+            frames = wire_frames.encode_value(cluster_id, header, value, what,
                                               sign_at_send=True, destinations=destinations)
         except Exception as e:  # SerializationError, MessageTooLarge, what its __getstate__ raised
             error = e
