@@ -38,6 +38,16 @@ class Holder(Actor):
         return bytes(dst)
 
 
+class Registered(Actor):
+    """Reports the RDMA buffers its proc holds registered (whoever made them)."""
+
+    @endpoint
+    def count(self) -> int:
+        from monarch_nb import rdma
+
+        return len(rdma._registry.buffers)
+
+
 class FakeGpuHolder(Holder):
     """Owns a 1 MiB RDMABuffer of (fake) CUDA memory, in a proc whose CUDA is
     tests/cuda_fake.py: the buffer's calls to CUDA are counted there."""

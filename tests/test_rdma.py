@@ -12,7 +12,7 @@ from monarch_nb import rdma
 from monarch_nb.errors import SupervisionError
 from monarch_nb.rdma import RDMAAction, RDMABuffer
 from conftest import pid_gone, wait_until
-from rdma_actors import Holder
+from rdma_actors import Holder, Registered
 
 _EXPECTED = bytes(bytearray(range(256)) * 4096)
 
@@ -119,6 +119,49 @@ def test_reading_a_dropped_buffer_fails(holders, backend):
     owner.drop.call_one().get()
     with pytest.raises(RuntimeError, match="dropped"):
         buffer.read_into(memoryview(bytearray(buffer.size()))).get(timeout=30)
+
+
+def test_an_actors_buffers_end_with_it_and_readers_are_told_so(host, backend):
+    # Before, a buffer an actor never dropped stayed registered, its memory held, for
+    # the life of its proc: a notebook stopping and respawning meshes piled them up.
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="rdma_ends")
+    try:
+        owners, kept = procs.spawn("owners", Holder), procs.spawn("kept", Holder)
+        watcher = procs.spawn("watcher", Registered)
+        buffer, dropped_first = owners.create.call_one().get(), kept.create.call_one().get()
+        kept.drop.call_one().get()
+        survivor = kept.create.call_one().get()
+        got = bytearray(buffer.size())
+        buffer.read_into(memoryview(got)).get(timeout=30)
+        assert bytes(got) == _EXPECTED and watcher.count.call_one().get() == 2
+        owners.stop().get()
+        assert watcher.count.call_one().get() == 1  # its proc lives on, without the stopped actor's buffer
+        with pytest.raises(RuntimeError, match=r"dropped by its owner.*owners\[0\].*as it ended"):
+            buffer.read_into(memoryview(got)).get(timeout=30)
+        with pytest.raises(RuntimeError, match="dropped by its owner"):
+            dropped_first.read_into(memoryview(got)).get(timeout=30)
+        survivor.read_into(memoryview(got)).get(timeout=30)  # another actor's, in the same proc: untouched
+        assert bytes(got) == _EXPECTED
+        kept.stop().get()
+        assert watcher.count.call_one().get() == 0
+    finally:
+        procs.stop()
+
+
+def test_a_buffer_the_client_owns_outlives_every_actor(host):
+    mine = RDMABuffer(memoryview(bytearray(b"c" * 64)))
+    assert mine._actor is None
+    procs = host.spawn_procs(per_host={"gpus": 1}, name="rdma_readers")
+    try:
+        readers = procs.spawn("readers", Holder)
+        assert readers.read.call_one(mine).get() == b"c" * 64
+        readers.stop().get()
+        got = bytearray(64)
+        mine.read_into(memoryview(got)).get(timeout=30)
+        assert got == b"c" * 64
+    finally:
+        procs.stop()
+        mine.drop()
 
 
 def test_a_transfer_past_its_timeout_is_cancelled(holders):

@@ -229,6 +229,53 @@ def owner_of_new_meshes() -> dict | None:
 _current = threading.local()
 
 
+class _ActorEnds:
+    """What runs when an actor of this process ends (:func:`at_actor_end`), by actor id."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hooks: dict[str, list[Callable[[], None]]] = {}
+
+    def add(self, actor_id: str, callback: Callable[[], None]) -> None:
+        with self._lock:
+            self._hooks.setdefault(actor_id, []).append(callback)
+
+    def run(self, actor_id: str) -> None:
+        with self._lock:
+            hooks = self._hooks.pop(actor_id, [])
+        for callback in hooks:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - one hook's failure must not skip the others'
+                logging.getLogger(__name__).exception("a hook run as actor %s ended failed", actor_id)
+
+
+_ends = _ActorEnds()
+
+
+def at_actor_end(callback: Callable[[], None]) -> str | None:
+    """Run ``callback()`` once the actor handling the current message (on this thread, or
+    on a thread it started) ends: stopped, its mesh stopped, or its proc leaving by a
+    stop, on its own thread after its ``__cleanup__``. Returns that actor's id, or
+    ``None`` outside an actor (the client: nothing is kept, nothing will run)."""
+    actor_id = current_actor_id()
+    if actor_id is not None:
+        _ends.add(actor_id, callback)
+    return actor_id
+
+
+def current_actor_id() -> str | None:
+    """The id of the actor handling the current message (on this thread, or on a thread
+    it started); ``None`` outside an actor."""
+    ctx = current_context()
+    return None if ctx is None or ctx.actor_instance.mesh_name == "client" else ctx.actor_instance.actor_id
+
+
+def actor_ended(actor_id: str) -> None:
+    """Called by the actor's loop as it ends: runs its :func:`at_actor_end` hooks."""
+    _ends.run(actor_id)
+
+
 @contextlib.contextmanager
 def unowned():
     """Meshes spawned by this thread inside this block belong to the cluster, not to

@@ -55,8 +55,8 @@ from ..wire import interrupts, sockets
 from ..wire import port as wire_port
 from ..wire.remote_error import pack_exception
 from . import activity, call_chain, forked_child
-from .actor import (Actor, ActorInstance, Context, _set_current, endpoint_names, is_endpoint, set_message_rank,
-                    takes_port)
+from .actor import (Actor, ActorInstance, Context, _set_current, actor_ended, endpoint_names, is_endpoint,
+                    set_message_rank, takes_port)
 from .async_actor import AsyncServer
 from .stdio import end_of_call, set_call_origin
 
@@ -270,6 +270,7 @@ class ActorThread:
         try:
             self._construct_and_serve()
         finally:
+            actor_ended(self._instance_info.actor_id)  # e.g. the RDMA buffers it registered are released
             self.finished.set()
 
     def _construct_and_serve(self) -> None:

@@ -31,7 +31,10 @@ Liveness is checked on every transfer, before and after the copy: each registere
 buffer has a random 64-bit token in the owner's memory that :meth:`RDMABuffer.drop`
 clears, so a reader finds a dropped buffer (``RuntimeError``) instead of reading
 freed memory, and a transfer the owner dropped midway fails rather than returning torn
-data. An owner that is gone gives :class:`~monarch_nb.errors.SupervisionError`.
+data. A buffer belongs to the actor whose call made it (as in Monarch) and is dropped
+when that actor ends (stopped, or its mesh or proc stopped), releasing its memory; one
+made in a client lives until dropped. An owner process that is gone gives
+:class:`~monarch_nb.errors.SupervisionError`.
 Nothing here imports torch.
 """
 
@@ -129,6 +132,12 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def _dropped(buffer: "RDMABuffer") -> str:
+    if buffer._actor is None:
+        return f"{buffer!r} was dropped by its owner"
+    return f"{buffer!r} was dropped by its owner, actor {buffer._actor} (by drop(), or as it ended: an actor's buffers end with it)"
+
+
 class RDMABuffer:
     """A handle on 1-D contiguous memory of the process that made it, host memory or a
     CUDA tensor (see the module docstring). Picklable; :meth:`read_into`/:meth:`write_from`
@@ -144,7 +153,7 @@ class RDMABuffer:
         self._cuda = memory.device is not None
         self._readonly = memory.readonly  # a read-only memoryview's (bytes): write_from refuses it
         self._ipc = device.export(memory.device) if self._cuda else None
-        self._token, self._token_addr = _registry.add(memory)
+        self._token, self._token_addr, self._actor = _registry.add(memory)
         self._pid, self._boot = os.getpid(), _BOOT
         self._started = psutil.Process().create_time()
         self._server, self._cluster = _registry.address, _registry.cluster
@@ -184,7 +193,8 @@ class RDMABuffer:
         return RDMAAction().write_remote(self, src).submit(timeout=timeout)
 
     def drop(self) -> Future[None]:
-        """Release the memory: later transfers fail. A no-op outside the owner process."""
+        """Release the memory: later transfers fail. A no-op outside the owner process.
+        An actor's buffers are released when it ends, dropped or not."""
         if os.getpid() == self._pid and _registry.pid == self._pid:
             _registry.drop(self._token)
         return Future.finished(runtime(), "RDMABuffer.drop")
@@ -214,7 +224,7 @@ class RDMABuffer:
             if e.errno == errno.ESRCH:
                 raise SupervisionError(f"the owner of {self!r} is gone") from None
         if seen.value != self._token:
-            raise RuntimeError(f"{self!r} was dropped by its owner")
+            raise RuntimeError(_dropped(self))
 
     def _transfer(self, local: Local, nbytes: int, write: bool, deadline: float) -> None:
         self._check_owner()
@@ -292,6 +302,8 @@ class RDMABuffer:
                     continue  # counted; never acted on
                 value = message.value()
                 if not message.header[envelope.OK]:
+                    if message.header.get(rdma_ops.DROPPED):
+                        raise RuntimeError(_dropped(self))
                     raise unpack_exception(value)[0]
                 chunk = message.header[envelope.PORT]
                 if chunk in answered or not 0 <= chunk < sent:

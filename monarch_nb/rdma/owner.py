@@ -5,10 +5,12 @@ one-sided (the ``"tcp"`` backend; CUDA memory without CUDA IPC)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import secrets
 import threading
 
+from ..proc.actor import at_actor_end, current_actor_id
 from ..protocol import envelope, rdma_ops
 from ..wire import cuda
 from ..wire import frames as wire_frames
@@ -17,33 +19,59 @@ from ..wire.port import deliver
 from .memory import Local
 
 
+class _Dropped(RuntimeError):
+    """A request for a buffer that is not registered (any more)."""
+
+
 class Registry:
     """This process's registered buffers, and the IO thread that serves them over TCP."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.buffers: dict[int, tuple[Local, ctypes.c_uint64]] = {}  # token -> (memory, liveness cell)
+        # token -> (memory, liveness cell, the actor that owns it or None)
+        self.buffers: dict[int, tuple[Local, ctypes.c_uint64, str | None]] = {}
+        self._owned: dict[str, set[int]] = {}  # actor id -> the tokens of the live buffers it registered
         self.address: str | None = None
         self.cluster: str | None = None
         self.pid = os.getpid()
         self._staging: memoryview | None = None  # host memory a CUDA buffer's chunks are read through
 
-    def add(self, memory: Local) -> tuple[int, int]:
-        """Register ``memory``; returns its token and the address of its liveness cell
-        (which holds the token until :meth:`drop`, then 0)."""
+    def add(self, memory: Local) -> tuple[int, int, str | None]:
+        """Register ``memory``; returns its token, the address of its liveness cell
+        (which holds the token until :meth:`drop`, then 0) and the actor that owns it:
+        the one whose call runs now, ``None`` in a client. An actor's buffers are
+        dropped when it ends (Monarch's buffers belong to an actor): a notebook that
+        stops a mesh and spawns another for days must not pile up the memory of every
+        buffer the stopped actors never dropped."""
         token = secrets.randbits(63) | 1
         cell = ctypes.c_uint64(token)
+        owner, first = current_actor_id(), False
         with self.lock:
             if self.address is None:
                 self._start_server()
-            self.buffers[token] = (memory, cell)
-        return token, ctypes.addressof(cell)
+            self.buffers[token] = (memory, cell, owner)
+            if owner is not None:
+                first = owner not in self._owned
+                self._owned.setdefault(owner, set()).add(token)
+        if owner is not None and first:
+            at_actor_end(functools.partial(self.drop_all_of, owner))
+        return token, ctypes.addressof(cell), owner
 
     def drop(self, token: int) -> None:
         with self.lock:
             entry = self.buffers.pop(token, None)
+            if entry is not None and entry[2] is not None:
+                self._owned.get(entry[2], set()).discard(token)
         if entry is not None:
             entry[1].value = 0  # readers see it dropped from now on
+
+    def drop_all_of(self, owner: str) -> None:
+        """Drop every buffer actor ``owner`` registered and did not drop (it ended)."""
+        with self.lock:
+            tokens = self._owned.pop(owner, set())
+            entries = [self.buffers.pop(token) for token in tokens if token in self.buffers]
+        for _, cell, _ in entries:
+            cell.value = 0
 
     def _start_server(self) -> None:
         clusters = wire_frames.trusted_clusters()
@@ -65,15 +93,18 @@ class Registry:
             if envelope.REPLY not in header or envelope.PORT not in header:
                 wire_frames.count_dropped()  # signed, but nobody to answer: this thread serves on
                 continue
-            value, error = None, None
+            value, error, extra = None, None, None
             try:
                 value = self._answer(message)
             except Exception as e:  # noqa: BLE001 - every failure goes back to the reader
                 error = e
+                if isinstance(e, _Dropped):
+                    extra = {rdma_ops.DROPPED: True}
             try:
                 # A send returns once the value's bytes left this process, so the next
                 # request may reuse the staging memory they were read into.
-                deliver(outbox, cluster, header[envelope.REPLY], header[envelope.PORT], None, value, error)
+                deliver(outbox, cluster, header[envelope.REPLY], header[envelope.PORT], None, value, error,
+                        extra=extra)
             except Exception:  # noqa: BLE001 - a reader gone mid-reply: it times out; serve the next
                 pass
 
@@ -83,7 +114,7 @@ class Registry:
         with self.lock:
             entry = self.buffers.get(header[rdma_ops.TOKEN])
         if entry is None:
-            raise RuntimeError("the RDMABuffer was dropped by its owner")
+            raise _Dropped("the RDMABuffer was dropped by its owner")
         memory = entry[0]
         size = memory.nbytes
         offset = header.get(rdma_ops.OFFSET, 0)
