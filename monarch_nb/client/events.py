@@ -20,8 +20,6 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Callable
 
-import zmq
-
 from ..protocol import envelope, events
 from ..wire import frames as wire_frames
 from ..wire import sockets
@@ -81,8 +79,8 @@ class EventReceiver:
             # can lose the CPU for longer than the fold window, and batches that arrived
             # meanwhile must be folded in before anything counts as due.
             now = time.time()
-            while self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                self._receive(sockets.recv_frames(self._sock, zmq.NOBLOCK))
+            while self._sock.getsockopt(sockets.EVENTS) & sockets.POLLIN:
+                self._receive(sockets.recv_frames(self._sock, sockets.NOBLOCK))
             self._lines.emit_due(now)
 
     def _receive(self, frames) -> None:

@@ -506,9 +506,13 @@ class Router:
             self._drain()
 
     def _drain(self) -> None:
+        """Take in what is queued (a poll found some), at most ``DRAIN_MAX`` messages.
+        Whether more is queued is asked of EVENTS, not of a receive that fails: pyzmq's
+        ``Again`` costs a string decode and an exception, a few times per call."""
+        inbox = self.inbox
         for _ in range(DRAIN_MAX):
             try:
-                frames = sockets.recv_frames(self.inbox, zmq.NOBLOCK)
+                frames = sockets.recv_frames(inbox, sockets.NOBLOCK)
             except zmq.Again:
                 return
             try:
@@ -517,6 +521,8 @@ class Router:
                 wire_frames.count_dropped()
                 print(f"monarch_nb router {self.host_id}: dropped a message ({type(e).__name__}: {e})",
                       file=sys.stderr)
+            if not inbox.getsockopt(sockets.EVENTS) & sockets.POLLIN:
+                return
 
     def _handle(self, frames: list) -> None:
         try:

@@ -39,7 +39,7 @@ from . import call_chain
 from .actor import is_concurrent, set_message_rank
 from .stdio import set_call_origin
 
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+_EVENTS, _POLLIN = sockets.EVENTS, sockets.POLLIN
 STOP_CANCEL_S = 5.0  # how long a stop waits for cancelled calls to unwind before ending the loop
 
 
@@ -172,7 +172,7 @@ class AsyncServer:
         while not self._stopped.done() and inbox.getsockopt(_EVENTS) & _POLLIN:
             self._drained_at = time.monotonic()
             try:
-                message = wire_frames.decode(sockets.recv_frames(inbox, zmq.NOBLOCK), self.guard)
+                message = wire_frames.decode(sockets.recv_frames(inbox, sockets.NOBLOCK), self.guard)
             except wire_frames.BadMessage:
                 continue
             try:

@@ -29,8 +29,7 @@ from . import frames as wire_frames
 from . import sockets
 from .interrupts import checkpoint, guard_main_thread, protected, sleep_on
 
-# Plain ints: pyzmq's enum arithmetic is a measurable part of a round trip.
-_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+_EVENTS, _POLLIN, _NOBLOCK = sockets.EVENTS, sockets.POLLIN, sockets.NOBLOCK  # (plain ints: see there)
 _CHUNK_S = 0.05  # how long one holder of the inbox polls before re-checking
 CHECK_S = 0.5  # how often a request's ``check`` runs while it waits
 

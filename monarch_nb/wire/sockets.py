@@ -31,7 +31,8 @@ from .interrupts import protected
 SEND_LINGER_MS = 2000
 
 _SNDMORE = int(zmq.SNDMORE)
-_NOBLOCK = int(zmq.NOBLOCK)
+# pyzmq's flags as plain ints, for the hot loops: its enums' ``&`` runs in Python.
+NOBLOCK, EVENTS, POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
 
 # Sending sockets to peers that are gone (a client whose kernel restarted) must not
 # pile up: libzmq retries each every 100 ms by default. Back off to 1 s, and close a
@@ -151,7 +152,7 @@ def recv_frames(sock: zmq.Socket, flags: int = 0) -> list:
     (without ``zmq.NOBLOCK``) until one is there; a wait while this thread's inbox holds
     half-received streams counts toward dropping them (``stream.wait_idle``)."""
     reading = stream.reading
-    if not flags & _NOBLOCK:
+    if not flags & NOBLOCK:
         held = getattr(reading, "streams", None)
         if held is not None and held[1] is sock and held[0]:
             stream.wait_idle(held[0], sock.poll)  # a half stream of a dead sender goes while this waits
