@@ -56,6 +56,38 @@ def test_a_small_message_travels_as_one_frame_that_is_checked_like_three():
         frames.decode([packed], guard)
 
 
+def test_a_lone_frame_that_is_no_packed_frame_set_is_dropped():
+    frames.register_key("t", b"k" * 32)
+    packed = frames.pack(frames.encode("t", {"a": 1}, b"body"))
+    at = len(frames.PACKED) + 8  # where the packed prefix starts
+    before = frames.dropped()
+    bad = [
+        b"MNB1" + packed[4:],  # not the packed marker
+        packed[:at] + b"XXXX" + packed[at + 4:],  # a prefix without the frame set's magic
+        packed + bytes(2 * frames.shm.MIN_BYTES + 4096),  # larger than any packed frame: refused uncopied
+        packed[:at + 40],  # cut inside its prefix
+    ]
+    for frame in bad:
+        with pytest.raises(frames.BadMessage):
+            frames.decode([frame], frames.ReplayGuard())
+    assert frames.dropped() == before + len(bad)
+
+
+def test_the_small_message_path_signs_as_the_general_one():
+    # encode writes most messages out on a path of its own (bytes, no buffers): what it
+    # makes must be what the general path (a memoryview body) makes, frame for frame
+    # but the stamp, and both are checked alike, packed or not.
+    frames.register_key("t", b"k" * 32)
+    for body in (None, b"", b"body", bytes(10_000)):
+        fast = frames.encode("t", {"a": 1}, body)
+        general = frames.encode("t", {"a": 1}, memoryview(body) if body is not None else None, [])
+        assert [bytes(f) for f in fast[1:]] == [bytes(f) for f in general[1:]]
+        for made in (fast, general):
+            for sent in (made, [frames.pack(made)]):
+                message = frames.decode(sent, frames.ReplayGuard())
+                assert message.header == {"a": 1} and bytes(message.body or b"") == (body or b"")
+
+
 def test_a_large_buffer_changed_by_one_byte_or_moved_between_frames_is_rejected():
     frames.register_key("t", b"k" * 32)
     big = bytearray(frames.BLAKE3_MIN_BYTES * 3)
