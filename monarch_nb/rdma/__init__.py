@@ -135,7 +135,8 @@ os.register_at_fork(after_in_child=_after_fork)
 def _dropped(buffer: "RDMABuffer") -> str:
     if buffer._actor is None:
         return f"{buffer!r} was dropped by its owner"
-    return f"{buffer!r} was dropped by its owner, actor {buffer._actor} (by drop(), or as it ended: an actor's buffers end with it)"
+    return (f"{buffer!r} was dropped by its owner, actor {buffer._actor} (by drop(), or as it ended: an actor's "
+            "buffers end with it)")
 
 
 class RDMABuffer:

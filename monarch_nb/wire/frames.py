@@ -246,6 +246,13 @@ def _mac(keys: _Keys, stamp: bytes, parts) -> bytes:
     return mac.digest()
 
 
+def _mac_small(keys: _Keys, stamp: bytes, header: bytes, body: bytes) -> bytes:
+    """:func:`_mac` of a frame set of a header and a body only, both small: one update."""
+    mac = keys.hmac.copy()
+    mac.update(b"".join((stamp, _LEN.pack(len(header)), header, _LEN.pack(len(body)), body)))
+    return mac.digest()
+
+
 def _mac_routed(keys: _Keys, stamp: bytes, parts, segments: dict, digests: dict | None = None) -> bytes:
     """:func:`_mac` of a frame set signed as it left (:func:`route`): a frame moved to a
     shared-memory segment enters as that segment's name, not its contents (``wire.shm``
@@ -300,9 +307,7 @@ def encode(cluster_id: str, header: dict, body: bytes | None = None, buffers=(),
         if size >= shm.MIN_BYTES or size > max_message_bytes():
             return _encode_parts(cid, [header_bytes, body], size, sign_at_send)
         stamp = _stamp()
-        mac = _keys[cid].hmac.copy()
-        mac.update(b"".join((stamp, _LEN.pack(len(header_bytes)), header_bytes, _LEN.pack(len(body)), body)))
-        return [MAGIC + mac.digest() + stamp + cid, header_bytes, body]
+        return [MAGIC + _mac_small(_keys[cid], stamp, header_bytes, body) + stamp + cid, header_bytes, body]
     if body is not None and not isinstance(body, bytes):
         # A body received without a copy (a zmq.Frame, as a router passes one on): a view
         # of it, since pyzmq can't track the sending of a Frame it did not make with tracking.
@@ -310,7 +315,6 @@ def encode(cluster_id: str, header: dict, body: bytes | None = None, buffers=(),
     parts = [pickle.dumps(header, protocol=5), body if body is not None else b""]
     parts.extend(memoryview(b).cast("B") if not isinstance(b, bytes) else b for b in buffers)
     return _encode_parts(cid, parts, sum(memoryview(p).nbytes for p in parts), sign_at_send)
-
 
 
 def _encode_parts(cid: bytes, parts: list, size: int, sign_at_send: bool) -> list:
@@ -477,9 +481,7 @@ def _decode_packed(frame: bytes, guard: ReplayGuard | None) -> Message:
             raise BadMessage("unknown cluster id")
         stamp = prefix[_STAMP_AT]
         header_bytes, body = frame[header_at:body_at], frame[body_at:]
-        mac = key.hmac.copy()
-        mac.update(b"".join((stamp, _LEN.pack(header_len), header_bytes, _LEN.pack(len(body)), body)))
-        if not hmac.compare_digest(mac.digest(), prefix[_SIG]):
+        if not hmac.compare_digest(_mac_small(key, stamp, header_bytes, body), prefix[_SIG]):
             raise BadMessage("bad signature")
         sender, seq, sent_at = _STAMP.unpack(stamp)
         if guard is not None and not guard.accept(sender, seq, sent_at):
@@ -488,7 +490,7 @@ def _decode_packed(frame: bytes, guard: ReplayGuard | None) -> Message:
             header = pickle.loads(header_bytes)
         except Exception as e:  # signed, so not hostile, but not ours to act on
             raise BadMessage(f"unreadable header: {e!r}") from None
-        if type(header) is not dict:
+        if not isinstance(header, dict):
             raise BadMessage("header is not a dict")
     except BadMessage:
         with _dropped_lock:
