@@ -79,7 +79,7 @@ class EventReceiver:
             # can lose the CPU for longer than the fold window, and batches that arrived
             # meanwhile must be folded in before anything counts as due.
             now = time.time()
-            while self._sock.getsockopt(sockets.EVENTS) & sockets.POLLIN:
+            while sockets.queued(self._sock):
                 self._receive(sockets.recv_frames(self._sock, sockets.NOBLOCK))
             self._lines.emit_due(now)
 

@@ -147,6 +147,12 @@ def bind_inbox(ctx: zmq.Context | None = None, prefer: str | None = None) -> tup
     return sock, f"tcp://{host}:{port}"
 
 
+def queued(sock: zmq.Socket) -> bool:
+    """Whether a message is waiting on ``sock`` now (its EVENTS: cheaper than a receive
+    that fails with ``zmq.Again``, which costs pyzmq an exception and a string decode)."""
+    return bool(int(sock.getsockopt(EVENTS)) & POLLIN)
+
+
 def recv_frames(sock: zmq.Socket, flags: int = 0) -> list:
     """Receive one frame set; large frames stay zero-copy ``zmq.Frame`` objects. Blocks
     (without ``zmq.NOBLOCK``) until one is there; a wait while this thread's inbox holds
