@@ -68,10 +68,14 @@ class Registry:
     def drop_all_of(self, owner: str) -> None:
         """Drop every buffer actor ``owner`` registered and did not drop (it ended)."""
         with self.lock:
-            tokens = self._owned.pop(owner, set())
-            entries = [self.buffers.pop(token) for token in tokens if token in self.buffers]
+            entries = self._take(self._owned.pop(owner, set()))
         for _, cell, _ in entries:
             cell.value = 0
+
+    def _take(self, tokens: set[int]) -> list:
+        """Unregister ``tokens``' buffers; their entries. The caller holds ``lock`` (a loop
+        of its own, outside the ``with``: see monarch_nb.wire.interrupts)."""
+        return [self.buffers.pop(token) for token in tokens if token in self.buffers]
 
     def _start_server(self) -> None:
         clusters = wire_frames.trusted_clusters()
