@@ -455,6 +455,22 @@ def pack(frames: list) -> bytes:
     return b"".join((PACKED, _PACKED_LENS.pack(len(prefix), len(header)), prefix, header, body))
 
 
+def _fresh_header(stamp: bytes, header_bytes, guard: ReplayGuard | None) -> tuple[dict, float]:
+    """The header of a frame set whose signature checked, and when it was sent: raises
+    :class:`BadMessage` when ``guard`` saw its stamp (a replay) or the header is not a
+    readable dict. The last checks of :func:`decode`, on either path."""
+    sender, seq, sent_at = _STAMP.unpack(stamp)
+    if guard is not None and not guard.accept(sender, seq, sent_at):
+        raise BadMessage("replayed")
+    try:
+        header = pickle.loads(header_bytes)
+    except Exception as e:  # signed, so not hostile, but not ours to act on
+        raise BadMessage(f"unreadable header: {e!r}") from None
+    if not isinstance(header, dict):
+        raise BadMessage("header is not a dict")
+    return header, sent_at
+
+
 _PACKED_AT = len(PACKED) + _PACKED_LENS.size  # where a packed frame's prefix starts
 # No packed frame is larger (its header and body are each under shared memory's
 # threshold: needs_route); a larger lone frame is refused before it is copied.
@@ -483,15 +499,7 @@ def _decode_packed(frame: bytes, guard: ReplayGuard | None) -> Message:
         header_bytes, body = frame[header_at:body_at], frame[body_at:]
         if not hmac.compare_digest(_mac_small(key, stamp, header_bytes, body), prefix[_SIG]):
             raise BadMessage("bad signature")
-        sender, seq, sent_at = _STAMP.unpack(stamp)
-        if guard is not None and not guard.accept(sender, seq, sent_at):
-            raise BadMessage("replayed")
-        try:
-            header = pickle.loads(header_bytes)
-        except Exception as e:  # signed, so not hostile, but not ours to act on
-            raise BadMessage(f"unreadable header: {e!r}") from None
-        if not isinstance(header, dict):
-            raise BadMessage("header is not a dict")
+        header, sent_at = _fresh_header(stamp, header_bytes, guard)
     except BadMessage:
         with _dropped_lock:
             _dropped += 1
@@ -541,15 +549,7 @@ def decode(frames: list, guard: ReplayGuard | None) -> Message:
             else _mac(key, stamp, parts)
         if not hmac.compare_digest(signature, prefix[_SIG]):
             raise BadMessage("bad signature")
-        sender, seq, sent_at = _STAMP.unpack(stamp)
-        if guard is not None and not guard.accept(sender, seq, sent_at):
-            raise BadMessage("replayed")
-        try:
-            header = pickle.loads(parts[0])
-        except Exception as e:  # signed, so not hostile, but not ours to act on
-            raise BadMessage(f"unreadable header: {e!r}") from None
-        if not isinstance(header, dict):
-            raise BadMessage("header is not a dict")
+        header, sent_at = _fresh_header(stamp, parts[0], guard)
     except BadMessage:
         with _dropped_lock:
             _dropped += 1
