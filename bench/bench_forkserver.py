@@ -1,13 +1,19 @@
 """Spawn with the host's forkserver against fresh interpreters (issue 24 item 6).
 
-    .venv/bin/python bench/bench_forkserver.py [--sizes 8 32 128] [--reps 2]
+    .venv/bin/python bench/bench_forkserver.py [--sizes 8 32 128] [--reps 2] [--preload torch]
 
 For each N, interleaved in one run: the floor, N bare interpreters importing what a proc
 imports (``python -c 'import monarch_nb.proc.__main__'``) started in parallel and waited
 for; ``spawn_procs(per_host={"gpus": N})`` on a cluster whose agent forks procs (the
 default); and the same on a cluster started with ``MONARCH_NB_FORKSERVER=0`` (every proc
-a fresh interpreter, as before the forkserver). Medians of ``reps`` seconds. Runs in an
-isolated MONARCH_NB_HOME; exit status 1 if a process is left behind.
+a fresh interpreter, as before the forkserver). Medians of ``reps`` seconds.
+
+Then, with ``--preload`` (``MONARCH_NB_PROC_PRELOAD``; default ``torch`` where it is
+installed) on both clusters, a full ``gc.collect()`` in each of 8 procs: its CPU ms and
+the proc's unique and proportional memory after it (USS, PSS), forked against fresh.
+A forked proc's collections skip what the forkserver preloaded (``host.forkserver``).
+
+Runs in an isolated MONARCH_NB_HOME; exit status 1 if a process is left behind.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ from tidy import bare_interpreters, isolated_home, stop_and_check
 _OWN_HOME = isolated_home()  # before monarch_nb is imported
 
 import argparse  # noqa: E402
+import importlib.util  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
 import monarch_nb  # noqa: E402
+from monarch_nb.host.forkserver import PRELOAD_ENV  # noqa: E402
 from monarch_nb.host.proc_launcher import FORKSERVER_ENV  # noqa: E402
 
 
@@ -34,10 +42,38 @@ def spawn(cluster, n: int, i: int) -> float:
     return took
 
 
+def collections(name: str, preload: str, forked: bool, own_home: str | None,
+                procs: int = 8) -> tuple[dict[str, float], int]:
+    """Median over ``procs`` procs of a full collection's figures (``Collector``), on a
+    cluster of its own whose procs have imported ``preload``: forked from a forkserver
+    that preloaded it, or fresh interpreters that import it first. Also returns
+    :func:`stop_and_check`'s status."""
+    from bench_echo import Collector
+
+    os.environ[PRELOAD_ENV] = preload
+    if not forked:
+        os.environ[FORKSERVER_ENV] = "0"
+    try:
+        cluster = monarch_nb.Cluster.start(name)
+    finally:
+        os.environ.pop(PRELOAD_ENV)
+        os.environ.pop(FORKSERVER_ENV, None)
+    try:
+        mesh = cluster.host_mesh().spawn_procs(per_host={"gpus": procs})
+        figures = [f for _, f in mesh.spawn("collector", Collector).collect.call(preload).get()]
+        mesh.stop().get()
+    finally:
+        status = stop_and_check(cluster, own_home)
+    return {key: statistics.median(f[key] for f in figures) for key in figures[0]}, status
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 128])
     parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--preload", default="torch" if importlib.util.find_spec("torch") else "",
+                        help="what the procs of the collection figures import (MONARCH_NB_PROC_PRELOAD where forked; "
+                             "default: torch, where installed)")
     args = parser.parse_args()
     forked = monarch_nb.Cluster.start("bench-forked")
     os.environ[FORKSERVER_ENV] = "0"  # inherited by the next cluster's hub and agents
@@ -58,7 +94,14 @@ def main() -> int:
                   flush=True)
     finally:
         status = stop_and_check(fresh, None)
-        status |= stop_and_check(forked, _OWN_HOME)
+        status |= stop_and_check(forked, None)
+    print(f"\na full gc.collect() in a proc that imported {args.preload or 'nothing more'} (median of 8 procs)")
+    print(f"{'':>7} {'CPU ms':>8} {'USS MiB':>8} {'PSS MiB':>8}")
+    for name, is_forked in (("fresh", False), ("forked", True)):
+        gc_figures, left = collections(f"bench-gc-{name}", args.preload, is_forked, _OWN_HOME if is_forked else None)
+        status |= left
+        print(f"{name:>7} {gc_figures['gc_cpu_ms']:>8.1f} {gc_figures['uss_mib']:>8.1f} "
+              f"{gc_figures['pss_mib']:>8.1f}", flush=True)
     return status
 
 

@@ -7,6 +7,7 @@ spawn starts fresh interpreters."""
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import signal
@@ -29,7 +30,8 @@ class Probe(Actor):
 
         parent = psutil.Process(os.getppid())
         print(f"probe says hello from {os.getpid()}", flush=True)
-        return {"pid": os.getpid(), "parent_cmdline": parent.cmdline(), "cwd": os.getcwd(),
+        return {"pid": os.getpid(), "parent_cmdline": parent.cmdline(), "cmdline": psutil.Process().cmdline(),
+                "cwd": os.getcwd(),
                 "random": random.random(), "numpy": float(numpy.random.random()),
                 "argv0": sys.argv[0], "env": os.environ.get("FORKSERVER_TEST"),
                 "rank_env": os.environ.get("RANK")}
@@ -40,9 +42,38 @@ class Probe(Actor):
 
         return preload_probe.VALUE
 
+    @endpoint
+    def collector(self) -> dict:
+        gc.collect()
+        return {"pid": os.getpid(), "enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
+                "walked": len(gc.get_objects())}
+
 
 def _is_forkserver(cmdline: list[str]) -> bool:
     return "monarch_nb.host.forkserver" in cmdline
+
+
+# A preloaded module: VALUE, and a reference cycle whose __del__ leaves a mark named
+# for the proc that finalizes it (PRELOAD_MARKS: the folder).
+PRELOAD_PROBE = """
+import os
+VALUE = "agent's"
+
+
+class _Cycle:
+    def __init__(self):
+        self.me = self
+        self.os = os  # (the module's globals are None by the time a finalizer runs)
+
+    def __del__(self):
+        folder = self.os.environ.get("PRELOAD_MARKS")
+        if folder:
+            with open(self.os.path.join(folder, f"del-{self.os.getpid()}"), "w") as f:
+                f.write("finalized")
+
+
+held = _Cycle()
+"""
 
 
 @pytest.fixture
@@ -51,8 +82,10 @@ def preloading_cluster(tmp_path, monkeypatch):
     on the agents' PYTHONPATH, whose VALUE is "agent's")."""
     agents = tmp_path / "agents"
     agents.mkdir()
-    (agents / "preload_probe.py").write_text("VALUE = \"agent's\"\n")
+    (agents / "preload_probe.py").write_text(PRELOAD_PROBE)
     monkeypatch.setenv("PYTHONPATH", str(agents))
+    monkeypatch.syspath_prepend(str(agents))  # the procs' path (the client's) finds the same copy: forked
+    monkeypatch.setenv("PRELOAD_MARKS", str(tmp_path / "marks"))
     monkeypatch.setenv("MONARCH_NB_PROC_PRELOAD", "numpy,preload_probe")
     monkeypatch.setenv("FORKSERVER_TEST", "inherited")
     c = Cluster.start_ephemeral()
@@ -66,6 +99,7 @@ def test_a_forked_proc_is_what_a_started_one_would_be(preloading_cluster, tmp_pa
     procs = preloading_cluster.this_host().spawn_procs(per_host={"gpus": 3})
     facts = [f for _, f in procs.spawn("probe", Probe).facts.call().get(timeout=BOUND_S)]
     assert all(_is_forkserver(f["parent_cmdline"]) for f in facts), facts  # forked, not started
+    assert all(_is_forkserver(f["cmdline"]) for f in facts), facts  # and not exec'd afresh in the child
     assert len({f["pid"] for f in facts}) == 3
     assert len({f["random"] for f in facts}) == 3, "each proc has its own random state"
     assert len({f["numpy"] for f in facts}) == 3, "numpy preloaded: each proc reseeded"
@@ -74,6 +108,23 @@ def test_a_forked_proc_is_what_a_started_one_would_be(preloading_cluster, tmp_pa
     assert all(f["argv0"].endswith(os.path.join("monarch_nb", "proc", "__main__.py")) for f in facts)
     lines = wait_until(lambda: preloading_cluster.logs(mesh="probe", grep="probe says hello"), BOUND_S)
     assert len(lines) == 3, "each forked proc's stdout reaches the cluster's logs"
+
+
+def test_a_forked_procs_collections_skip_the_preload_and_its_stop_still_finalizes_it(preloading_cluster,
+                                                                                      tmp_path):
+    # Each full collection of a proc walked every object the forkserver had imported
+    # (with torch, ~0.3 s of every gc.collect() in every rank) and copied the pages they
+    # shared with the proc's siblings.
+    (tmp_path / "marks").mkdir()
+    procs = preloading_cluster.this_host().spawn_procs(per_host={"gpus": 2})
+    states = [s for _, s in procs.spawn("probe", Probe).collector.call().get(timeout=BOUND_S)]
+    for state in states:
+        assert state["enabled"], state
+        assert state["frozen"] > 10_000, state  # monarch_nb, numpy, preload_probe
+        assert state["walked"] < state["frozen"], state
+    procs.stop().get(timeout=BOUND_S)
+    # The preloaded module's cycle is still finalized when its proc stops.
+    assert {p.name for p in (tmp_path / "marks").iterdir()} == {f"del-{s['pid']}" for s in states}
 
 
 def test_a_proc_whose_path_imports_another_copy_is_started_fresh(preloading_cluster, tmp_path, monkeypatch):

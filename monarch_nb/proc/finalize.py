@@ -60,6 +60,10 @@ def finalize_user_code() -> None:
             _clear_globals(vars(module))
         except BaseException:  # noqa: BLE001
             traceback.print_exc()
+    # What the forkserver preloaded (a user's module among it) is frozen there
+    # (host.forkserver): the proc's last collection must see it too, or a cycle of it
+    # with a __del__ would never be finalized.
+    gc.unfreeze()
     gc.collect()
 
 
