@@ -15,6 +15,13 @@ class Echo(Actor):
     def ping(self, x=None):
         return x
 
+    @endpoint
+    def loop_module(self) -> str:
+        """The module whose loop serves this actor (``bench/bare_actor_loop.py`` replaces it)."""
+        from monarch_nb.proc.actor_loop import ActorThread
+
+        return ActorThread._serve.__module__
+
 
 class Busy(Actor):
     """Tells its pid, or keeps a call waiting for ``seconds``: what supervision benchmarks kill."""
