@@ -25,7 +25,7 @@ Runs in an isolated MONARCH_NB_HOME; exit status 1 if a process of a cluster is 
 
 from __future__ import annotations
 
-from tidy import WATCH_PARENT, isolated_home, stop_and_check
+from tidy import isolated_home, stop_and_check
 
 _OWN_HOME = isolated_home()  # before monarch_nb is imported
 
@@ -40,19 +40,11 @@ import zmq  # noqa: E402
 
 import monarch_nb  # noqa: E402
 from bench_echo import Echo  # noqa: E402
-from bench_message_cost import threads  # noqa: E402
+from bench_message_cost import ONE_DEALER, threads  # noqa: E402
 from monarch_nb.host.forkserver import PRELOAD_ENV  # noqa: E402
 from monarch_nb.protocol import router_ops  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
-ECHO = WATCH_PARENT + r"""
-import zmq
-s = zmq.Context().socket(zmq.DEALER)
-s.connect(sys.argv[1])
-s.send(b"ready")
-while True:
-    s.send(s.recv())
-"""
 
 
 def per_proc(pids: list[int], one_round, rounds: int) -> dict[str, float]:
@@ -106,7 +98,7 @@ def main() -> int:
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    echoes = [subprocess.Popen([sys.executable, "-c", ECHO, f"tcp://127.0.0.1:{port}"]) for _ in range(n)]
+    echoes = [subprocess.Popen([sys.executable, "-c", ONE_DEALER, f"tcp://127.0.0.1:{port}"]) for _ in range(n)]
     clusters = []
     status = 0
     try:
