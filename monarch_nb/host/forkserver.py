@@ -238,10 +238,10 @@ def main() -> None:
         return
     # What the preload made lives as long as the procs (modules, classes, functions):
     # frozen, a proc's full collection no longer walks it (with torch preloaded ~170,000
-    # objects, ~0.3 s of every full gc.collect() in every rank) nor writes to their
-    # headers, which made each proc copy pages it shared with its siblings (+31 MiB
-    # each). Python's own recipe for a parent that forks (the gc module's docs); the
-    # garbage the imports left is collected first, so none of it is kept.
+    # objects, ~0.1 s of CPU in every full gc.collect() of every rank) nor writes to
+    # their headers, which made each proc copy pages it shared with its siblings (+30 MiB
+    # each; bench/bench_forkserver.py). Python's own recipe for a parent that forks (the
+    # gc module's docs); the garbage the imports left is collected first, not kept.
     gc.collect()
     gc.freeze()
     _send(sock, **{ops.READY: imported, ops.PRELOAD_FAILED: failed})
