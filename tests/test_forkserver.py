@@ -106,8 +106,8 @@ def test_a_forked_proc_is_what_a_started_one_would_be(preloading_cluster, tmp_pa
     assert {f["cwd"] for f in facts} == {str(tmp_path)}  # the client's working directory, as before
     assert {f["env"] for f in facts} == {"inherited"}
     assert all(f["argv0"].endswith(os.path.join("monarch_nb", "proc", "__main__.py")) for f in facts)
-    lines = wait_until(lambda: preloading_cluster.logs(mesh="probe", grep="probe says hello"), BOUND_S)
-    assert len(lines) == 3, "each forked proc's stdout reaches the cluster's logs"
+    assert wait_until(lambda: len(preloading_cluster.logs(mesh="probe", grep="probe says hello")) == 3, BOUND_S), \
+        "each forked proc's stdout reaches the cluster's logs"
 
 
 def test_a_forked_procs_collections_skip_the_preload_and_its_stop_still_finalizes_it(preloading_cluster,
