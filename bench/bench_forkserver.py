@@ -8,10 +8,11 @@ for; ``spawn_procs(per_host={"gpus": N})`` on a cluster whose agent forks procs 
 default); and the same on a cluster started with ``MONARCH_NB_FORKSERVER=0`` (every proc
 a fresh interpreter, as before the forkserver). Medians of ``reps`` seconds.
 
-Then, with ``--preload`` (``MONARCH_NB_PROC_PRELOAD``; default ``torch`` where it is
-installed) on both clusters, a full ``gc.collect()`` in each of 8 procs: its CPU ms and
-the proc's unique and proportional memory after it (USS, PSS), forked against fresh.
-A forked proc's collections skip what the forkserver preloaded (``host.forkserver``).
+Then a full ``gc.collect()`` in each of 8 procs that imported ``--preload`` (default
+``torch``, where it is installed): its CPU ms and the proc's unique and proportional
+memory after it (USS, PSS), on two clusters of their own: procs forked from a forkserver
+that preloaded it (``MONARCH_NB_PROC_PRELOAD``), whose collections skip what it imported
+(``host.forkserver``), against fresh interpreters that import it first.
 
 Runs in an isolated MONARCH_NB_HOME; exit status 1 if a process is left behind.
 """

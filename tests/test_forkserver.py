@@ -78,8 +78,8 @@ held = _Cycle()
 
 @pytest.fixture
 def preloading_cluster(tmp_path, monkeypatch):
-    """A cluster whose forkserver preloads numpy and ``preload_probe`` (from a folder
-    on the agents' PYTHONPATH, whose VALUE is "agent's")."""
+    """A cluster whose forkserver preloads numpy and ``preload_probe`` (PRELOAD_PROBE, from
+    a folder on the agents' PYTHONPATH and the client's path), so its procs are forked."""
     agents = tmp_path / "agents"
     agents.mkdir()
     (agents / "preload_probe.py").write_text(PRELOAD_PROBE)
@@ -113,8 +113,8 @@ def test_a_forked_proc_is_what_a_started_one_would_be(preloading_cluster, tmp_pa
 def test_a_forked_procs_collections_skip_the_preload_and_its_stop_still_finalizes_it(preloading_cluster,
                                                                                       tmp_path):
     # Each full collection of a proc walked every object the forkserver had imported
-    # (with torch, ~0.3 s of every gc.collect() in every rank) and copied the pages they
-    # shared with the proc's siblings.
+    # (with torch, ~0.1 s of CPU in every gc.collect() of every rank) and copied the
+    # pages they shared with the proc's siblings.
     (tmp_path / "marks").mkdir()
     procs = preloading_cluster.this_host().spawn_procs(per_host={"gpus": 2})
     states = [s for _, s in procs.spawn("probe", Probe).collector.call().get(timeout=BOUND_S)]
