@@ -25,7 +25,7 @@ Runs in an isolated MONARCH_NB_HOME; exit status 1 if a process of a cluster is 
 
 from __future__ import annotations
 
-from tidy import isolated_home, stop_and_check
+from tidy import isolated_home, start_cluster, stop_and_check
 
 _OWN_HOME = isolated_home()  # before monarch_nb is imported
 
@@ -38,7 +38,6 @@ from pathlib import Path  # noqa: E402
 
 import zmq  # noqa: E402
 
-import monarch_nb  # noqa: E402
 from bench_echo import Echo  # noqa: E402
 from bench_message_cost import ONE_DEALER, threads  # noqa: E402
 from monarch_nb.host.forkserver import PRELOAD_ENV  # noqa: E402
@@ -66,26 +65,19 @@ def per_proc(pids: list[int], one_round, rounds: int) -> dict[str, float]:
     return {"wall_ms": wall, "io_us": cpu["io"] / scale, "python_us": cpu["python"] / scale}
 
 
-def cluster_round(name: str, hosts: int, env: dict[str, str], loop: str):
-    """A cluster of ``hosts`` local hosts x 8 procs started with ``env`` added, its
-    procs' pids and one direct call over its Echo mesh, whose actors are checked to be
-    served by the loop of module ``loop``."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        cluster = monarch_nb.Cluster.start(name, hosts=hosts)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k)
-            else:
-                os.environ[k] = v
+def cluster_round(clusters: list, name: str, hosts: int, env: dict[str, str], loop: str):
+    """A cluster of ``hosts`` local hosts x 8 procs started with ``env`` added (and put
+    in ``clusters`` at once, to be stopped whatever happens next): its procs' pids and
+    one direct call over its Echo mesh, whose actors are checked to be served by the
+    loop of module ``loop``."""
+    cluster = start_cluster(name, env, hosts=hosts)
+    clusters.append(cluster)
     procs = cluster.host_mesh().spawn_procs(per_host={"gpus": 8})
     mesh = procs.spawn("echo", Echo)
     served_by = set(mesh.loop_module.call().get().values())
     if served_by != {loop}:
         raise RuntimeError(f"{name}: actors served by {served_by}, not {loop}")
-    return cluster, list(procs.pids), lambda: mesh.ping.call().get()
+    return list(procs.pids), lambda: mesh.ping.call().get()
 
 
 def main() -> int:
@@ -111,11 +103,9 @@ def main() -> int:
                 router.recv_multipart()
 
         python_path = os.pathsep.join(filter(None, [str(BENCH), os.environ.get("PYTHONPATH")]))
-        full, full_pids, full_round = cluster_round("fanout-cost", args.hosts, {}, "monarch_nb.proc.actor_loop")
-        clusters.append(full)
-        bare, bare_pids, bare_round = cluster_round("fanout-bare", args.hosts, {
+        full_pids, full_round = cluster_round(clusters, "fanout-cost", args.hosts, {}, "monarch_nb.proc.actor_loop")
+        bare_pids, bare_round = cluster_round(clusters, "fanout-bare", args.hosts, {
             PRELOAD_ENV: "bare_actor_loop", "PYTHONPATH": python_path}, "bare_actor_loop")
-        clusters.append(bare)
         print(f"a call over {n} actors ({args.hosts} local hosts x 8), {args.rounds} rounds; "
               "CPU per round per proc")
         print(f"{'':>12} {'wall ms':>8} {'x raw':>6} {'zmq I/O µs':>11} {'Python µs':>10} {'total µs':>9}")

@@ -19,13 +19,12 @@ Runs in an isolated MONARCH_NB_HOME; exit status 1 if a process is left behind.
 
 from __future__ import annotations
 
-from tidy import bare_interpreters, isolated_home, stop_and_check
+from tidy import bare_interpreters, isolated_home, start_cluster, stop_and_check
 
 _OWN_HOME = isolated_home()  # before monarch_nb is imported
 
 import argparse  # noqa: E402
 import importlib.util  # noqa: E402
-import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -51,14 +50,7 @@ def collections(name: str, preload: str, forked: bool, own_home: str | None,
     :func:`stop_and_check`'s status."""
     from bench_echo import Collector
 
-    os.environ[PRELOAD_ENV] = preload
-    if not forked:
-        os.environ[FORKSERVER_ENV] = "0"
-    try:
-        cluster = monarch_nb.Cluster.start(name)
-    finally:
-        os.environ.pop(PRELOAD_ENV)
-        os.environ.pop(FORKSERVER_ENV, None)
+    cluster = start_cluster(name, {PRELOAD_ENV: preload} if forked else {FORKSERVER_ENV: "0"})
     try:
         mesh = cluster.host_mesh().spawn_procs(per_host={"gpus": procs})
         figures = [f for _, f in mesh.spawn("collector", Collector).collect.call(preload).get()]
@@ -77,9 +69,7 @@ def main() -> int:
                              "default: torch, where installed)")
     args = parser.parse_args()
     forked = monarch_nb.Cluster.start("bench-forked")
-    os.environ[FORKSERVER_ENV] = "0"  # inherited by the next cluster's hub and agents
-    fresh = monarch_nb.Cluster.start("bench-fresh")
-    del os.environ[FORKSERVER_ENV]
+    fresh = start_cluster("bench-fresh", {FORKSERVER_ENV: "0"})
     print(f"spawn_procs(per_host={{'gpus': N}}), seconds (median of {args.reps}); "
           f"floor: N interpreters importing what a proc imports, in parallel")
     print(f"{'N':>5} {'floor':>8} {'fresh':>8} {'forked':>8} {'forked/floor':>13} {'fresh/forked':>13}")

@@ -48,6 +48,23 @@ def isolated_home() -> str | None:
     return home
 
 
+def start_cluster(name: str, env: dict[str, str], **options):
+    """``monarch_nb.Cluster.start(name, **options)`` with ``env`` added to the environment
+    its hub and host agents inherit, and this process's environment as it was after."""
+    import monarch_nb  # (not at import: isolated_home goes first)
+
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        return monarch_nb.Cluster.start(name, **options)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key)
+            else:
+                os.environ[key] = value
+
+
 def stop_and_check(cluster, own_home: str | None) -> int:
     """Stop ``cluster``, delete ``own_home``; prints what was left running and returns
     the exit status (1 if any process of the cluster outlived it)."""
