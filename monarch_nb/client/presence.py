@@ -60,16 +60,15 @@ class Presence:
             pass
 
     def _run(self) -> None:
-        steps = [lambda: self._try_send(self._hello)] + ([self._watch] if self._watch is not None else [])
-        told: set[int] = set()
+        told = False
         while not self._closed.wait(HEARTBEAT_S):
-            for i, step in enumerate(steps):
+            self._try_send(self._hello)
+            if self._watch is not None:
                 try:
-                    step()
-                except Exception:  # noqa: BLE001 - nothing may end the heartbeat: a failing check, or a
-                    # beat that can't be encoded (a MONARCH_NB_MAX_MESSAGE_BYTES made invalid since)
-                    if i not in told:  # once each: it would fail every second
-                        told.add(i)
+                    self._watch()
+                except Exception:  # noqa: BLE001 - a failing check must not end the heartbeat
+                    if not told:  # once: it would fail every second
+                        told = True
                         traceback.print_exc()
 
     @property
